@@ -1,0 +1,53 @@
+"""One exception family for everything headlens refuses to do.
+
+Callers catch ``HeadlensError``; the subclasses exist where a caller branches
+(the CLI maps each one to its own exit code). Messages quote the bad value and
+say what was expected, einops-style.
+"""
+
+from __future__ import annotations
+
+
+class HeadlensError(Exception):
+    """Base class of every error headlens raises on purpose."""
+
+    exit_code = 1
+
+
+class ConfigError(HeadlensError, ValueError):
+    """A model or run configuration is inconsistent (e.g. d_model % n_heads != 0)."""
+
+    exit_code = 2
+
+
+class CheckpointError(HeadlensError):
+    """A checkpoint is missing, corrupt, or does not match the configuration asked for."""
+
+    exit_code = 3
+
+
+class ModelReferenceError(HeadlensError):
+    """A model reference (zoo name, path, ``hf:<dir>``, ``minilm``) cannot be resolved."""
+
+    exit_code = 4
+
+
+class ProbeError(HeadlensError, ValueError):
+    """Probe inputs are unusable: empty prompts, untokenizable text, no target positions."""
+
+    exit_code = 5
+
+
+class DetectorError(HeadlensError, KeyError):
+    """An unknown detector name, or a detector the model cannot support."""
+
+    exit_code = 6
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class OutputError(HeadlensError):
+    """An output path cannot be written (unwritable folder, unknown suffix)."""
+
+    exit_code = 7

@@ -1,0 +1,48 @@
+"""Shared fixtures: tiny models built in-process (nothing downloads), and the --runslow switch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from headlens.config import ModelConfig
+from headlens.model import GPT
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--runslow", action="store_true", default=False, help="run tests marked slow")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--runslow"):
+        return
+    skip = pytest.mark.skip(reason="slow: full training run; pass --runslow to run it")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+def make_gpt(seed: int = 0, **overrides) -> GPT:
+    """A small random GPT; overrides go to ModelConfig."""
+    fields = dict(n_layers=2, n_heads=4, d_model=32, n_ctx=64, d_vocab=257)
+    fields.update(overrides)
+    torch.manual_seed(seed)
+    model = GPT(ModelConfig(**fields))
+    # random biases and LN params so parity tests exercise every parameter
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.02)
+            elif ".ln_" in name and name.endswith("weight"):
+                p.normal_(1, 0.1)
+    return model.eval()
+
+
+@pytest.fixture
+def tiny_gpt() -> GPT:
+    return make_gpt()
+
+
+@pytest.fixture
+def tiny_attn_only() -> GPT:
+    return make_gpt(attn_only=True, normalization="none")
