@@ -1,0 +1,3 @@
+from headlens.cli import main
+
+main()

@@ -1,0 +1,62 @@
+"""The ``headlens`` command: a thin typer layer over the library.
+
+Each area registers its commands from its own ``cli_*.py`` module so the command
+line stays one file of wiring. Every ``HeadlensError`` becomes one line on stderr and
+its class's exit code (see ``headlens.errors``), never a traceback.
+
+Exit codes: 0 ok; 1 generic headlens error; 2 bad config or usage; 3 checkpoint;
+4 model reference; 5 probe / prompts; 6 detector; 7 output path; 8 doctor found a problem.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+
+from headlens.errors import HeadlensError
+
+app = typer.Typer(
+    name="headlens",
+    help="Find out what every attention head of a transformer does.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+# modules that each define register(app); missing ones are skipped so areas can land independently
+_COMMAND_MODULES = [
+    "headlens.cli_models",
+    "headlens.cli_train",
+    "headlens.cli_classify",
+    "headlens.cli_ablate",
+    "headlens.cli_dashboard",
+    "headlens.cli_doctor",
+    "headlens.cli_export",
+]
+
+for _name in _COMMAND_MODULES:
+    try:
+        _module = importlib.import_module(_name)
+    except ModuleNotFoundError as _err:
+        if _err.name != _name:
+            raise
+        continue
+    _module.register(app)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except HeadlensError as err:
+        print(f"headlens: error: {err}", file=sys.stderr)
+        sys.exit(err.exit_code)
+    except KeyboardInterrupt:
+        print("headlens: interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
