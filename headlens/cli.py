@@ -25,6 +25,13 @@ app = typer.Typer(
     add_completion=False,
 )
 
+
+
+@app.callback()
+def _root() -> None:
+    """Find out what every attention head of a transformer does."""
+
+
 # modules that each define register(app); missing ones are skipped so areas can land independently
 _COMMAND_MODULES = [
     "headlens.cli_models",
