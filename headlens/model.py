@@ -195,8 +195,14 @@ class GPT(HookedRootModule):
         ids = tokens[0] if tokens.ndim == 2 else tokens
         return [self.tokenizer.str_token(int(i)) for i in ids]
 
-    def forward(self, tokens: torch.Tensor | str | list[str]) -> torch.Tensor:
-        """Logits ``(B, T, d_vocab)`` for token ids ``(B, T)`` (or text, tokenized with BOS)."""
+    def forward(
+        self, tokens: torch.Tensor | str | list[str], attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Logits ``(B, T, d_vocab)`` for token ids ``(B, T)`` (or text, tokenized with BOS).
+
+        ``attention_mask`` is accepted for interface parity with bidirectional backends and
+        ignored: pad on the right, and causal attention keeps real positions from seeing pads.
+        """
         if not isinstance(tokens, torch.Tensor):
             tokens = self.to_tokens(tokens)
         B, T = tokens.shape
