@@ -1,0 +1,229 @@
+"""Head ablation: remove chosen heads' contributions through ``hook_z``, never the weights.
+
+A head's whole contribution to the residual stream is its slice of ``hook_z``
+``(B, T, H, d_head)`` multiplied by its rows of the output projection. Replacing that
+slice removes the head and nothing else: the other heads of the layer, the output
+projection's bias and every other sublayer are untouched. This works on every backend
+that exposes ``blocks.{l}.attn.hook_z``.
+
+Methods (what a removed head's ``z`` becomes):
+
+* ``zero``: zeros. The head then adds nothing (the layer still adds ``c_proj``'s bias).
+* ``mean``: the head's mean ``z`` over the reference prompts, **per position**: input
+  position ``t`` gets the mean of ``z[:, t]`` over the reference prompts. Positions at or
+  past the reference's length get the mean over all reference prompts and positions.
+* ``resample``: the head's ``z`` on *another* reference prompt, position by position.
+  Input row ``b`` takes reference row ``(b + s_b) % R`` with ``s_b`` drawn uniformly from
+  ``1 .. R-1`` by a generator seeded with ``seed``; so when the reference is the input batch
+  itself, no row ever gets its own activations back. Needs reference prompts at least as
+  long as the input.
+
+Reference activations are computed once, on the clean model, when the context is entered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from headlens.errors import HeadlensError, ProbeError
+
+METHODS = ("zero", "mean", "resample")
+
+Head = tuple[int, int]
+HeadsSpec = str | Sequence[str | Sequence[int]]
+
+_HEAD_RE = re.compile(r"^L(\d+)H(\d+)$", re.IGNORECASE)
+
+
+class AblationError(HeadlensError, ValueError):
+    """Bad ablation input: a malformed or out-of-range head id, an unknown method or metric."""
+
+    exit_code = 2
+
+
+def parse_heads(spec: HeadsSpec, n_layers: int, n_heads: int) -> list[Head]:
+    """Parse heads given as ``"L1H2,L0H3"``, ``["L1H2"]`` or ``[(1, 2)]`` into ``(layer, head)`` pairs.
+
+    Duplicates are dropped, order is kept.
+
+    Args:
+        spec: comma-separated ``L{layer}H{head}`` string, or a sequence of such strings or pairs.
+        n_layers: the model's layer count (ids must be below it).
+        n_heads: heads per layer (ids must be below it).
+
+    Raises:
+        AblationError: a malformed id, an id out of range, or no heads at all.
+
+    >>> parse_heads("L1H2, l0h3", n_layers=2, n_heads=4)
+    [(1, 2), (0, 3)]
+    """
+    items: list[Any] = [s for s in spec.split(",") if s.strip()] if isinstance(spec, str) else list(spec)
+    heads: list[Head] = []
+    for item in items:
+        if isinstance(item, str):
+            m = _HEAD_RE.match(item.strip())
+            if m is None:
+                raise AblationError(f"malformed head id {item.strip()!r}; expected L<layer>H<head>, e.g. 'L1H2'")
+            layer, head = int(m.group(1)), int(m.group(2))
+        elif isinstance(item, Sequence) and len(item) == 2 and all(_is_int(v) for v in item):
+            layer, head = int(item[0]), int(item[1])
+        else:
+            raise AblationError(f"malformed head {item!r}; expected 'L1H2' or a (layer, head) pair of ints")
+        if not (0 <= layer < n_layers and 0 <= head < n_heads):
+            raise AblationError(
+                f"head {format_head((layer, head))} is out of range; this model has layers 0..{n_layers - 1} "
+                f"and heads 0..{n_heads - 1}"
+            )
+        if (layer, head) not in heads:
+            heads.append((layer, head))
+    if not heads:
+        raise AblationError(f"no heads given in {spec!r}; expected e.g. 'L1H2,L0H3'")
+    return heads
+
+
+def _is_int(v: Any) -> bool:
+    return (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, torch.Tensor) and v.numel() == 1)
+
+
+def format_head(head: Head) -> str:
+    """``(1, 2) -> 'L1H2'`` (the TransformerLens display convention)."""
+    return f"L{head[0]}H{head[1]}"
+
+
+def format_heads(heads: Sequence[Head]) -> str:
+    """``[(1, 2), (0, 3)] -> 'L1H2+L0H3'``: one table cell for a group of heads."""
+    return "+".join(format_head(h) for h in heads)
+
+
+def check_method(method: str) -> str:
+    if method not in METHODS:
+        raise AblationError(f"unknown ablation method {method!r}; expected one of {', '.join(METHODS)}")
+    return method
+
+
+def reference_tokens(model: Any, reference: Any) -> torch.Tensor:
+    """Reference prompts as ``(R, T)`` token ids: a LongTensor as is, texts tokenized one by one
+    (each with BOS) and cut to the shortest one's length."""
+    if isinstance(reference, torch.Tensor):
+        if reference.ndim != 2 or reference.shape[0] == 0:
+            raise ProbeError(f"reference tokens must be (n_prompts, pos), got shape {tuple(reference.shape)}")
+        return reference.to(model.device)
+    texts = [reference] if isinstance(reference, str) else list(reference)
+    if not texts:
+        raise ProbeError("the reference set is empty; give at least one prompt")
+    rows = [model.to_tokens(t)[0] for t in texts]
+    n = min(len(r) for r in rows)
+    return torch.stack([r[:n] for r in rows])  # (R, T)
+
+
+@dataclass
+class Replacement:
+    """What a removed head's ``z`` becomes, for any input batch shape.
+
+    ``ref_z[layer]`` holds the clean reference ``z`` ``(R, T_ref, H, d_head)`` of each layer
+    that has a removed head (empty for ``zero``).
+    """
+
+    method: str
+    ref_z: dict[int, torch.Tensor]
+    seed: int = 0
+
+    @classmethod
+    def build(cls, model: Any, layers: Sequence[int], method: str, reference: Any = None, seed: int = 0) -> Replacement:
+        """Run the reference prompts once (clean) and keep ``hook_z`` of ``layers``."""
+        check_method(method)
+        if method == "zero":
+            return cls(method, {}, seed)
+        if reference is None:
+            raise AblationError(f"method={method!r} needs reference prompts (reference=...); 'zero' does not")
+        tokens = reference_tokens(model, reference)
+        names = [f"blocks.{layer}.attn.hook_z" for layer in sorted(set(layers))]
+        with torch.no_grad():
+            _, cache = model.run_with_cache(tokens, names_filter=names)
+        return cls(method, {int(n.split(".")[1]): cache[n].detach() for n in names}, seed)
+
+    def rows(self, batch: int, n_ref: int) -> torch.Tensor:
+        """Reference row used by each input row under ``resample`` (never its own index if R > 1)."""
+        gen = torch.Generator().manual_seed(self.seed)
+        if n_ref == 1:
+            return torch.zeros(batch, dtype=torch.long)
+        shift = torch.randint(1, n_ref, (batch,), generator=gen)
+        return (torch.arange(batch) + shift) % n_ref
+
+    def z(self, layer: int, like: torch.Tensor) -> torch.Tensor:
+        """Replacement ``z`` for every head of ``layer``, shaped like ``like`` ``(B, T, H, d_head)``."""
+        B, T = like.shape[:2]
+        if self.method == "zero":
+            return torch.zeros_like(like)
+        ref = self.ref_z[layer].to(like.device, like.dtype)  # (R, T_ref, H, d_head)
+        R, T_ref = ref.shape[:2]
+        if self.method == "mean":
+            per_pos = ref.mean(0)  # (T_ref, H, d_head): mean over reference prompts
+            if T > T_ref:
+                overall = ref.mean((0, 1)).expand(T - T_ref, -1, -1)  # (T - T_ref, H, d_head)
+                per_pos = torch.cat([per_pos, overall])
+            return per_pos[:T].expand(B, T, -1, -1)  # (B, T, H, d_head)
+        if T > T_ref:
+            raise ProbeError(
+                f"resample ablation needs reference prompts at least as long as the input ({T} tokens); "
+                f"the reference has {T_ref}"
+            )
+        return ref[self.rows(B, R).to(ref.device), :T]  # (B, T, H, d_head)
+
+
+def ablation_hooks(heads: Sequence[Head], replacement: Replacement) -> list[tuple[str, Any]]:
+    """``(hook name, fn)`` pairs that replace ``heads``' slices of ``hook_z``, one hook per layer."""
+    by_layer: dict[int, list[int]] = {}
+    for layer, head in heads:
+        by_layer.setdefault(layer, []).append(head)
+
+    def make(layer: int, idx: list[int]) -> Any:
+        def hook(z: torch.Tensor, hook: Any) -> torch.Tensor:  # z: (B, T, H, d_head)
+            out = z.clone()
+            out[:, :, idx] = replacement.z(layer, z)[:, :, idx]
+            return out
+
+        return hook
+
+    return [(f"blocks.{layer}.attn.hook_z", make(layer, idx)) for layer, idx in sorted(by_layer.items())]
+
+
+@contextlib.contextmanager
+def ablate(
+    model: Any,
+    heads: HeadsSpec,
+    method: str = "zero",
+    reference: Any = None,
+    seed: int = 0,
+) -> Iterator[Any]:
+    """Context manager: inside it, ``heads`` are removed from every forward pass of ``model``.
+
+    Args:
+        model: any headlens backend (native GPT or TransformerBridge).
+        heads: ``"L1H2,L0H3"``, ``["L1H2"]`` or ``[(1, 2)]``.
+        method: ``"zero"``, ``"mean"`` (per-position mean over ``reference``) or ``"resample"``
+            (another reference prompt's activations, chosen with ``seed``); see the module docstring.
+        reference: prompts (texts or ``(R, T)`` token ids) for ``mean`` and ``resample``.
+        seed: seeds the choice of reference rows for ``resample``.
+
+    Yields:
+        The model, with the ablation hooks installed; they are removed on exit, also on error.
+
+    >>> import headlens, torch
+    >>> model = headlens.GPT(headlens.ModelConfig(n_layers=1, n_heads=2, d_model=8, n_ctx=16, d_vocab=257))
+    >>> with headlens.ablate(model, "L0H1"):
+    ...     logits = model("hello")
+    >>> model.active_hooks()
+    []
+    """
+    check_method(method)
+    parsed = parse_heads(heads, model.n_layers, model.n_heads)
+    replacement = Replacement.build(model, [layer for layer, _ in parsed], method, reference, seed)
+    with model.hooks(ablation_hooks(parsed, replacement)):
+        yield model

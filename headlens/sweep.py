@@ -1,0 +1,246 @@
+"""Ablation sweeps: every single head (or given groups) against random-head controls.
+
+Cheap by construction on native models: one clean run caches each layer's residual input
+and ``hook_z``; an ablation of heads in layer ``l`` then restarts there from
+``resid_pre + c_proj(z with the heads replaced)`` and runs only blocks ``l..`` (plus the
+MLP of block ``l``), with all the groups of one layer stacked along the batch. The numbers
+are those of a full hooked forward per group (``fast=False``, also the path for every
+other backend), up to float rounding.
+
+Each group is compared with a control: random groups with the same number of heads in the
+same layers (other heads than the group's), ``n_control`` of them or all when there are
+fewer. Per-prompt deltas are averaged over the control groups, so the excess over the
+control gets a paired bootstrap CI over prompts.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from headlens.ablation import Head, Replacement, ablation_hooks, check_method, format_heads, parse_heads
+from headlens.attribution import attribution_patching, spearman
+from headlens.metrics import Task, bootstrap_ci, get_metric, make_task
+from headlens.model import GPT
+
+Group = tuple[Head, ...]
+
+COLUMNS = [
+    "heads", "method", "metric", "clean", "ablated", "delta", "ci_low", "ci_high",
+    "control_delta", "control_ci_low", "control_ci_high", "excess_ci_low", "excess_ci_high",
+    "beats_control", "attribution", "n_prompts",
+]
+
+
+def _forward(model: Any, task: Task) -> torch.Tensor:
+    if task.attention_mask is None:
+        return model(task.tokens)
+    return model(task.tokens, attention_mask=task.attention_mask)
+
+
+class NaiveRunner:
+    """One full hooked forward per group: works on every backend."""
+
+    def __init__(self, model: Any, task: Task, replacement: Replacement) -> None:
+        self.model, self.task, self.replacement = model, task, replacement
+        self.clean_logits = _forward(model, task)
+
+    def run(self, groups: Sequence[Group]) -> Iterator[tuple[Group, torch.Tensor]]:
+        for group in groups:
+            with self.model.hooks(ablation_hooks(group, self.replacement)):
+                yield group, _forward(self.model, self.task)
+
+
+class ResumeRunner(NaiveRunner):
+    """Restarts each ablated forward at its first ablated layer from the cached clean run (native GPT)."""
+
+    def __init__(self, model: GPT, task: Task, replacement: Replacement, max_tokens: int = 1 << 16) -> None:
+        self.model, self.task, self.replacement, self.max_tokens = model, task, replacement, max_tokens
+        names = [f"blocks.{layer}.{n}" for layer in range(model.n_layers) for n in ("hook_resid_pre", "attn.hook_z")]
+        self.clean_logits, self.cache = model.run_with_cache(task.tokens, names_filter=names)
+
+    def _finish(self, layer: int, z: torch.Tensor, resid_pre: torch.Tensor, later: Group = ()) -> torch.Tensor:
+        """Logits from block ``layer``'s ablated ``z`` ``(N, T, H, d_head)`` onwards."""
+        blocks = self.model.transformer.h
+        block = blocks[layer]
+        N, T = z.shape[:2]
+        x = resid_pre + block.attn.c_proj(z.reshape(N, T, -1))  # heads merged: (N, T, H*d_head) -> (N, T, D)
+        if not block.attn_only:
+            x = x + block.mlp(block.ln_2(x))
+        with self.model.hooks(ablation_hooks(later, self.replacement) if later else ()):
+            for b in blocks[layer + 1 :]:
+                x = b(x)
+        return self.model.lm_head(self.model.transformer.ln_f(x))  # (N, T, d_vocab)
+
+    def run(self, groups: Sequence[Group]) -> Iterator[tuple[Group, torch.Tensor]]:
+        B, T = self.task.tokens.shape
+        stackable: dict[int, list[Group]] = {}
+        for group in groups:
+            layers = {layer for layer, _ in group}
+            if len(layers) == 1:
+                stackable.setdefault(layers.pop(), []).append(group)
+                continue
+            first = min(layers)
+            yield group, self._run_one(first, group)
+        per_chunk = max(1, self.max_tokens // (B * T))
+        for layer, layer_groups in sorted(stackable.items()):
+            z = self.cache[f"blocks.{layer}.attn.hook_z"]  # (B, T, H, d_head)
+            repl = self.replacement.z(layer, z)  # (B, T, H, d_head)
+            for start in range(0, len(layer_groups), per_chunk):
+                chunk = layer_groups[start : start + per_chunk]
+                zs = z.repeat(len(chunk), 1, 1, 1)  # (K*B, T, H, d_head): group k owns rows k*B..(k+1)*B
+                for k, group in enumerate(chunk):
+                    idx = [h for _, h in group]
+                    zs[k * B : (k + 1) * B, :, idx] = repl[:, :, idx]
+                pre = self.cache[f"blocks.{layer}.hook_resid_pre"].repeat(len(chunk), 1, 1)  # (K*B, T, D)
+                logits = self._finish(layer, zs, pre).view(len(chunk), B, T, -1)  # (K, B, T, d_vocab)
+                yield from zip(chunk, logits, strict=True)
+
+    def _run_one(self, first: int, group: Group) -> torch.Tensor:
+        z = self.cache[f"blocks.{first}.attn.hook_z"].clone()  # (B, T, H, d_head)
+        idx = [h for layer, h in group if layer == first]
+        z[:, :, idx] = self.replacement.z(first, z)[:, :, idx]
+        later = tuple(h for h in group if h[0] > first)
+        return self._finish(first, z, self.cache[f"blocks.{first}.hook_resid_pre"], later)
+
+
+def control_groups(group: Group, n_heads: int, n_control: int, rng: np.random.Generator) -> list[Group]:
+    """Random groups with as many heads as ``group`` in each of its layers, none of its own heads."""
+    per_layer: dict[int, int] = {}
+    for layer, _ in group:
+        per_layer[layer] = per_layer.get(layer, 0) + 1
+    options = []
+    for layer, k in sorted(per_layer.items()):
+        free = [h for h in range(n_heads) if (layer, h) not in group]
+        if len(free) < k:
+            return []
+        options.append([tuple((layer, h) for h in c) for c in itertools.combinations(free, k)])
+    total = math.prod(len(o) for o in options)
+    if total <= n_control:
+        return [tuple(h for part in combo for h in part) for combo in itertools.product(*options)]
+    chosen: set[Group] = set()
+    while len(chosen) < n_control:
+        chosen.add(tuple(h for o in options for h in o[rng.integers(len(o))]))
+    return sorted(chosen)
+
+
+def sweep(
+    model: Any,
+    groups: Sequence[Any] | None = None,
+    method: str = "zero",
+    metrics: Sequence[str] = ("repeated_loss",),
+    prompts: Sequence[str] | None = None,
+    reference: Any = None,
+    n_prompts: int = 32,
+    n_control: int = 8,
+    n_boot: int = 1000,
+    seed: int = 0,
+    fast: bool = True,
+    attribution: bool = True,
+    progress: Callable[[int, int], None] | None = None,
+) -> Any:
+    """Ablate each group of heads and measure ``metrics`` against clean and random-head controls.
+
+    Args:
+        model: any headlens backend (the cached fast path is used for native ``GPT`` models).
+        groups: head groups (each ``"L1H2,L1H3"``, a list of ids or pairs); None = every single head.
+        method: ``"zero"``, ``"mean"`` or ``"resample"`` (see ``headlens.ablation``).
+        metrics: registered metric names (``headlens.metrics.METRICS``).
+        prompts: user prompts for ``lm_loss`` / ``kl``.
+        reference: reference prompts for mean/resample; default: each metric's own probe prompts.
+        n_prompts: probe prompts per metric.
+        n_control: random control groups per group (all of them when there are fewer).
+        n_boot: bootstrap resamples for the CIs.
+        seed: seeds the probes, the control draws, resampling and the bootstrap.
+        fast: use the cached resume path on native models (same numbers as ``fast=False``).
+        attribution: add attribution-patching estimates for single-head groups.
+        progress: called as ``progress(done, total)`` after each evaluated group.
+
+    Returns:
+        A tidy ``pandas.DataFrame`` with ``COLUMNS``; ``df.attrs["attribution_spearman"]`` maps each
+        metric to the rank correlation of attribution estimates with exact single-head deltas.
+    """
+    import pandas as pd
+
+    check_method(method)
+    metrics = [get_metric(m).name for m in metrics]
+    L, H = model.n_layers, model.n_heads
+    targets: list[Group] = (
+        [((layer, h),) for layer in range(L) for h in range(H)]
+        if groups is None
+        else [tuple(parse_heads(g, L, H)) for g in groups]
+    )
+    rng = np.random.default_rng(seed)
+    controls = {g: control_groups(g, H, n_control, rng) for g in targets}
+    todo = list(dict.fromkeys([*targets, *(c for cs in controls.values() for c in cs)]))
+    tasks = {m: make_task(model, m, prompts, n_prompts, seed) for m in metrics}
+    per_prompt: dict[tuple[Group, str], np.ndarray] = {}
+    clean: dict[str, np.ndarray] = {}
+    attrib: dict[str, torch.Tensor] = {}
+    n_done, n_total = 0, len(todo) * len(_probe_groups(tasks))
+    for names in _probe_groups(tasks):
+        task = tasks[names[0]]
+        ref = task.tokens if reference is None else reference
+        replacement = Replacement.build(model, range(L), method, ref, seed)
+        with torch.no_grad():
+            runner_cls = ResumeRunner if fast and isinstance(model, GPT) else NaiveRunner
+            runner = runner_cls(model, task, replacement)
+            for m in names:
+                clean[m] = get_metric(m)(runner.clean_logits, tasks[m], runner.clean_logits).cpu().numpy()
+            for group, logits in runner.run(todo):
+                for m in names:
+                    per_prompt[group, m] = get_metric(m)(logits, tasks[m], runner.clean_logits).cpu().numpy()
+                n_done += 1
+                if progress is not None:
+                    progress(n_done, n_total)
+        if attribution:
+            for m in names:
+                attrib[m] = attribution_patching(model, tasks[m], m, replacement).mean(0)  # (L, H)
+    rows = [
+        _row(g, method, m, clean[m], per_prompt, controls[g], attrib.get(m), n_boot, seed)
+        for g in targets for m in metrics
+    ]
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    singles = df["heads"].str.fullmatch(r"L\d+H\d+")
+    df.attrs["attribution_spearman"] = {
+        m: spearman(df.loc[singles & (df.metric == m), "attribution"], df.loc[singles & (df.metric == m), "delta"])
+        for m in metrics
+    } if attribution else {}
+    return df
+
+
+def _probe_groups(tasks: dict[str, Task]) -> list[list[str]]:
+    """Metrics whose tasks share the same tokens run from the same ablated forwards."""
+    out: list[list[str]] = []
+    for m, task in tasks.items():
+        for names in out:
+            first = tasks[names[0]]
+            if first.tokens.shape == task.tokens.shape and torch.equal(first.tokens, task.tokens):
+                names.append(m)
+                break
+        else:
+            out.append([m])
+    return out
+
+
+def _row(group: Group, method: str, metric: str, clean: np.ndarray, per_prompt: dict, controls: list[Group],
+         attrib: torch.Tensor | None, n_boot: int, seed: int) -> list[Any]:
+    ablated = per_prompt[group, metric]
+    delta = ablated - clean
+    lo, hi = bootstrap_ci(delta, n_boot, seed)
+    c_mean = c_lo = c_hi = e_lo = e_hi = float("nan")
+    beats = False
+    if controls:
+        c_delta = np.mean([per_prompt[c, metric] - clean for c in controls], axis=0)  # (B,) per prompt
+        c_mean = float(c_delta.mean())
+        c_lo, c_hi = bootstrap_ci(c_delta, n_boot, seed)
+        e_lo, e_hi = bootstrap_ci(delta - c_delta, n_boot, seed)
+        beats = bool(e_lo > 0) if get_metric(metric).higher_is_worse else bool(e_hi < 0)
+    est = float(attrib[group[0]]) if attrib is not None and len(group) == 1 else float("nan")
+    return [format_heads(group), method, metric, float(clean.mean()), float(ablated.mean()), float(delta.mean()),
+            lo, hi, c_mean, c_lo, c_hi, e_lo, e_hi, beats, est, len(clean)]
