@@ -1,0 +1,1 @@
+def check_checkpoint(*a, **k): raise NotImplementedError

@@ -1,0 +1,145 @@
+"""What the doctor found: small dataclasses with a readable ``__str__`` and ``to_dict()`` for JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _num(x: float) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "nan"
+    if math.isinf(x):
+        return "inf"
+    return f"{x:.2e}" if abs(x) < 1e-2 and x != 0 else f"{x:.4f}"
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """How well one candidate explanation reproduces the user's output."""
+
+    bug: str  # bug name, "correct" for the reference itself
+    variant: str  # which form of the bug
+    max_abs_diff: float  # max |user output - candidate output|
+    matches: bool  # within tolerance
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One invariant every correct multi-head attention satisfies."""
+
+    name: str
+    passed: bool
+    value: float  # the measured violation (max abs change)
+    detail: str
+
+
+@dataclass
+class AttentionReport:
+    """Result of :func:`headlens.doctor.check_attention`."""
+
+    passed: bool
+    diagnosis: str | None  # bug name that reproduces the module's output; None when passed or unexplained
+    diagnosis_title: str
+    variant: str
+    layout: str
+    max_abs_diff: float  # module vs correct reference
+    tolerance: float
+    evidence: list[Evidence] = field(default_factory=list)
+    probes: list[ProbeResult] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _json_safe(dataclasses.asdict(self))
+
+    def __str__(self) -> str:
+        s = self.settings
+        lines = [
+            f"attention check: {'PASSED' if self.passed else 'FAILED'}",
+            f"  module layout : {self.layout}",
+            f"  expected      : d_model={s.get('d_model')}, n_heads={s.get('n_heads')}, "
+            f"causal={s.get('causal')}; input {s.get('input_shape')} ({s.get('dtype')})",
+            f"  vs reference  : max |diff| = {_num(self.max_abs_diff)} (tolerance {_num(self.tolerance)})",
+        ]
+        if not self.passed:
+            if self.diagnosis:
+                lines.append(f"  diagnosis     : {self.diagnosis} — {self.diagnosis_title} [{self.variant}]")
+                if s.get("looks_like"):
+                    lines.append(f"  looks like    : {s['looks_like']}")
+            else:
+                lines.append(f"  diagnosis     : {self.diagnosis_title}")
+        if self.evidence:
+            lines.append("  evidence (reference with each bug injected, closest first):")
+            for e in self.evidence[:8]:
+                mark = "<= reproduces" if e.matches else ""
+                lines.append(f"    {e.bug:<24} {e.variant[:52]:<52} {_num(e.max_abs_diff):>9} {mark}")
+        if self.probes:
+            lines.append("  invariant probes:")
+            for p in self.probes:
+                lines.append(f"    [{'ok' if p.passed else 'FAIL'}] {p.name:<26} {_num(p.value):>9}  {p.detail}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class HeadCountEvidence:
+    """The model's loss when its weights are split into ``n_heads`` heads."""
+
+    n_heads: int
+    d_head: int
+    loss: float  # mean next-token cross-entropy (nats) on the evaluation text
+    delta: float  # loss - best loss over all candidates
+
+
+@dataclass
+class CheckpointReport:
+    """Result of :func:`headlens.doctor.check_checkpoint`."""
+
+    path: str
+    format: str  # "headlens" | "huggingface"
+    passed: bool
+    config_n_heads: int  # what the checkpoint's config says
+    claimed_n_heads: int  # what was checked against (--n-heads, else the config)
+    inferred_n_heads: int  # the head count the weights work best with
+    d_model: int
+    evaluation: str  # what text the losses were measured on
+    margin: float  # loss gap (nats) above which a disagreement counts
+    evidence: list[HeadCountEvidence] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return _json_safe(dataclasses.asdict(self))
+
+    def __str__(self) -> str:
+        lines = [
+            f"checkpoint check: {'PASSED' if self.passed else 'FAILED'}  ({self.path}, {self.format})",
+            f"  config n_heads  : {self.config_n_heads}"
+            + (f"   (checked against --n-heads {self.claimed_n_heads})"
+               if self.claimed_n_heads != self.config_n_heads else ""),
+            f"  inferred n_heads: {self.inferred_n_heads}   (d_model={self.d_model}, "
+            f"loss on {self.evaluation})",
+            "  evidence: loss with the weights split into each possible head count",
+            f"    {'n_heads':>7} {'d_head':>6} {'loss':>8} {'+best':>8}",
+        ]
+        for e in self.evidence:
+            tags = []
+            if e.n_heads == self.inferred_n_heads:
+                tags.append("<= best")
+            if e.n_heads == self.claimed_n_heads:
+                tags.append("<= claimed")
+            lines.append(f"    {e.n_heads:>7} {e.d_head:>6} {e.loss:>8.4f} {e.delta:>8.4f}  {' '.join(tags)}")
+        lines += [f"  warning: {w}" for w in self.warnings]
+        lines.append(f"  took {self.seconds:.1f} s")
+        return "\n".join(lines)
