@@ -1,0 +1,16 @@
+"""current_token: T(q) = {q}."""
+
+from __future__ import annotations
+
+import torch
+
+from headlens.detectors.base import Detector, finish_index, positions
+from headlens.probes import ProbeBatch
+
+
+def targets(batch: ProbeBatch) -> torch.Tensor:
+    """``(B, Q)``: q itself for every countable row."""
+    return finish_index(positions(batch), batch)
+
+
+DETECTOR = Detector("current_token", "index", targets, "random_tokens", "attends to itself")

@@ -1,0 +1,17 @@
+"""next_token: T(q) = {q+1}; bidirectional models only (a causal head cannot see q+1)."""
+
+from __future__ import annotations
+
+import torch
+
+from headlens.detectors.base import Detector, finish_index, positions
+from headlens.probes import ProbeBatch
+
+
+def targets(batch: ProbeBatch) -> torch.Tensor:
+    """``(B, Q)``: q+1 while it is a real position (the last real row has none)."""
+    return finish_index(positions(batch) + 1, batch)
+
+
+DETECTOR = Detector("next_token", "index", targets, "random_tokens", "attends to the next token",
+                    bidirectional_only=True)

@@ -1,0 +1,23 @@
+"""previous_token: T(q) = {q-1}; the BOS/CLS row has no target."""
+
+from __future__ import annotations
+
+import torch
+
+from headlens.detectors.base import Detector, finish_index, positions
+from headlens.probes import ProbeBatch
+
+
+def targets(batch: ProbeBatch) -> torch.Tensor:
+    """``(B, Q)``: q-1 for every countable row q >= 1.
+
+    >>> from headlens.probes import ProbeBatch
+    >>> t = torch.tensor([[9, 1, 2]]); v = torch.ones(1, 3, dtype=torch.bool)
+    >>> b = ProbeBatch(t, torch.tensor([3]), v, t == 9, causal=True)
+    >>> targets(b).tolist()
+    [[-1, 0, 1]]
+    """
+    return finish_index(positions(batch) - 1, batch)
+
+
+DETECTOR = Detector("previous_token", "index", targets, "random_tokens", "attends to the previous token")
