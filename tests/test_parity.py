@@ -1,0 +1,146 @@
+"""Reference parity: headlens == transformers GPT-2 == TransformerLens' TransformerBridge.
+
+Random models (attention-only and full, with and without LayerNorm) are exported with
+``headlens.export.export_hf``, booted by both references, and compared on logits and on every
+``blocks.{l}.attn.hook_pattern`` / ``hook_z``: max abs diff <= 1e-5 in float32. Weights use a
+larger init than GPT-2's so that attention patterns are far from uniform (a head mix-up would show).
+No-LN models get mean-centred residual writes, the condition under which the export is exact.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+import torch
+from conftest import make_gpt
+
+from headlens import Tokenizer
+from headlens.export import centre_writes, export_hf, uncentred_writes
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+TOL = 1e-5
+CASES = {
+    "full-ln": dict(),
+    "attn-only-ln": dict(attn_only=True),
+    "full-no-ln": dict(normalization="none"),
+    "attn-only-no-ln-tied": dict(attn_only=True, normalization="none", tie_embeddings=True),
+}
+
+
+def _model(name: str):
+    model = make_gpt(sum(map(ord, name)), init_range=0.15, n_heads=4, d_model=32, **CASES[name])
+    return centre_writes(model) if model.cfg.normalization == "none" else model
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    out = {}
+    for name in CASES:
+        model = _model(name)
+        out[name] = (model, export_hf(model, tmp_path_factory.mktemp(name), strict=True))
+    return out
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    torch.manual_seed(0)
+    return torch.randint(0, 257, (3, 13))  # T=13 differs from n_heads and d_head on purpose
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return float((a - b).detach().abs().max())
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+def test_transformers_gpt2_logits(exported, tokens, name, attn_implementation):
+    from transformers import GPT2LMHeadModel
+
+    model, path = exported[name]
+    hf = GPT2LMHeadModel.from_pretrained(path, attn_implementation=attn_implementation).eval()
+    with torch.no_grad():
+        diff = _max_diff(hf(tokens).logits, model(tokens))
+    assert diff <= TOL, f"{name}/{attn_implementation}: max |logit diff| {diff:.2e}"
+
+
+@pytest.fixture(scope="module")
+def bridges(exported):
+    from headlens.backends.bridge import load_bridge
+
+    return {name: load_bridge(path) for name, (_, path) in exported.items()}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_transformer_bridge_logits_patterns_and_z(exported, bridges, tokens, name):
+    model, _ = exported[name]
+    bridge = bridges[name]
+    assert (bridge.n_layers, bridge.n_heads, bridge.is_causal) == (model.n_layers, model.n_heads, True)
+    wanted = lambda n: n.endswith(("attn.hook_pattern", "attn.hook_z"))  # noqa: E731
+    ref_logits, ref_cache = bridge.run_with_cache(tokens, names_filter=wanted)
+    logits, cache = model.run_with_cache(tokens, names_filter=wanted)
+    assert set(ref_cache) == set(cache) and len(cache) == 2 * model.n_layers
+    diffs = {"logits": _max_diff(ref_logits, logits)} | {n: _max_diff(ref_cache[n], cache[n]) for n in cache}
+    assert max(diffs.values()) <= TOL, diffs
+    pattern = cache["blocks.1.attn.hook_pattern"]
+    assert pattern.max() > 0.5, "patterns near uniform: the comparison would be weak"
+    assert bridge.active_hooks() == [] and model.active_hooks() == []
+
+
+def test_bridge_tokenizes_like_headlens(exported, bridges):
+    model, path = exported["full-ln"]
+    text = "def f(x):\n\treturn x  # héllo ✓"
+    assert bridges["full-ln"].to_tokens(text).tolist() == model.to_tokens(text).tolist()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    assert tok(text)["input_ids"] == model.tokenizer.encode(text)
+    assert tok.decode(model.tokenizer.encode(text)) == text
+
+
+def test_char_level_export_tokenizer(tmp_path):
+    from transformers import AutoTokenizer, GPT2LMHeadModel
+
+    from headlens import GPT, ModelConfig
+
+    alphabet = "ab()[] \n"
+    model = GPT(ModelConfig(n_layers=1, n_heads=2, d_model=16, n_ctx=32, d_vocab=10), Tokenizer.char_level(alphabet))
+    path = export_hf(model, tmp_path)
+    tok = AutoTokenizer.from_pretrained(path)
+    text = "(a [b])\nab"
+    assert tok(text)["input_ids"] == model.tokenizer.encode(text)
+    assert tok.decode(tok(text)["input_ids"]) == text
+    hf = GPT2LMHeadModel.from_pretrained(path).eval()
+    tokens = model.to_tokens(text)
+    with torch.no_grad():
+        assert _max_diff(hf(tokens).logits, model(tokens)) <= TOL
+
+
+def test_uncentred_no_ln_export_warns_or_refuses(tmp_path):
+    from headlens.errors import HeadlensError
+
+    model = make_gpt(5, normalization="none")
+    assert uncentred_writes(model)
+    with pytest.warns(UserWarning, match="not mean-centred"):
+        export_hf(model, tmp_path / "warn")
+    with pytest.raises(HeadlensError, match="not mean-centred"):
+        export_hf(model, tmp_path / "strict", strict=True)
+    centre_writes(model)
+    assert uncentred_writes(model) == {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        export_hf(model, tmp_path / "ok", strict=True)
+
+
+def test_export_hf_command(tmp_path):
+    from typer.testing import CliRunner
+
+    from headlens import save_checkpoint
+    from headlens.cli import app
+
+    ckpt = save_checkpoint(make_gpt(0, attn_only=True), tmp_path / "m.safetensors")
+    result = CliRunner().invoke(app, ["export-hf", "--model", str(ckpt), "--out", str(tmp_path / "hf"), "--strict"])
+    assert result.exit_code == 0, result.output
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in (tmp_path / "hf").iterdir()}
