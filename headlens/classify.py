@@ -1,0 +1,247 @@
+"""``headlens.classify``: score every head of a model on every detector and label it.
+
+Orchestration only: pick detectors, build their probes, :func:`headlens.scan.scan` each probe
+once (every detector of a probe shares its forward passes), summarise with
+:mod:`headlens.stats` and return the tidy table of :mod:`headlens.table`.
+
+>>> import headlens
+>>> from headlens.testing import planted_model
+>>> df = headlens.classify(planted_model(), n_prompts=12, seq_len=32)
+>>> sorted(df[df.label][["layer", "head", "detector"]].itertuples(index=False, name=None))
+[(0, 0, 'previous_token'), (1, 0, 'induction')]
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from headlens import probes as P
+from headlens.detectors import DETECTORS, get_detector
+from headlens.detectors.base import Detector
+from headlens.detectors.copying import ov_weights
+from headlens.detectors.tl_compat import TL_DETECTORS, TL_NORM
+from headlens.errors import DetectorError, ModelReferenceError, ProbeError
+from headlens.scan import DetectorStats, scan
+from headlens.stats import COPYING_THRESHOLD, DEFAULT_THRESHOLD, MIN_LIFT, N_BOOT, Summary, label, summarize
+from headlens.vocab import vocab
+
+ProgressFn = Callable[[int, int, str], None]  # (prompts done so far, prompts in total, what is running)
+
+
+def resolve_model(model_or_ref: Any, device: str = "cpu") -> Any:
+    """A loaded model, a reference for ``headlens.load``, or None for the bundled default."""
+    from headlens.loading import load
+
+    if model_or_ref is not None:
+        return load(model_or_ref, device=device)
+    from headlens.zoo import DEFAULT_MODEL, ZOO, available
+
+    if DEFAULT_MODEL in ZOO and ZOO[DEFAULT_MODEL].available:
+        return load(DEFAULT_MODEL, device=device)
+    others = sorted(available())
+    if not others:
+        raise ModelReferenceError(
+            f"the default model {DEFAULT_MODEL!r} has no weights in this install and no other zoo model "
+            f"is available; pass a model reference (--model REF, e.g. 'minilm' or a .safetensors path)"
+        )
+    warnings.warn(f"default model {DEFAULT_MODEL!r} has no weights here; using zoo model {others[0]!r}",
+                  stacklevel=2)
+    return load(others[0], device=device)
+
+
+def _thresholds(threshold: float | dict[str, float] | None) -> dict[str, float]:
+    out = {name: (COPYING_THRESHOLD if d.kind == "weights" else DEFAULT_THRESHOLD) for name, d in DETECTORS.items()}
+    if isinstance(threshold, dict):
+        for name, tau in threshold.items():
+            get_detector(name)
+            out[name] = float(tau)
+    elif threshold is not None:
+        out.update({n: float(threshold) for n, d in DETECTORS.items() if d.kind != "weights"})
+    return out
+
+
+def select_detectors(model: Any, names: Sequence[str] | str | None, tl_compatible: bool = False
+                     ) -> tuple[list[Detector], dict[str, str], bool]:
+    """The detectors to run, the default ones skipped (name -> why), and whether names were explicit."""
+    if isinstance(names, str):
+        names = [n.strip() for n in names.split(",") if n.strip()]
+    explicit = bool(names)
+    pool = TL_DETECTORS if tl_compatible else DETECTORS
+    if tl_compatible and explicit:
+        bad = [n for n in names if n not in TL_DETECTORS]
+        if bad:
+            raise DetectorError(f"detector(s) {bad} have no TransformerLens equivalent; tl_compatible "
+                                f"mode scores {', '.join(TL_DETECTORS)}")
+    chosen = [pool[n] if tl_compatible else get_detector(n) for n in names] if explicit else list(pool.values())
+    skipped: dict[str, str] = {}
+    keep = []
+    for d in chosen:
+        why = ""
+        if d.bidirectional_only and model.is_causal:
+            why = f"{d.name} needs a bidirectional model; {getattr(model, 'name', 'this model')!r} is causal"
+        elif d.kind == "weights" and ov_weights(model) is None:
+            why = f"{d.name} needs the embedding and unembedding, which this backend does not expose"
+        elif d.probe == "brackets" and not vocab(model).brackets:
+            why = f"{d.name}: the tokenizer keeps no bracket pair as single tokens"
+        if why and explicit:
+            raise (ProbeError if d.probe == "brackets" else DetectorError)(why)
+        if why:
+            skipped[d.name] = why
+        else:
+            keep.append(d)
+    return keep, skipped, explicit
+
+
+def _probes(model: Any, dets: list[Detector], prompts: Any, n_prompts: int, seq_len: int, seed: int,
+            truncate: bool) -> list[tuple[P.Probe, list[Detector]]]:
+    """Group pattern detectors by the probe they read (the user's texts serve every detector)."""
+    pattern = [d for d in dets if d.kind != "weights"]
+    if not pattern:
+        return []
+    if prompts is not None:
+        texts = P.read_prompts(prompts) if isinstance(prompts, str | os.PathLike) else list(prompts)
+        if not texts:
+            raise ProbeError("no prompts given")
+        return [(P.text_prompts(model, texts, truncate=truncate), pattern)]
+    builders = {"random_tokens": P.random_tokens, "repeated_segments": P.repeated_segments,
+                "brackets": P.brackets}
+    groups = []
+    for k, name in enumerate(builders):
+        served = [d for d in pattern if d.probe == name]
+        if served:
+            gen = torch.Generator().manual_seed(seed * 1009 + k)  # one stream per probe kind
+            groups.append((builders[name](model, n_prompts, seq_len, gen), served))
+    return groups
+
+
+def _rows(model_name: str, det: str, s: Summary, lifts: torch.Tensor, labels: torch.Tensor,
+          n_layers: int, n_heads: int) -> list[dict[str, Any]]:
+    heads = [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
+    return [
+        {"model": model_name, "layer": layer, "head": head, "detector": det,
+         "score": float(s.score[i]), "ci_low": float(s.ci_low[i]), "ci_high": float(s.ci_high[i]),
+         "baseline": s.baseline, "lift": float(lifts[i]), "n_positions": s.n_positions,
+         "n_prompts": s.n_prompts, "label": bool(labels[i])}
+        for i, (layer, head) in enumerate(heads)
+    ]
+
+
+def _summaries(stats: dict[str, DetectorStats], tl_compatible: bool, seed: int,
+               n_boot: int) -> dict[str, Summary]:
+    out = {}
+    norm = stats.pop(TL_NORM.name, None)
+    for name, st in stats.items():
+        P_, L, H = st.sums.shape
+        if tl_compatible:  # TL: per-prompt Σ(A∘D)/ΣA, then the mean over prompts
+            per_prompt = st.sums.reshape(P_, L * H) / norm.sums.reshape(P_, L * H)
+            s = summarize(per_prompt, torch.ones(P_, dtype=torch.float64), st.baseline / norm.counts,
+                          seed=seed, n_boot=n_boot)
+            s = Summary(s.score, s.ci_low, s.ci_high, s.baseline, int(norm.counts.sum()), s.n_prompts)
+        else:
+            s = summarize(st.sums.reshape(P_, L * H), st.counts, st.baseline, seed=seed, n_boot=n_boot)
+        out[name] = s
+    return out
+
+
+def classify(
+    model_or_ref: Any = None,
+    detectors: Sequence[str] | str | None = None,
+    prompts: Sequence[str] | str | os.PathLike | None = None,
+    n_prompts: int = 64,
+    seq_len: int = 64,
+    batch_size: int = 32,
+    seed: int = 0,
+    threshold: float | dict[str, float] | None = None,
+    tl_compatible: bool = False,
+    progress: ProgressFn | None = None,
+    truncate: bool = False,
+    n_boot: int = N_BOOT,
+    device: str = "cpu",
+) -> Any:
+    """Score every head on every detector and label it (HEAD_SCORES.md).
+
+    Args:
+        model_or_ref: a loaded model or a reference (zoo name, ``.safetensors`` path, ``hf:<dir>``,
+            ``minilm``); None for the bundled default model.
+        detectors: names (list or comma-separated); None for every detector this model supports.
+        prompts: the user's texts (a list of strings, or a path to a file with one prompt per
+            line or JSONL with a ``"text"`` field); None for the generated probes.
+        n_prompts: prompts per generated probe (>= 10 for a meaningful interval).
+        seq_len: generated prompt length in tokens, specials included (capped by the context).
+        batch_size: prompts per forward pass; scores do not depend on it.
+        seed: seeds the probes and the bootstrap.
+        threshold: τ for the pattern detectors, or ``{detector: τ}``; default 0.4 (copying 0.9).
+        tl_compatible: reproduce TransformerLens ``detect_head`` ("mul", all rows, per-prompt mean)
+            for its three head types instead of headlens' position-conditioned scores.
+        progress: optional ``fn(done, total, stage)`` called after every batch.
+        truncate: cut prompts longer than the context (with a warning) instead of refusing them.
+        n_boot: bootstrap resamples.
+        device: where a model loaded from a reference runs.
+
+    Returns:
+        the scores table (pandas DataFrame, schema in :mod:`headlens.table`), provenance in ``attrs``.
+    """
+    import pandas as pd
+
+    import headlens
+    from headlens.table import empty_table, validate
+
+    model = resolve_model(model_or_ref, device=device)
+    if n_prompts < 1 or batch_size < 1:
+        raise ProbeError(f"n_prompts and batch_size must be >= 1, got {n_prompts} and {batch_size}")
+    seq_len = min(int(seq_len), int(model.cfg.n_ctx))
+    taus = _thresholds(threshold)
+    dets, skipped, explicit = select_detectors(model, detectors, tl_compatible)
+    groups = _probes(model, dets, prompts, n_prompts, seq_len, seed, truncate)
+    notes: list[str] = []
+    if groups and groups[0][0].name == "prompts" and groups[0][0].settings.get("n_truncated"):
+        notes.append(f"{groups[0][0].settings['n_truncated']} prompt(s) were longer than the context "
+                     f"and were truncated to n_ctx={model.cfg.n_ctx}")
+    total, done = sum(len(pr) for pr, _ in groups), 0
+    summaries: dict[str, Summary] = {}
+    for probe, served in groups:
+        def tick(n: int, stage: str = probe.name) -> None:
+            nonlocal done
+            done += n
+            if progress is not None:
+                progress(done, total, stage)
+
+        run = [*served, TL_NORM] if tl_compatible else served
+        summaries.update(_summaries(scan(model, probe, run, batch_size, tick), tl_compatible, seed, n_boot))
+    L, H = model.n_layers, model.n_heads
+    rows = []
+    for d in dets:
+        if d.kind == "weights":
+            sc = d.weights_fn(model).reshape(-1)
+            s = Summary(sc, sc, sc, 0.0, 0, 0)
+            rows += _rows(model.name, d.name, s, torch.full_like(sc, float("nan")), sc >= taus[d.name], L, H)
+            continue
+        s = summaries[d.name]
+        if s.n_positions == 0:
+            why = f"{d.name}: the {'prompts' if prompts is not None else d.probe} probe has no target positions"
+            if explicit:
+                raise ProbeError(why + " for this detector")
+            skipped[d.name] = why
+            continue
+        lift = s.lift
+        rows += _rows(model.name, d.name, s, lift, label(s.ci_low, lift, taus[d.name]), L, H)
+    df = pd.DataFrame(rows, columns=list(empty_table().columns)) if rows else empty_table()
+    if s_small := [d for d, s in summaries.items() if 0 < s.n_prompts < 10]:
+        notes.append(f"fewer than 10 prompts with targets for {', '.join(s_small)}: wide intervals")
+    for note in notes:
+        warnings.warn(note, stacklevel=2)
+    df.attrs.update({
+        "headlens_version": headlens.__version__, "model": model.name,
+        "causal": bool(model.is_causal), "n_layers": L, "n_heads": H, "seed": seed,
+        "scoring": "tl_compatible" if tl_compatible else "headlens",
+        "thresholds": {d.name: taus[d.name] for d in dets}, "min_lift": MIN_LIFT, "n_boot": n_boot,
+        "probes": {pr.name: {**pr.settings, "n_prompts": len(pr), "detectors": [d.name for d in sv]}
+                   for pr, sv in groups},
+        "skipped": skipped, "warnings": notes, "batch_size": batch_size,
+    })
+    return validate(df)

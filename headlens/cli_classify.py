@@ -1,0 +1,154 @@
+"""``headlens classify``: label every head of a model; a thin layer over :func:`headlens.classify`.
+
+stdout: a table of the labelled heads (strongest first) and a compact layer x head overview.
+stderr: progress, warnings, and on bad input one line ``headlens: error: ...`` with the exit
+code of its error class (see ``headlens.cli``): 4 unknown model, 5 prompts/probe problems
+(missing or empty prompts file, a prompt longer than the context unless ``--truncate``, a
+probe with no target positions for a requested detector), 6 unknown or unsupported detector,
+7 unwritable output path or unknown suffix.
+
+``--confirm`` runs the ablation check of ``headlens.confirm.confirm(model, table)`` on the
+labelled heads when that module is installed (it adds its columns to the table).
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from headlens.errors import HeadlensError, ProbeError
+
+SHORT = {  # overview cell for each label
+    "previous_token": "prev", "next_token": "next", "current_token": "self", "first_token": "sink",
+    "duplicate_token": "dup", "induction": "ind", "bracket_matching": "brk",
+    "bracket_matching_hard": "brk!", "copying": "copy",
+}
+
+
+def _confirm_fn() -> Any:
+    for module in ("headlens.confirm", "headlens.ablation"):
+        try:
+            fn = getattr(__import__(module, fromlist=["confirm"]), "confirm", None)
+        except ImportError:
+            continue
+        if callable(fn):
+            return fn
+    raise HeadlensError("--confirm needs headlens.confirm.confirm, which this install does not have")
+
+
+def print_results(df: Any, console: Any) -> None:
+    """The labelled heads (strongest first), then a layer x head overview of their top labels."""
+    from rich.table import Table
+
+    from headlens.table import head_labels, labelled_heads
+
+    attrs = df.attrs
+    title = f"{attrs.get('model', '?')}: labelled heads ({attrs.get('scoring', 'headlens')} scores)"
+    lab = labelled_heads(df)
+    table = Table(title=title)
+    for col in ("head", "detector", "score", "95% CI", "baseline", "lift", "positions"):
+        table.add_column(col, justify="left" if col in ("head", "detector") else "right")
+    extra = [c for c in ("ablation_delta", "confirmed") if c in lab.columns]
+    for c in extra:
+        table.add_column(c, justify="right")
+    for r in lab.itertuples():
+        cells = [f"L{r.layer}H{r.head}", r.detector, f"{r.score:.3f}", f"[{r.ci_low:.3f}, {r.ci_high:.3f}]",
+                 f"{r.baseline:.3f}", "-" if r.lift != r.lift else f"{r.lift:.1f}", str(r.n_positions)]
+        cells += [str(getattr(r, c)) for c in extra]
+        table.add_row(*cells)
+    if not len(lab):
+        table.add_row("-", "no head passes the rule", "", "", "", "", "")
+    console.print(table)
+    labels = head_labels(df)
+    n_layers, n_heads = int(attrs.get("n_layers", 0)), int(attrs.get("n_heads", 0))
+    grid = Table(title="overview (top label per head; · = none)", show_lines=False, padding=(0, 1))
+    grid.add_column("")
+    for h in range(n_heads):
+        grid.add_column(f"H{h}", justify="center")
+    for layer in range(n_layers):
+        grid.add_row(f"L{layer}", *[SHORT.get(labels[(layer, h)][0], labels[(layer, h)][0][:4])
+                                     if (layer, h) in labels else "·" for h in range(n_heads)])
+    console.print(grid)
+    for name, why in attrs.get("skipped", {}).items():
+        console.print(f"[dim]skipped {name}: {why}[/dim]")
+
+
+def run_classify(
+    model: str | None, detectors: str | None, prompts: Path | None, n_prompts: int, seq_len: int,
+    batch_size: int, seed: int, threshold: float | None, tl_compatible: bool, out: Path | None,
+    quiet: bool, truncate: bool, confirm: bool,
+) -> None:
+    """The command body: library calls only, errors left to the caller."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from headlens.classify import classify, resolve_model
+    from headlens.table import check_output_path, write_table
+
+    err = Console(stderr=True)
+    if out is not None:
+        check_output_path(out)  # fail before the scan, not after
+    if prompts is not None and not prompts.is_file():
+        raise ProbeError(f"prompts file {str(prompts)!r} does not exist")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = resolve_model(model)
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err, disable=quiet, transient=True) as bar:
+            task = bar.add_task("scanning", total=None)
+
+            def progress(done: int, total: int, stage: str) -> None:
+                bar.update(task, completed=done, total=total, description=f"scanning {stage}")
+
+            df = classify(loaded, detectors=detectors, prompts=prompts, n_prompts=n_prompts, seq_len=seq_len,
+                          batch_size=batch_size, seed=seed, threshold=threshold, tl_compatible=tl_compatible,
+                          progress=progress, truncate=truncate)
+        if confirm:
+            attrs = dict(df.attrs)
+            df = _confirm_fn()(loaded, df)
+            df.attrs.update(attrs)
+    for w in caught:
+        print(f"headlens: warning: {w.message}", file=sys.stderr)
+    if out is not None:
+        write_table(df, out)
+        if not quiet:
+            err.print(f"wrote {len(df)} rows to {out}")
+    print_results(df, Console(file=sys.stdout, width=max(100, Console().width)))
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("classify")
+    def classify_cmd(
+        model: Annotated[str | None, typer.Option("--model", "-m", help="zoo name, .safetensors path, "
+                         "hf:<dir> or minilm (default: the bundled default model)")] = None,
+        detectors: Annotated[str | None, typer.Option("--detectors", "-d", help="comma-separated detector "
+                             "names (default: every detector the model supports)")] = None,
+        prompts: Annotated[Path | None, typer.Option("--prompts", "-p", help="your texts: one per line, or "
+                           "JSONL with a 'text' field (default: generated probes)")] = None,
+        n_prompts: Annotated[int, typer.Option("--n-prompts", min=1, help="prompts per generated probe")] = 64,
+        seq_len: Annotated[int, typer.Option("--seq-len", min=8, help="tokens per generated prompt")] = 64,
+        batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="prompts per forward pass")] = 32,
+        seed: Annotated[int, typer.Option("--seed", help="seeds probes and bootstrap")] = 0,
+        threshold: Annotated[float | None, typer.Option("--threshold", min=0.0, max=1.0, help="label when "
+                             "ci_low >= this and lift >= 3 (default 0.4)")] = None,
+        tl_compatible: Annotated[bool, typer.Option("--tl-compatible", help="TransformerLens detect_head "
+                                 "numbers for its 3 head types")] = False,
+        out: Annotated[Path | None, typer.Option("--out", "-o", help="write the scores table "
+                       "(.csv, .parquet, .json), atomically")] = None,
+        quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
+        truncate: Annotated[bool, typer.Option("--truncate", help="cut prompts longer than the context "
+                            "(with a warning) instead of refusing them (exit 5)")] = False,
+        confirm: Annotated[bool, typer.Option("--confirm", help="confirm labels by ablation "
+                           "(headlens.confirm)")] = False,
+    ) -> None:
+        """Score every head on every detector, label them, print the labelled heads."""
+        try:
+            run_classify(model, detectors, prompts, n_prompts, seq_len, batch_size, seed, threshold,
+                         tl_compatible, out, quiet, truncate, confirm)
+        except HeadlensError as e:  # one line and the class's exit code, also under CliRunner
+            print(f"headlens: error: {e}", file=sys.stderr)
+            raise typer.Exit(e.exit_code) from None

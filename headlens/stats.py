@@ -1,0 +1,89 @@
+"""Statistics: pooled scores, uniform baselines, bootstrap intervals and the labelling rule.
+
+A score is a ratio of per-prompt sums, ``Σ_b num_b / Σ_b den_b`` (attention mass on targets
+over rows with a target, pooled over prompts, HEAD_SCORES.md). Its 95 % interval resamples
+*prompts* with replacement (rows within a prompt are not independent); every resample is one
+row of a multinomial count matrix ``W`` (n_boot x P), so all heads are bootstrapped at once by
+``W @ num`` and ``W @ den``. Seeded, so a table is reproducible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+DEFAULT_THRESHOLD = 0.4  # τ for pattern detectors: the community's usual cut-off
+COPYING_THRESHOLD = 0.9  # τ for the weight-based copying score (no probe, no lift)
+MIN_LIFT = 3.0
+N_BOOT = 1000
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Per-head summary of one detector (all tensors ``(N,)`` over the flattened heads).
+
+    Attributes:
+        score, ci_low, ci_high: pooled score and its 95 % bootstrap interval.
+        baseline: the uniform-attention score (one value, broadcast).
+        n_positions: rows with a target, over all prompts.
+        n_prompts: prompts with at least one such row.
+    """
+
+    score: torch.Tensor
+    ci_low: torch.Tensor
+    ci_high: torch.Tensor
+    baseline: float
+    n_positions: int
+    n_prompts: int
+
+    @property
+    def lift(self) -> torch.Tensor:
+        return self.score / self.baseline if self.baseline > 0 else torch.full_like(self.score, float("nan"))
+
+
+def bootstrap_weights(n_prompts: int, n_boot: int = N_BOOT, seed: int = 0) -> torch.Tensor:
+    """``(n_boot, n_prompts)`` float64 multinomial counts: how often each prompt is drawn."""
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, n_prompts, (n_boot, n_prompts), generator=gen)
+    w = torch.zeros(n_boot, n_prompts, dtype=torch.float64)
+    return w.scatter_add_(1, idx, torch.ones_like(idx, dtype=torch.float64))
+
+
+def summarize(num: torch.Tensor, den: torch.Tensor, base: torch.Tensor, seed: int = 0,
+              n_boot: int = N_BOOT) -> Summary:
+    """Pool per-prompt sums into scores with a bootstrap CI.
+
+    Args:
+        num: ``(P, N)`` float64 per-prompt target mass for N heads.
+        den: ``(P,)`` float64 per-prompt row counts (1 per prompt for a mean of per-prompt scores).
+        base: ``(P,)`` float64 per-prompt uniform-attention mass, pooled like ``num``.
+        seed: bootstrap seed.
+        n_boot: bootstrap resamples.
+
+    >>> num = torch.tensor([[1.0], [3.0]], dtype=torch.float64)
+    >>> s = summarize(num, torch.tensor([2.0, 2.0], dtype=torch.float64), torch.ones(2, dtype=torch.float64))
+    >>> s.score.item(), s.baseline, s.n_positions
+    (1.0, 0.5, 4)
+    """
+    keep = den > 0  # prompts without a single target row carry no information
+    num, den, base = num[keep], den[keep], base[keep]
+    total = den.sum()
+    if total == 0:
+        nan = torch.full((num.shape[1],), float("nan"), dtype=torch.float64)
+        return Summary(nan, nan, nan, float("nan"), 0, 0)
+    score = num.sum(0) / total
+    w = bootstrap_weights(len(den), n_boot, seed)  # (n_boot, P)
+    boot = (w @ num) / (w @ den)[:, None]  # (n_boot, N)
+    lo, hi = torch.quantile(boot, torch.tensor([0.025, 0.975], dtype=torch.float64), dim=0)
+    return Summary(score, lo, hi, float(base.sum() / total), round(float(total)), int(keep.sum()))
+
+
+def label(ci_low: torch.Tensor, lift: torch.Tensor, threshold: float = DEFAULT_THRESHOLD,
+          min_lift: float = MIN_LIFT) -> torch.Tensor:
+    """HEAD_SCORES' rule: a head carries the label when ``ci_low >= τ`` and ``lift >= 3``.
+
+    >>> label(torch.tensor([0.5, 0.5, 0.3]), torch.tensor([4.0, 2.0, 9.0])).tolist()
+    [True, False, False]
+    """
+    return (ci_low >= threshold) & (lift >= min_lift)

@@ -1,0 +1,168 @@
+"""The scores table: one schema, defined once, validated before anything is written.
+
+Long (tidy) format, one row per head x detector::
+
+    model, layer, head, detector, score, ci_low, ci_high, baseline, lift, n_positions, n_prompts, label
+
+``label`` is a bool: this head carries this detector's label by the rule in HEAD_SCORES.md.
+Extra columns may follow the schema's (``headlens classify --confirm`` adds the ablation
+columns of :mod:`headlens.confirm`). Provenance (headlens version, probe settings, seed, thresholds) lives in ``df.attrs`` and
+travels with the file: a ``# headlens: {...}`` first line in CSV, a ``provenance`` key in
+JSON, schema metadata in Parquet. :func:`read_table` restores it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from headlens.errors import HeadlensError, OutputError
+
+COLUMNS: dict[str, str] = {  # column -> pandas dtype kind: O object/str, i int, f float, b bool
+    "model": "O",
+    "layer": "i",
+    "head": "i",
+    "detector": "O",
+    "score": "f",
+    "ci_low": "f",
+    "ci_high": "f",
+    "baseline": "f",
+    "lift": "f",
+    "n_positions": "i",
+    "n_prompts": "i",
+    "label": "b",
+}
+SUFFIXES = (".csv", ".parquet", ".json")
+_META_KEY = "headlens"
+
+
+def empty_table() -> Any:
+    """A table with the schema and no rows."""
+    import pandas as pd
+
+    return pd.DataFrame({c: pd.Series(dtype={"O": object, "i": "int64", "f": "float64", "b": bool}[k])
+                         for c, k in COLUMNS.items()})
+
+
+def validate(df: Any) -> Any:
+    """Check ``df`` against the schema; returns it, or raises ``HeadlensError`` naming the problem."""
+    cols = list(df.columns)
+    if cols[: len(COLUMNS)] != list(COLUMNS):  # extra columns (e.g. ablation confirmation) may follow
+        raise HeadlensError(f"scores table columns are {cols}; expected {list(COLUMNS)} first")
+    for col, kind in COLUMNS.items():
+        got = df[col].dtype.kind
+        ok = got == kind or (kind == "O" and got in "OSUT") or (kind == "f" and got in "fi")
+        if not ok and len(df):
+            raise HeadlensError(f"scores table column {col!r} has dtype {df[col].dtype}; expected kind {kind!r}")
+    if len(df):
+        if (df["layer"] < 0).any() or (df["head"] < 0).any():
+            raise HeadlensError("scores table has negative layer or head ids")
+        if df.duplicated(["model", "layer", "head", "detector"]).any():
+            raise HeadlensError("scores table has duplicate (model, layer, head, detector) rows")
+    return df
+
+
+def check_output_path(path: str | os.PathLike) -> Path:
+    """Fail early (``OutputError``) on an unknown suffix or a folder we cannot write to."""
+    p = Path(path)
+    if p.suffix.lower() not in SUFFIXES:
+        raise OutputError(f"unknown output suffix {p.suffix or '(none)'!r} in {str(path)!r}; expected one of "
+                          f"{', '.join(SUFFIXES)}")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise OutputError(f"cannot write {str(path)!r}: folder {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise OutputError(f"cannot write {str(path)!r}: permission denied")
+    if p.is_dir():
+        raise OutputError(f"cannot write {str(path)!r}: it is a folder")
+    return p
+
+
+def _jsonable(attrs: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(attrs, default=str))
+
+
+def write_table(df: Any, path: str | os.PathLike) -> Path:
+    """Validate and write ``df`` (CSV, Parquet or JSON by suffix) atomically, provenance included."""
+    p = check_output_path(path)
+    validate(df)
+    meta = _jsonable(dict(df.attrs))
+    fd, tmp = tempfile.mkstemp(dir=p.parent if str(p.parent) else ".", prefix=f".{p.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        suffix = p.suffix.lower()
+        if suffix == ".csv":
+            with open(tmp, "w", encoding="utf-8", newline="") as f:
+                f.write(f"# {_META_KEY}: {json.dumps(meta)}\n")
+                df.to_csv(f, index=False)
+        elif suffix == ".json":
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump({"provenance": meta, "rows": json.loads(df.to_json(orient="records"))}, f)
+        else:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            table = pa.Table.from_pandas(df.assign(), preserve_index=False)
+            schema_meta = dict(table.schema.metadata or {})
+            schema_meta[_META_KEY.encode()] = json.dumps(meta).encode()
+            pq.write_table(table.replace_schema_metadata(schema_meta), tmp)
+        os.replace(tmp, p)
+    except OSError as err:
+        raise OutputError(f"cannot write {str(path)!r}: {err.strerror or err}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return p
+
+
+def read_table(path: str | os.PathLike) -> Any:
+    """Read a table written by :func:`write_table`, with its provenance back in ``df.attrs``."""
+    import pandas as pd
+
+    p = Path(path)
+    suffix = p.suffix.lower()
+    meta: dict[str, Any] = {}
+    if suffix == ".csv":
+        with open(p, encoding="utf-8") as f:
+            first = f.readline()
+            if first.startswith(f"# {_META_KEY}: "):
+                meta = json.loads(first.split(": ", 1)[1])
+            else:
+                f.seek(0)
+            df = pd.read_csv(f)
+    elif suffix == ".json":
+        data = json.loads(p.read_text(encoding="utf-8"))
+        meta = data.get("provenance", {})
+        df = pd.DataFrame(data["rows"])
+        if df.empty:
+            df = pd.DataFrame(columns=list(COLUMNS))
+    elif suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(p)
+        raw = (table.schema.metadata or {}).get(_META_KEY.encode())
+        meta = json.loads(raw) if raw else {}
+        df = table.to_pandas()
+    else:
+        raise OutputError(f"unknown table suffix {p.suffix!r}; expected one of {', '.join(SUFFIXES)}")
+    df = df[list(COLUMNS) + [c for c in df.columns if c not in COLUMNS]]
+    df["label"] = df["label"].astype(bool)
+    df.attrs.update(meta)
+    return validate(df)
+
+
+def labelled_heads(df: Any) -> Any:
+    """The labelled rows, strongest first (by lift, then score)."""
+    rows = df[df["label"]]
+    return rows.sort_values(["lift", "score"], ascending=False, na_position="last").reset_index(drop=True)
+
+
+def head_labels(df: Any) -> dict[tuple[int, int], list[str]]:
+    """``(layer, head) -> [detector, ...]`` ordered by lift (a head may carry several labels)."""
+    out: dict[tuple[int, int], list[str]] = {}
+    for row in labelled_heads(df).itertuples():
+        out.setdefault((int(row.layer), int(row.head)), []).append(str(row.detector))
+    return out
