@@ -1,0 +1,168 @@
+"""The dashboard's non-UI helpers: head ids, selection syncing, example texts, patterns, losses."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import make_gpt
+
+from headlens import GPT, ModelConfig, save_checkpoint
+from headlens import dashboard as hd
+from headlens.errors import HeadlensError, ProbeError
+from headlens.tokenizer import Tokenizer
+
+
+def char_model(alphabet: str = "()[]{}abcdefgh ", n_ctx: int = 64) -> GPT:
+    tok = Tokenizer.char_level(alphabet)
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_layers=2, n_heads=4, d_model=32, n_ctx=n_ctx, d_vocab=tok.d_vocab, attn_only=True,
+                      normalization="none")
+    return GPT(cfg, tokenizer=tok, name="char").eval()
+
+
+def test_head_ids_round_trip_and_bad_ids_say_what_was_expected():
+    for layer, head in [(0, 0), (3, 11), (12, 7)]:
+        assert hd.parse_head(hd.format_head(layer, head)) == (layer, head)
+    assert hd.parse_head(" l1h2 ") == (1, 2)
+    for bad in ["", "L1", "H2", "1,2", "L-1H2", "L1H2x"]:
+        with pytest.raises(HeadlensError, match="L\\{layer\\}H\\{head\\}"):
+            hd.parse_head(bad)
+    assert hd.all_heads(2, 2) == ["L0H0", "L0H1", "L1H0", "L1H1"]
+
+
+def test_heads_from_selection_reads_customdata_in_every_shape_streamlit_gives():
+    points = [{"customdata": [1, 2, "L1H2"], "x": 2, "y": 1}, {"customdata": [0, 3]},
+              {"customdata": [1, 2]}, {"x": 5}]
+    assert hd.heads_from_selection({"selection": {"points": points}}) == ["L1H2", "L0H3"]
+    assert hd.heads_from_selection({"points": points[:1]}) == ["L1H2"]
+    assert hd.heads_from_selection(points[1:2]) == ["L0H3"]
+    assert hd.heads_from_selection(None) == []
+    assert hd.heads_from_selection({"selection": {"points": []}}) == []
+
+
+def test_sync_selection_lets_a_new_click_win_but_never_a_stale_one():
+    # a new click replaces the hand-picked heads
+    assert hd.sync_selection(["L0H0"], ["L1H1"], []) == ["L1H1"]
+    assert hd.sync_selection(["L0H0"], ["L1H1", "L0H2"], ["L1H1"]) == ["L1H1", "L0H2"]
+    # the same grid selection as last time: the multiselect (edited by hand) wins
+    assert hd.sync_selection(["L0H0", "L0H1"], ["L1H1"], ["L1H1"]) == ["L0H0", "L0H1"]
+    # a cleared grid selection does not clear the multiselect
+    assert hd.sync_selection(["L0H0"], [], ["L1H1"]) == ["L0H0"]
+
+
+def test_example_text_uses_only_the_alphabet_and_has_repeats_and_brackets():
+    model = char_model()
+    text = hd.example_text(model)
+    assert set(text) <= set(model.tokenizer.alphabet)
+    assert model.to_tokens(text).shape[1] <= model.cfg.n_ctx
+    words = text.split(" ")
+    assert words[0] == words[1] and len(words[0]) >= 4  # a repeated segment
+    assert "([{" in text and "}])" in text  # nested brackets
+    no_brackets = char_model("abcdefghijklmnop ")
+    assert set(hd.example_text(no_brackets)) <= set("abcdefghijklmnop ")
+    tiny_ctx = char_model(n_ctx=12)
+    assert 0 < tiny_ctx.to_tokens(hd.example_text(tiny_ctx)).shape[1] <= 12
+
+
+def test_byte_example_repeats_a_line_and_has_brackets():
+    model = make_gpt(n_ctx=256)
+    text = hd.example_text(model)
+    assert text.count("def area(width, height):") == 2
+    assert all(ch in text for ch in "()[]")
+
+
+def test_validate_text_refuses_empty_and_too_long_text():
+    model = make_gpt(n_ctx=16)
+    with pytest.raises(ProbeError, match="empty"):
+        hd.validate_text(model, "  \n")
+    with pytest.raises(ProbeError, match="n_ctx=16"):
+        hd.validate_text(model, "x" * 40)
+    with pytest.raises(ProbeError, match="alphabet"):
+        hd.validate_text(char_model(), "xyz!")
+    assert hd.validate_text(model, "abc").shape == (1, 4)
+
+
+def test_head_patterns_are_the_models_own_and_leave_no_hooks():
+    model = make_gpt()
+    tokens, patterns = hd.head_patterns(model, "abcabc", [(1, 2), (0, 1)])
+    assert tokens == ["<bos>", "a", "b", "c", "a", "b", "c"]
+    _, cache = model.run_with_cache("abcabc", names_filter=lambda n: n.endswith("hook_pattern"))
+    np.testing.assert_allclose(patterns[(1, 2)], cache["blocks.1.attn.hook_pattern"][0, 2].numpy())
+    np.testing.assert_allclose(patterns[(0, 1)].sum(-1), 1.0, atol=1e-5)
+    assert model.active_hooks() == []
+
+
+def test_token_losses_are_next_token_cross_entropy():
+    model = make_gpt()
+    tokens = model.to_tokens("hello world")
+    expected = F.cross_entropy(model(tokens)[0, :-1], tokens[0, 1:], reduction="none")
+    np.testing.assert_allclose(hd.token_losses(model, tokens), expected.detach().numpy(), rtol=1e-5)
+
+
+def test_loss_diff_html_colours_each_token_and_escapes_it():
+    page = hd.loss_diff_html(["<b>", " x", "\n"], [1.0, -0.5, 0.0])
+    assert "&lt;b&gt;" in page and "<b>" not in page
+    assert "rgba(220,40,40,0.85)" in page  # the largest increase: full red
+    assert "rgba(40,90,220,0.42)" in page  # half the magnitude, blue
+    assert page.count("<span") == 3
+    assert "+1.000 nats" in page
+
+
+def test_heads_table_is_one_row_per_head_with_labels():
+    rows = []
+    for layer in range(2):
+        for head in range(2):
+            for det in ("induction", "previous_token"):
+                rows.append(dict(model="m", layer=layer, head=head, detector=det, score=0.1 * (layer + head),
+                                 ci_low=0, ci_high=1, baseline=0.1, lift=layer + head + (det == "induction"),
+                                 n_positions=1, n_prompts=1, label=(layer, head) == (1, 1)))
+    table = hd.heads_table(pd.DataFrame(rows))
+    assert list(table["head"]) == ["L0H0", "L0H1", "L1H0", "L1H1"]
+    assert list(table.columns[:4]) == ["head", "layer", "index", "labels"]
+    assert table.loc[3, "labels"] == "induction, previous_token"  # strongest lift first
+    assert table.loc[0, "labels"] == ""
+    assert table.loc[2, "induction"] == pytest.approx(0.1)
+    assert hd.heads_table(pd.DataFrame()).empty
+
+
+def test_snapshots_next_to_a_checkpoint_give_the_loss_curve(tmp_path):
+    model = make_gpt()
+    save_checkpoint(model, tmp_path / "m.safetensors")
+    assert hd.find_snapshots(str(tmp_path / "m.safetensors")) == []
+    for step, loss in [(200, 2.0), (50, 4.0), (100, 3.0)]:
+        save_checkpoint(model, tmp_path / "snapshots" / f"step_{step:05d}.safetensors",
+                        metadata={"step": step, "loss": loss}, half=True)
+    snaps = hd.find_snapshots(str(tmp_path / "m.safetensors"))
+    assert [p.name for p in snaps] == ["step_00050.safetensors", "step_00100.safetensors", "step_00200.safetensors"]
+    losses = hd.training_losses(snaps)
+    assert list(losses["step"]) == [50, 100, 200] and list(losses["loss"]) == [4.0, 3.0, 2.0]
+    (tmp_path / "log.json").write_text('{"log": [{"step": 10, "loss": 5.0, "lr": 1}, {"step": 20, "loss": 4.5}]}')
+    assert list(hd.training_losses(snaps)["loss"]) == [5.0, 4.5]  # the full log wins over snapshot metadata
+    assert hd.find_snapshots("minilm") == [] and hd.find_snapshots("hf:/nowhere") == []
+
+
+def test_release_hooks_removes_leaked_hooks():
+    model = make_gpt()
+    model.hook_dict["blocks.0.attn.hook_z"].add_hook(lambda x, hook: None)
+    assert hd.release_hooks(model) == ["blocks.0.attn.hook_z"]
+    assert model.active_hooks() == []
+
+
+def test_initial_model_and_fingerprint(tmp_path):
+    assert hd.initial_model({hd.MODEL_ENV: " induction-2l "}) == "induction-2l"
+    assert hd.initial_model({}) is None
+    path = tmp_path / "m.safetensors"
+    save_checkpoint(make_gpt(), path)
+    before = hd.fingerprint(str(path))
+    save_checkpoint(make_gpt(seed=1, n_ctx=32), path)
+    assert hd.fingerprint(str(path)) != before  # a rewritten checkpoint is a new cache entry
+    assert hd.fingerprint("/no/such/file") == "/no/such/file"
+    assert hd.model_choices()[-1] == hd.CUSTOM_CHOICE
+
+
+def test_the_app_script_ships_inside_the_package():
+    script = hd.app_script()
+    assert script.is_file() and script.parent.parent.name == "headlens"
