@@ -1,0 +1,214 @@
+"""Training and probe data for the zoo recipes: repeats, Python source, Dyck strings.
+
+Every sampler takes a ``torch.Generator`` so that a seed fixes the whole data stream
+(training on CPU is then bit-for-bit reproducible). Batches are ``(B, T)`` LongTensors
+that start with the tokenizer's BOS token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import string
+import sysconfig
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+# ---------------------------------------------------------------- induction-2l
+
+# letters, digits and space: users can type words and numbers into the dashboard
+INDUCTION_ALPHABET = string.ascii_lowercase + string.ascii_uppercase + string.digits + " "
+
+
+def repeat_batch(
+    gen: torch.Generator,
+    batch: int,
+    seq_len: int,
+    n_symbols: int,
+    bos: int,
+    min_len: int = 4,
+    max_len: int = 32,
+    max_repeats: int = 3,
+) -> torch.Tensor:
+    """Random tokens with 1..max_repeats copied segments of random length at random offsets.
+
+    Varying both the segment length and the distance between original and copy is what
+    makes a previous-token -> induction circuit the cheapest solution; with a fixed
+    offset a small model learns a positional shortcut instead.
+
+    Returns:
+        ``(batch, seq_len + 1)`` tokens, BOS first.
+    """
+    x = torch.randint(0, n_symbols, (batch, seq_len), generator=gen)  # (B, T)
+    for b in range(batch):
+        n_rep = int(torch.randint(1, max_repeats + 1, (1,), generator=gen))
+        for _ in range(n_rep):
+            length = int(torch.randint(min_len, max_len + 1, (1,), generator=gen))
+            src = int(torch.randint(0, seq_len - 2 * length + 1, (1,), generator=gen))
+            dst = int(torch.randint(src + length, seq_len - length + 1, (1,), generator=gen))
+            x[b, dst : dst + length] = x[b, src : src + length]
+    bos_col = torch.full((batch, 1), bos, dtype=torch.long)
+    return torch.cat([bos_col, x], dim=1)  # (B, T + 1)
+
+
+def repeated_probe(
+    gen: torch.Generator, n_prompts: int, seg_len: int, n_symbols: int, bos: int
+) -> torch.Tensor:
+    """``BOS + r + r`` with ``r`` drawn without replacement (no accidental repeats).
+
+    Returns:
+        ``(n_prompts, 2 * seg_len + 1)`` tokens.
+    """
+    if seg_len > n_symbols:
+        raise ValueError(f"seg_len={seg_len} exceeds the {n_symbols} symbols (no replacement)")
+    rows = []
+    for _ in range(n_prompts):
+        r = torch.randperm(n_symbols, generator=gen)[:seg_len]
+        rows.append(torch.cat([torch.tensor([bos]), r, r]))
+    return torch.stack(rows)  # (N, 2L + 1)
+
+
+# ---------------------------------------------------------------- code (Python stdlib)
+
+
+def stdlib_files() -> list[Path]:
+    """The standard library's ``*.py`` files (no site-packages), sorted for determinism."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = [
+        f
+        for f in root.rglob("*.py")
+        if "site-packages" not in f.parts and "dist-packages" not in f.parts
+    ]
+    return sorted(files, key=lambda f: f.relative_to(root).as_posix())
+
+
+def is_heldout(relpath: str, every: int = 20) -> bool:
+    """Deterministic held-out split by file: about 1 file in ``every`` (by a hash of its path)."""
+    digest = hashlib.sha1(relpath.encode()).digest()
+    return int.from_bytes(digest[:4], "big") % every == 0
+
+
+@dataclass(frozen=True)
+class ByteCorpus:
+    """Train and held-out byte streams (files joined by blank lines)."""
+
+    train: torch.Tensor  # (N_train,) uint8
+    heldout: torch.Tensor  # (N_heldout,) uint8
+    n_train_files: int
+    n_heldout_files: int
+
+
+@lru_cache(maxsize=2)
+def stdlib_corpus(max_bytes: int = 0) -> ByteCorpus:
+    """Load the stdlib source as bytes, split by file. ``max_bytes`` > 0 truncates (for tests)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    train, held = bytearray(), bytearray()
+    n_train = n_held = 0
+    for f in stdlib_files():
+        data = f.read_bytes() + b"\n\n"
+        if is_heldout(f.relative_to(root).as_posix()):
+            held += data
+            n_held += 1
+        else:
+            train += data
+            n_train += 1
+        if max_bytes and len(train) >= max_bytes and len(held) > 0:
+            break
+    return ByteCorpus(
+        train=torch.frombuffer(bytearray(train), dtype=torch.uint8),
+        heldout=torch.frombuffer(bytearray(held), dtype=torch.uint8),
+        n_train_files=n_train,
+        n_heldout_files=n_held,
+    )
+
+
+def window_batch(gen: torch.Generator, stream: torch.Tensor, batch: int, seq_len: int, bos: int) -> torch.Tensor:
+    """Random ``seq_len``-byte windows of ``stream``, each after a BOS.
+
+    Returns:
+        ``(batch, seq_len + 1)`` tokens.
+    """
+    starts = torch.randint(0, len(stream) - seq_len, (batch,), generator=gen)
+    idx = starts[:, None] + torch.arange(seq_len)[None, :]  # (B, T)
+    x = stream[idx].long()
+    bos_col = torch.full((batch, 1), bos, dtype=torch.long)
+    return torch.cat([bos_col, x], dim=1)  # (B, T + 1)
+
+
+# ---------------------------------------------------------------- dyck
+
+DYCK_PAIRS = ["()", "[]", "{}", "<>"]
+DYCK_FILLER = "xyz"
+DYCK_ALPHABET = "".join(DYCK_PAIRS) + DYCK_FILLER
+DYCK_OPENERS = "".join(p[0] for p in DYCK_PAIRS)
+DYCK_CLOSERS = "".join(p[1] for p in DYCK_PAIRS)
+
+
+def dyck_string(gen: torch.Generator, length: int, max_depth: int = 8, p_filler: float = 0.2) -> str:
+    """One balanced string of exactly ``length`` characters (length even or filler-padded).
+
+    A random walk over depth: open, close or filler, closing everything by the end.
+    """
+    out: list[str] = []
+    stack: list[int] = []
+    for i in range(length):
+        k, left = len(stack), length - i
+        u = float(torch.rand((), generator=gen))
+        can_open = k < max_depth and k + 2 <= left  # room to open and still close it
+        if k >= left:  # must close now to finish balanced
+            action = "close"
+        elif u < p_filler:
+            action = "fill"
+        elif can_open and k > 0:
+            action = "open" if u < p_filler + (1 - p_filler) / 2 else "close"
+        elif can_open:
+            action = "open"
+        elif k > 0:
+            action = "close"
+        else:
+            action = "fill"
+        if action == "open":
+            t = int(torch.randint(0, len(DYCK_PAIRS), (1,), generator=gen))
+            stack.append(t)
+            out.append(DYCK_PAIRS[t][0])
+        elif action == "close":
+            out.append(DYCK_PAIRS[stack.pop()][1])
+        else:
+            out.append(DYCK_FILLER[int(torch.randint(0, len(DYCK_FILLER), (1,), generator=gen))])
+    return "".join(out)
+
+
+def dyck_batch(gen: torch.Generator, batch: int, seq_len: int, bos: int, max_depth: int = 8) -> torch.Tensor:
+    """``(batch, seq_len + 1)`` tokens: BOS then a balanced Dyck string over :data:`DYCK_ALPHABET`."""
+    index = {c: i for i, c in enumerate(DYCK_ALPHABET)}
+    rows = []
+    for _ in range(batch):
+        s = dyck_string(gen, seq_len, max_depth=max_depth)
+        rows.append([bos] + [index[c] for c in s])
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def match_brackets(text: str | bytes, pairs: list[str] | None = None) -> dict[int, int]:
+    """Closer position -> matching opener position, by a stack over ``pairs`` (unmatched skipped).
+
+    For source code this ignores strings and comments: a close approximation, since most
+    brackets in Python source are balanced syntax.
+    """
+    pairs = pairs or DYCK_PAIRS
+    if isinstance(text, bytes):
+        text = text.decode("latin-1")
+    open_of = {p[1]: p[0] for p in pairs}
+    openers = {p[0] for p in pairs}
+    stack: list[tuple[str, int]] = []
+    matches: dict[int, int] = {}
+    for i, c in enumerate(text):
+        if c in openers:
+            stack.append((c, i))
+        elif c in open_of:
+            if stack and stack[-1][0] == open_of[c]:
+                matches[i] = stack.pop()[1]
+            else:
+                stack.clear()  # mismatch: start over rather than guess
+    return matches

@@ -1,0 +1,131 @@
+"""Zoo recipes: everything needed to re-train a shipped model from a seed.
+
+A recipe fixes the architecture, tokenizer, data stream and optimiser schedule.
+``headlens train NAME`` runs one (``headlens.zoo.train.train``); the shipped weights
+under ``headlens/zoo/weights/`` are its outputs at the default steps and seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from headlens.config import ModelConfig
+from headlens.errors import ConfigError
+from headlens.tokenizer import Tokenizer
+from headlens.zoo import data
+
+Sampler = Callable[[torch.Generator, int], torch.Tensor]  # (generator, batch) -> (B, T) tokens
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One training recipe (architecture + data + schedule)."""
+
+    name: str
+    summary: str  # one line: what the model learns
+    config: ModelConfig
+    tokenizer: Tokenizer
+    seq_len: int  # tokens per training row after BOS (row length seq_len + 1 <= n_ctx)
+    steps: int  # default number of optimiser steps
+    batch_size: int
+    lr: float
+    warmup: int = 100  # linear warm-up steps, then cosine decay to lr * min_lr_frac
+    min_lr_frac: float = 0.1
+    weight_decay: float = 0.0  # AdamW decay on matrices only
+    grad_clip: float = 1.0
+    seed: int = 0
+    snapshots: int = 0  # default number of intermediate snapshots
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def sampler(self) -> Sampler:
+        """The training-batch sampler for this recipe."""
+        return _SAMPLERS[self.name](self)
+
+
+def _induction_sampler(r: Recipe) -> Sampler:
+    def sample(gen: torch.Generator, batch: int) -> torch.Tensor:
+        return data.repeat_batch(
+            gen, batch, r.seq_len, r.tokenizer.n_symbols, r.tokenizer.bos_token_id,
+            min_len=r.extra["min_repeat"], max_len=r.extra["max_repeat"],
+            max_repeats=r.extra["max_repeats"],
+        )
+
+    return sample
+
+
+def _code_sampler(r: Recipe) -> Sampler:
+    corpus = data.stdlib_corpus(r.extra.get("max_bytes", 0))
+
+    def sample(gen: torch.Generator, batch: int) -> torch.Tensor:
+        return data.window_batch(gen, corpus.train, batch, r.seq_len, r.tokenizer.bos_token_id)
+
+    return sample
+
+
+def _dyck_sampler(r: Recipe) -> Sampler:
+    def sample(gen: torch.Generator, batch: int) -> torch.Tensor:
+        return data.dyck_batch(gen, batch, r.seq_len, r.tokenizer.bos_token_id, r.extra["max_depth"])
+
+    return sample
+
+
+_SAMPLERS: dict[str, Callable[[Recipe], Sampler]] = {
+    "induction-2l": _induction_sampler,
+    "code": _code_sampler,
+    "dyck": _dyck_sampler,
+}
+
+
+def _induction_recipe() -> Recipe:
+    tok = Tokenizer.char_level(data.INDUCTION_ALPHABET)
+    cfg = ModelConfig(
+        n_layers=2, n_heads=4, d_model=64, n_ctx=128, d_vocab=tok.d_vocab,
+        attn_only=True, normalization="none",
+    )
+    return Recipe(
+        name="induction-2l",
+        summary="attention-only 2-layer model on random letters with repeated segments",
+        config=cfg, tokenizer=tok, seq_len=96, steps=8000, batch_size=32, lr=1e-3,
+        warmup=200, seed=0, snapshots=20,
+        extra={"min_repeat": 4, "max_repeat": 32, "max_repeats": 3},
+    )
+
+
+def _code_recipe() -> Recipe:
+    tok = Tokenizer.byte_level()
+    cfg = ModelConfig(n_layers=3, n_heads=4, d_model=128, n_ctx=256, d_vocab=tok.d_vocab)
+    return Recipe(
+        name="code",
+        summary="byte-level GPT-2 (MLPs, LayerNorm) on the Python standard library's source",
+        config=cfg, tokenizer=tok, seq_len=255, steps=2000, batch_size=8, lr=2e-3,
+        warmup=200, weight_decay=0.1, seed=0, snapshots=5,
+    )
+
+
+def _dyck_recipe() -> Recipe:
+    tok = Tokenizer.char_level(data.DYCK_ALPHABET)
+    cfg = ModelConfig(n_layers=2, n_heads=4, d_model=64, n_ctx=128, d_vocab=tok.d_vocab)
+    return Recipe(
+        name="dyck",
+        summary="balanced strings over 4 bracket pairs with filler, nesting up to 8",
+        config=cfg, tokenizer=tok, seq_len=64, steps=4000, batch_size=32, lr=2e-3,
+        warmup=200, weight_decay=0.01, seed=0, snapshots=5,
+        extra={"max_depth": 8},
+    )
+
+
+RECIPES: dict[str, Callable[[], Recipe]] = {
+    "induction-2l": _induction_recipe,
+    "code": _code_recipe,
+    "dyck": _dyck_recipe,
+}
+
+
+def get_recipe(name: str) -> Recipe:
+    """The recipe called ``name``, or a ``ConfigError`` listing the known ones."""
+    if name not in RECIPES:
+        raise ConfigError(f"unknown recipe {name!r}; known recipes: {', '.join(sorted(RECIPES))}")
+    return RECIPES[name]()

@@ -1,0 +1,194 @@
+"""The model zoo: recipes train deterministically, and the shipped models contain their card's heads."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+import headlens
+from headlens.checkpoint import load_checkpoint, load_metadata
+from headlens.errors import ConfigError
+from headlens.zoo import ZOO, data, weights_dir
+from headlens.zoo import measure as M
+from headlens.zoo.evaluate import EVALUATORS, SINK_THRESHOLD, THRESHOLD
+from headlens.zoo.recipes import RECIPES, get_recipe
+from headlens.zoo.ship import CARDS_DIR
+from headlens.zoo.train import snapshot_steps, train
+
+
+def _tiny(name: str):
+    """The recipe at its real architecture but a small batch (and a small corpus for code)."""
+    r = get_recipe(name)
+    extra = dict(r.extra, max_bytes=300_000) if name == "code" else r.extra
+    return dataclasses.replace(r, batch_size=2, extra=extra)
+
+
+# ---------------------------------------------------------------- data and measurement
+
+
+def test_repeat_batch_contains_copied_segments():
+    gen = torch.Generator().manual_seed(0)
+    x = data.repeat_batch(gen, 8, 96, 63, 63, min_len=8, max_len=8, max_repeats=1)  # (8, 97)
+    assert x.shape == (8, 97) and (x[:, 0] == 63).all()
+    for row in x[:, 1:].tolist():
+        grams = [tuple(row[i : i + 8]) for i in range(len(row) - 7)]
+        assert len(set(grams)) < len(grams)  # some 8-gram occurs twice
+
+
+def test_dyck_strings_are_balanced_and_bounded():
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        s = data.dyck_string(gen, 64, max_depth=8)
+        assert len(s) == 64
+        depth, stack = 0, []
+        for c in s:
+            if c in data.DYCK_OPENERS:
+                stack.append(c)
+                depth = max(depth, len(stack))
+            elif c in data.DYCK_CLOSERS:
+                assert data.DYCK_OPENERS[data.DYCK_CLOSERS.index(c)] == stack.pop()
+        assert not stack and depth <= 8
+
+
+def test_match_brackets_known_answer():
+    assert data.match_brackets("a(b[c]d)e") == {5: 3, 7: 1}
+
+
+def test_heldout_split_is_by_file_and_deterministic():
+    files = ["json/decoder.py", "os.py", "a/b.py"] + [f"m{i}.py" for i in range(400)]
+    held = [f for f in files if data.is_heldout(f)]
+    assert held == [f for f in files if data.is_heldout(f)]
+    assert 0 < len(held) < len(files) // 5
+
+
+def test_measure_known_answers():
+    T = 6
+    tokens = torch.tensor([[9, 1, 2, 3, 1, 2]])
+    prev = torch.zeros(1, 1, 1, T, T)
+    prev[..., 0, 0] = 1
+    for q in range(1, T):
+        prev[..., q, q - 1] = 1
+    assert M.target_scores(prev, M.previous_token_targets(tokens))[0, 0] == pytest.approx(1.0)
+    assert M.target_scores(prev, M.first_token_targets(tokens))[0, 0] == pytest.approx(1 / 5)
+    ind = M.induction_targets(tokens, {9})
+    assert ind[0, 4].nonzero().flatten().tolist() == [2]  # x_4 = 1 = x_1, so key 2
+    assert ind[0, 5].nonzero().flatten().tolist() == [3]
+
+
+# ---------------------------------------------------------------- training smoke tests
+
+
+def test_snapshot_steps_spread_and_end_at_last():
+    assert snapshot_steps(100, 4) == [25, 50, 75, 100]
+    assert snapshot_steps(3, 10) == [1, 2, 3]
+    assert snapshot_steps(10, 0) == []
+
+
+def test_unknown_recipe_is_a_config_error():
+    with pytest.raises(ConfigError, match="known recipes"):
+        get_recipe("nope")
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_recipe_smoke_is_deterministic_and_writes_outputs(name, tmp_path):
+    torch.set_num_threads(1)
+    recipe = _tiny(name)
+    a = train(recipe, tmp_path / "a", steps=3, snapshots=2)
+    b = train(recipe, tmp_path / "b", steps=3, snapshots=2)
+    c = train(recipe, tmp_path / "c", steps=3, snapshots=0, seed=recipe.seed + 1)
+    wa, wb, wc = (load_checkpoint(r.checkpoint).state_dict() for r in (a, b, c))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)  # same seed, same weights
+    assert any(not torch.equal(wa[k], wc[k]) for k in wa)  # another seed, other weights
+    assert [p.name for p in a.snapshots] == ["step_00002.safetensors", "step_00003.safetensors"]
+    assert load_metadata(a.snapshots[0])["step"] == 2
+    log = json.loads(a.log.read_text())
+    assert log["recipe"] == name and log["log"][-1]["step"] == 3 and log["log"][-1]["loss"] > 0
+
+
+def test_cli_train_writes_checkpoint_snapshots_and_log(tmp_path):
+    from typer.testing import CliRunner
+
+    from headlens.cli import app
+
+    result = CliRunner().invoke(
+        app, ["train", "induction-2l", "--steps", "2", "--snapshots", "1", "--out", str(tmp_path), "--no-evaluate"]
+    )
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "induction-2l.safetensors").is_file()
+    assert (tmp_path / "snapshots" / "step_00002.safetensors").is_file()
+    assert json.loads((tmp_path / "log.json").read_text())["steps"] == 2
+
+
+# ---------------------------------------------------------------- shipped models
+
+SHIPPED = sorted(name for name, entry in ZOO.items() if entry.available)
+
+
+def test_every_zoo_entry_ships_weights_and_a_card():
+    assert SHIPPED == sorted(ZOO)
+    for name in ZOO:
+        assert (CARDS_DIR / f"{name}.json").is_file()
+        assert (CARDS_DIR / f"{name}.md").is_file()
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_model_has_its_card_heads(name):
+    torch.set_num_threads(1)
+    entry = ZOO[name]
+    model = headlens.load(name)
+    card = json.loads((CARDS_DIR / f"{name}.json").read_text())
+    measured = EVALUATORS[name](model)
+    for detector, heads in entry.known_heads.items():
+        assert heads, f"{name}: empty head list for {detector}"
+        key = detector if detector in measured["scores"] else f"{detector}_min_over_lengths"
+        if name == "dyck" and detector == "bracket_matching":
+            key = "bracket_matching_hard"
+        tau = SINK_THRESHOLD if detector == "first_token" else THRESHOLD
+        for head in heads:
+            assert measured["scores"][key][head] > tau, (name, detector, head)
+            assert measured["scores"][key][head] == pytest.approx(card["evaluation"]["scores"][key][head], abs=0.01)
+
+
+def test_induction_2l_card_facts():
+    if "induction-2l" not in SHIPPED:
+        pytest.skip("induction-2l not shipped")
+    ev = EVALUATORS["induction-2l"](headlens.load("induction-2l"))
+    assert ev["repeated_half_loss"] < 0.25 * ev["first_half_loss"]
+    assert any(h.startswith("L0") for h in ev["heads"]["previous_token"])
+    assert any(h.startswith("L1") for h in ev["heads"]["induction"])
+    snaps = sorted((weights_dir() / ZOO["induction-2l"].snapshots).glob("step_*.safetensors"))
+    assert len(snaps) >= 10
+    assert [load_metadata(s)["step"] for s in snaps] == sorted(load_metadata(s)["step"] for s in snaps)
+
+
+def test_code_card_facts():
+    if "code" not in SHIPPED:
+        pytest.skip("code not shipped")
+    card = json.loads((CARDS_DIR / "code.json").read_text())["evaluation"]
+    assert card["heldout_loss"] < card["unigram_baseline_loss"] - 1.0
+
+
+def test_dyck_card_facts():
+    if "dyck" not in SHIPPED:
+        pytest.skip("dyck not shipped")
+    ev = EVALUATORS["dyck"](headlens.load("dyck"))
+    assert ev["closer_accuracy"] >= 0.99
+
+
+# ---------------------------------------------------------------- full re-training (slow)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SHIPPED)
+def test_recipe_reproduces_card(name, tmp_path):
+    """Re-run the full recipe (minutes to an hour on one thread) and compare with the card."""
+    torch.set_num_threads(1)
+    card = json.loads((CARDS_DIR / f"{name}.json").read_text())
+    result = train(get_recipe(name), tmp_path, steps=card["steps"], seed=card["seed"], snapshots=0)
+    assert result.final_loss == pytest.approx(card["final_train_loss"], abs=0.05)
+    ev = EVALUATORS[name](load_checkpoint(result.checkpoint))
+    for detector, heads in ZOO[name].known_heads.items():
+        assert set(heads) <= set(ev["heads"][detector]), (detector, heads, ev["heads"][detector])
