@@ -1,1 +1,263 @@
-def check_checkpoint(*a, **k): raise NotImplementedError
+"""``check_checkpoint``: which head count were these weights trained with, whatever the config says?
+
+Why: a head layout is invisible in weight shapes (a 768 x 768 projection is the same tensor
+for 12 heads or 16), so a config that lies loads without complaint and computes garbage.
+The weights themselves know, though: split into the head count they were trained with, the
+model predicts its own kind of text well; split any other way, each "head" mixes slices of
+several trained heads and the loss is much worse. So the doctor loads the weights under every
+divisor of ``d_model`` (its own loader: ``load_checkpoint`` rightly refuses a config that
+disagrees with the header) and measures the loss of each on text the model can tokenize.
+
+Evaluation text, most specific first: the zoo recipe's own data when the checkpoint names
+one in its metadata; Python standard-library source for byte-level models; repeated random
+segments (``BOS r r``) over the alphabet for char-level models and over the vocabulary
+otherwise (any model with an induction circuit predicts the second copy).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from headlens.checkpoint import FORMAT, read_header
+from headlens.config import ModelConfig
+from headlens.doctor.bugs import divisors
+from headlens.doctor.report import CheckpointReport, HeadCountEvidence
+from headlens.errors import CheckpointError, ConfigError
+from headlens.model import GPT
+from headlens.tokenizer import Tokenizer
+
+_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+@dataclass
+class Weights:
+    """A checkpoint's tensors under headlens names, with the config and tokenizer it claims."""
+
+    tensors: dict[str, torch.Tensor]
+    config: ModelConfig
+    tokenizer: Tokenizer | None
+    format: str  # "headlens" | "huggingface"
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def _read_headlens(path: Path) -> Weights:
+    from safetensors.torch import load_file
+
+    header = read_header(path)
+    if header.get("format") != FORMAT or "config" not in header:
+        raise CheckpointError(f"{str(path)!r} is a safetensors file but not a headlens checkpoint")
+    try:
+        cfg = ModelConfig.from_json(header["config"])
+        tensors = load_file(str(path))
+    except ConfigError as err:
+        raise CheckpointError(f"checkpoint {str(path)!r} has an invalid config: {err}") from None
+    except Exception as err:
+        raise CheckpointError(f"checkpoint {str(path)!r} is corrupt or truncated ({err})") from None
+    tok = Tokenizer.from_spec(json.loads(header.get("tokenizer", '{"kind": "byte"}')))
+    meta = json.loads(header.get("metadata", "{}"))
+    return Weights({k: v.float() for k, v in tensors.items()}, cfg, tok, "headlens", meta)
+
+
+def _hf_tensors(d: Path) -> dict[str, torch.Tensor]:
+    if (d / "model.safetensors").is_file():
+        from safetensors.torch import load_file
+
+        return load_file(str(d / "model.safetensors"))
+    if (d / "pytorch_model.bin").is_file():
+        return torch.load(d / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise CheckpointError(f"{str(d)!r} has a config.json but no model.safetensors or pytorch_model.bin")
+
+
+def _read_hf(d: Path) -> Weights:
+    try:
+        hf = json.loads((d / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"cannot read {str(d / 'config.json')!r}: {err}") from None
+    if hf.get("model_type", "gpt2") != "gpt2":
+        raise CheckpointError(f"doctor reads GPT-2 style directories; {str(d)!r} has model_type={hf['model_type']!r}")
+    raw = _hf_tensors(d)
+    tensors = {}
+    for key, t in raw.items():
+        if key.endswith((".attn.bias", ".attn.masked_bias")):
+            continue  # causal-mask buffers of older GPT-2 checkpoints
+        name = key if key.startswith(("transformer.", "lm_head.")) else f"transformer.{key}"
+        tensors[name] = (t.T if name.endswith(_CONV1D) else t).float().contiguous()  # Conv1D (in, out) -> (out, in)
+    tied = "lm_head.weight" not in tensors
+    try:
+        cfg = ModelConfig(
+            n_layers=hf["n_layer"], n_heads=hf["n_head"], d_model=hf["n_embd"], n_ctx=hf["n_positions"],
+            d_vocab=hf["vocab_size"], d_mlp=hf.get("n_inner") or 0,
+            layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5), tie_embeddings=tied,
+        )
+    except (KeyError, ConfigError) as err:
+        raise CheckpointError(f"{str(d / 'config.json')!r} is not a usable GPT-2 config: {err}") from None
+    spec = (hf.get("headlens") or {}).get("tokenizer")
+    return Weights(tensors, cfg, Tokenizer.from_spec(spec) if spec else None, "huggingface", {})
+
+
+def read_weights(path: str | Path) -> Weights:
+    """Read a headlens ``.safetensors`` checkpoint or a Hugging Face GPT-2 directory, trusting nothing."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise CheckpointError(f"{str(path)!r} is a directory without config.json")
+        return _read_hf(path)
+    return _read_headlens(path)
+
+
+def model_with_heads(w: Weights, n_heads: int) -> GPT:
+    """The checkpoint's weights in a GPT whose attention is split into ``n_heads`` heads."""
+    cfg = replace(w.config, n_heads=n_heads, d_head=0, extra={})
+    tok = w.tokenizer
+    if tok is None or tok.d_vocab > cfg.d_vocab:  # ids are fed directly; the tokenizer only labels them
+        tok = Tokenizer.char_level("".join(chr(0x4E00 + i) for i in range(cfg.d_vocab - 1)))
+    model = GPT(cfg, tokenizer=tok)
+    missing, unexpected = model.load_state_dict(w.tensors, strict=False)
+    missing = [k for k in missing if not (cfg.tie_embeddings and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise CheckpointError(f"weights do not fit a GPT of this config: missing {missing[:4]}, "
+                              f"unexpected {unexpected[:4]}")
+    return model.eval()
+
+
+def _stdlib_text(n_chars: int, seed: int) -> str:
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in root.glob("*.py") if p.stat().st_size > 4000)
+    gen = torch.Generator().manual_seed(seed)
+    text = ""
+    for i in torch.randperm(len(files), generator=gen).tolist():
+        text += files[i].read_text(encoding="utf-8", errors="replace")[1000:3000]
+        if len(text) >= n_chars:
+            break
+    return text
+
+
+def evaluation_tokens(w: Weights, n_rows: int = 8, seq_len: int = 128, seed: int = 0) -> tuple[torch.Tensor, str]:
+    """``(n_rows, T)`` token ids (BOS first) the model should predict well, and what they are."""
+    T = min(seq_len, w.config.n_ctx)
+    gen = torch.Generator().manual_seed(seed)
+    tok = w.tokenizer
+    recipe = w.metadata.get("recipe")
+    if recipe in ("induction-2l", "dyck") and tok is not None:
+        from headlens.zoo.recipes import get_recipe
+
+        r = get_recipe(recipe)
+        if r.tokenizer == tok:
+            return r.sampler()(gen, n_rows)[:, :T], f"zoo recipe {recipe!r} data ({n_rows} x {T} tokens)"
+    if tok is not None and tok.kind == "byte":
+        ids = tok.encode(_stdlib_text(n_rows * T, seed))
+        rows = torch.tensor(ids[: n_rows * (T - 1)]).view(n_rows, T - 1)  # (N, T - 1)
+        bos = torch.full((n_rows, 1), tok.bos_token_id)
+        return torch.cat([bos, rows], dim=1), f"Python stdlib source ({n_rows} x {T} bytes)"
+    n_symbols = tok.n_symbols if tok is not None else w.config.d_vocab
+    bos = tok.bos_token_id if tok is not None else 0
+    seg = (T - 1) // 2
+    seg_ids = torch.randint(0, n_symbols, (n_rows, seg), generator=gen)  # (N, seg)
+    tokens = torch.cat([torch.full((n_rows, 1), bos), seg_ids, seg_ids], dim=1)  # (N, 2 seg + 1)
+    return tokens, f"repeated random segments over {n_symbols} symbols ({n_rows} x {2 * seg + 1} tokens)"
+
+
+def text_tokens(w: Weights, texts: list[str]) -> list[torch.Tensor]:
+    """One ``(1, T)`` row per non-empty text (BOS first, truncated to n_ctx) in the checkpoint's tokenizer."""
+    if w.tokenizer is None:
+        raise CheckpointError("this checkpoint carries no tokenizer the doctor can read; cannot tokenize --text")
+    rows = []
+    for text in texts:
+        if text.strip():
+            ids = [w.tokenizer.bos_token_id, *w.tokenizer.encode(text)][: w.config.n_ctx]
+            rows.append(torch.tensor([ids]))
+    if not rows or all(r.shape[1] < 2 for r in rows):
+        raise CheckpointError("the evaluation text is empty: give at least one line of text")
+    return rows
+
+
+@torch.inference_mode()
+def loss_with_heads(w: Weights, n_heads: int, rows: list[torch.Tensor]) -> float:
+    """Mean next-token cross-entropy (nats) of the weights split into ``n_heads`` heads."""
+    model = model_with_heads(w, n_heads)
+    total, count = 0.0, 0
+    for tokens in rows:  # (N, T) each
+        logits = model(tokens[:, :-1])  # (N, T - 1, V)
+        total += float(F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten(), reduction="sum"))
+        count += tokens[:, 1:].numel()
+    return total / count
+
+
+def check_checkpoint(
+    path: str | Path,
+    n_heads: int | None = None,
+    candidates: list[int] | None = None,
+    margin: float = 0.05,
+    n_rows: int = 8,
+    seq_len: int = 128,
+    seed: int = 0,
+    texts: list[str] | None = None,
+) -> CheckpointReport:
+    """Infer the head count ``path``'s weights were trained with and compare it with the claim.
+
+    Args:
+        path: a headlens ``.safetensors`` checkpoint or a Hugging Face GPT-2 directory.
+        n_heads: the head count you intend to use; defaults to what the checkpoint's config says.
+        candidates: head counts to try (default: every divisor of d_model).
+        margin: loss gap in nats below which a head count other than the claimed one is not
+            considered better (weights nearly indifferent to the split).
+        n_rows: evaluation rows.
+        seq_len: tokens per evaluation row (capped at n_ctx).
+        seed: seed of the evaluation text.
+        texts: your own evaluation text, one row per string (best for char-level models that no
+            zoo recipe describes: the default repeated random segments only help models that copy).
+
+    Returns:
+        A :class:`CheckpointReport`; ``passed`` is False when the inferred head count disagrees
+        with the config or with ``n_heads``.
+
+    >>> report = check_checkpoint("model.safetensors")  # doctest: +SKIP
+    >>> report.inferred_n_heads, report.passed  # doctest: +SKIP
+    (4, True)
+    """
+    t0 = time.perf_counter()
+    w = read_weights(path)
+    d_model, config_heads = w.config.d_model, w.config.n_heads
+    claimed = config_heads if n_heads is None else n_heads
+    if claimed <= 0 or d_model % claimed:
+        raise ConfigError(f"n_heads={claimed} does not divide d_model={d_model} "
+                          f"(divisors: {divisors(d_model)})")
+    heads = sorted(set(candidates or divisors(d_model)) | {claimed, config_heads})
+    if texts is not None:
+        rows = text_tokens(w, texts)
+        description = f"the given text ({len(rows)} rows, {sum(r.shape[1] for r in rows)} tokens)"
+    else:
+        tokens, description = evaluation_tokens(w, n_rows, seq_len, seed)
+        rows = [tokens]
+    losses = {h: loss_with_heads(w, h, rows) for h in heads}
+    best = min(losses, key=losses.get)
+    # a head count only counts as better than the claim when it is better by more than the margin
+    inferred = claimed if losses[claimed] - losses[best] <= margin else best
+    evidence = [HeadCountEvidence(h, d_model // h, losses[h], losses[h] - losses[best]) for h in heads]
+    warnings = []
+    if inferred != config_heads:
+        warnings.append(f"the config says n_heads={config_heads} but the weights work best split into "
+                        f"{inferred} heads (loss {losses[inferred]:.3f} vs {losses[config_heads]:.3f} nats): "
+                        f"this checkpoint's config is wrong")
+    if n_heads is not None and n_heads != inferred:
+        warnings.append(f"you asked for n_heads={n_heads} but the weights were trained with {inferred} "
+                        f"(loss {losses[inferred]:.3f} vs {losses[n_heads]:.3f} nats)")
+    runner_up = sorted(losses.values())[1] if len(losses) > 1 else float("inf")
+    if runner_up - losses[best] <= margin:
+        warnings.append("weak evidence: two head counts give losses within the margin; "
+                        "the weights barely depend on how they are split here")
+    return CheckpointReport(
+        path=str(path), format=w.format, passed=inferred == config_heads == claimed,
+        config_n_heads=config_heads, claimed_n_heads=claimed, inferred_n_heads=inferred, d_model=d_model,
+        evaluation=description, margin=margin, evidence=evidence, warnings=warnings,
+        seconds=time.perf_counter() - t0,
+    )

@@ -1,0 +1,58 @@
+"""``headlens doctor CHECKPOINT``: infer the head count a checkpoint was trained with; exit 8 on a mismatch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+EXIT_PROBLEM = 8  # cli.py: "8 doctor found a problem"
+
+
+def _resolve(ref: str) -> Path:
+    """A zoo name, ``hf:<dir>``, a .safetensors file or a Hugging Face directory -> a path."""
+    from headlens.errors import ModelReferenceError
+    from headlens.zoo import ZOO
+
+    if ref in ZOO:
+        return ZOO[ref].path
+    path = Path(ref[3:] if ref.startswith("hf:") else ref).expanduser()
+    if not path.exists():
+        raise ModelReferenceError(f"{ref!r} is neither a zoo name ({', '.join(sorted(ZOO)) or 'none installed'}) "
+                                  f"nor an existing checkpoint file or Hugging Face directory")
+    return path
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("doctor")
+    def doctor_cmd(
+        checkpoint: Annotated[str, typer.Argument(help="headlens .safetensors, Hugging Face GPT-2 dir, or zoo name")],
+        n_heads: Annotated[
+            int | None, typer.Option("--n-heads", help="the head count you mean to use (default: the config's)")
+        ] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+        text: Annotated[Path | None, typer.Option("--text", help="evaluation text file, one row per line")] = None,
+        seed: Annotated[int, typer.Option("--seed", help="seed of the generated evaluation text")] = 0,
+    ) -> None:
+        """Check that a checkpoint's head count is the one its weights were trained with.
+
+        Loads the weights split into every divisor of d_model, measures the loss of each on text
+        the model can tokenize and reports the table. Exit 0 when config, --n-heads and weights
+        agree, 8 when they do not.
+        """
+        import json
+
+        from headlens.doctor import check_checkpoint
+        from headlens.errors import ProbeError
+
+        texts = None
+        if text is not None:
+            try:
+                texts = text.read_text(encoding="utf-8").splitlines()
+            except OSError as err:
+                raise ProbeError(f"cannot read --text {str(text)!r}: {err}") from None
+        report = check_checkpoint(_resolve(checkpoint), n_heads=n_heads, seed=seed, texts=texts)
+        typer.echo(json.dumps(report.to_dict(), indent=2) if as_json else str(report))
+        if not report.passed:
+            raise typer.Exit(code=EXIT_PROBLEM)
