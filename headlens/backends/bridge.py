@@ -175,10 +175,17 @@ class BridgeModel:
     __call__ = forward
 
     # -- hooks ----------------------------------------------------------------------------------
-    def _names(self, name: NameOrFilter) -> list[str]:
+    def _names(self, name: NameOrFilter, dedupe: bool = True) -> list[str]:
+        """Hook names for a name or predicate. The bridge lists some hook points under two names
+        (``attn.hook_z`` is an alias of ``attn.o.hook_in``); ``dedupe`` keeps one name per point so
+        a predicate never installs the same function twice."""
         hook_dict = self.bridge.hook_dict
         if callable(name):
-            return [n for n in hook_dict if name(n) and self._usable(n)]
+            names = [n for n in hook_dict if name(n) and self._usable(n)]
+            if not dedupe:
+                return names
+            by_point = {id(hook_dict[n]): n for n in names}  # the last (alias) name per point
+            return [n for n in names if by_point[id(hook_dict[n])] == n]
         if name not in hook_dict:
             close = [n for n in hook_dict if n.split(".")[-1] == name.split(".")[-1]][:4]
             raise HeadlensError(
@@ -224,7 +231,7 @@ class BridgeModel:
         elif isinstance(names_filter, str):
             names = [names_filter]
         elif callable(names_filter):
-            names = self._names(names_filter)
+            names = self._names(names_filter, dedupe=False)  # observers: cache under every name
         else:
             names = list(names_filter)
         cache = ActivationCache()
@@ -243,11 +250,12 @@ class BridgeModel:
 
         The bridge's own permanent hooks (it installs some for BERT's MLP aliases) are not ours.
         """
-        return [
-            n
+        hooked = {
+            id(hp): n  # one name per hook point, the last (alias, e.g. attn.hook_z) one
             for n, hp in self.bridge.hook_dict.items()
             if any(not getattr(h, "is_permanent", False) for h in getattr(hp, "fwd_hooks", ()))
-        ]
+        }
+        return list(hooked.values())
 
     def reset_hooks(self) -> None:
         self.bridge.reset_hooks()
