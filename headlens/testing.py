@@ -20,7 +20,11 @@ Nothing is trained, so the planted heads are exact and the model builds in milli
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
+from typing import Any
 
 import torch
 
@@ -71,3 +75,94 @@ def planted_model(sharpness: float = 30.0, n_ctx: int = 32, alphabet: str = PLAN
             qkv1[i, TOK + i] = c
             qkv1[D + i, PREV + i] = 1.0
     return model.eval()
+
+
+PatternFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (tokens (B,T), valid (B,T)) -> (B,Q,K)
+
+
+class PatternModel:
+    """A stand-in backend whose attention patterns are given functions of the tokens.
+
+    It has the shared model surface a scan uses (``n_layers``, ``n_heads``, ``cfg``,
+    ``is_causal``, ``tokenizer``, ``special_token_ids``, ``to_tokens``, ``hooks``,
+    ``forward``) and emits ``patterns[layer][head](tokens, valid)`` at
+    ``blocks.{layer}.attn.hook_pattern``: hand-built patterns with exactly known scores.
+
+    >>> m = PatternModel([[offset_pattern(-1), uniform_pattern]], causal=True)
+    >>> m.n_layers, m.n_heads
+    (1, 2)
+    """
+
+    def __init__(self, patterns: list[list[PatternFn]], causal: bool = True, n_ctx: int = 64,
+                 tokenizer: Tokenizer | None = None, name: str = "patterns") -> None:
+        self.patterns, self.is_causal, self.name = patterns, causal, name
+        self.tokenizer = tokenizer or Tokenizer.char_level(PLANTED_ALPHABET)
+        self.cfg = ModelConfig(n_layers=len(patterns), n_heads=len(patterns[0]), d_model=len(patterns[0]) * 4,
+                               n_ctx=n_ctx, d_vocab=self.tokenizer.d_vocab)
+        self.n_layers, self.n_heads = self.cfg.n_layers, self.cfg.n_heads
+        self.device = torch.device("cpu")
+        self._hooks: list[tuple[str, Callable[..., Any]]] = []
+
+    @property
+    def bos_token_id(self) -> int:
+        return self.tokenizer.bos_token_id
+
+    @property
+    def special_token_ids(self) -> set[int]:
+        return {self.tokenizer.bos_token_id}
+
+    def to_tokens(self, text: str | list[str], prepend_bos: bool = True) -> torch.Tensor:
+        texts = [text] if isinstance(text, str) else text
+        return torch.tensor([[self.bos_token_id] * prepend_bos + self.tokenizer.encode(t) for t in texts])
+
+    def to_str_tokens(self, tokens: torch.Tensor) -> list[str]:
+        return [self.tokenizer.str_token(int(i)) for i in tokens.reshape(-1)]
+
+    @contextlib.contextmanager
+    def hooks(self, fwd_hooks: list[tuple[str, Callable[..., Any]]]) -> Iterator[PatternModel]:
+        self._hooks = list(fwd_hooks)
+        try:
+            yield self
+        finally:
+            self._hooks = []
+
+    def active_hooks(self) -> list[str]:
+        return [name for name, _ in self._hooks]
+
+    def forward(self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        valid = torch.ones_like(tokens, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        for layer, heads in enumerate(self.patterns):
+            pattern = torch.stack([fn(tokens, valid) for fn in heads], dim=1)  # (B, H, Q, K)
+            pattern = _renormalize(pattern, valid, self.is_causal)  # (B, H, Q, K)
+            for name, fn in self._hooks:
+                if name == f"blocks.{layer}.attn.hook_pattern":
+                    fn(pattern, SimpleNamespace(name=name))
+        return torch.zeros(*tokens.shape, self.cfg.d_vocab)
+
+
+def _renormalize(pattern: torch.Tensor, valid: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Zero what a head cannot see (pads; the future in causal models); rows sum to 1."""
+    T = pattern.shape[-1]
+    seen = valid[:, None, None, :].expand_as(pattern).clone()  # (B, H, Q, K)
+    if causal:
+        seen &= torch.ones(T, T, dtype=torch.bool).tril()
+    p = pattern * seen
+    s = p.sum(-1, keepdim=True)
+    fallback = seen / seen.sum(-1, keepdim=True).clamp_min(1)  # uniform where the fn gave nothing
+    return torch.where(s > 0, p / s.clamp_min(1e-30), fallback)
+
+
+def uniform_pattern(tokens: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Uniform over every visible key (the model renormalizes)."""
+    B, T = tokens.shape
+    return torch.ones(B, T, T)
+
+
+def offset_pattern(k: int) -> PatternFn:
+    """All mass on key q+k where it exists (k=-1 previous, 0 current, +1 next), else uniform."""
+
+    def fn(tokens: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        B, T = tokens.shape
+        return torch.diag(torch.ones(T - abs(k)), diagonal=k).expand(B, T, T)  # (B, Q, K): [q, q+k] = 1
+
+    return fn
