@@ -361,7 +361,7 @@ def training_losses(snapshots: Sequence[Path]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["step", "loss"])
 
 
-def snapshot_scores(snapshots: Sequence[Path], detectors: Sequence[str], n_prompts: int = 8,
+def snapshot_scores(snapshots: Sequence[Path], detectors: Sequence[str], n_prompts: int = 10,
                     seed: int = 0) -> pd.DataFrame:
     """The scores table of every snapshot, with a ``step`` column."""
     import pandas as pd
@@ -405,7 +405,6 @@ def run_ablation(model: Any, heads: Sequence[str], method: str, metric: str, tex
     import pandas as pd
 
     from headlens.ablation import ablate
-    from headlens.metrics import make_task
     from headlens.sweep import sweep
 
     if not heads:
@@ -424,7 +423,7 @@ def run_ablation(model: Any, heads: Sequence[str], method: str, metric: str, tex
     try:
         tokens = validate_text(model, text)
         clean = token_losses(model, tokens)
-        reference = None if method == "zero" else make_task(model, metric, prompts, n_prompts, seed).tokens
+        reference = None if method == "zero" else _text_reference(model, metric, prompts, n_prompts, seed)
         with ablate(model, list(heads), method=method, reference=reference, seed=seed):
             ablated = token_losses(model, tokens)
         out.update(tokens=model.to_str_tokens(tokens)[1:], clean=clean, ablated=ablated,
@@ -432,6 +431,16 @@ def run_ablation(model: Any, heads: Sequence[str], method: str, metric: str, tex
     except HeadlensError as err:
         out["token_note"] = str(err)
     return out
+
+
+def _text_reference(model: Any, metric: str, prompts: Sequence[str] | None, n_prompts: int, seed: int) -> Any:
+    """Reference prompts for mean/resample on the user's text: full-context stdlib snippets for byte
+    models (long enough for any text), else the metric's own probe prompts."""
+    from headlens.metrics import make_task, prompts_task
+
+    if getattr(model.tokenizer, "kind", None) == "byte":
+        return prompts_task(model, None, n_prompts, seq_len=model.cfg.n_ctx - 1, seed=seed).tokens
+    return make_task(model, metric, prompts, n_prompts, seed).tokens
 
 
 # -- cached loaders (Streamlit) ----------------------------------------------------------------
@@ -496,7 +505,7 @@ def _training(ref: str, key: str, detectors: tuple[str, ...], n_prompts: int) ->
 
 
 def get_training(ref: str, detectors: Sequence[str] = TRAINING_DETECTORS,
-                 n_prompts: int = 8) -> tuple[pd.DataFrame, pd.DataFrame]:
+                 n_prompts: int = 10) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Loss curve and per-snapshot scores for a model with training snapshots (cached)."""
     return _training(ref, fingerprint(ref), tuple(detectors), int(n_prompts))
 

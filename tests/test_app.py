@@ -1,0 +1,223 @@
+"""The dashboard driven headlessly through Streamlit's AppTest: widgets in, tables and figures out.
+
+Chart clicks cannot be injected in AppTest, so head selection goes through the multiselect the
+grid mirrors into (the browser test clicks the grid itself). Models are tiny checkpoints saved
+to a temp folder and handed to the app the way ``headlens dashboard --model`` does.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from conftest import make_gpt
+from streamlit.testing.v1 import AppTest
+
+from headlens import GPT, ModelConfig, save_checkpoint
+from headlens import dashboard as hd
+from headlens.tokenizer import Tokenizer
+
+ENTRY = Path(__file__).resolve().parents[1] / "apps" / "dashboard.py"
+TIMEOUT = 300  # first runs import torch/plotly and score the model on a shared CPU
+ALPHABET = "()[]{}abcdefgh "
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("app_models")
+    byte_path = save_checkpoint(make_gpt(n_ctx=96), root / "byte" / "tiny.safetensors")
+    tok = Tokenizer.char_level(ALPHABET)
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_layers=2, n_heads=2, d_model=16, n_ctx=48, d_vocab=tok.d_vocab, attn_only=True,
+                      normalization="none")
+    char = GPT(cfg, tokenizer=tok, name="chars").eval()
+    char_path = save_checkpoint(char, root / "char" / "chars.safetensors")
+    for step, loss in [(10, 2.8), (20, 2.5)]:
+        torch.manual_seed(step)
+        save_checkpoint(GPT(cfg, tokenizer=tok, name="chars"), root / "char" / "snapshots" / f"step_{step:05d}.safetensors",
+                        metadata={"step": step, "loss": loss}, half=True)
+    corrupt = root / "corrupt.safetensors"
+    corrupt.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header")
+    return {"byte": str(byte_path), "char": str(char_path), "corrupt": str(corrupt)}
+
+
+def start(monkeypatch: pytest.MonkeyPatch, ref: str, script: Path = ENTRY) -> AppTest:
+    monkeypatch.setenv(hd.MODEL_ENV, ref)
+    at = AppTest.from_file(str(script), default_timeout=TIMEOUT)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def arr(value: object) -> np.ndarray:
+    """A figure array as numpy: plotly writes numpy arrays as base64 typed arrays (``bdata``)."""
+    if isinstance(value, dict) and "bdata" in value:
+        flat = np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"])
+        shape = [int(n) for n in str(value.get("shape", len(flat))).split(",")]
+        return flat.reshape(shape)
+    return np.asarray(value, dtype=float)
+
+
+def figures(at: AppTest) -> list[dict]:
+    return [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
+
+
+def table_with(at: AppTest, *columns: str) -> pd.DataFrame:
+    """The dataframe on the page that has these columns (AppTest does not expose dataframe keys)."""
+    (table,) = [d.value for d in at.dataframe if set(columns) <= set(d.value.columns)]
+    return table
+
+
+def grid(at: AppTest) -> dict:
+    (fig,) = [f for f in figures(at) if f["data"] and f["data"][0].get("marker", {}).get("symbol") == "square"]
+    return fig
+
+
+def patterns(at: AppTest) -> dict[str, dict]:
+    out = {}
+    for fig in figures(at):
+        if fig["data"] and fig["data"][0]["type"] == "heatmap":
+            out[fig["layout"]["title"]["text"].split()[0]] = fig
+    return out
+
+
+def test_app_shows_the_grid_the_selected_pattern_and_no_errors(monkeypatch, models):
+    at = start(monkeypatch, models["byte"])
+    assert not at.error
+    assert at.selectbox(key="model_choice").value == hd.CUSTOM_CHOICE
+    assert at.text_input(key="model_path").value == models["byte"]
+    fig = grid(at)
+    custom = [tuple(c[:2]) for c in fig["data"][0]["customdata"]]
+    assert custom == [(layer, head) for layer in range(2) for head in range(4)]
+    # the grid's colours are the induction scores of the scores table
+    model = hd.get_model(models["byte"])
+    scores = hd.get_scores(models["byte"])
+    ind = scores[scores.detector == "induction"].sort_values(["layer", "head"])
+    assert fig["data"][0]["marker"]["color"] == pytest.approx(list(ind.score))
+    # one head is preselected (the top induction scorer) and its pattern is drawn on the example text
+    (selected,) = at.multiselect(key=f"heads::{models['byte']}").value
+    best = ind.sort_values("score").iloc[-1]
+    assert selected == hd.format_head(best.layer, best["head"])
+    pats = patterns(at)
+    assert list(pats) == [selected]
+    text = at.text_area(key=f"text::{models['byte']}").value
+    assert text == hd.example_text(model)
+    n_tokens = len(model.to_str_tokens(text))
+    assert arr(pats[selected]["data"][0]["z"]).shape == (n_tokens, n_tokens)
+    # exports: scores as CSV, figures as HTML
+    labels = [b.label for b in at.download_button]
+    assert "Download scores (CSV)" in labels and "Download figure (HTML)" in labels
+    assert model.active_hooks() == []
+
+
+def test_selecting_heads_in_the_mirrored_widget_updates_grid_and_patterns(monkeypatch, models):
+    at = start(monkeypatch, models["byte"])
+    key = f"heads::{models['byte']}"
+    at.multiselect(key=key).set_value(["L1H3", "L0H1"]).run()
+    assert not at.exception and not at.error
+    assert set(patterns(at)) == {"L1H3", "L0H1"}
+    lines = grid(at)["data"][0]["marker"]["line"]["color"]
+    marked = [i for i, c in enumerate(lines) if c == "#ff2d55"]
+    assert marked == [1, 7]  # L0H1 and L1H3 in layer-major order
+    # the selected heads' scores across detectors: a profile figure and a table
+    profile = [f for f in figures(at) if f["data"] and f["data"][0]["type"] == "bar"]
+    assert {t["name"] for t in profile[0]["data"]} == {"L1H3", "L0H1"}
+    detail = table_with(at, "head", "detector", "ci_low")
+    assert set(detail["head"]) == {"L1H3", "L0H1"}
+    assert set(detail["detector"]) == set(hd.get_scores(models["byte"]).detector)
+    at.multiselect(key=key).set_value([]).run()
+    assert not at.exception and not patterns(at) and at.info
+
+
+def test_editing_the_text_redraws_the_pattern_and_bad_text_is_a_message(monkeypatch, models):
+    at = start(monkeypatch, models["byte"])
+    key = f"text::{models['byte']}"
+    at.text_area(key=key).set_value("abcab(c)").run()
+    assert not at.exception and not at.error
+    (fig,) = patterns(at).values()
+    assert fig["layout"]["xaxis"]["ticktext"] == ["&lt;bos&gt;", "a", "b", "c", "a", "b", "(", "c", ")"]
+    assert arr(fig["data"][0]["z"]).shape == (9, 9)
+    at.text_area(key=key).set_value("   ").run()
+    assert not at.exception and "empty" in at.error[0].value
+    at.text_area(key=key).set_value("x" * 500).run()
+    assert not at.exception and "n_ctx=96" in at.error[0].value
+    at.text_area(key=key).set_value("back to normal").run()
+    assert not at.exception and not at.error and patterns(at)
+
+
+def test_model_picker_reports_bad_models_and_keeps_working(monkeypatch, models):
+    at = start(monkeypatch, "/no/such/model.safetensors")
+    assert "Could not load model" in at.error[0].value and "unknown model reference" in at.error[0].value
+    at.text_input(key="model_path").set_value(models["corrupt"]).run()
+    assert not at.exception and "Could not load model" in at.error[0].value
+    assert "checkpoint" in at.error[0].value
+    at.text_input(key="model_path").set_value(models["char"]).run()
+    assert not at.exception and not at.error
+    assert len(grid(at)["data"][0]["customdata"]) == 4
+    text = at.text_area(key=f"text::{models['char']}").value
+    assert text and set(text) <= set(ALPHABET)  # the example speaks the model's alphabet
+    options = at.selectbox(key="model_choice").options
+    assert options[-1] == hd.CUSTOM_CHOICE
+    if hd.minilm_installed():
+        assert "minilm" in options
+
+
+def test_ablation_panel_shows_metric_change_with_ci_and_per_token_losses(monkeypatch, models):
+    at = start(monkeypatch, models["byte"])
+    at.multiselect(key=f"heads::{models['byte']}").set_value(["L1H0", "L1H1"]).run()
+    at.segmented_control(key="view").set_value("Ablation").run()
+    assert not at.exception and not at.error
+    at.selectbox(key="ablation_method").set_value("mean")
+    at.selectbox(key="ablation_metric").set_value("repeated_loss")
+    at.button(key="run_ablation").click().run()
+    assert not at.exception and not at.error
+    metrics = {m.label: m.value for m in at.metric}
+    change = metrics["repeated_loss change, L1H0, L1H1 (mean)"]
+    assert change.startswith(("+", "-"))
+    low, high = (float(v) for v in metrics["95% CI"].strip("[]").split(","))
+    assert low <= float(change) <= high
+    effects = table_with(at, "heads", "delta")
+    assert list(effects["heads"]) == ["L1H0+L1H1", "random heads (control)"]
+    assert (effects["ci_low"] <= effects["ci_high"]).all()
+    # per-token loss change on the user's text, coloured inline, one span per predicted token
+    model = hd.get_model(models["byte"])
+    text = at.text_area(key=f"text::{models['byte']}").value
+    (page,) = [h.value for h in at.html]
+    assert page.count("<span") == len(model.to_str_tokens(text)) - 1
+    bars = [f for f in figures(at) if f["layout"].get("title", {}).get("text", "").startswith("per-token")]
+    assert arr(bars[0]["data"][0]["y"]).shape == (len(model.to_str_tokens(text)) - 1,)
+    assert model.active_hooks() == []  # the cached model never keeps the ablation hooks
+
+
+def test_training_view_plots_loss_and_scores_over_snapshots(monkeypatch, models):
+    at = start(monkeypatch, models["char"])
+    at.segmented_control(key="view").set_value("Training").run()
+    assert not at.exception and not at.error
+    (fig,) = [f for f in figures(at) if f["data"] and f["data"][0].get("name") == "loss"]
+    assert list(arr(fig["data"][0]["x"])) == [10, 20]
+    assert arr(fig["data"][0]["y"]) == pytest.approx([2.8, 2.5])
+    heads = [t for t in fig["data"][1:]]
+    assert {t["name"] for t in heads} == {"L0H0", "L0H1", "L1H0", "L1H1"}
+    assert all(list(arr(t["x"])) == [10, 20] for t in heads)
+    at = start(monkeypatch, models["byte"])  # no snapshots: an explanation, not an error
+    at.segmented_control(key="view").set_value("Training").run()
+    assert not at.exception and not at.error and "No training snapshots" in at.info[0].value
+
+
+def test_all_heads_table_is_one_sortable_row_per_head(monkeypatch, models):
+    at = start(monkeypatch, models["byte"])
+    at.segmented_control(key="view").set_value("All heads").run()
+    assert not at.exception
+    table = table_with(at, "head", "labels")
+    assert list(table["head"]) == hd.all_heads(2, 4)
+    assert "induction" in table.columns and "labels" in table.columns
+
+
+def test_the_packaged_script_is_the_same_app(monkeypatch, models):
+    at = start(monkeypatch, models["byte"], script=hd.app_script())
+    assert not at.error and grid(at)
