@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from headlens.checkpoint import save_checkpoint
 from headlens.cli import app
+from headlens.errors import HeadlensError
 
 runner = CliRunner()
 
@@ -51,10 +52,13 @@ def test_n_heads_option(files) -> None:
 
 def test_help_and_bad_inputs_give_one_line(files, tmp_path) -> None:
     assert runner.invoke(app, ["doctor", "--help"]).exit_code == 0
-    for args, code in (([str(tmp_path / "missing.safetensors")], 4),
-                       ([str(files["ok"]), "--n-heads", "5"], 2),
+    for args, code in (([str(files["ok"]), "--n-heads", "5"], 2),
                        ([str(files["ok"]), "--text", str(tmp_path / "nope.txt")], 5)):
-        proc = subprocess.run([sys.executable, "-m", "headlens", "doctor", *args], capture_output=True, text=True)
-        assert proc.returncode == code, (args, proc.stderr)
-        assert proc.stderr.startswith("headlens: error:") and "Traceback" not in proc.stderr
-        assert len(proc.stderr.strip().splitlines()) == 1
+        result = runner.invoke(app, ["doctor", *args])
+        assert isinstance(result.exception, HeadlensError) and result.exception.exit_code == code, args
+    # the real console script: one line on stderr, the error's exit code, no traceback
+    proc = subprocess.run([sys.executable, "-m", "headlens", "doctor", str(tmp_path / "missing.safetensors")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 4, proc.stderr
+    assert proc.stderr.startswith("headlens: error:") and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

@@ -167,15 +167,16 @@ def evaluation_tokens(w: Weights, n_rows: int = 8, seq_len: int = 128, seed: int
 
 
 def text_tokens(w: Weights, texts: list[str]) -> list[torch.Tensor]:
-    """One ``(1, T)`` row per non-empty text (BOS first, truncated to n_ctx) in the checkpoint's tokenizer."""
+    """The non-empty texts as token rows (BOS first, truncated to n_ctx), stacked by length: ``[(N_i, T_i)]``."""
     if w.tokenizer is None:
         raise CheckpointError("this checkpoint carries no tokenizer the doctor can read; cannot tokenize --text")
-    rows = []
+    by_length: dict[int, list[list[int]]] = {}
     for text in texts:
         if text.strip():
             ids = [w.tokenizer.bos_token_id, *w.tokenizer.encode(text)][: w.config.n_ctx]
-            rows.append(torch.tensor([ids]))
-    if not rows or all(r.shape[1] < 2 for r in rows):
+            by_length.setdefault(len(ids), []).append(ids)
+    rows = [torch.tensor(group) for length, group in sorted(by_length.items()) if length >= 2]
+    if not rows:
         raise CheckpointError("the evaluation text is empty: give at least one line of text")
     return rows
 
@@ -234,7 +235,7 @@ def check_checkpoint(
     heads = sorted(set(candidates or divisors(d_model)) | {claimed, config_heads})
     if texts is not None:
         rows = text_tokens(w, texts)
-        description = f"the given text ({len(rows)} rows, {sum(r.shape[1] for r in rows)} tokens)"
+        description = f"the given text ({sum(r.shape[0] for r in rows)} rows, {sum(r.numel() for r in rows)} tokens)"
     else:
         tokens, description = evaluation_tokens(w, n_rows, seq_len, seed)
         rows = [tokens]
