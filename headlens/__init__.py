@@ -14,6 +14,7 @@ import importlib
 from typing import Any
 
 from headlens.checkpoint import load_checkpoint, save_checkpoint
+from headlens.classify import classify
 from headlens.config import ModelConfig
 from headlens.errors import (
     CheckpointError,
@@ -30,9 +31,10 @@ from headlens.tokenizer import Tokenizer
 
 __version__ = "0.1.0"
 
+# classify is imported eagerly above: its submodule shares the name, so a lazy attribute would be
+# shadowed by the module once anything imports headlens.classify.
 # name -> module that defines it; imported on first use to keep `import headlens` fast
 _LAZY = {
-    "classify": "headlens.classify",
     "ablate": "headlens.ablation",
     "doctor": "headlens.doctor",
 }
