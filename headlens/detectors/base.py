@@ -62,8 +62,14 @@ def finish_mask(mask: torch.Tensor, batch: ProbeBatch) -> torch.Tensor:
     """Keep only real query rows (non-special) and real, visible keys."""
     mask = mask & batch.query_ok[:, :, None] & batch.valid[:, None, :]  # (B, Q, K)
     if batch.causal:
-        mask &= torch.ones_like(mask[0], dtype=torch.bool).tril()[None]
+        mask &= lower(mask.shape[-1], mask.device)[None]
     return mask
+
+
+def lower(T: int, device: torch.device | str = "cpu", diagonal: int = 0) -> torch.Tensor:
+    """``(Q, K)`` bool, True where ``k <= q + diagonal`` (``torch.tril`` of ones, without its slow bool path)."""
+    i = torch.arange(T, device=device)
+    return i[None, :] <= i[:, None] + diagonal
 
 
 def positions(batch: ProbeBatch) -> torch.Tensor:

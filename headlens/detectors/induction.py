@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from headlens.detectors.base import Detector, finish_mask
+from headlens.detectors.base import Detector, finish_mask, lower
 from headlens.probes import ProbeBatch
 
 
@@ -25,7 +25,7 @@ def targets(batch: ProbeBatch) -> torch.Tensor:
     prev = torch.cat([torch.full_like(x[:, :1], -1), x[:, :-1]], dim=1)  # (B, K): x_{k-1}
     prev_special = torch.cat([torch.ones_like(batch.special[:, :1]), batch.special[:, :-1]], dim=1)
     hit = (x[:, :, None] == prev[:, None, :]) & ~prev_special[:, None, :]  # (B, Q, K)
-    hit &= torch.ones(T, T, dtype=torch.bool, device=x.device).tril(-1)[None]  # k <= q-1
+    hit &= lower(T, x.device, -1)[None]  # k <= q-1
     return finish_mask(hit, batch)
 
 

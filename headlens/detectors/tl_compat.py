@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from headlens.detectors.base import Detector
+from headlens.detectors.base import Detector, lower
 from headlens.probes import ProbeBatch
 
 # headlens detector name -> TransformerLens HeadName
@@ -30,14 +30,13 @@ TL_NAMES = {
 
 def _real(batch: ProbeBatch) -> torch.Tensor:
     T = batch.tokens.shape[1]
-    tril = torch.ones(T, T, dtype=torch.bool, device=batch.tokens.device).tril()
-    return batch.valid[:, :, None] & batch.valid[:, None, :] & tril[None]  # (B, Q, K)
+    return batch.valid[:, :, None] & batch.valid[:, None, :] & lower(T, batch.tokens.device)[None]  # (B, Q, K)
 
 
 def previous_token_mask(batch: ProbeBatch) -> torch.Tensor:
     """``(B, Q, K)``: TL's ``get_previous_token_head_detection_pattern`` on each prompt."""
     T = batch.tokens.shape[1]
-    sub = torch.ones(T, T, dtype=torch.bool, device=batch.tokens.device).tril(-1).triu(-1)
+    sub = lower(T, batch.tokens.device, -1) & ~lower(T, batch.tokens.device, -2)  # k = q-1
     return sub[None] & _real(batch)
 
 
@@ -45,7 +44,7 @@ def duplicate_token_mask(batch: ProbeBatch) -> torch.Tensor:
     """``(B, Q, K)``: TL's ``get_duplicate_token_head_detection_pattern`` (k < q, same id)."""
     x = batch.tokens
     T = x.shape[1]
-    strict = torch.ones(T, T, dtype=torch.bool, device=x.device).tril(-1)
+    strict = lower(T, x.device, -1)
     return (x[:, :, None] == x[:, None, :]) & strict[None] & _real(batch)
 
 
