@@ -12,6 +12,8 @@ import headlens
 from headlens.ablation import AblationError, Replacement, format_heads, parse_heads
 from headlens.errors import HeadlensError, ProbeError
 
+torch.set_num_threads(1)  # tiny models: one thread is fastest on a shared 2-core machine
+
 
 def tokens(seed: int = 1, batch: int = 3, T: int = 12) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)

@@ -25,6 +25,8 @@ from headlens.metrics import (
 from headlens.model import GPT
 from headlens.tokenizer import Tokenizer
 
+torch.set_num_threads(1)  # tiny models: one thread is fastest on a shared 2-core machine
+
 
 def char_model(alphabet: str = "()[]{}<>xyz", n_ctx: int = 64) -> GPT:
     tok = Tokenizer.char_level(alphabet)

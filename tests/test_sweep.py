@@ -1,0 +1,106 @@
+"""Sweeps: the cached fast path gives the naive numbers; controls and attribution behave."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from conftest import make_gpt
+
+import headlens.confirm as confirm_mod
+from headlens.sweep import COLUMNS, control_groups, sweep
+
+METRICS = ["repeated_loss", "first_half_loss", "kl", "bracket_accuracy"]
+
+torch.set_num_threads(1)  # tiny models: one thread is fastest on a shared 2-core machine
+
+
+def planted(big_head: tuple[int, int] = (1, 0), scale: float = 20.0):
+    """Attention-only model in which only ``big_head`` writes to the residual stream."""
+    model = make_gpt(0, attn_only=True, n_ctx=32)
+    d = model.cfg.d_head
+    with torch.no_grad():
+        for layer, block in enumerate(model.transformer.h):
+            w = block.attn.c_proj.weight  # (D, H*d_head): column block h is head h
+            for h in range(model.n_heads):
+                w[:, h * d : (h + 1) * d] *= scale if (layer, h) == big_head else 0.0
+    return model
+
+
+@pytest.mark.parametrize("method", ["zero", "mean", "resample"])
+def test_fast_sweep_equals_naive(method):
+    model = make_gpt(0, n_layers=3, n_heads=4, n_ctx=32)
+    groups = [["L0H1"], ["L2H3"], ["L1H0", "L1H2"], ["L0H2", "L2H1"]]
+    kw = dict(groups=groups, method=method, metrics=METRICS, n_prompts=6, n_control=3, n_boot=200, attribution=False)
+    fast, naive = sweep(model, fast=True, **kw), sweep(model, fast=False, **kw)
+    assert list(fast.columns) == COLUMNS and len(fast) == len(groups) * len(METRICS)
+    pd.testing.assert_frame_equal(fast, naive, check_exact=False, rtol=1e-5, atol=1e-6)
+    assert fast.loc[fast.metric == "kl", "clean"].abs().max() < 1e-9
+
+
+def test_every_single_head_by_default_and_progress():
+    model = make_gpt(0, n_ctx=32)
+    calls = []
+    df = sweep(model, n_prompts=4, n_boot=100, progress=lambda d, t: calls.append((d, t)))
+    assert df.heads.tolist() == [f"L{layer}H{h}" for layer in range(2) for h in range(4)]
+    assert calls[-1] == (8, 8)  # singles' controls are other singles: nothing extra to run
+
+
+def test_control_groups_match_layers_and_exclude_the_group():
+    rng = np.random.default_rng(0)
+    group = ((0, 1), (1, 2), (1, 3))
+    ctrl = control_groups(group, n_heads=8, n_control=5, rng=rng)
+    assert len(ctrl) == len(set(ctrl)) == 5
+    for c in ctrl:
+        assert sorted(layer for layer, _ in c) == [0, 1, 1]
+        assert not set(c) & set(group)
+    assert control_groups(((0, 1),), 4, 8, rng) == [((0, 0),), ((0, 2),), ((0, 3),)]  # all, when few
+    assert control_groups(((0, 0), (0, 1)), 2, 8, rng) == []  # no other heads left
+
+
+def test_planted_head_is_the_only_effect():
+    model = planted()
+    df = sweep(model, metrics=["repeated_loss", "kl"], n_prompts=6, n_boot=200)
+    big = df.heads == "L1H0"
+    assert (df.loc[~big, "delta"].abs() < 1e-8).all() and (df.loc[~big, "attribution"].fillna(0).abs() < 1e-8).all()
+    kl = df[big & (df.metric == "kl")].iloc[0]
+    assert kl.delta > 1e-3 and abs(kl.control_delta) < 1e-8 and kl.beats_control
+    assert (df.loc[big, "delta"].abs() > 1e-3).all()
+
+
+def test_attribution_ranks_heads_like_exact_ablation():
+    model = make_gpt(0, n_layers=2, n_heads=8, n_ctx=32)
+    df = sweep(model, metrics=["repeated_loss", "bracket_accuracy", "kl"], n_prompts=8, n_boot=100)
+    rho = df.attrs["attribution_spearman"]
+    assert rho["repeated_loss"] > 0.9
+    assert np.isnan(rho["kl"])  # first-order KL is identically zero at the clean point
+    assert df.loc[df.metric == "repeated_loss", "attribution"].notna().all()
+
+
+def test_confirm_adds_effects_for_labelled_heads(monkeypatch):
+    model = planted()
+    monkeypatch.setitem(confirm_mod.LABEL_METRICS, "induction", "kl")  # KL: any removed write hurts
+    table = pd.DataFrame({
+        "layer": [1, 1, 0, 0], "head": [0, 1, 2, 2],
+        "detector": ["induction", "induction", "previous_token", "first_token"],
+        "label": [True, True, False, True], "score": [0.9, 0.8, 0.1, 0.7],
+    })
+    out = confirm_mod.confirm(model, table, method="zero", n_prompts=6)
+    assert list(out.columns) == [*table.columns, *confirm_mod.CONFIRM_COLUMNS]
+    assert out.confirmed.tolist() == [True, False, False, False]
+    assert out.ablation_metric.iloc[:2].tolist() == ["kl", "kl"] and out.ablation_metric.iloc[2:].isna().all()
+    assert abs(out.ablation_delta.iloc[1]) < 1e-8 and np.isnan(out.ablation_delta.iloc[2:]).all()
+
+
+def test_sweep_on_bridge_matches_native(tmp_path):
+    export = pytest.importorskip("headlens.export")
+    from headlens.backends.bridge import load_bridge
+
+    native = make_gpt(0, n_ctx=32)
+    bridge = load_bridge(export.export_hf(native, tmp_path / "hf"))
+    prompts = ["def f(x): return x + 1", "import os, sys", "class A(B): pass"]  # same ids in both tokenizers
+    kw = dict(groups=[["L0H1"], ["L1H2", "L0H0"]], method="mean", metrics=["lm_loss", "kl"], prompts=prompts,
+              n_control=2, n_boot=100)
+    a, b = sweep(native, **kw), sweep(bridge, **kw)
+    pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-4, atol=1e-5)
