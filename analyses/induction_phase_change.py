@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 
-def measure_snapshots(snap_dir: Path) -> list[dict]:
+def measure_snapshots(snap_dir: Path, n_prompts: int = 16) -> list[dict]:
     """One row per snapshot: step, training loss, probe losses and per-head scores."""
     from headlens.checkpoint import load_checkpoint, load_metadata
     from headlens.zoo.evaluate import evaluate_induction
@@ -25,7 +25,7 @@ def measure_snapshots(snap_dir: Path) -> list[dict]:
     rows = []
     for path in sorted(snap_dir.glob("step_*.safetensors")):
         meta = load_metadata(path)
-        card = evaluate_induction(load_checkpoint(path))
+        card = evaluate_induction(load_checkpoint(path), n_prompts=n_prompts)
         rows.append({
             "step": meta["step"],
             "train_loss": meta.get("loss"),

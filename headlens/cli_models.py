@@ -26,6 +26,8 @@ def register(app: typer.Typer) -> None:
         table.add_column("what it is / heads it is known to contain")
         for name, entry in ZOO.items():
             size = f"{entry.path.stat().st_size / 1e6:.1f} MB" if entry.available else "missing"
+            if entry.snapshot_files:
+                size += f"\n+{len(entry.snapshot_files)} training snapshots"
             heads = "; ".join(f"{det}: {', '.join(h)}" for det, h in entry.known_heads.items())
             default = " (default)" if name == DEFAULT_MODEL else ""
             table.add_row(name + default, size, f"{entry.description}\n{heads}".strip())

@@ -192,3 +192,19 @@ def test_recipe_reproduces_card(name, tmp_path):
     ev = EVALUATORS[name](load_checkpoint(result.checkpoint))
     for detector, heads in ZOO[name].known_heads.items():
         assert set(heads) <= set(ev["heads"][detector]), (detector, heads, ev["heads"][detector])
+
+
+def test_phase_change_analysis_reads_snapshots(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).parents[1] / "analyses" / "induction_phase_change.py"
+    spec = importlib.util.spec_from_file_location("induction_phase_change", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    train(_tiny("induction-2l"), tmp_path, steps=2, snapshots=2)
+    rows = module.measure_snapshots(tmp_path / "snapshots", n_prompts=2)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert set(rows[0]["induction"]) == {f"L{i}H{h}" for i in range(2) for h in range(4)}
+    fig = module.figure(rows)
+    assert len(fig.data) == 3 + 2 * 8  # three loss curves, two score panels of eight heads

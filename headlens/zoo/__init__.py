@@ -29,6 +29,18 @@ class ZooEntry:
     def available(self) -> bool:
         return self.path.is_file()
 
+    @property
+    def snapshot_files(self) -> list[Path]:
+        """The shipped training snapshots (``step_XXXXX.safetensors``), in step order."""
+        if not self.snapshots:
+            return []
+        return sorted((weights_dir() / self.snapshots).glob("step_*.safetensors"))
+
+    @property
+    def card(self) -> Path:
+        """The model card (markdown) written by ``headlens.zoo.ship``."""
+        return Path(__file__).parent / "cards" / f"{self.name}.md"
+
 
 def weights_dir() -> Path:
     return Path(str(resources.files("headlens.zoo") / "weights"))
