@@ -21,6 +21,7 @@ LABEL_METRICS = {
     "induction": "repeated_loss",
     "previous_token": "repeated_loss",
     "bracket_matching": "bracket_accuracy",
+    "bracket_matching_hard": "bracket_accuracy",
 }
 
 CONFIRM_COLUMNS = [

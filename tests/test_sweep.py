@@ -28,6 +28,22 @@ def planted(big_head: tuple[int, int] = (1, 0), scale: float = 20.0):
     return model
 
 
+def induction_lm(scale: float = 30.0):
+    """headlens.testing's planted model (L0H0 previous-token, L1H0 induction) made to predict:
+    L1H0 copies the attended token into an output subspace that the unembedding reads."""
+    from headlens.testing import planted_model
+
+    model = planted_model()
+    V, n_ctx, D = model.cfg.d_vocab, model.cfg.n_ctx, model.cfg.d_model
+    OUT = 2 * V + n_ctx  # after the token, position and previous-token subspaces
+    with torch.no_grad():
+        for i in range(V):
+            model.transformer.h[1].attn.c_attn.weight[2 * D + i, i] = 1.0  # L1H0 v: the attended token
+            model.transformer.h[1].attn.c_proj.weight[OUT + i, i] = 1.0  # o: into OUT
+            model.lm_head.weight[i, OUT + i] = scale  # unembed: OUT_i -> token i
+    return model
+
+
 @pytest.mark.parametrize("method", ["zero", "mean", "resample"])
 def test_fast_sweep_equals_naive(method):
     model = make_gpt(0, n_layers=3, n_heads=4, n_ctx=32)
@@ -104,3 +120,23 @@ def test_sweep_on_bridge_matches_native(tmp_path):
               n_control=2, n_boot=100)
     a, b = sweep(native, **kw), sweep(bridge, **kw)
     pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-4, atol=1e-5)
+
+
+def test_planted_induction_circuit_classic_result():
+    model = induction_lm()
+    df = sweep(model, groups=[["L1H0"], ["L0H0"], ["L1H2"]], metrics=["repeated_loss", "first_half_loss"],
+               n_prompts=12, n_boot=200).set_index(["heads", "metric"])
+    rep = df.xs("repeated_loss", level="metric")
+    assert df.loc[("L1H0", "repeated_loss"), "clean"] < 0.01  # the circuit predicts the repeat
+    for head in ("L1H0", "L0H0"):  # the induction head and the previous-token head feeding it
+        assert rep.loc[head, "delta"] > 1.0 and rep.loc[head, "excess_ci_low"] > 1.0 and rep.loc[head, "beats_control"]
+        assert df.loc[(head, "first_half_loss"), "delta"] < 0.1  # nothing to copy there: no harm
+    assert abs(rep.loc["L1H2", "delta"]) < 1e-9 and not rep.loc["L1H2", "beats_control"]
+
+
+def test_confirm_on_planted_induction_circuit():
+    table = pd.DataFrame({"layer": [0, 1, 1], "head": [0, 0, 2],
+                          "detector": ["previous_token", "induction", "induction"], "label": [True, True, True]})
+    out = confirm_mod.confirm(induction_lm(), table, n_prompts=12)
+    assert out.confirmed.tolist() == [True, True, False]
+    assert (out.ablation_delta.iloc[:2] > 1.0).all()
