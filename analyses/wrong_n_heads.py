@@ -69,7 +69,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
 
-    from headlens.checkpoint import load_checkpoint, save_checkpoint
+    from headlens.checkpoint import load_checkpoint, load_metadata, save_checkpoint
     from headlens.doctor import check_checkpoint
     from headlens.doctor.checkpoint import evaluation_tokens, loss_with_heads, read_weights, text_tokens
     from headlens.doctor.demo import save_with_claimed_heads
@@ -78,8 +78,11 @@ def main() -> None:
     true_h, d_model = model.cfg.n_heads, model.cfg.d_model
     wrong_h = args.wrong_n_heads or (2 * true_h if d_model % (2 * true_h) == 0 else true_h // 2)
     args.out.mkdir(parents=True, exist_ok=True)
-    honest = save_checkpoint(model, args.out / "honest.safetensors")
-    lying = save_with_claimed_heads(model, args.out / "lying.safetensors", wrong_h)
+    from headlens.zoo import ZOO
+
+    meta = load_metadata(ZOO[args.model].path) if args.model in ZOO and ZOO[args.model].available else {}
+    honest = save_checkpoint(model, args.out / "honest.safetensors", metadata=meta)
+    lying = save_with_claimed_heads(model, args.out / "lying.safetensors", wrong_h, metadata=meta)
 
     # 1. it loads and runs
     broken = load_checkpoint(lying)

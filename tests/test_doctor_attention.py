@@ -127,3 +127,30 @@ def test_conv1d_layout_is_accepted() -> None:
     module = build(CORRECT["nanogpt_fused"])
     module.c_attn, module.c_proj = Conv1D(3 * D_MODEL, D_MODEL), Conv1D(D_MODEL, D_MODEL)
     assert check_attention(module, D_MODEL, N_HEADS).passed
+
+
+def test_bias_free_projections_and_custom_call() -> None:
+    class NoBias(nn.Module):
+        """Separate bias-free projections; forward takes (x, mask) like many codebases."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.query, self.key, self.value = (nn.Linear(D_MODEL, D_MODEL, bias=False) for _ in range(3))
+            self.output = nn.Linear(D_MODEL, D_MODEL, bias=False)
+
+        def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            B, T, _ = x.shape
+            q, k, v = (p(x).view(B, T, N_HEADS, -1).transpose(1, 2) for p in (self.query, self.key, self.value))
+            y = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, T, d_head)
+            return self.output(y.transpose(1, 2).reshape(B, T, D_MODEL))
+
+    def call(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        T = x.shape[1]
+        return module(x, torch.ones(T, T, dtype=torch.bool).tril())
+
+    report = check_attention(build(NoBias), D_MODEL, N_HEADS, call=call)
+    assert report.passed, str(report)
+    assert "query/key/value" in report.layout
+    wrong = check_attention(build(NoBias), D_MODEL, N_HEADS,
+                            call=lambda m, x: m(x, torch.ones(x.shape[1], x.shape[1], dtype=torch.bool)))
+    assert wrong.diagnosis == "no_mask"

@@ -14,7 +14,7 @@ from doctor_subjects import (
     write_lying_checkpoint,
 )
 
-from headlens.checkpoint import load_checkpoint, save_checkpoint
+from headlens.checkpoint import load_checkpoint, load_metadata, save_checkpoint
 from headlens.doctor import check_checkpoint
 from headlens.doctor.checkpoint import model_with_heads, read_weights
 from headlens.errors import CheckpointError, ConfigError
@@ -103,3 +103,26 @@ def test_default_evaluation_text_for_char_models_is_repeated_segments(model, tmp
     assert "repeated random segments over 16 symbols" in report.evaluation
     with pytest.raises(CheckpointError, match="empty"):
         check_checkpoint(tmp_path / "ok.safetensors", texts=["", "  "])
+
+
+ZOO_NAMES = ["induction-2l", "code", "dyck"]
+
+
+@pytest.mark.parametrize("name", ZOO_NAMES)
+def test_zoo_models_honest_and_lying(name: str, tmp_path) -> None:
+    from headlens.zoo import ZOO
+
+    if name not in ZOO or not ZOO[name].available:
+        pytest.skip(f"zoo model {name!r} has no weights in this checkout")
+    from headlens.doctor.demo import save_with_claimed_heads
+
+    honest = check_checkpoint(ZOO[name].path)
+    assert honest.passed, str(honest)
+    model = load_checkpoint(ZOO[name].path)
+    true_h = model.cfg.n_heads
+    for lie in (2 * true_h, true_h // 2):
+        if lie < 1 or model.cfg.d_model % lie:
+            continue
+        lying = save_with_claimed_heads(model, tmp_path / f"lie{lie}.safetensors", lie, load_metadata(ZOO[name].path))
+        report = check_checkpoint(lying)
+        assert not report.passed and report.inferred_n_heads == true_h, str(report)

@@ -62,7 +62,7 @@ def train_shifted_copy(steps: int = 300, seed: int = 0) -> GPT:
     return model.eval()
 
 
-def save_with_claimed_heads(model: GPT, path: str | Path, n_heads: int) -> Path:
+def save_with_claimed_heads(model: GPT, path: str | Path, n_heads: int, metadata: dict | None = None) -> Path:
     """Save ``model`` as a headlens checkpoint whose header *claims* ``n_heads`` (weights unchanged).
 
     This is the silent failure the doctor exists for: ``load_checkpoint`` trusts the header, so
@@ -71,7 +71,7 @@ def save_with_claimed_heads(model: GPT, path: str | Path, n_heads: int) -> Path:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    path = save_checkpoint(model, path)
+    path = save_checkpoint(model, path, metadata=metadata)
     with safe_open(str(path), framework="pt") as f:
         header = dict(f.metadata())
         tensors = {k: f.get_tensor(k) for k in f.keys()}
