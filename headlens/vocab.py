@@ -138,7 +138,7 @@ def _build_vocab(model: Any) -> Vocab:
         if None not in ids and ids[0] != ids[1] and ids[0] in ordinary and ids[1] in ordinary:
             brackets.append((int(ids[0]), int(ids[1])))
     bracket_ids = {i for p in brackets for i in p}
-    sep = "" if len(encode_body(model, "((")) == 2 and _joins_cleanly(model, strings, ordinary) else " "
+    sep = "" if _joins_cleanly(model, strings, ordinary) else " "
     filler = tuple(
         i for i in ordinary
         if i not in bracket_ids and strings[i].isalpha() and strings[i].isascii()
