@@ -1,0 +1,93 @@
+"""``headlens classify``: the labelled heads on stdout; bad input is one stderr line and its exit code."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from headlens.checkpoint import save_checkpoint
+from headlens.cli import app
+from headlens.table import read_table
+from headlens.testing import planted_model
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return str(save_checkpoint(planted_model(), tmp_path_factory.mktemp("m") / "planted.safetensors"))
+
+
+def _run(*args: str):
+    return runner.invoke(app, ["classify", *args])
+
+
+def _one_error_line(result, code: int, text: str) -> None:
+    assert result.exit_code == code, (result.exit_code, result.output)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("headlens: error:"), result.stderr
+    assert text in lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_classify_prints_labelled_heads_and_writes_the_table(ckpt, tmp_path):
+    out = tmp_path / "scores.json"
+    result = _run("--model", ckpt, "--n-prompts", "12", "--seq-len", "32", "--out", str(out), "--quiet")
+    assert result.exit_code == 0, result.output
+    assert "L0H0" in result.stdout and "L1H0" in result.stdout
+    assert "prev" in result.stdout and "ind" in result.stdout  # the layer x head overview
+    table = read_table(out)
+    assert sorted(map(tuple, table[table.label][["layer", "head"]].to_numpy().tolist())) == [(0, 0), (1, 0)]
+    assert json.loads(out.read_text())["provenance"]["model"] == "planted"
+
+
+def test_user_prompts_jsonl(ckpt, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"text": t}) for t in ["abcabc", "ab(cd)ab(cd)", "[a[b]c]"] * 4))
+    result = _run("--model", ckpt, "--prompts", str(prompts), "--detectors", "induction,previous_token", "-q")
+    assert result.exit_code == 0, result.output
+    assert "L0H0" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "text"),
+    [
+        (["--model", "no-such-model"], 4, "unknown model reference 'no-such-model'"),
+        (["--detectors", "inductoin"], 6, "unknown detector 'inductoin'"),
+        (["--detectors", "next_token"], 6, "needs a bidirectional model"),
+        (["--out", "scores.xlsx"], 7, "unknown output suffix '.xlsx'"),
+        (["--out", "/no/such/folder/scores.csv"], 7, "does not exist"),
+        (["--prompts", "/no/such/prompts.txt"], 5, "does not exist"),
+    ],
+)
+def test_bad_input_is_one_line_and_an_exit_code(ckpt, args, code, text):
+    _one_error_line(_run("--model", ckpt, *args), code, text)
+
+
+def test_output_path_that_is_a_folder(ckpt, tmp_path):
+    folder = tmp_path / "x.csv"
+    folder.mkdir()
+    _one_error_line(_run("--model", ckpt, "--out", str(folder)), 7, "it is a folder")
+
+
+def test_prompt_files_that_cannot_be_used(ckpt, tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    _one_error_line(_run("--model", ckpt, "--prompts", str(empty)), 5, "has no prompts")
+    long = tmp_path / "long.txt"
+    long.write_text("abcdefghij" * 10 + "\n")
+    _one_error_line(_run("--model", ckpt, "--prompts", str(long)), 5, "--truncate")
+    result = _run("--model", ckpt, "--prompts", str(long), "--truncate", "-q")
+    assert result.exit_code == 0 and "warning: 1 prompt(s)" in result.stderr
+    no_repeats = tmp_path / "plain.txt"
+    no_repeats.write_text("abcdefg\n")
+    _one_error_line(_run("--model", ckpt, "--prompts", str(no_repeats), "--detectors", "induction"), 5,
+                    "no target positions")
+
+
+def test_tl_compatible_flag(ckpt):
+    result = _run("--model", ckpt, "--tl-compatible", "--n-prompts", "10", "--seq-len", "32", "-q")
+    assert result.exit_code == 0, result.output
+    assert "tl_compatible" in result.stdout
