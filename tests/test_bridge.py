@@ -74,13 +74,17 @@ def test_hook_z_replacement_changes_output_and_hooks_never_leak(minilm, batch):
     with torch.no_grad():
         clean = minilm(batch)
 
+        seen = []
+
         def zero_head(z, hook):
+            seen.append(hook.name)  # the TransformerLens name, not the bridge's canonical alias target
             z = z.clone()
             z[:, :, 5] = 0  # (B, T, H, d_head): head 5
             return z
 
         ablated = minilm.run_with_hooks(batch, fwd_hooks=[("blocks.2.attn.hook_z", zero_head)])
     assert float((ablated - clean).abs().max()) > 1e-3
+    assert seen == ["blocks.2.attn.hook_z"]
     assert minilm.active_hooks() == []
 
     def boom(x, hook):

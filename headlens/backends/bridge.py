@@ -54,6 +54,28 @@ class BridgeConfig:
     d_vocab: int
 
 
+class _NamedHook:
+    """The bridge's HookPoint as a hook function sees it, under the name the hook was added by.
+
+    The bridge reports aliases by their canonical name (a ``hook_z`` hook is called with
+    ``hook.name == "blocks.0.attn.o.hook_in"``); headlens code keys on the TransformerLens name.
+    """
+
+    def __init__(self, point: Any, name: str) -> None:
+        self._point = point
+        self.name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._point, attr)
+
+
+def _as_named(fn: HookFn, name: str) -> HookFn:
+    def named(x: torch.Tensor, hook: Any) -> torch.Tensor | None:
+        return fn(x, hook=_NamedHook(hook, name))
+
+    return named
+
+
 class _StopForward(Exception):
     """Raised from a hook to end the forward pass once the final hidden state is known."""
 
@@ -204,7 +226,7 @@ class BridgeModel:
 
         ``fn(tensor, hook)`` observes (returns None) or replaces (returns a tensor).
         """
-        resolved = [(n, fn) for name, fn in fwd_hooks for n in self._names(name)]
+        resolved = [(n, _as_named(fn, n)) for name, fn in fwd_hooks for n in self._names(name)]
         with self.bridge.hooks(fwd_hooks=resolved, reset_hooks_end=True):
             yield self
 
@@ -259,6 +281,13 @@ class BridgeModel:
 
     def reset_hooks(self) -> None:
         self.bridge.reset_hooks()
+
+    def parameters(self) -> Iterator[torch.nn.Parameter]:
+        return self.bridge.parameters()
+
+    def eval(self) -> BridgeModel:
+        self.bridge.eval()
+        return self
 
     # -- helpers ------------------------------------------------------------------------------
     def _pad_id(self) -> int | None:
