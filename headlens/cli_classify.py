@@ -65,7 +65,7 @@ def print_results(df: Any, console: Any) -> None:
     console.print(table)
     labels = head_labels(df)
     n_layers, n_heads = int(attrs.get("n_layers", 0)), int(attrs.get("n_heads", 0))
-    grid = Table(title="overview (top label per head; · = none)", show_lines=False, padding=(0, 1))
+    grid = Table(title="layer x head: top label", caption="· = no label", padding=(0, 1))
     grid.add_column("")
     for h in range(n_heads):
         grid.add_column(f"H{h}", justify="center")
