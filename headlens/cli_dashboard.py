@@ -1,8 +1,11 @@
 """``headlens dashboard``: serve the Streamlit dashboard on 127.0.0.1.
 
 The page is ``headlens/apps/dashboard_app.py``, shipped inside the package, so this works
-after a plain (non-editable) ``pip install``. It runs as ``python -m streamlit run`` in a
-child process; the first model is handed over in ``HEADLENS_DASHBOARD_MODEL``.
+after a plain (non-editable) ``pip install``. Streamlit runs in this process (its own
+``streamlit run``), so torch is imported once; while the server starts, a background thread
+loads the first model and scores its heads into the app's caches, so the first page shows
+the grid without waiting for a scan. The first model is handed over in
+``HEADLENS_DASHBOARD_MODEL``.
 """
 
 from __future__ import annotations
@@ -39,18 +42,41 @@ def _check_port(port: int) -> None:
             raise OutputError(f"port {port} on {HOST} is in use; pick another with --port") from None
 
 
-def streamlit_command(port: int) -> list[str]:
-    """The command line that serves the dashboard on ``HOST:port``."""
-    import sys
-
+def streamlit_args(port: int) -> list[str]:
+    """``streamlit run`` arguments that serve the dashboard on ``HOST:port``."""
     from headlens.apps import dashboard_script
 
     return [
-        sys.executable, "-m", "streamlit", "run", str(dashboard_script()),
+        "run", str(dashboard_script()),
         "--server.address", HOST, "--server.port", str(port), "--server.headless", "true",
         "--server.fileWatcherType", "none", "--browser.gatherUsageStats", "false",
-        "--global.developmentMode", "false",
+        "--global.developmentMode", "false", "--client.toolbarMode", "minimal",
     ]
+
+
+def _warm_up(port: int) -> None:
+    """Once the server answers, load the first model and its scores into the app's caches."""
+    import contextlib
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            if urllib.request.urlopen(f"http://{HOST}:{port}/_stcore/health", timeout=2).read() == b"ok":
+                break
+        time.sleep(0.1)
+    started = time.monotonic()
+    with contextlib.suppress(Exception):  # the page reports any failure itself
+        import plotly.graph_objects  # noqa: F401  (the page's first run needs it)
+
+        from headlens import dashboard as hd
+
+        ref = hd.initial_model() or hd.model_choices()[0]
+        if ref != hd.CUSTOM_CHOICE:
+            hd.get_model(ref)
+            hd.get_scores(ref)
+            typer.echo(f"headlens dashboard: {ref} loaded and scored in {time.monotonic() - started:.1f} s", err=True)
 
 
 def register(app: typer.Typer) -> None:
@@ -59,22 +85,22 @@ def register(app: typer.Typer) -> None:
         model: str = typer.Option(None, "--model", "-m", help="Model shown first: zoo name, path.safetensors, "
                                   "hf:<dir> or minilm (default: the bundled default model)."),
         port: int = typer.Option(8501, "--port", "-p", min=1, max=65535, help="Port on 127.0.0.1."),
+        warm: bool = typer.Option(True, "--warm/--no-warm", help="Score the first model while the server starts."),
     ) -> None:
         """Open the web dashboard on http://127.0.0.1:PORT (Ctrl+C stops it)."""
         import os
-        import subprocess
+        import threading
+
+        from streamlit.web import cli as streamlit_cli
 
         from headlens.apps import MODEL_ENV
 
         if model:
             _check_reference(model.strip())
+            os.environ[MODEL_ENV] = model.strip()
         _check_port(port)
-        env = dict(os.environ, HF_HUB_OFFLINE="1")
-        if model:
-            env[MODEL_ENV] = model.strip()
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
         typer.echo(f"headlens dashboard on http://{HOST}:{port}  (Ctrl+C to stop)", err=True)
-        try:
-            code = subprocess.call(streamlit_command(port), env=env)
-        except KeyboardInterrupt:
-            code = 0
-        raise typer.Exit(code)
+        if warm:
+            threading.Thread(target=_warm_up, args=(port,), name="headlens-warm-up", daemon=True).start()
+        streamlit_cli.main(args=streamlit_args(port), prog_name="streamlit")
