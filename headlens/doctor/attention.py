@@ -230,6 +230,8 @@ def check_attention(
         by_name = {b.name: b for b in bugs}
         parts = [by_name[n] for n in best.bug.split("+")]
         title = " AND ".join(b.title for b in parts)
+        if best.bug == "wrong_head_count":
+            title += f" (the module computes {best.variant}; expected n_heads={n_heads})"
         settings["looks_like"] = " | ".join(b.looks_like for b in parts)
     else:
         diagnosis, variant = None, ""

@@ -88,7 +88,7 @@ class AttentionReport:
         if self.probes:
             lines.append("  invariant probes:")
             for p in self.probes:
-                lines.append(f"    [{'ok' if p.passed else 'FAIL'}] {p.name:<26} {_num(p.value):>9}  {p.detail}")
+                lines.append(f"    {'[ok]' if p.passed else '[FAIL]':<6} {p.name:<22} {_num(p.value):>9}  {p.detail}")
         return "\n".join(lines)
 
 
