@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from headlens.config import ModelConfig
-from headlens.errors import CheckpointError, ConfigError
+from headlens.errors import CheckpointError, ConfigError, ProbeError
 from headlens.model import GPT
 from headlens.tokenizer import Tokenizer
 
@@ -128,7 +128,10 @@ def load_checkpoint(
     except ConfigError as err:
         raise CheckpointError(f"checkpoint {str(path)!r} has an invalid config: {err}") from None
     _check_overrides(cfg, config)
-    tokenizer = Tokenizer.from_spec(json.loads(header.get("tokenizer", '{"kind": "byte"}')))
+    try:
+        tokenizer = Tokenizer.from_spec(json.loads(header.get("tokenizer", '{"kind": "byte"}')))
+    except (json.JSONDecodeError, KeyError, TypeError, ProbeError) as err:
+        raise CheckpointError(f"checkpoint {str(path)!r} has an invalid tokenizer spec ({err})") from None
     try:
         tensors = load_file(str(path))
     except Exception as err:

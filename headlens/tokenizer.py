@@ -26,6 +26,10 @@ class Tokenizer:
     kind: Literal["byte", "char"]
     alphabet: str = ""  # the characters of a char-level vocabulary, id = index
 
+    def __post_init__(self) -> None:
+        if self.kind not in ("byte", "char"):
+            raise ProbeError(f"tokenizer kind must be 'byte' or 'char', got {self.kind!r}")
+
     @classmethod
     def byte_level(cls) -> Tokenizer:
         return cls(kind="byte")

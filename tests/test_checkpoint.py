@@ -138,3 +138,11 @@ def test_no_pickle_anywhere():
         for line in text.splitlines():
             if "torch.load(" in line:
                 assert "weights_only=True" in line, f"{source}: {line.strip()}"
+
+
+@pytest.mark.parametrize("spec", ['{"kind": "bpe"}', "not json", "[]"])
+def test_bad_tokenizer_spec_in_header(saved, spec):
+    _, path = saved
+    tensors, header = _contents(path)
+    with pytest.raises(CheckpointError, match="invalid tokenizer spec"):
+        load_checkpoint(_rewrite(path, tensors, header | {"tokenizer": spec}))
