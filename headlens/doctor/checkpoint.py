@@ -182,23 +182,39 @@ def text_tokens(w: Weights, texts: list[str]) -> list[torch.Tensor]:
 
 
 @torch.inference_mode()
-def loss_with_heads(w: Weights, n_heads: int, rows: list[torch.Tensor]) -> float:
-    """Mean next-token cross-entropy (nats) of the weights split into ``n_heads`` heads."""
+def row_losses(w: Weights, n_heads: int, rows: list[torch.Tensor]) -> torch.Tensor:
+    """Mean next-token cross-entropy (nats) of each evaluation row, weights split into ``n_heads`` heads."""
     model = model_with_heads(w, n_heads)
-    total, count = 0.0, 0
+    out = []
     for tokens in rows:  # (N, T) each
         logits = model(tokens[:, :-1])  # (N, T - 1, V)
-        total += float(F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten(), reduction="sum"))
-        count += tokens[:, 1:].numel()
-    return total / count
+        ce = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten(), reduction="none")
+        out.append(ce.view(tokens.shape[0], -1).double().mean(dim=1))  # (N,)
+    return torch.cat(out)
+
+
+def loss_with_heads(w: Weights, n_heads: int, rows: list[torch.Tensor]) -> float:
+    """Mean next-token cross-entropy (nats, token-weighted) with the weights split into ``n_heads`` heads."""
+    per_row = row_losses(w, n_heads, rows)
+    lengths = torch.cat([torch.full((r.shape[0],), r.shape[1] - 1, dtype=torch.float64) for r in rows])
+    return float((per_row * lengths).sum() / lengths.sum())
+
+
+def _z(worse: torch.Tensor, better: torch.Tensor) -> float:
+    """Paired z-score of the per-row loss gap (how many standard errors ``worse`` is above ``better``)."""
+    gap = worse - better
+    if gap.numel() < 2 or float(gap.std()) == 0.0:
+        return 0.0 if float(gap.mean()) == 0.0 else float("inf")
+    return float(gap.mean() / (gap.std() / gap.numel() ** 0.5))
 
 
 def check_checkpoint(
     path: str | Path,
     n_heads: int | None = None,
     candidates: list[int] | None = None,
-    margin: float = 0.05,
-    n_rows: int = 8,
+    margin: float = 0.01,
+    z_min: float = 3.0,
+    n_rows: int = 32,
     seq_len: int = 128,
     seed: int = 0,
     texts: list[str] | None = None,
@@ -211,6 +227,8 @@ def check_checkpoint(
         candidates: head counts to try (default: every divisor of d_model).
         margin: loss gap in nats below which a head count other than the claimed one is not
             considered better (weights nearly indifferent to the split).
+        z_min: a better head count must also beat the claimed one by this many standard errors
+            of the per-row loss gap (so a gap the evaluation text cannot resolve is not a finding).
         n_rows: evaluation rows.
         seq_len: tokens per evaluation row (capped at n_ctx).
         seed: seed of the evaluation text.
@@ -239,11 +257,15 @@ def check_checkpoint(
     else:
         tokens, description = evaluation_tokens(w, n_rows, seq_len, seed)
         rows = [tokens]
-    losses = {h: loss_with_heads(w, h, rows) for h in heads}
+    lengths = torch.cat([torch.full((r.shape[0],), r.shape[1] - 1, dtype=torch.float64) for r in rows])
+    per_row = {h: row_losses(w, h, rows) for h in heads}
+    losses = {h: float((r * lengths).sum() / lengths.sum()) for h, r in per_row.items()}
     best = min(losses, key=losses.get)
-    # a head count only counts as better than the claim when it is better by more than the margin
-    inferred = claimed if losses[claimed] - losses[best] <= margin else best
-    evidence = [HeadCountEvidence(h, d_model // h, losses[h], losses[h] - losses[best]) for h in heads]
+    z = {h: _z(per_row[h], per_row[best]) for h in heads}
+    # another head count beats the claim only when clearly better: by the margin and by z_min standard errors
+    clearly_better = losses[claimed] - losses[best] > margin and z[claimed] > z_min
+    inferred = best if clearly_better else claimed
+    evidence = [HeadCountEvidence(h, d_model // h, losses[h], losses[h] - losses[best], z[h]) for h in heads]
     warnings = []
     if inferred != config_heads:
         warnings.append(f"the config says n_heads={config_heads} but the weights work best split into "
@@ -252,10 +274,10 @@ def check_checkpoint(
     if n_heads is not None and n_heads != inferred:
         warnings.append(f"you asked for n_heads={n_heads} but the weights were trained with {inferred} "
                         f"(loss {losses[inferred]:.3f} vs {losses[n_heads]:.3f} nats)")
-    runner_up = sorted(losses.values())[1] if len(losses) > 1 else float("inf")
-    if runner_up - losses[best] <= margin:
-        warnings.append("weak evidence: two head counts give losses within the margin; "
-                        "the weights barely depend on how they are split here")
+    close = [h for h in heads if h != inferred and (losses[h] - losses[inferred] <= margin or z[h] <= z_min)]
+    if close:
+        warnings.append(f"weak evidence: n_heads={close} fit nearly as well as {inferred} on this text; "
+                        f"give more or more typical text (--text) to separate them")
     return CheckpointReport(
         path=str(path), format=w.format, passed=inferred == config_heads == claimed,
         config_n_heads=config_heads, claimed_n_heads=claimed, inferred_n_heads=inferred, d_model=d_model,

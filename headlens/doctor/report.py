@@ -100,6 +100,7 @@ class HeadCountEvidence:
     d_head: int
     loss: float  # mean next-token cross-entropy (nats) on the evaluation text
     delta: float  # loss - best loss over all candidates
+    z: float  # delta in standard errors of the paired per-row loss gap
 
 
 @dataclass
@@ -114,7 +115,7 @@ class CheckpointReport:
     inferred_n_heads: int  # the head count the weights work best with
     d_model: int
     evaluation: str  # what text the losses were measured on
-    margin: float  # loss gap (nats) above which a disagreement counts
+    margin: float  # loss gap (nats) a disagreement must exceed (and z_min standard errors)
     evidence: list[HeadCountEvidence] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -131,7 +132,7 @@ class CheckpointReport:
             f"  inferred n_heads: {self.inferred_n_heads}   (d_model={self.d_model}, "
             f"loss on {self.evaluation})",
             "  evidence: loss with the weights split into each possible head count",
-            f"    {'n_heads':>7} {'d_head':>6} {'loss':>8} {'+best':>8}",
+            f"    {'n_heads':>7} {'d_head':>6} {'loss':>8} {'+best':>8} {'z':>7}",
         ]
         for e in self.evidence:
             tags = []
@@ -139,7 +140,7 @@ class CheckpointReport:
                 tags.append("<= best")
             if e.n_heads == self.claimed_n_heads:
                 tags.append("<= claimed")
-            lines.append(f"    {e.n_heads:>7} {e.d_head:>6} {e.loss:>8.4f} {e.delta:>8.4f}  {' '.join(tags)}")
+            lines.append(f"    {e.n_heads:>7} {e.d_head:>6} {e.loss:>8.4f} {e.delta:>8.4f} {e.z:>7.1f}  {' '.join(tags)}")
         lines += [f"  warning: {w}" for w in self.warnings]
         lines.append(f"  took {self.seconds:.1f} s")
         return "\n".join(lines)
