@@ -3,7 +3,9 @@
 Cheap by construction on native models: one clean run caches each layer's residual input
 and ``hook_z``; an ablation of heads in layer ``l`` then restarts there from
 ``resid_pre + c_proj(z with the heads replaced)`` and runs only blocks ``l..`` (plus the
-MLP of block ``l``), with all the groups of one layer stacked along the batch. The numbers
+MLP of block ``l``), with the groups of one layer stacked along the batch up to ``max_tokens``
+rows x positions per pass (on CPU small passes are fastest: big stacked tensors fall out of
+cache; on an accelerator raise it). The numbers
 are those of a full hooked forward per group (``fast=False``, also the path for every
 other backend), up to float rounding.
 
@@ -59,7 +61,7 @@ class NaiveRunner:
 class ResumeRunner(NaiveRunner):
     """Restarts each ablated forward at its first ablated layer from the cached clean run (native GPT)."""
 
-    def __init__(self, model: GPT, task: Task, replacement: Replacement, max_tokens: int = 1 << 16) -> None:
+    def __init__(self, model: GPT, task: Task, replacement: Replacement, max_tokens: int = 4096) -> None:
         self.model, self.task, self.replacement, self.max_tokens = model, task, replacement, max_tokens
         names = [f"blocks.{layer}.{n}" for layer in range(model.n_layers) for n in ("hook_resid_pre", "attn.hook_z")]
         self.clean_logits, self.cache = model.run_with_cache(task.tokens, names_filter=names)
