@@ -68,7 +68,7 @@ def _reference(weights: tuple[torch.Tensor, ...], x: torch.Tensor, n_heads: int,
     if not causal:
         return reference_attention(x, *weights, AttentionRecipe(n_heads=n_heads, mask="none"))
     mha = MultiHeadAttention(ModelConfig(n_layers=1, n_heads=n_heads, d_model=D, n_ctx=T, d_vocab=1))
-    mha = mha.to(x.dtype)
+    mha = mha.to(device=x.device, dtype=x.dtype)
     with torch.no_grad():
         mha.c_attn.weight.copy_(w_qkv)
         mha.c_attn.bias.copy_(b_qkv)
@@ -128,12 +128,13 @@ def _probes(subject: nn.Module, layout: Layout, call: Caller, x: torch.Tensor, u
         if causal:
             j = T // 2
             x2 = x.clone()
-            x2[:, j:] += torch.randn_like(x2[:, j:])
+            noise = torch.randn(x2[:, j:].shape, generator=torch.Generator().manual_seed(1), dtype=x.dtype)
+            x2[:, j:] += noise.to(x.device)
             change = _max_diff(call(subject, x2)[:, :j], user[:, :j])
             results.append(ProbeResult("causality", change <= tol, change,
                                        f"changing positions >= {j} must not change outputs at positions < {j}"))
         if n_heads > 1:
-            perm = torch.roll(torch.arange(n_heads), 1)
+            perm = torch.roll(torch.arange(n_heads, device=x.device), 1)
             layout.set_weights(*_permute_heads(weights, perm, n_heads))
             change = _max_diff(call(subject, x), user)
             layout.set_weights(*weights)
@@ -144,7 +145,7 @@ def _probes(subject: nn.Module, layout: Layout, call: Caller, x: torch.Tensor, u
                                         return_z=True)
         worst = 0.0
         for h in range(n_heads):
-            keep = torch.zeros(D, dtype=torch.bool)
+            keep = torch.zeros(D, dtype=torch.bool, device=x.device)
             keep[h * d_head:(h + 1) * d_head] = True
             layout.set_weights(w_qkv, b_qkv, w_o * keep, b_o)
             expected = nn.functional.linear(merged * keep, w_o, b_o)  # that head's term alone
@@ -199,7 +200,7 @@ def check_attention(
     run = call or layout.call
     weights = layout.weights()
     T = _pick_length(n_heads, d_model // n_heads)
-    x = _input(weights[0], weights[1], d_model, n_heads, batch, T, seed, dtype)
+    x = _input(weights[0].cpu(), weights[1].cpu(), d_model, n_heads, batch, T, seed, dtype).to(weights[0].device)
     with torch.no_grad():
         ref = _reference(weights, x, n_heads, causal)
         try:

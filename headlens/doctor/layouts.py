@@ -84,9 +84,9 @@ class Layout:
         """``(w_qkv (3D, D), b_qkv (3D,), w_o (D, D), b_o (D,))`` with zeros for missing biases."""
         parts = [p.get() for p in self.qkv]
         w_qkv = torch.cat([w for w, _ in parts])
-        b_qkv = torch.cat([b if b is not None else torch.zeros(w.shape[0], dtype=w.dtype) for w, b in parts])
+        b_qkv = torch.cat([b if b is not None else torch.zeros(w.shape[0], dtype=w.dtype, device=w.device) for w, b in parts])
         w_o, b_o = self.out.get()
-        return w_qkv, b_qkv, w_o, (b_o if b_o is not None else torch.zeros(w_o.shape[0], dtype=w_o.dtype))
+        return w_qkv, b_qkv, w_o, (b_o if b_o is not None else torch.zeros(w_o.shape[0], dtype=w_o.dtype, device=w_o.device))
 
     def set_weights(self, w_qkv: torch.Tensor, b_qkv: torch.Tensor, w_o: torch.Tensor, b_o: torch.Tensor) -> None:
         rows = 0
