@@ -100,7 +100,7 @@ def test_table_round_trip_keeps_provenance(planted_table, tmp_path, suffix):
 
 
 def test_output_path_checks(tmp_path):
-    with pytest.raises(OutputError, match="unknown output suffix '.xlsx'"):
+    with pytest.raises(OutputError, match=r"unknown output suffix '\.xlsx'"):
         check_output_path(tmp_path / "a.xlsx")
     with pytest.raises(OutputError, match="does not exist"):
         check_output_path(tmp_path / "missing" / "a.csv")

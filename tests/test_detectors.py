@@ -74,7 +74,7 @@ def test_perfect_offset_heads_score_one_and_uniform_scores_the_baseline(causal):
     for head, name in enumerate(["previous_token", "current_token", "next_token"]):
         if name in pooled:
             assert pooled[name][0][0, head].item() == pytest.approx(1.0, abs=1e-6)
-    for name, (score, baseline) in pooled.items():
+    for score, baseline in pooled.values():
         assert score[0, 3].item() == pytest.approx(baseline, abs=1e-6)  # uniform head == baseline
     # causal baseline of a single-target detector: mean of 1/(q+1) over q = 1..T-1
     if causal:

@@ -118,7 +118,7 @@ def test_read_prompts_lines_and_jsonl(tmp_path):
 
 def test_text_prompts_refuse_or_truncate_over_long_texts():
     model: GPT = make_gpt(n_ctx=16)
-    with pytest.raises(ProbeError, match="n_ctx=16.*--truncate"):
+    with pytest.raises(ProbeError, match=r"n_ctx=16.*--truncate"):
         text_prompts(model, ["x" * 40])
     probe = text_prompts(model, ["x" * 40, "short"], truncate=True)
     assert len(probe.prompts[0]) == 16 and probe.settings["n_truncated"] == 1
