@@ -291,6 +291,20 @@ def heads_table(scores: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([front, detectors], axis=1)
 
 
+def default_detector(scores: pd.DataFrame) -> str:
+    """The detector the grid opens on: induction when some head carries that label, else the label
+    of the most lifted labelled head, else induction (or the first detector scored)."""
+    if scores.empty:
+        return "induction"
+    detectors = list(dict.fromkeys(scores["detector"]))
+    labelled = scores[scores["label"].fillna(False).astype(bool)]
+    if "induction" in set(labelled["detector"]):
+        return "induction"
+    if not labelled.empty:
+        return str(labelled.sort_values("lift", ascending=False).iloc[0]["detector"])
+    return "induction" if "induction" in detectors else detectors[0]
+
+
 SCORE_COLUMNS = ("model", "layer", "head", "detector", "score", "ci_low", "ci_high", "baseline", "lift",
                  "n_positions", "n_prompts", "label")
 

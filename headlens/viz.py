@@ -154,7 +154,7 @@ def head_grid_figure(
     fig = go.Figure(trace)
     fig.update_layout(
         title=dict(text=title or f"{detector} {color_by} per head"),
-        height=max(220, n_layers * (size + 10) + 110),
+        height=max(240, n_layers * (size + 18) + 120),
         margin=dict(l=50, r=20, t=50, b=40),
         clickmode="event+select",
         dragmode=False,
@@ -231,8 +231,9 @@ def head_profile_figure(scores: pd.DataFrame, heads: Sequence[tuple[int, int]]) 
                           "<extra>" + head_name(layer, head) + "</extra>",
         ))
     fig.update_layout(barmode="group", title=dict(text="scores across detectors (95% CI)"),
-                      yaxis=dict(title="score", range=[0, 1.05]), height=320,
-                      margin=dict(l=50, r=20, t=50, b=40))
+                      yaxis=dict(title="score", range=[0, 1.05]), height=300,
+                      margin=dict(l=50, r=20, t=50, b=40), legend=dict(orientation="h", y=1.12, x=1, xanchor="right"))
+    fig.update_xaxes(tickangle=-35)
     return fig
 
 

@@ -130,7 +130,7 @@ def test_dashboard_in_chromium(tmp_path):
     with dashboard_server(ref, port) as (proc, started), sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            page = browser.new_page(viewport={"width": 1400, "height": 1800})
             wait_healthy(url, proc)
             timings["server_start_to_health_s"] = time.perf_counter() - started
             page.goto(url)

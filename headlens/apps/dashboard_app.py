@@ -78,7 +78,7 @@ def scan_settings() -> tuple[int, int]:
 
 def pick_detector(scores: pd.DataFrame) -> tuple[str, str]:
     detectors = list(dict.fromkeys(scores["detector"])) if not scores.empty else ["induction"]
-    default = "induction" if "induction" in detectors else detectors[0]
+    default = hd.default_detector(scores)
     if st.session_state.get("detector") not in detectors:
         st.session_state.detector = default
     detector = st.sidebar.selectbox("Colour heads by detector", detectors, key="detector")
@@ -126,7 +126,7 @@ def head_overview(ref: str, model: Any, scores: pd.DataFrame, detector: str, col
 
 
 def head_detail(scores: pd.DataFrame, selected: list[tuple[int, int]]) -> None:
-    """Scores of the selected heads across every detector."""
+    """Scores of the selected heads across every detector: a bar chart with CIs, and the numbers."""
     if scores.empty or not selected:
         return
     mask = pd.Series(False, index=scores.index)
@@ -137,9 +137,10 @@ def head_detail(scores: pd.DataFrame, selected: list[tuple[int, int]]) -> None:
         return
     fig = viz.head_profile_figure(scores, selected)
     st.plotly_chart(fig, key="profile", config={"displayModeBar": False})
-    table = rows.assign(head=[hd.format_head(r.layer, r.head) for r in rows.itertuples()])
-    st.dataframe(table[["head", "detector", "score", "ci_low", "ci_high", "baseline", "lift", "label"]],
-                 hide_index=True, height=min(300, 35 * len(table) + 38), key="detail_table")
+    with st.expander("Scores of the selected heads (table)"):
+        table = rows.assign(head=[hd.format_head(r.layer, r.head) for r in rows.itertuples()])
+        st.dataframe(table[["head", "detector", "score", "ci_low", "ci_high", "baseline", "lift", "label"]],
+                     hide_index=True, key="detail_table")
 
 
 # -- views ------------------------------------------------------------------------------------
