@@ -271,6 +271,8 @@ def make_task(model: Any, metric: str, prompts: Sequence[str] | None = None, n_p
               seed: int = 0) -> Task:
     """The task ``metric`` is measured on (for ``kl``: the prompts if given, else the repeated probe)."""
     m = get_metric(metric)
+    if getattr(model, "output_kind", "logits") != "logits":
+        raise ProbeError(f"metric {metric!r} reads logits; {model.name!r} has no output head (it returns hidden states)")
     if m.probe in ("repeated", "brackets") or metric == "lm_loss":
         if not model.is_causal:
             raise ProbeError(f"metric {metric!r} scores next-token predictions; this model is bidirectional")
