@@ -221,23 +221,27 @@ def check_attention(
         evidence = _diagnose(user, x, weights, bugs, base, tol) + evidence
     probes = _probes(subject, layout, run, x, user, weights, n_heads, causal, tol)
     passed = diff <= tol and all(p.passed for p in probes)
-    best = evidence[0]
     settings = dict(d_model=d_model, n_heads=n_heads, causal=causal, input_shape=list(x.shape), dtype=str(dtype),
                     seed=seed, input_scale=float(x.std()))
+    diagnosis, title, variant = _verdict(passed, diff > tol, evidence[0], bugs, n_heads, settings)
+    return AttentionReport(passed, diagnosis, title, variant, layout.description, diff, tol, evidence, probes,
+                           settings)
+
+
+def _verdict(passed: bool, differs: bool, best: Evidence, bugs: list[Bug], n_heads: int,
+             settings: dict) -> tuple[str | None, str, str]:
+    """(diagnosis, title, variant) from the closest evidence; adds the bug's typical line to settings."""
     if passed:
-        title, diagnosis, variant = "no problem found", None, ""
-    elif best.matches and best.bug != "correct":
-        diagnosis, variant = best.bug, best.variant
+        return None, "no problem found", ""
+    if best.matches and best.bug != "correct":
         by_name = {b.name: b for b in bugs}
         parts = [by_name[n] for n in best.bug.split("+")]
         title = " AND ".join(b.title for b in parts)
         if best.bug == "wrong_head_count":
             title += f" (the module computes {best.variant}; expected n_heads={n_heads})"
         settings["looks_like"] = " | ".join(b.looks_like for b in parts)
-    else:
-        diagnosis, variant = None, ""
-        title = ("output differs from multi-head attention and no known bug reproduces it "
-                 f"(closest: {best.bug}, max |diff| {best.max_abs_diff:.3g})" if diff > tol
-                 else "output matches the reference here but an invariant probe fails")
-    return AttentionReport(passed, diagnosis, title, variant, layout.description, diff, tol, evidence, probes,
-                           settings)
+        return best.bug, title, best.variant
+    if differs:
+        return None, ("output differs from multi-head attention and no known bug reproduces it "
+                      f"(closest: {best.bug}, max |diff| {best.max_abs_diff:.3g})"), ""
+    return None, "output matches the reference here but an invariant probe fails", ""
