@@ -91,12 +91,12 @@ def test_transformer_bridge_logits_patterns_and_z(exported, bridges, tokens, nam
 
 def test_bridge_tokenizes_like_headlens(exported, bridges):
     model, path = exported["full-ln"]
-    text = "def f(x):\n\treturn x  # héllo ✓"
+    text = "def f(x):\n\treturn x  # héllo ✓ <bos>"
     assert bridges["full-ln"].to_tokens(text).tolist() == model.to_tokens(text).tolist()
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)
-    assert tok(text)["input_ids"] == model.tokenizer.encode(text)
+    assert tok(text, split_special_tokens=True)["input_ids"] == model.tokenizer.encode(text)
     assert tok.decode(model.tokenizer.encode(text)) == text
 
 

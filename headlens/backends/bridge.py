@@ -139,7 +139,8 @@ class BridgeModel:
         """Tokenize with the model's own HF tokenizer to ``(batch, pos)`` ids.
 
         ``prepend_bos`` adds what the model expects around a text: ``[CLS] ... [SEP]`` for
-        BERT-style encoders, a leading BOS for causal models. Texts of different token
+        BERT-style encoders, a leading BOS for causal models; special-token strings inside the
+        text are tokenized as plain text. Texts of different token
         lengths are right-padded when the model has a distinct PAD token (forward then masks
         the pads); otherwise they are refused, like the native model does.
         """
@@ -147,7 +148,8 @@ class BridgeModel:
         if not texts:
             raise ProbeError("to_tokens got no texts")
         tok = self.tokenizer
-        rows = [list(tok(t, add_special_tokens=prepend_bos)["input_ids"]) for t in texts]
+        # text is text: a literal "<bos>" or "[SEP]" in it is not a special token
+        rows = [list(tok(t, add_special_tokens=prepend_bos, split_special_tokens=True)["input_ids"]) for t in texts]
         if prepend_bos and self.is_causal:
             bos = self.bos_token_id
             rows = [r if r[:1] == [bos] else [bos, *r] for r in rows]
