@@ -136,3 +136,12 @@ def test_bootstrap_ci():
     assert lo < v.mean() < hi and hi - lo < 0.1
     assert bootstrap_ci(np.full(10, 2.0)) == (2.0, 2.0)
     assert all(math.isnan(x) for x in bootstrap_ci(np.ones(1)))
+
+
+def test_headless_encoder_refused():
+    from types import SimpleNamespace
+
+    encoder = SimpleNamespace(output_kind="hidden", name="minilm", is_causal=False)
+    for name in METRICS:
+        with pytest.raises(ProbeError, match="no output head"):
+            make_task(encoder, name, prompts=["a b c"])
