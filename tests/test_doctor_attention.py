@@ -154,3 +154,14 @@ def test_bias_free_projections_and_custom_call() -> None:
     wrong = check_attention(build(NoBias), D_MODEL, N_HEADS,
                             call=lambda m, x: m(x, torch.ones(x.shape[1], x.shape[1], dtype=torch.bool)))
     assert wrong.diagnosis == "no_mask"
+
+
+def test_an_unknown_difference_is_reported_not_misnamed() -> None:
+    class WithResidual(CORRECT["nanogpt_fused"]):  # returns x + attention(x): not a known bug
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + super().forward(x)
+
+    report = check_attention(build(WithResidual), D_MODEL, N_HEADS)
+    assert not report.passed and report.diagnosis is None
+    assert "no known bug reproduces it" in report.diagnosis_title
+    assert not any(e.matches for e in report.evidence)
