@@ -19,10 +19,10 @@ import streamlit as st
 
 from headlens import dashboard as hd
 from headlens import viz
+from headlens.ablation import METHODS
 from headlens.errors import HeadlensError
 
 VIEWS = ("Patterns", "Ablation", "Training", "All heads")
-METHODS = ("zero", "mean", "resample")
 MAX_PATTERNS = 6  # patterns drawn at once; more selected heads are listed, not drawn
 
 
@@ -99,17 +99,18 @@ def default_heads(scores: pd.DataFrame, detector: str) -> list[str]:
 def head_overview(ref: str, model: Any, scores: pd.DataFrame, detector: str, color_by: str) -> list[tuple[int, int]]:
     """The head grid and the mirrored multiselect; returns the selected heads."""
     heads_key, chart_key, last_key = f"heads::{ref}", f"grid::{ref}", f"grid_last::{ref}"
+    options = hd.all_heads(model.n_layers, model.n_heads)
     chart = hd.heads_from_selection(st.session_state.get(chart_key))
     if heads_key not in st.session_state:
-        st.session_state[heads_key] = default_heads(scores, detector)
+        chosen = default_heads(scores, detector)
     else:
-        st.session_state[heads_key] = hd.sync_selection(
-            st.session_state[heads_key], chart, st.session_state.get(last_key, []))
+        chosen = hd.sync_selection(st.session_state[heads_key], chart, st.session_state.get(last_key, []))
+    st.session_state[heads_key] = [h for h in chosen if h in options]  # a rewritten checkpoint may shrink
     st.session_state[last_key] = chart
 
     grid_col, detail_col = st.columns([3, 2], gap="medium")
     with detail_col:
-        chosen = st.multiselect("Selected heads", hd.all_heads(model.n_layers, model.n_heads), key=heads_key,
+        chosen = st.multiselect("Selected heads", options, key=heads_key,
                                 help="Click squares in the grid (shift-click for several) or pick them here.")
         selected = [hd.parse_head(h) for h in chosen]
         head_detail(scores, selected)

@@ -1,0 +1,112 @@
+"""Regenerate the README's dashboard screenshots (docs/dashboard_*.png).
+
+Serves ``headlens dashboard`` on a free port and drives Debian's chromium through Playwright:
+
+    python docs/make_screenshots.py --model code --ablation-model induction-2l --training-model induction-2l
+
+Needs chromium (``apt-get install -y chromium``; path from ``$HEADLENS_CHROMIUM``); never downloads a browser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parent
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run"]
+IDLE = ("() => document.querySelector('[data-testid=stApp]')?.getAttribute('data-test-script-state')"
+        " === 'notRunning'")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve(ref: str):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "headlens", "dashboard", "--model", ref, "--port", str(port)],
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(1200):
+            with contextlib.suppress(OSError):
+                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
+                    break
+            time.sleep(0.1)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+
+
+def settle(page, timeout_ms: int = 300_000) -> None:
+    page.wait_for_timeout(500)
+    page.wait_for_function(IDLE, timeout=timeout_ms)
+    page.wait_for_timeout(1500)  # let plotly finish drawing
+
+
+def open_view(page, view: str) -> None:
+    page.locator("[data-testid=stButtonGroup] button", has_text=view).first.click()
+    settle(page)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="code")
+    parser.add_argument("--ablation-model", default="induction-2l")
+    parser.add_argument("--training-model", default="induction-2l")
+    parser.add_argument("--heads", default="", help="heads to select for the ablation shot, e.g. L1H0,L1H2")
+    args = parser.parse_args()
+    from playwright.sync_api import sync_playwright
+
+    chromium = os.environ.get("HEADLENS_CHROMIUM", "/usr/bin/chromium")
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=ARGS)
+        page = browser.new_page(viewport={"width": 1500, "height": 1500})
+        with serve(args.model) as url:
+            page.goto(url)
+            page.wait_for_selector("[data-testid=stPlotlyChart] .scatterlayer .point", timeout=300_000)
+            settle(page)
+            page.screenshot(path=str(DOCS / "dashboard_heads.png"))
+            open_view(page, "All heads")
+            page.screenshot(path=str(DOCS / "dashboard_table.png"))
+        with serve(args.ablation_model) as url:
+            page.goto(url)
+            page.wait_for_selector("[data-testid=stPlotlyChart] .scatterlayer .point", timeout=300_000)
+            settle(page)
+            if args.heads:
+                box = page.locator("[data-testid=stMultiSelect] input").first
+                for head in args.heads.split(","):
+                    box.fill(head)
+                    box.press("Enter")
+                    settle(page)
+            open_view(page, "Ablation")
+            page.get_by_role("button", name="Run ablation").click()
+            settle(page)
+            page.screenshot(path=str(DOCS / "dashboard_ablation.png"), full_page=True)
+        with serve(args.training_model) as url:
+            page.goto(url)
+            page.wait_for_selector("[data-testid=stPlotlyChart] .scatterlayer .point", timeout=300_000)
+            settle(page)
+            open_view(page, "Training")
+            page.wait_for_selector("text=training loss", timeout=300_000)
+            settle(page)
+            page.screenshot(path=str(DOCS / "dashboard_training.png"))
+        browser.close()
+    print("wrote", *sorted(p.name for p in DOCS.glob("dashboard_*.png")))
+
+
+if __name__ == "__main__":
+    main()
