@@ -93,6 +93,7 @@ def test_bridge_tokenizes_like_headlens(exported, bridges):
     model, path = exported["full-ln"]
     text = "def f(x):\n\treturn x  # héllo ✓ <bos>"
     assert bridges["full-ln"].to_tokens(text).tolist() == model.to_tokens(text).tolist()
+    assert bridges["full-ln"].to_str_tokens(text) == model.to_str_tokens(text)
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)

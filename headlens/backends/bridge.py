@@ -33,6 +33,7 @@ import torch
 
 from headlens.errors import HeadlensError, ModelReferenceError, ProbeError
 from headlens.hooks import ActivationCache
+from headlens.tokenizer import Tokenizer
 
 HookFn = Callable[..., torch.Tensor | None]
 NameOrFilter = str | Callable[[str], bool]
@@ -89,8 +90,11 @@ class BridgeModel:
             (``(B, T, d_model)``, for checkpoints without an output head).
     """
 
-    def __init__(self, bridge: Any, name: str, output_kind: str = "logits") -> None:
+    def __init__(
+        self, bridge: Any, name: str, output_kind: str = "logits", native_tokenizer: Tokenizer | None = None
+    ) -> None:
         self.bridge = bridge
+        self.native_tokenizer = native_tokenizer  # set for directories written by headlens export-hf
         self.name = name
         self.output_kind = output_kind
         c = bridge.cfg
@@ -166,8 +170,11 @@ class BridgeModel:
     def to_str_tokens(self, tokens: str | torch.Tensor) -> list[str]:
         if isinstance(tokens, str):
             tokens = self.to_tokens(tokens)
-        ids = tokens[0] if tokens.ndim == 2 else tokens
-        return [str(s) for s in self.tokenizer.convert_ids_to_tokens([int(i) for i in ids])]
+        ids = [int(i) for i in (tokens[0] if tokens.ndim == 2 else tokens)]
+        native = self.native_tokenizer
+        if native is not None and all(i < native.d_vocab for i in ids):
+            return [native.str_token(i) for i in ids]  # same strings as the native model shows
+        return [str(s) for s in self.tokenizer.convert_ids_to_tokens(ids)]
 
     def forward(
         self, tokens: torch.Tensor | str | list[str], attention_mask: torch.Tensor | None = None
@@ -326,15 +333,26 @@ class BridgeModel:
         )
 
 
-def _output_kind(model_dir: Path) -> str:
+def _read_config(model_dir: Path) -> dict[str, Any]:
     try:
-        arch = json.loads((model_dir / "config.json").read_text()).get("architectures") or [""]
+        return json.loads((model_dir / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise ModelReferenceError(f"{str(model_dir)!r}: unreadable config.json ({err})") from None
-    arch0 = str(arch[0])
+
+
+def _output_kind(config: dict[str, Any]) -> str:
+    arch0 = str((config.get("architectures") or [""])[0])
     if arch0.endswith(_HEADED_SUFFIXES) or not arch0.endswith(_HEADLESS_SUFFIXES):
         return "logits"
     return "hidden"
+
+
+def _native_tokenizer(config: dict[str, Any]) -> Tokenizer | None:
+    spec = (config.get("headlens") or {}).get("tokenizer")
+    try:
+        return Tokenizer.from_spec(spec) if isinstance(spec, dict) else None
+    except (KeyError, ProbeError):
+        return None
 
 
 def load_bridge(model_dir: str | os.PathLike, device: str = "cpu", name: str | None = None) -> BridgeModel:
@@ -356,7 +374,7 @@ def load_bridge(model_dir: str | os.PathLike, device: str = "cpu", name: str | N
         )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    kind = _output_kind(path)
+    config = _read_config(path)
     import transformers
     from transformer_lens.model_bridge import TransformerBridge
 
@@ -366,7 +384,10 @@ def load_bridge(model_dir: str | os.PathLike, device: str = "cpu", name: str | N
     except Exception as err:  # the bridge raises many types (ValueError, OSError, KeyError...)
         raise ModelReferenceError(f"TransformerBridge could not boot {str(model_dir)!r}: {err}") from err
     bridge.eval()
-    return BridgeModel(bridge, name=name or path.resolve().name, output_kind=kind)
+    return BridgeModel(
+        bridge, name=name or path.resolve().name, output_kind=_output_kind(config),
+        native_tokenizer=_native_tokenizer(config),
+    )
 
 
 def minilm_dir() -> Path:
