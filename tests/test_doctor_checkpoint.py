@@ -32,7 +32,7 @@ def test_correct_checkpoint_passes(model, tmp_path) -> None:
     report = check_checkpoint(path, texts=TEXTS)
     assert report.passed, str(report)
     assert report.inferred_n_heads == report.config_n_heads == TRUE_N_HEADS
-    assert not report.warnings
+    assert not report.warnings and report.plausible_n_heads == [TRUE_N_HEADS]
     assert [e.n_heads for e in report.evidence] == [1, 2, 4, 8, 16, 32]
     best = min(report.evidence, key=lambda e: e.loss)
     assert best.n_heads == TRUE_N_HEADS and best.delta == 0.0
@@ -125,4 +125,6 @@ def test_zoo_models_honest_and_lying(name: str, tmp_path) -> None:
             continue
         lying = save_with_claimed_heads(model, tmp_path / f"lie{lie}.safetensors", lie, load_metadata(ZOO[name].path))
         report = check_checkpoint(lying)
-        assert not report.passed and report.inferred_n_heads == true_h, str(report)
+        assert not report.passed and true_h in report.plausible_n_heads, str(report)
+        if report.plausible_n_heads == [true_h]:  # strong evidence names the true count itself
+            assert report.inferred_n_heads == true_h

@@ -262,9 +262,9 @@ def check_checkpoint(
     losses = {h: float((r * lengths).sum() / lengths.sum()) for h, r in per_row.items()}
     best = min(losses, key=losses.get)
     z = {h: _z(per_row[h], per_row[best]) for h in heads}
-    # another head count beats the claim only when clearly better: by the margin and by z_min standard errors
-    clearly_better = losses[claimed] - losses[best] > margin and z[claimed] > z_min
-    inferred = best if clearly_better else claimed
+    # head counts the evaluation cannot tell apart from the best: within the margin or z_min standard errors
+    plausible = [h for h in heads if losses[h] - losses[best] <= margin or z[h] <= z_min]
+    inferred = claimed if claimed in plausible else best
     evidence = [HeadCountEvidence(h, d_model // h, losses[h], losses[h] - losses[best], z[h]) for h in heads]
     warnings = []
     if inferred != config_heads:
@@ -274,13 +274,13 @@ def check_checkpoint(
     if n_heads is not None and n_heads != inferred:
         warnings.append(f"you asked for n_heads={n_heads} but the weights were trained with {inferred} "
                         f"(loss {losses[inferred]:.3f} vs {losses[n_heads]:.3f} nats)")
-    close = [h for h in heads if h != inferred and (losses[h] - losses[inferred] <= margin or z[h] <= z_min)]
-    if close:
-        warnings.append(f"weak evidence: n_heads={close} fit nearly as well as {inferred} on this text; "
+    if len(plausible) > 1:
+        warnings.append(f"weak evidence: n_heads={plausible} fit about equally well on this text; "
                         f"give more or more typical text (--text) to separate them")
     return CheckpointReport(
         path=str(path), format=w.format, passed=inferred == config_heads == claimed,
-        config_n_heads=config_heads, claimed_n_heads=claimed, inferred_n_heads=inferred, d_model=d_model,
+        config_n_heads=config_heads, claimed_n_heads=claimed, inferred_n_heads=inferred,
+        plausible_n_heads=plausible, d_model=d_model,
         evaluation=description, margin=margin, evidence=evidence, warnings=warnings,
         seconds=time.perf_counter() - t0,
     )

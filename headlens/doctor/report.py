@@ -112,7 +112,8 @@ class CheckpointReport:
     passed: bool
     config_n_heads: int  # what the checkpoint's config says
     claimed_n_heads: int  # what was checked against (--n-heads, else the config)
-    inferred_n_heads: int  # the head count the weights work best with
+    inferred_n_heads: int  # the head count the weights work best with (the claim, when it is plausible)
+    plausible_n_heads: list[int]  # head counts the evaluation cannot tell apart from the best
     d_model: int
     evaluation: str  # what text the losses were measured on
     margin: float  # loss gap (nats) a disagreement must exceed (and z_min standard errors)
@@ -130,7 +131,8 @@ class CheckpointReport:
             + (f"   (checked against --n-heads {self.claimed_n_heads})"
                if self.claimed_n_heads != self.config_n_heads else ""),
             f"  inferred n_heads: {self.inferred_n_heads}   (d_model={self.d_model}, "
-            f"loss on {self.evaluation})",
+            f"loss on {self.evaluation})"
+            + (f"\n  plausible       : {self.plausible_n_heads}" if len(self.plausible_n_heads) > 1 else ""),
             "  evidence: loss with the weights split into each possible head count",
             f"    {'n_heads':>7} {'d_head':>6} {'loss':>8} {'+best':>8} {'z':>7}",
         ]
