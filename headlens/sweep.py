@@ -2,12 +2,12 @@
 
 Cheap by construction on native models: one clean run caches each layer's residual input
 and ``hook_z``; an ablation of heads in layer ``l`` then restarts there from
-``resid_pre + c_proj(z with the heads replaced)`` and runs only blocks ``l..`` (plus the
-MLP of block ``l``), with the groups of one layer stacked along the batch up to ``max_tokens``
+``resid_pre + c_proj(z with the heads replaced)`` and runs only the MLP of block ``l`` and
+blocks ``l+1..``; the last block, final LayerNorm and unembedding run only at the positions
+the metrics read. Groups of one layer are stacked along the batch up to ``max_tokens``
 rows x positions per pass (on CPU small passes are fastest: big stacked tensors fall out of
-cache; on an accelerator raise it). The numbers
-are those of a full hooked forward per group (``fast=False``, also the path for every
-other backend), up to float rounding.
+cache; on an accelerator raise it). The numbers are those of a full hooked forward per group
+(``fast=False``, also the path for every other backend), up to float rounding.
 
 Each group is compared with a control: random groups with the same number of heads in the
 same layers (other heads than the group's), ``n_control`` of them or all when there are
@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from headlens.ablation import Head, Replacement, ablation_hooks, check_method, format_heads, parse_heads
 from headlens.attribution import attribution_patching, spearman
@@ -59,25 +60,42 @@ class NaiveRunner:
 
 
 class ResumeRunner(NaiveRunner):
-    """Restarts each ablated forward at its first ablated layer from the cached clean run (native GPT)."""
+    """Restarts each ablated forward at its first ablated layer from the cached clean run (native GPT).
 
-    def __init__(self, model: GPT, task: Task, replacement: Replacement, max_tokens: int = 4096) -> None:
+    The last block, the final LayerNorm and the unembedding run only at the query positions the
+    metrics read (``read``: ``(B, T)`` bool, any row); the logits elsewhere are left at zero.
+    """
+
+    def __init__(self, model: GPT, task: Task, replacement: Replacement, read: torch.Tensor | None = None,
+                 max_tokens: int = 4096) -> None:
         self.model, self.task, self.replacement, self.max_tokens = model, task, replacement, max_tokens
         names = [f"blocks.{layer}.{n}" for layer in range(model.n_layers) for n in ("hook_resid_pre", "attn.hook_z")]
         self.clean_logits, self.cache = model.run_with_cache(task.tokens, names_filter=names)
+        T = task.tokens.shape[1]
+        cols = torch.arange(T, device=task.tokens.device) if read is None else read.any(0).nonzero().flatten()
+        self.cols = None if len(cols) == T else cols  # None: every position is read
 
     def _finish(self, layer: int, z: torch.Tensor, resid_pre: torch.Tensor, later: Group = ()) -> torch.Tensor:
         """Logits from block ``layer``'s ablated ``z`` ``(N, T, H, d_head)`` onwards."""
         blocks = self.model.transformer.h
-        block = blocks[layer]
+        last = len(blocks) - 1
+        cols = self.cols if not later else None  # later ablation hooks need the plain forward
         N, T = z.shape[:2]
-        x = resid_pre + block.attn.c_proj(z.reshape(N, T, -1))  # heads merged: (N, T, H*d_head) -> (N, T, D)
-        if not block.attn_only:
-            x = x + block.mlp(block.ln_2(x))
+        if cols is not None and layer == last:  # nothing downstream: only the read positions matter
+            z, resid_pre = z[:, cols], resid_pre[:, cols]
+        x = resid_pre + blocks[layer].attn.c_proj(z.reshape(N, z.shape[1], -1))  # (N, T', H*d_head) -> (N, T', D)
+        x = _mlp(blocks[layer], x)
         with self.model.hooks(ablation_hooks(later, self.replacement) if later else ()):
-            for b in blocks[layer + 1 :]:
+            for b in blocks[layer + 1 : last if cols is not None else last + 1]:
                 x = b(x)
-        return self.model.lm_head(self.model.transformer.ln_f(x))  # (N, T, d_vocab)
+        if cols is not None and layer < last:
+            x = _block_at(blocks[last], x, cols)  # (N, len(cols), D)
+        logits = self.model.lm_head(self.model.transformer.ln_f(x))  # (N, T', d_vocab)
+        if cols is None:
+            return logits
+        full = logits.new_zeros(N, T, logits.shape[-1])  # (N, T, d_vocab): unread positions stay 0
+        full[:, cols] = logits
+        return full
 
     def run(self, groups: Sequence[Group]) -> Iterator[tuple[Group, torch.Tensor]]:
         B, T = self.task.tokens.shape
@@ -109,6 +127,31 @@ class ResumeRunner(NaiveRunner):
         z[:, :, idx] = self.replacement.z(first, z)[:, :, idx]
         later = tuple(h for h in group if h[0] > first)
         return self._finish(first, z, self.cache[f"blocks.{first}.hook_resid_pre"], later)
+
+
+def _mlp(block: Any, x: torch.Tensor) -> torch.Tensor:
+    return x if block.attn_only else x + block.mlp(block.ln_2(x))
+
+
+def _block_at(block: Any, x: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """``block``'s output at query positions ``cols`` only (keys and values from every position).
+
+    Mirrors ``Block.forward`` and ``MultiHeadAttention.forward`` (no hooks run here); the
+    sweep tests compare it with the plain forward.
+    """
+    attn = block.attn
+    N, T, D = x.shape
+    H, d = attn.n_heads, attn.d_head
+    h = block.ln_1(x)  # (N, T, D)
+    w, b = attn.c_attn.weight, attn.c_attn.bias  # (3D, D), (3D,): rows are q, k, v
+    q = F.linear(h[:, cols], w[:D], b[:D]).view(N, len(cols), H, d).transpose(1, 2)  # (N, H, Q, d_head)
+    k, v = F.linear(h, w[D:], b[D:]).split(D, dim=2)  # 2 x (N, T, D)
+    k = k.view(N, T, H, d).transpose(1, 2)  # (N, H, T, d_head)
+    v = v.view(N, T, H, d).transpose(1, 2)  # (N, H, T, d_head)
+    causal = torch.arange(T, device=x.device)[None, :] <= cols[:, None]  # (Q, T): query at cols[i]
+    z = F.scaled_dot_product_attention(q, k, v, attn_mask=causal)  # (N, H, Q, d_head)
+    z = z.transpose(1, 2).reshape(N, len(cols), D)  # heads merged: (N, Q, H*d_head)
+    return _mlp(block, x[:, cols] + attn.c_proj(z))  # (N, Q, D)
 
 
 def control_groups(group: Group, n_heads: int, n_control: int, rng: np.random.Generator) -> list[Group]:
@@ -191,7 +234,9 @@ def sweep(
         replacement = Replacement.build(model, range(L), method, ref, seed)
         with torch.no_grad():
             runner_cls = ResumeRunner if fast and isinstance(model, GPT) else NaiveRunner
-            runner = runner_cls(model, task, replacement)
+            read = torch.stack([tasks[m].positions for m in names]).any(0)  # (B, T): positions any metric reads
+            runner = (ResumeRunner(model, task, replacement, read) if runner_cls is ResumeRunner
+                      else NaiveRunner(model, task, replacement))
             for m in names:
                 clean[m] = get_metric(m)(runner.clean_logits, tasks[m], runner.clean_logits).cpu().numpy()
             for group, logits in runner.run(todo):
