@@ -11,6 +11,7 @@ single head plus the labelled groups, with random-head controls, CIs and attribu
 estimates) and an HTML figure.
 
     python analyses/ablation_classic.py [--out artifacts/ablation_classic] [--method zero]
+        [--induction-model REF] [--dyck-model REF]
 """
 
 from __future__ import annotations
@@ -48,15 +49,15 @@ def labelled_heads(model: Any, name: str, detectors: tuple[str, ...], n_prompts:
     return {det: heads for det, heads in found.items() if heads}
 
 
-def run_case(name: str, method: str, n_prompts: int) -> Any:
-    """Single-head sweep plus one row per labelled group, for one zoo model."""
+def run_case(name: str, ref: str, method: str, n_prompts: int) -> Any:
+    """Single-head sweep plus one row per labelled group, for the ``name`` case on model ``ref``."""
     import pandas as pd
 
     import headlens
     from headlens.sweep import sweep
 
     detectors, metrics = CASES[name]
-    model = headlens.load(name)
+    model = headlens.load(ref)
     groups = labelled_heads(model, name, detectors, n_prompts)
     print(f"{name}: labelled heads {groups or 'none'}")
     singles = sweep(model, method=method, metrics=metrics, n_prompts=n_prompts, n_control=64)
@@ -89,6 +90,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("artifacts/ablation_classic"))
     parser.add_argument("--method", default="zero", choices=["zero", "mean", "resample"])
     parser.add_argument("--n-prompts", type=int, default=64)
+    parser.add_argument("--induction-model", default="induction-2l", help="model for the induction case")
+    parser.add_argument("--dyck-model", default="dyck", help="model for the bracket case ('none' skips it)")
     args = parser.parse_args()
     torch.set_num_threads(min(2, torch.get_num_threads()))
 
@@ -98,11 +101,15 @@ def main() -> None:
     from headlens.zoo import ZOO
 
     tables, html = [], []
+    refs = {"induction-2l": args.induction_model, "dyck": args.dyck_model}
     for name in CASES:
-        if name not in ZOO or not ZOO[name].available:
+        ref = refs[name]
+        if ref.lower() in ("", "none", "skip"):
+            continue
+        if ref in CASES and (ref not in ZOO or not ZOO[ref].available):
             print(f"{name}: no weights in this checkout; skipped")
             continue
-        df = run_case(name, args.method, args.n_prompts)
+        df = run_case(name, ref, args.method, args.n_prompts)
         tables.append(df)
         for r in df[df.group != "single head"].itertuples():
             print(f"  {r.group:22s} {r.heads:12s} {r.metric:16s} delta {r.delta:+.3f} [{r.ci_low:+.3f}, "
