@@ -77,7 +77,10 @@ def effects_for_figure(df: Any) -> Any:
     import pandas as pd
 
     rows = []
-    for r in df[df.group != "single head"].itertuples():
+    groups = df[df.group != "single head"]
+    if groups.empty:  # nothing labelled: show every single head next to its same-layer control
+        groups = df.assign(group="single head")
+    for r in groups.itertuples():
         rows.append({"heads": f"{r.group}<br>{r.heads}", "metric": r.metric, "delta": r.delta,
                      "ci_low": r.ci_low, "ci_high": r.ci_high})
         rows.append({"heads": f"random, same layers<br>(for {r.heads})", "metric": r.metric,

@@ -227,24 +227,13 @@ def sweep(
     per_prompt: dict[tuple[Group, str], np.ndarray] = {}
     clean: dict[str, np.ndarray] = {}
     attrib: dict[str, torch.Tensor] = {}
-    n_done, n_total = 0, len(todo) * len(_probe_groups(tasks))
-    for names in _probe_groups(tasks):
-        task = tasks[names[0]]
-        ref = task.tokens if reference is None else reference
+    probes = _probe_groups(tasks)
+    done = iter(range(1, len(todo) * len(probes) + 1))
+    tick = (lambda: progress(next(done), len(todo) * len(probes))) if progress is not None else (lambda: None)
+    for names in probes:
+        ref = tasks[names[0]].tokens if reference is None else reference
         replacement = Replacement.build(model, range(L), method, ref, seed)
-        with torch.no_grad():
-            runner_cls = ResumeRunner if fast and isinstance(model, GPT) else NaiveRunner
-            read = torch.stack([tasks[m].positions for m in names]).any(0)  # (B, T): positions any metric reads
-            runner = (ResumeRunner(model, task, replacement, read) if runner_cls is ResumeRunner
-                      else NaiveRunner(model, task, replacement))
-            for m in names:
-                clean[m] = get_metric(m)(runner.clean_logits, tasks[m], runner.clean_logits).cpu().numpy()
-            for group, logits in runner.run(todo):
-                for m in names:
-                    per_prompt[group, m] = get_metric(m)(logits, tasks[m], runner.clean_logits).cpu().numpy()
-                n_done += 1
-                if progress is not None:
-                    progress(n_done, n_total)
+        _measure(model, names, tasks, todo, replacement, fast, clean, per_prompt, tick)
         if attribution:
             for m in names:
                 attrib[m] = attribution_patching(model, tasks[m], m, replacement).mean(0)  # (L, H)
@@ -259,6 +248,24 @@ def sweep(
         for m in metrics
     } if attribution else {}
     return df
+
+
+def _measure(model: Any, names: list[str], tasks: dict[str, Task], todo: list[Group], replacement: Replacement,
+             fast: bool, clean: dict, per_prompt: dict, tick: Callable[[], None]) -> None:
+    """Per-prompt values of metrics ``names`` (one shared probe) clean and for every group in ``todo``."""
+    task = tasks[names[0]]
+    with torch.no_grad():
+        if fast and isinstance(model, GPT):
+            read = torch.stack([tasks[m].positions for m in names]).any(0)  # (B, T): positions any metric reads
+            runner: NaiveRunner = ResumeRunner(model, task, replacement, read)
+        else:
+            runner = NaiveRunner(model, task, replacement)
+        for m in names:
+            clean[m] = get_metric(m)(runner.clean_logits, tasks[m], runner.clean_logits).cpu().numpy()
+        for group, logits in runner.run(todo):
+            for m in names:
+                per_prompt[group, m] = get_metric(m)(logits, tasks[m], runner.clean_logits).cpu().numpy()
+            tick()
 
 
 def _probe_groups(tasks: dict[str, Task]) -> list[list[str]]:
