@@ -106,8 +106,8 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.progress import Progress
 
-        import headlens
         from headlens.ablation import AblationError, check_method, parse_heads
+        from headlens.classify import resolve_model
         from headlens.metrics import get_metric
         from headlens.sweep import sweep
         from headlens.zoo import DEFAULT_MODEL
@@ -121,7 +121,7 @@ def register(app: typer.Typer) -> None:
         texts = read_prompts(prompts) if prompts is not None else None
         err = Console(stderr=True)
         err.print(f"loading {model or DEFAULT_MODEL} ...")
-        m = headlens.load(model or DEFAULT_MODEL)
+        m = resolve_model(model)  # None: the bundled default, else another installed zoo model
         groups: list[Any] = [tuple(parse_heads(heads, m.n_layers, m.n_heads))] if heads else []
         if sweep_all:
             groups += [((layer, h),) for layer in range(m.n_layers) for h in range(m.n_heads)]
