@@ -59,6 +59,7 @@ def sweep_vs_naive(model: Any, metrics: list[str], n_prompts: int, repeats: int)
     """Interleaved fast / naive single-head sweeps; the median of the per-pair time ratios."""
     kw = dict(method="zero", metrics=metrics, n_prompts=n_prompts, n_boot=200, attribution=False)
     ratios, cpu_f, cpu_n, diff, fast = [], [], [], 0.0, None
+    sweep(model, fast=True, **{**kw, "n_prompts": 2})  # warm-up: lazy imports, allocator
     for _ in range(repeats):
         cf, _, fast = timed(lambda: sweep(model, fast=True, **kw))
         cn, _, naive = timed(lambda: sweep(model, fast=False, **kw))
@@ -81,21 +82,23 @@ def attribution_check(model: Any, exact: Any, n_prompts: int) -> None:
     print(f"  attribution patching (1 fwd + 1 bwd): {cpu:.2f} s CPU, Spearman vs exact single-head deltas {rho:.3f}")
 
 
-def induction_vs_random(n_prompts: int) -> None:
+def induction_vs_random(ref: str, n_prompts: int) -> None:
     from headlens.zoo import ZOO
 
-    entry = ZOO.get("induction-2l")
-    if entry is None or not entry.available:
+    if ref == "induction-2l" and ("induction-2l" not in ZOO or not ZOO["induction-2l"].available):
         print("induction-2l: not installed in this checkout; skipped")
         return
-    model = headlens.load("induction-2l")
-    heads = entry.known_heads.get("induction", [])
+    model = headlens.load(ref)
+    table = headlens.classify(model, detectors=["induction"], n_prompts=n_prompts)
+    heads = [f"L{r.layer}H{r.head}" for r in table[table.label].itertuples()]
+    if not heads and ref in ZOO:
+        heads = ZOO[ref].known_heads.get("induction", [])
     if not heads:
-        print("induction-2l: its model card names no induction heads; skipped")
+        print(f"{ref}: no induction head labelled by classify or named by the model card; skipped")
         return
     df = sweep(model, groups=[",".join(heads)], method="zero", metrics=METRICS, n_prompts=n_prompts,
                n_control=64, n_boot=2000, attribution=False)
-    print(f"induction-2l: ablating induction heads {'+'.join(heads)} vs random heads of the same layers (zero)")
+    print(f"{ref}: ablating induction heads {'+'.join(heads)} vs random heads of the same layers (zero)")
     for r in df.itertuples():
         print(f"  {r.metric:16s} clean {r.clean:.3f}  ablated {r.ablated:.3f}  "
               f"delta {r.delta:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}]  "
@@ -111,6 +114,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=None, help="model reference (default: the zoo models, else a code-shaped random model)")
     parser.add_argument("--n-prompts", type=int, default=32)
+    parser.add_argument("--induction-model", default="induction-2l", help="model for the induction-vs-random check")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
@@ -127,7 +131,7 @@ def main() -> None:
         if "dyck" not in model.name:
             sweep_vs_naive(model, METRICS, args.n_prompts, args.repeats)
             attribution_check(model, exact, args.n_prompts)
-    induction_vs_random(args.n_prompts)
+    induction_vs_random(args.induction_model, args.n_prompts)
 
 
 if __name__ == "__main__":
