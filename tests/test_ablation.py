@@ -225,3 +225,13 @@ def test_bridge_ablation_matches_native(bridged):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
             assert not torch.allclose(want, native(x), atol=1e-5)  # the ablation did something
     assert bridge.active_hooks() == []
+
+
+def test_lazy_export_and_light_import():
+    import subprocess
+    import sys
+
+    code = ("import sys, headlens; assert 'headlens.ablation' not in sys.modules; "
+            "f = headlens.ablate; assert f.__module__ == 'headlens.ablation'; "
+            "assert 'pandas' not in sys.modules and 'transformer_lens' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -140,3 +140,10 @@ def test_confirm_on_planted_induction_circuit():
     out = confirm_mod.confirm(induction_lm(), table, n_prompts=12)
     assert out.confirmed.tolist() == [True, True, False]
     assert (out.ablation_delta.iloc[:2] > 1.0).all()
+
+
+def test_confirm_needs_a_classification_table():
+    from headlens.errors import HeadlensError
+
+    with pytest.raises(HeadlensError, match="columns"):
+        confirm_mod.confirm(make_gpt(0), pd.DataFrame({"layer": [0], "head": [0]}))
