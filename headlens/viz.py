@@ -194,21 +194,22 @@ def pattern_figure(
     if causal:
         z = np.where(np.triu(np.ones((n_q, n_k), dtype=bool), k=1), np.nan, z)
     labels = [display_token(t) for t in str_tokens]
-    custom = [[[labels[q], labels[k]] for k in range(n_k)] for q in range(n_q)]  # (Q, K, 2)
+    # one category per position ("#3 a"): repeated tokens stay apart, and the hover can name the
+    # query and key tokens without a (Q, K) customdata array (which would dominate the figure's size)
+    cats = [f"#{i} {label}" for i, label in enumerate(labels)]
     fig = go.Figure(go.Heatmap(
-        z=z, x=list(range(n_k)), y=list(range(n_q)), customdata=custom,
+        z=z.astype(np.float32), x=cats[:n_k], y=cats[:n_q],  # float32 halves the payload
         colorscale="Blues", zmin=0.0, zmax=1.0, colorbar=dict(title=dict(text="weight"), thickness=12),
-        hovertemplate="query %{y}: %{customdata[0]}<br>key %{x}: %{customdata[1]}"
-                      "<br>weight %{z:.3f}<extra></extra>",
+        hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.3f}<extra></extra>",
         hoverongaps=False,
     ))
     step = max(1, math.ceil(n_k / 60))  # keep tick labels legible on long texts
     ticks = list(range(0, n_k, step))
     fig.update_layout(title=dict(text=title), height=max(300, min(700, 14 * n_q + 140)),
                       margin=dict(l=60, r=20, t=50, b=60))
-    fig.update_xaxes(title="key token", tickmode="array", tickvals=ticks,
+    fig.update_xaxes(title="key token", type="category", tickmode="array", tickvals=[cats[i] for i in ticks],
                      ticktext=[labels[i] for i in ticks], tickangle=0, side="bottom")
-    fig.update_yaxes(title="query token", tickmode="array", tickvals=ticks,
+    fig.update_yaxes(title="query token", type="category", tickmode="array", tickvals=[cats[i] for i in ticks],
                      ticktext=[labels[i] for i in ticks], autorange="reversed")
     return fig
 

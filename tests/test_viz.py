@@ -81,17 +81,18 @@ def test_pattern_heatmap_labels_positions_and_hover():
     (trace,) = fig.data
     assert trace.type == "heatmap"
     z = np.array(trace.z, dtype=float)
-    np.testing.assert_allclose(np.tril(z), np.tril(pattern))
+    np.testing.assert_allclose(np.tril(z), np.tril(pattern), rtol=1e-6)
     assert np.isnan(z[0, 1]) and np.isnan(z[3, 4])  # causal: keys after the query are blank
     # repeated tokens keep their own positions; labels are HTML-safe
     assert list(fig.layout.xaxis.ticktext) == ["&lt;bos&gt;", "a", "b", "a", "b"]
-    assert list(fig.layout.xaxis.tickvals) == [0, 1, 2, 3, 4]
+    assert list(trace.x) == ["#0 &lt;bos&gt;", "#1 a", "#2 b", "#3 a", "#4 b"]
+    assert list(fig.layout.xaxis.tickvals) == list(trace.x) == list(trace.y)
     assert list(fig.layout.yaxis.ticktext) == list(fig.layout.xaxis.ticktext)
-    assert list(trace.customdata[3][2]) == ["a", "b"]  # query token, key token
+    assert (trace.y[3], trace.x[2]) == ("#3 a", "#2 b")  # the hover of cell (3, 2) names both tokens
     for word in ("query", "key", "weight"):
         assert word in trace.hovertemplate
     full = viz.pattern_figure(pattern, tokens, causal=False)
-    np.testing.assert_allclose(np.array(full.data[0].z, dtype=float), pattern)
+    np.testing.assert_allclose(np.array(full.data[0].z, dtype=float), pattern, rtol=1e-6)
     with pytest.raises(ValueError, match="token labels"):
         viz.pattern_figure(pattern, tokens[:3])
 
