@@ -338,6 +338,8 @@ def find_snapshots(ref: str) -> list[Path]:
 
     if ref in ZOO:
         entry = ZOO[ref]
+        if hasattr(entry, "snapshot_files"):
+            return sorted(entry.snapshot_files, key=_snapshot_step)
         folder = weights_dir() / entry.snapshots if entry.snapshots else None
     elif ref.startswith("hf:") or ref == "minilm":
         folder = None

@@ -166,3 +166,33 @@ def test_initial_model_and_fingerprint(tmp_path):
 def test_the_app_script_ships_inside_the_package():
     script = hd.app_script()
     assert script.is_file() and script.parent.parent.name == "headlens"
+
+
+def test_cli_refuses_an_unknown_model_and_a_busy_port_in_one_line():
+    import socket
+
+    from typer.testing import CliRunner
+
+    from headlens.cli import app
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["dashboard", "--model", "/no/such/model.safetensors"])
+    assert result.exit_code != 0 and "unknown model reference" in str(result.exception)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        result = runner.invoke(app, ["dashboard", "--port", str(port)])
+    assert result.exit_code != 0 and f"port {port}" in str(result.exception)
+    help_text = runner.invoke(app, ["dashboard", "--help"]).output
+    assert "--model" in help_text and "--port" in help_text
+
+
+def test_cli_serves_the_packaged_script_on_localhost():
+    from headlens.cli_dashboard import HOST, streamlit_args
+
+    args = streamlit_args(8601)
+    assert args[:2] == ["run", str(hd.app_script())]
+    assert args[args.index("--server.address") + 1] == HOST == "127.0.0.1"
+    assert args[args.index("--server.port") + 1] == "8601"
+    assert args[args.index("--server.headless") + 1] == "true"
