@@ -259,7 +259,10 @@ def loss_diff_html(str_tokens: Sequence[str], diff: Sequence[float]) -> str:
     values = [float(d) for d in diff]
     bound = max((abs(v) for v in values if not math.isnan(v)), default=0.0) or 1.0
     spans = []
+    from headlens.viz import BYTE_ESCAPES
+
     for token, value in zip(str_tokens, values, strict=True):
+        token = BYTE_ESCAPES.get(token, token)
         alpha = min(1.0, abs(value) / bound) * 0.85
         rgb = "220,40,40" if value > 0 else "40,90,220"
         shown = html.escape(token).replace("\n", "⏎<br>")

@@ -32,6 +32,7 @@ LABEL_MARKS = {
     "bracket_matching": "BR",
     "copying": "CPY",
 }
+BYTE_ESCAPES = {"\\x0a": "\n", "\\x09": "\t", "\\x0d": "\r"}  # byte tokenizers spell these as escapes
 SELECTED_COLOR = "#ff2d55"  # border of the heads selected in the dashboard
 
 
@@ -50,6 +51,7 @@ def display_token(token: str) -> str:
     >>> display_token("<bos>"), display_token(" "), display_token("\\n")
     ('&lt;bos&gt;', '␣', '⏎')
     """
+    token = BYTE_ESCAPES.get(token, token)
     shown = token.replace(" ", "␣").replace("\n", "⏎").replace("\t", "⇥").replace("\r", "␍")
     return html.escape(shown or "∅", quote=False)
 

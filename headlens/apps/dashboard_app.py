@@ -205,10 +205,14 @@ def show_ablation(model: Any, result: dict[str, Any], params: tuple) -> None:
     c3.metric("random heads (control)", f"{row['control_delta']:+.4f}",
               help="same number of random heads in the same layers")
     effects = result["effects"]
-    st.dataframe(effects, hide_index=True, key="ablation_table")
-    fig = viz.ablation_figure(effects)
-    st.plotly_chart(fig, key="ablation_bars", config={"displayModeBar": False})
-    html_download(fig, f"{model.name}-ablation")
+    left, right = st.columns([2, 3])
+    left.dataframe(effects, hide_index=True, key="ablation_table")
+    left.caption(f"{row['n_prompts']} probe prompts; the control ablates random heads of the same layers. "
+                 f"Beats the control: {'yes' if row.get('beats_control') else 'no'}.")
+    with right:
+        fig = viz.ablation_figure(effects)
+        st.plotly_chart(fig, key="ablation_bars", config={"displayModeBar": False})
+        html_download(fig, f"{model.name}-ablation")
     st.markdown("**Per-token loss change on your text** (red: harder to predict after ablation, blue: easier)")
     if "diff" not in result:
         st.info(result.get("token_note", "no per-token losses for this model"))
