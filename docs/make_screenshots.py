@@ -95,7 +95,10 @@ def main() -> None:
             open_view(page, "Ablation")
             page.get_by_role("button", name="Run ablation").click()
             settle(page)
-            page.screenshot(path=str(DOCS / "dashboard_ablation.png"), full_page=True)
+            page.set_viewport_size({"width": 1500, "height": 2100})
+            settle(page)
+            page.screenshot(path=str(DOCS / "dashboard_ablation.png"))
+            page.set_viewport_size({"width": 1500, "height": 1500})
         with serve(args.training_model) as url:
             page.goto(url)
             page.wait_for_selector("[data-testid=stPlotlyChart] .scatterlayer .point", timeout=300_000)

@@ -173,6 +173,17 @@ def test_dashboard_in_chromium(tmp_path):
             wait_idle(page)
             assert page.locator("[data-testid=stException]").count() == 0
             page.screenshot(path=str(ARTIFACTS / "dashboard_pattern.png"), full_page=True)
+
+            # exports: the scores as CSV, a figure as a standalone HTML page
+            with page.expect_download() as csv_download:
+                page.get_by_role("button", name="Download scores (CSV)").click()
+            header = Path(csv_download.value.path()).read_text().splitlines()[0]
+            assert header.startswith("model,layer,head,detector,score,ci_low,ci_high")
+            with page.expect_download() as html_download:
+                page.get_by_role("button", name="Download figure (HTML)").first.click()
+            exported = Path(html_download.value.path()).read_text()
+            assert "<html>" in exported[:200] and "plotly" in exported.lower()
+            assert page.locator("[data-testid=stException]").count() == 0
         finally:
             browser.close()
     (ARTIFACTS / "browser_timings.json").write_text(json.dumps(timings, indent=1))
