@@ -34,6 +34,8 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
         text: Annotated[Path | None, typer.Option("--text", help="evaluation text file, one row per line")] = None,
         seed: Annotated[int, typer.Option("--seed", help="seed of the generated evaluation text")] = 0,
+        rows: Annotated[int, typer.Option("--rows", help="rows of generated evaluation text")] = 48,
+        seq_len: Annotated[int, typer.Option("--seq-len", help="tokens per generated row (capped at n_ctx)")] = 512,
     ) -> None:
         """Check that a checkpoint's head count is the one its weights were trained with.
 
@@ -44,7 +46,7 @@ def register(app: typer.Typer) -> None:
         import json
 
         from headlens.doctor import check_checkpoint
-        from headlens.errors import ProbeError
+        from headlens.errors import ConfigError, ProbeError
 
         texts = None
         if text is not None:
@@ -52,7 +54,10 @@ def register(app: typer.Typer) -> None:
                 texts = text.read_text(encoding="utf-8").splitlines()
             except OSError as err:
                 raise ProbeError(f"cannot read --text {str(text)!r}: {err}") from None
-        report = check_checkpoint(_resolve(checkpoint), n_heads=n_heads, seed=seed, texts=texts)
+        if rows < 2 or seq_len < 2:
+            raise ConfigError(f"--rows and --seq-len must be >= 2, got {rows} and {seq_len}")
+        report = check_checkpoint(_resolve(checkpoint), n_heads=n_heads, seed=seed, texts=texts, n_rows=rows,
+                                  seq_len=seq_len)
         typer.echo(json.dumps(report.to_dict(), indent=2) if as_json else str(report))
         if not report.passed:
             raise typer.Exit(code=EXIT_PROBLEM)

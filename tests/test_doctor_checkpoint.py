@@ -106,25 +106,39 @@ def test_default_evaluation_text_for_char_models_is_repeated_segments(model, tmp
 
 
 ZOO_NAMES = ["induction-2l", "code", "dyck"]
+# the byte-level code model needs full 256-byte contexts to show its heads (~10 s per check): slow
+ZOO_PARAMS = ["induction-2l", pytest.param("code", marks=pytest.mark.slow), "dyck"]
 
 
-@pytest.mark.parametrize("name", ZOO_NAMES)
-def test_zoo_models_honest_and_lying(name: str, tmp_path) -> None:
-    from headlens.zoo import ZOO
+def _zoo_model(name: str):
+    from headlens.zoo import ZOO, weights_dir
 
-    if name not in ZOO or not ZOO[name].available:
+    path = ZOO[name].path if name in ZOO else weights_dir() / f"{name}.safetensors"
+    if not path.is_file():
         pytest.skip(f"zoo model {name!r} has no weights in this checkout")
+    return path, load_checkpoint(path)
+
+
+def _lie(path, model, tmp_path, lie: int):
     from headlens.doctor.demo import save_with_claimed_heads
 
-    honest = check_checkpoint(ZOO[name].path)
+    return save_with_claimed_heads(model, tmp_path / f"lie{lie}.safetensors", lie, load_metadata(path))
+
+
+@pytest.mark.parametrize("name", ZOO_PARAMS)
+def test_zoo_model_honest_passes_and_doubled_n_heads_is_caught(name: str, tmp_path) -> None:
+    path, model = _zoo_model(name)
+    honest = check_checkpoint(path)
     assert honest.passed, str(honest)
-    model = load_checkpoint(ZOO[name].path)
     true_h = model.cfg.n_heads
-    for lie in (2 * true_h, true_h // 2):
-        if lie < 1 or model.cfg.d_model % lie:
-            continue
-        lying = save_with_claimed_heads(model, tmp_path / f"lie{lie}.safetensors", lie, load_metadata(ZOO[name].path))
-        report = check_checkpoint(lying)
-        assert not report.passed and true_h in report.plausible_n_heads, str(report)
-        if report.plausible_n_heads == [true_h]:  # strong evidence names the true count itself
-            assert report.inferred_n_heads == true_h
+    report = check_checkpoint(_lie(path, model, tmp_path, 2 * true_h))  # the harder lie: finer split
+    assert not report.passed and report.inferred_n_heads == true_h, str(report)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ZOO_NAMES)
+def test_zoo_model_halved_n_heads_is_caught(name: str, tmp_path) -> None:
+    path, model = _zoo_model(name)
+    true_h = model.cfg.n_heads
+    report = check_checkpoint(_lie(path, model, tmp_path, true_h // 2))
+    assert not report.passed and report.inferred_n_heads == true_h, str(report)

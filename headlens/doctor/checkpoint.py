@@ -141,8 +141,12 @@ def _stdlib_text(n_chars: int, seed: int) -> str:
     return text
 
 
-def evaluation_tokens(w: Weights, n_rows: int = 8, seq_len: int = 128, seed: int = 0) -> tuple[torch.Tensor, str]:
-    """``(n_rows, T)`` token ids (BOS first) the model should predict well, and what they are."""
+def evaluation_tokens(w: Weights, n_rows: int = 48, seq_len: int = 512, seed: int = 0) -> tuple[torch.Tensor, str]:
+    """``(n_rows, T)`` token ids (BOS first) the model should predict well, and what they are.
+
+    Rows are as long as the context allows (up to ``seq_len``): the longer the context, the more
+    the loss depends on attention, so the clearer the head-count evidence.
+    """
     T = min(seq_len, w.config.n_ctx)
     gen = torch.Generator().manual_seed(seed)
     tok = w.tokenizer
@@ -214,8 +218,8 @@ def check_checkpoint(
     candidates: list[int] | None = None,
     margin: float = 0.01,
     z_min: float = 3.0,
-    n_rows: int = 32,
-    seq_len: int = 128,
+    n_rows: int = 48,
+    seq_len: int = 512,
     seed: int = 0,
     texts: list[str] | None = None,
 ) -> CheckpointReport:
@@ -230,7 +234,7 @@ def check_checkpoint(
         z_min: a better head count must also beat the claimed one by this many standard errors
             of the per-row loss gap (so a gap the evaluation text cannot resolve is not a finding).
         n_rows: evaluation rows.
-        seq_len: tokens per evaluation row (capped at n_ctx).
+        seq_len: tokens per evaluation row (capped at n_ctx; longer rows give clearer evidence).
         seed: seed of the evaluation text.
         texts: your own evaluation text, one row per string (best for char-level models that no
             zoo recipe describes: the default repeated random segments only help models that copy).
