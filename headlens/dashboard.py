@@ -19,7 +19,9 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -463,6 +465,21 @@ def _text_reference(model: Any, metric: str, prompts: Sequence[str] | None, n_pr
 
 
 # -- cached loaders (Streamlit) ----------------------------------------------------------------
+_LOCKS: dict[int, threading.Lock] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+@contextmanager
+def exclusive(model: Any) -> Iterator[Any]:
+    """Use the shared model alone: hooks are global state, so two sessions (or the start-up warm-up
+    and a first page) running hooked passes at once would see each other's hooks."""
+    with _lock(model):
+        try:
+            yield model
+        finally:
+            release_hooks(model)
+
+
 @st.cache_resource(max_entries=4, show_spinner=False)
 def _load_model(ref: str, key: str) -> Any:
     from headlens.loading import load
@@ -473,13 +490,24 @@ def _load_model(ref: str, key: str) -> Any:
 def get_model(ref: str) -> Any:
     """The model behind ``ref``, loaded once per process and shared; never returned with hooks."""
     model = _load_model(ref, fingerprint(ref))
-    release_hooks(model)
+    lock = _lock(model)
+    if lock.acquire(blocking=False):  # else a pass in another session legitimately holds hooks now
+        try:
+            release_hooks(model)
+        finally:
+            lock.release()
     return model
+
+
+def _lock(model: Any) -> threading.Lock:
+    with _LOCKS_GUARD:
+        return _LOCKS.setdefault(id(model), threading.Lock())
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
 def _scores(ref: str, key: str, n_prompts: int, seed: int) -> pd.DataFrame:
-    return compute_scores(get_model(ref), n_prompts=n_prompts, seed=seed)
+    with exclusive(get_model(ref)) as model:
+        return compute_scores(model, n_prompts=n_prompts, seed=seed)
 
 
 def get_scores(ref: str, n_prompts: int = DEFAULT_N_PROMPTS, seed: int = 0) -> pd.DataFrame:
@@ -489,11 +517,8 @@ def get_scores(ref: str, n_prompts: int = DEFAULT_N_PROMPTS, seed: int = 0) -> p
 
 @st.cache_data(max_entries=64, show_spinner=False)
 def _patterns(ref: str, key: str, text: str, heads: tuple[Head, ...]) -> tuple[list[str], dict[Head, Any]]:
-    model = get_model(ref)
-    try:
+    with exclusive(get_model(ref)) as model:
         return head_patterns(model, text, heads)
-    finally:
-        release_hooks(model)
 
 
 def get_patterns(ref: str, text: str, heads: Sequence[Head]) -> tuple[list[str], dict[Head, Any]]:
@@ -504,11 +529,8 @@ def get_patterns(ref: str, text: str, heads: Sequence[Head]) -> tuple[list[str],
 @st.cache_data(max_entries=32, show_spinner=False)
 def _ablation(ref: str, key: str, heads: tuple[str, ...], method: str, metric: str, text: str,
               n_prompts: int, seed: int) -> dict[str, Any]:
-    model = get_model(ref)
-    try:
+    with exclusive(get_model(ref)) as model:
         return run_ablation(model, heads, method, metric, text, n_prompts, seed)
-    finally:
-        release_hooks(model)
 
 
 def get_ablation(ref: str, heads: Sequence[str], method: str, metric: str, text: str,

@@ -196,3 +196,26 @@ def test_cli_serves_the_packaged_script_on_localhost():
     assert args[args.index("--server.address") + 1] == HOST == "127.0.0.1"
     assert args[args.index("--server.port") + 1] == "8601"
     assert args[args.index("--server.headless") + 1] == "true"
+
+
+def test_exclusive_use_of_a_shared_model_serialises_hooked_passes_and_cleans_up():
+    import threading
+    import time
+
+    model = make_gpt()
+    order: list[str] = []
+
+    def hooked(name: str) -> None:
+        with hd.exclusive(model):
+            model.hook_dict["blocks.0.attn.hook_z"].add_hook(lambda x, hook: None)  # a leak, on purpose
+            order.append(f"{name} in")
+            time.sleep(0.05)
+            order.append(f"{name} out")
+
+    threads = [threading.Thread(target=hooked, args=(n,)) for n in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert order in (["a in", "a out", "b in", "b out"], ["b in", "b out", "a in", "a out"])
+    assert model.active_hooks() == []
