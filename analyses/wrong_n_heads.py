@@ -24,17 +24,22 @@ import torch
 
 
 def subject(model_ref: str | None):
-    """The model to mistreat, and the evaluation texts to give the doctor (None: its defaults)."""
-    from headlens.zoo import ZOO
+    """(model, evaluation texts or None for the doctor's defaults, checkpoint path or None)."""
+    from headlens.checkpoint import load_checkpoint
+    from headlens.zoo import ZOO, weights_dir
 
-    if model_ref and model_ref in ZOO and ZOO[model_ref].available:
-        import headlens
-
-        return headlens.load(model_ref), None
+    candidates = [Path(model_ref)] if model_ref else []
+    if model_ref in ZOO:
+        candidates.append(ZOO[model_ref].path)
+    if model_ref:
+        candidates.append(weights_dir() / f"{model_ref}.safetensors")
+    for path in candidates:
+        if path.is_file():
+            return load_checkpoint(path, name=model_ref), None, path
     from headlens.doctor.demo import shifted_copy_texts, train_shifted_copy
 
     print(f"zoo model {model_ref!r} not installed; training the tiny shifted-copy model (~10 s)")
-    return train_shifted_copy(), shifted_copy_texts()
+    return train_shifted_copy(), shifted_copy_texts(), None
 
 
 def pattern_grid(models: dict[str, object], tokens: torch.Tensor, layer: int):
@@ -63,7 +68,7 @@ def pattern_grid(models: dict[str, object], tokens: torch.Tensor, layer: int):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="induction-2l", help="zoo model to use when installed")
+    parser.add_argument("--model", default="induction-2l", help="zoo name or .safetensors path")
     parser.add_argument("--wrong-n-heads", type=int, default=0, help="head count to lie with (default 2x)")
     parser.add_argument("--out", type=Path, default=Path("artifacts/wrong_n_heads"))
     args = parser.parse_args()
@@ -74,13 +79,11 @@ def main() -> None:
     from headlens.doctor.checkpoint import evaluation_tokens, loss_with_heads, read_weights, text_tokens
     from headlens.doctor.demo import save_with_claimed_heads
 
-    model, texts = subject(args.model)
+    model, texts, source = subject(args.model)
     true_h, d_model = model.cfg.n_heads, model.cfg.d_model
     wrong_h = args.wrong_n_heads or (2 * true_h if d_model % (2 * true_h) == 0 else true_h // 2)
     args.out.mkdir(parents=True, exist_ok=True)
-    from headlens.zoo import ZOO
-
-    meta = load_metadata(ZOO[args.model].path) if args.model in ZOO and ZOO[args.model].available else {}
+    meta = load_metadata(source) if source else {}  # keeps the recipe name: the doctor evaluates on its data
     honest = save_checkpoint(model, args.out / "honest.safetensors", metadata=meta)
     lying = save_with_claimed_heads(model, args.out / "lying.safetensors", wrong_h, metadata=meta)
 
