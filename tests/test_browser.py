@@ -62,9 +62,12 @@ def free_port() -> int:
 
 
 def default_model(tmp_path: Path) -> tuple[str, str]:
-    """The bundled default model when its weights are installed, else a tiny checkpoint."""
+    """The bundled default model when its weights are installed, else a tiny checkpoint
+    (``HEADLENS_BROWSER_MODEL=REF`` measures another model)."""
     from headlens.zoo import DEFAULT_MODEL, available
 
+    if os.environ.get("HEADLENS_BROWSER_MODEL"):
+        return os.environ["HEADLENS_BROWSER_MODEL"], os.environ["HEADLENS_BROWSER_MODEL"]
     if DEFAULT_MODEL in available():
         return DEFAULT_MODEL, DEFAULT_MODEL
     path = save_checkpoint(make_gpt(n_ctx=128), tmp_path / "tiny.safetensors")
