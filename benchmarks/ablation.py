@@ -82,15 +82,18 @@ def attribution_check(model: Any, exact: Any, n_prompts: int) -> None:
     print(f"  attribution patching (1 fwd + 1 bwd): {cpu:.2f} s CPU, Spearman vs exact single-head deltas {rho:.3f}")
 
 
-def induction_vs_random(ref: str, n_prompts: int) -> None:
+def induction_vs_random(ref: str, n_prompts: int, given: str | None = None) -> None:
     from headlens.zoo import ZOO
 
     if ref == "induction-2l" and ("induction-2l" not in ZOO or not ZOO["induction-2l"].available):
         print("induction-2l: not installed in this checkout; skipped")
         return
     model = headlens.load(ref)
-    table = headlens.classify(model, detectors=["induction"], n_prompts=n_prompts)
-    heads = [f"L{r.layer}H{r.head}" for r in table[table.label].itertuples()]
+    if given:
+        heads = given.split(",")
+    else:
+        table = headlens.classify(model, detectors=["induction"], n_prompts=n_prompts)
+        heads = [f"L{r.layer}H{r.head}" for r in table[table.label].itertuples()]
     if not heads and ref in ZOO:
         heads = ZOO[ref].known_heads.get("induction", [])
     if not heads:
@@ -115,6 +118,7 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="model reference (default: the zoo models, else a code-shaped random model)")
     parser.add_argument("--n-prompts", type=int, default=32)
     parser.add_argument("--induction-model", default="induction-2l", help="model for the induction-vs-random check")
+    parser.add_argument("--induction-heads", default=None, help="e.g. L1H7 (default: classify's labels, else the card)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
@@ -131,7 +135,7 @@ def main() -> None:
         if "dyck" not in model.name:
             sweep_vs_naive(model, METRICS, args.n_prompts, args.repeats)
             attribution_check(model, exact, args.n_prompts)
-    induction_vs_random(args.induction_model, args.n_prompts)
+    induction_vs_random(args.induction_model, args.n_prompts, args.induction_heads)
 
 
 if __name__ == "__main__":
