@@ -49,8 +49,11 @@ def labelled_heads(model: Any, name: str, detectors: tuple[str, ...], n_prompts:
     return {det: heads for det, heads in found.items() if heads}
 
 
-def run_case(name: str, ref: str, method: str, n_prompts: int) -> Any:
-    """Single-head sweep plus one row per labelled group, for the ``name`` case on model ``ref``."""
+def run_case(name: str, ref: str, method: str, n_prompts: int, given: dict[str, list[str]]) -> Any:
+    """Single-head sweep plus one row per labelled group, for the ``name`` case on model ``ref``.
+
+    ``given`` (detector -> heads) replaces classify's labels for those detectors.
+    """
     import pandas as pd
 
     import headlens
@@ -59,9 +62,14 @@ def run_case(name: str, ref: str, method: str, n_prompts: int) -> Any:
     detectors, metrics = CASES[name]
     model = headlens.load(ref)
     groups = labelled_heads(model, name, detectors, n_prompts)
-    print(f"{name}: labelled heads {groups or 'none'}")
+    groups.update({det: heads for det, heads in given.items() if det in detectors})
+    print(f"{name}: heads per label {groups or 'none'}")
     singles = sweep(model, method=method, metrics=metrics, n_prompts=n_prompts, n_control=64)
     print(f"  attribution patching vs exact, Spearman: {singles.attrs['attribution_spearman']}")
+    main = singles[singles.metric == metrics[0]]
+    worst = main.sort_values("delta", ascending=metrics[0] == "bracket_accuracy").head(3)
+    print("  strongest single heads by ablation: " + ", ".join(
+        f"{r.heads} {r.delta:+.3f} (random {r.control_delta:+.3f})" for r in worst.itertuples()))
     grouped = (
         sweep(model, groups=[",".join(h) for h in groups.values()], method=method, metrics=metrics,
               n_prompts=n_prompts, n_control=64, n_boot=2000, attribution=False)
@@ -73,15 +81,17 @@ def run_case(name: str, ref: str, method: str, n_prompts: int) -> Any:
 
 
 def effects_for_figure(df: Any) -> Any:
-    """Each labelled group next to its random same-layer control, as viz.ablation_figure rows."""
+    """Each labelled head (and each labelled group that has a control) next to its random
+    same-layer control, as ``viz.ablation_figure`` rows; every single head when none is labelled."""
     import pandas as pd
 
     rows = []
-    groups = df[df.group != "single head"]
-    if groups.empty:  # nothing labelled: show every single head next to its same-layer control
-        groups = df.assign(group="single head")
-    for r in groups.itertuples():
-        rows.append({"heads": f"{r.group}<br>{r.heads}", "metric": r.metric, "delta": r.delta,
+    labelled = {h for g in df[df.group != "single head"].heads for h in g.split("+")}
+    singles = df[(df.group == "single head") & (df.heads.isin(labelled) if labelled else True)]
+    groups = df[(df.group != "single head") & df.control_delta.notna() & df.heads.str.contains(r"\+")]
+    label_of = {h: g for g, hs in zip(df.group, df.heads, strict=True) if g != "single head" for h in hs.split("+")}
+    for r in pd.concat([groups, singles]).itertuples():
+        rows.append({"heads": f"{label_of.get(r.heads, r.group)}<br>{r.heads}", "metric": r.metric, "delta": r.delta,
                      "ci_low": r.ci_low, "ci_high": r.ci_high})
         rows.append({"heads": f"random, same layers<br>(for {r.heads})", "metric": r.metric,
                      "delta": r.control_delta, "ci_low": r.control_ci_low, "ci_high": r.control_ci_high})
@@ -94,6 +104,8 @@ def main() -> None:
     parser.add_argument("--method", default="zero", choices=["zero", "mean", "resample"])
     parser.add_argument("--n-prompts", type=int, default=64)
     parser.add_argument("--induction-model", default="induction-2l", help="model for the induction case")
+    parser.add_argument("--heads", action="append", default=[],
+                        help="DETECTOR=L1H7,... use these heads for a label (repeatable), e.g. induction=L1H7")
     parser.add_argument("--dyck-model", default="dyck", help="model for the bracket case ('none' skips it)")
     args = parser.parse_args()
     torch.set_num_threads(min(2, torch.get_num_threads()))
@@ -112,7 +124,8 @@ def main() -> None:
         if ref in CASES and (ref not in ZOO or not ZOO[ref].available):
             print(f"{name}: no weights in this checkout; skipped")
             continue
-        df = run_case(name, ref, args.method, args.n_prompts)
+        given = dict(h.split("=", 1) for h in args.heads)
+        df = run_case(name, ref, args.method, args.n_prompts, {k: v.split(",") for k, v in given.items()})
         tables.append(df)
         for r in df[df.group != "single head"].itertuples():
             print(f"  {r.group:22s} {r.heads:12s} {r.metric:16s} delta {r.delta:+.3f} [{r.ci_low:+.3f}, "
