@@ -33,26 +33,28 @@ def measure_snapshots(snap_dir: Path, n_prompts: int = 16) -> list[dict]:
             "repeated_half_loss": card["repeated_half_loss"],
             "previous_token": card["scores"]["previous_token"],
             "induction": card["scores"]["induction_min_over_lengths"],
+            "shifted_induction": card["scores"]["shifted_induction_min_over_lengths"],
         })
     return rows
 
 
 def figure(rows: list[dict]):
-    """Three stacked panels: losses, previous-token scores, induction scores (one line per head)."""
+    """Stacked panels: losses, then previous-token, induction and shifted-induction scores per head."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     steps = [r["step"] for r in rows]
     fig = make_subplots(
-        rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06,
+        rows=4, cols=1, shared_xaxes=True, vertical_spacing=0.05,
         subplot_titles=("loss on BOS + r + r probes", "previous-token score per head",
-                        "induction score per head (min over repeat lengths)"),
+                        "induction score per head (min over repeat lengths)",
+                        "shifted induction (one key later) per head (min over repeat lengths)"),
     )
     for key, label in (("first_half_loss", "first half (unpredictable)"),
                        ("repeated_half_loss", "repeated half"), ("train_loss", "training loss")):
         fig.add_trace(go.Scatter(x=steps, y=[r[key] for r in rows], name=label, mode="lines+markers"), 1, 1)
     heads = list(rows[0]["previous_token"])
-    for panel, key in ((2, "previous_token"), (3, "induction")):
+    for panel, key in ((2, "previous_token"), (3, "induction"), (4, "shifted_induction")):
         for head in heads:
             fig.add_trace(go.Scatter(
                 x=steps, y=[r[key][head] for r in rows], name=f"{head} {key}", mode="lines+markers",
@@ -62,8 +64,9 @@ def figure(rows: list[dict]):
     fig.update_yaxes(title_text="nats", row=1, col=1)
     fig.update_yaxes(title_text="score", range=[0, 1.02], row=2, col=1)
     fig.update_yaxes(title_text="score", range=[0, 1.02], row=3, col=1)
-    fig.update_xaxes(title_text="training step", row=3, col=1)
-    fig.update_layout(height=900, width=1000, title="induction-2l: the induction phase change")
+    fig.update_yaxes(title_text="score", range=[0, 1.02], row=4, col=1)
+    fig.update_xaxes(title_text="training step", row=4, col=1)
+    fig.update_layout(height=1150, width=1000, title="induction-2l: the induction phase change")
     return fig
 
 
@@ -91,8 +94,10 @@ def main() -> None:
     for r in rows:
         best_prev = max(r["previous_token"].items(), key=lambda kv: kv[1] if kv[0].startswith("L0") else -1)
         best_ind = max(r["induction"].items(), key=lambda kv: kv[1] if kv[0].startswith("L1") else -1)
+        best_shift = max(r["shifted_induction"].items(), key=lambda kv: kv[1] if kv[0].startswith("L1") else -1)
         print(f"step {r['step']:5d}  first {r['first_half_loss']:.3f}  repeated {r['repeated_half_loss']:.3f}  "
-              f"prev {best_prev[0]} {best_prev[1]:.2f}  induction {best_ind[0]} {best_ind[1]:.2f}")
+              f"prev {best_prev[0]} {best_prev[1]:.2f}  induction {best_ind[0]} {best_ind[1]:.2f}  "
+              f"shifted {best_shift[0]} {best_shift[1]:.2f}")
     print("wrote", ", ".join(map(str, written)))
 
 

@@ -46,8 +46,37 @@ def weights_dir() -> Path:
     return Path(str(resources.files("headlens.zoo") / "weights"))
 
 
-# Filled in by the zoo recipes as their models are trained and shipped.
-ZOO: dict[str, ZooEntry] = {}
+# One entry per shipped model; known_heads are the heads its model card measured
+# (cards/<name>.md, written by headlens.zoo.ship; tests/test_zoo.py re-measures them).
+ZOO: dict[str, ZooEntry] = {
+    entry.name: entry
+    for entry in (
+        ZooEntry(
+            name="induction-2l",
+            file="induction-2l.safetensors",
+            description="attention-only 2 layers x 8 heads, letters/digits/space; previous-token heads in "
+            "layer 0; copies repeats in context (repeated half 2.0 vs 4.6 nats) but through heads "
+            "shifted one position from the canonical induction target (see its card)",
+            known_heads={"previous_token": ["L0H0", "L0H1", "L0H4", "L0H6"]},
+            snapshots="induction-2l-snapshots",
+        ),
+        ZooEntry(
+            name="code",
+            file="code.safetensors",
+            description="byte-level GPT-2 (3 layers x 4 heads, MLPs, LayerNorm) on the Python stdlib source; "
+            "under-trained (800 steps): no clean head types formed yet",
+            known_heads={},
+        ),
+        ZooEntry(
+            name="dyck",
+            file="dyck.safetensors",
+            description="Dyck strings over ()[]{}<> with filler xyz, depth <= 8 (2 layers x 4 heads, MLPs); "
+            "99.98% closing-bracket accuracy; L1H3 attends to the matching opener from the position "
+            "before a closer (0.61 on the hard subset), no head does so from the closer itself",
+            known_heads={},
+        ),
+    )
+}
 
 DEFAULT_MODEL = "code"
 

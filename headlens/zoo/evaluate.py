@@ -33,7 +33,7 @@ def evaluate_induction(model, seg_lens: tuple[int, ...] = (8, 16, 24, 30), n_pro
     gen = torch.Generator().manual_seed(PROBE_SEED)
     n_sym, bos = model.tokenizer.n_symbols, model.bos_token_id
     first, second = [], []
-    ind_by_len = []
+    ind_by_len, shifted_by_len = [], []
     prev = []
     for L in seg_lens:
         toks = data.repeated_probe(gen, n_prompts, L, n_sym, bos)  # (N, 2L + 1)
@@ -42,8 +42,10 @@ def evaluate_induction(model, seg_lens: tuple[int, ...] = (8, 16, 24, 30), n_pro
         second.append(losses[:, L + 1 :].mean())  # predicting r[1:] in the second copy
         pats = M.all_patterns(model, toks)
         ind_by_len.append(M.target_scores(pats, M.induction_targets(toks, {bos})))
+        shifted_by_len.append(M.target_scores(pats, M.shifted_induction_targets(toks, {bos})))
         prev.append(M.target_scores(pats, M.previous_token_targets(toks)))
     ind_min = torch.stack(ind_by_len).min(0).values  # (L, H)
+    shifted_min = torch.stack(shifted_by_len).min(0).values  # (L, H)
     prev_mean = torch.stack(prev).mean(0)
     return {
         "first_half_loss": _r(torch.stack(first).mean()),
@@ -54,10 +56,12 @@ def evaluate_induction(model, seg_lens: tuple[int, ...] = (8, 16, 24, 30), n_pro
             "previous_token": M.score_dict(prev_mean),
             "induction_min_over_lengths": M.score_dict(ind_min),
             "induction_by_length": {str(L): M.score_dict(s) for L, s in zip(seg_lens, ind_by_len, strict=True)},
+            "shifted_induction_min_over_lengths": M.score_dict(shifted_min),
         },
         "heads": {
             "previous_token": M.heads_above(prev_mean, THRESHOLD),
             "induction": M.heads_above(ind_min, THRESHOLD),
+            "shifted_induction": M.heads_above(shifted_min, THRESHOLD),
         },
     }
 
@@ -173,6 +177,9 @@ def evaluate_dyck(model, n_strings: int = 256, seq_len: int = 64, max_depth: int
     T = toks.shape[1]
     bracket = M.target_scores(pats, M.bracket_targets(matches, T))
     bracket_hard = M.target_scores(pats, M.bracket_targets(hard, T))
+    # the closer's type is predicted one position earlier: attention from there to the opener
+    before = [{q - 1: k for q, k in m.items()} for m in hard]
+    bracket_before = M.target_scores(pats, M.bracket_targets(before, T))
     return {
         "closer_accuracy": _r(correct.sum() / is_closer.sum()),
         "closer_accuracy_hard": _r((correct & hard_q).sum() / hard_q.sum()),
@@ -183,9 +190,11 @@ def evaluate_dyck(model, n_strings: int = 256, seq_len: int = 64, max_depth: int
         "scores": {
             "bracket_matching": M.score_dict(bracket),
             "bracket_matching_hard": M.score_dict(bracket_hard),
+            "bracket_matching_hard_from_position_before": M.score_dict(bracket_before),
         },
         "heads": {
             "bracket_matching": M.heads_above(bracket_hard, THRESHOLD),
+            "bracket_matching_from_position_before": M.heads_above(bracket_before, THRESHOLD),
         },
     }
 

@@ -65,6 +65,23 @@ def induction_targets(tokens: torch.Tensor, special: set[int] | None = None) -> 
     return mask
 
 
+def shifted_induction_targets(tokens: torch.Tensor, special: set[int] | None = None) -> torch.Tensor:
+    """``(B, T, T)``: key k (2 <= k <= q) is a target of q when ``tokens[k - 2] == tokens[q]``.
+
+    Induction one position late: the head attends to the token *after* the one that
+    followed the earlier occurrence, and copies that key's previous-token channel.
+    """
+    B, T = tokens.shape
+    prev2 = torch.cat([torch.full((B, 2), -1, dtype=tokens.dtype), tokens[:, :-2]], dim=1)  # x_{k-2}
+    same = tokens[:, :, None] == prev2[:, None, :]  # (B, Q, K)
+    q_idx = torch.arange(T)[:, None]
+    k_idx = torch.arange(T)[None, :]
+    mask = same & ((k_idx >= 2) & (k_idx <= q_idx))[None]
+    for s in special or ():
+        mask &= (tokens != s)[:, :, None]
+    return mask
+
+
 def bracket_targets(matches: list[dict[int, int]], T: int) -> torch.Tensor:
     """``(B, T, T)`` from per-row ``{closer_pos: opener_pos}`` dicts."""
     m = torch.zeros(len(matches), T, T, dtype=torch.bool)

@@ -30,23 +30,54 @@ def _max_score_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
     return abs(float(a) - float(b))
 
 
-def ship(run_dir: str | Path, notes: str = "") -> dict[str, Any]:
-    """Copy a run into the package and write its card; returns the card dict."""
+def ship(run_dir: str | Path, notes: str = "", snapshot: str = "", wall_time_s: float = 0.0,
+         schedule_steps: int = 0) -> dict[str, Any]:
+    """Copy a run into the package and write its card; returns the card dict.
+
+    Args:
+        run_dir: a ``headlens train`` output folder.
+        notes: free text for the card.
+        snapshot: ship this snapshot (``step_XXXXX.safetensors``) instead of the final checkpoint,
+            e.g. when the run had to be stopped early; it is reproduced bit for bit by re-running
+            the recipe with the same ``--steps`` (the schedule) and taking that snapshot.
+        wall_time_s: wall time to report when the run left no ``log.json``.
+        schedule_steps: the run's ``--steps`` when it left no ``log.json``.
+    """
     run = Path(run_dir)
-    log = json.loads((run / "log.json").read_text())
-    name = log["recipe"]
+    log_path = run / "log.json"
+    if snapshot:
+        ckpt = run / "snapshots" / snapshot
+        meta = load_metadata(ckpt)
+        name = meta["recipe"]
+    else:
+        name = json.loads(log_path.read_text())["recipe"]
+        ckpt = run / f"{name}.safetensors"
     recipe = get_recipe(name)
-    ckpt = run / f"{name}.safetensors"
+    if log_path.is_file():
+        log = json.loads(log_path.read_text())
+    else:  # stopped run: rebuild what the card needs from the recipe
+        log = {"seed": meta["seed"], "steps": schedule_steps or recipe.steps, "batch_size": recipe.batch_size,
+               "seq_len": recipe.seq_len, "lr": recipe.lr, "config": recipe.config.to_dict(),
+               "wall_time_s": wall_time_s, "threads": 1, "final_train_loss": meta["loss"], "log": []}
+    trained_steps = meta["step"] if snapshot else log["steps"]
+    tokens_seen = trained_steps * log["batch_size"] * log["seq_len"]
+    final_loss = meta["loss"] if snapshot else log["final_train_loss"]
+    reproduce = f"headlens train {name} --seed {log['seed']} --steps {log['steps']}"
+    if snapshot:
+        reproduce += f" (then take snapshots/{snapshot})"
     evaluate = EVALUATORS[name]
     full = evaluate(load_checkpoint(ckpt))
     dest = weights_dir() / f"{name}.safetensors"
-    save_checkpoint(load_checkpoint(ckpt, name=name), dest, metadata=load_metadata(ckpt), half=True)
+    src_meta = {**load_metadata(ckpt), "shipped_from": snapshot or "final"}
+    save_checkpoint(load_checkpoint(ckpt, name=name), dest, metadata=src_meta, half=True)
     half = evaluate(load_checkpoint(dest))
     diff = _max_score_diff(full["scores"], half["scores"])
     if diff >= HALF_TOLERANCE:  # keep float32 when half precision moves a score
-        save_checkpoint(load_checkpoint(ckpt, name=name), dest, metadata=load_metadata(ckpt), half=False)
+        save_checkpoint(load_checkpoint(ckpt, name=name), dest, metadata=src_meta, half=False)
         half = full
     snaps = sorted((run / "snapshots").glob("step_*.safetensors"))
+    if snapshot:
+        snaps = []  # snapshots are shipped for the phase-change view of induction-2l only
     snap_dir = weights_dir() / f"{name}-snapshots"
     if snaps:
         shutil.rmtree(snap_dir, ignore_errors=True)
@@ -57,18 +88,19 @@ def ship(run_dir: str | Path, notes: str = "") -> dict[str, Any]:
         "name": name,
         "recipe": name,
         "summary": recipe.summary,
-        "reproduce": f"headlens train {name} --seed {log['seed']} --steps {log['steps']}",
+        "reproduce": reproduce,
         "config": log["config"],
         "tokenizer": recipe.tokenizer.to_spec(),
         "seed": log["seed"],
         "steps": log["steps"],
+        "trained_steps": trained_steps,
         "batch_size": log["batch_size"],
         "seq_len": log["seq_len"],
         "lr": log["lr"],
-        "tokens_seen": log["log"][-1]["tokens"],
+        "tokens_seen": tokens_seen,
         "wall_time_s": log["wall_time_s"],
         "threads": log["threads"],
-        "final_train_loss": log["final_train_loss"],
+        "final_train_loss": final_loss,
         "weights": {"file": dest.name, "dtype": "float32" if half is full else "float16",
                     "bytes": dest.stat().st_size, "max_score_change_vs_float32": round(diff, 5)},
         "snapshots": [s.name for s in snaps],
@@ -79,6 +111,15 @@ def ship(run_dir: str | Path, notes: str = "") -> dict[str, Any]:
     (CARDS_DIR / f"{name}.json").write_text(json.dumps(card, indent=1) + "\n")
     (CARDS_DIR / f"{name}.md").write_text(render_markdown(card))
     return card
+
+
+def score_key(detector: str, scores: dict[str, Any]) -> str:
+    """The score table a card's head list was thresholded on."""
+    if detector == "bracket_matching" and "bracket_matching_hard" in scores and "first_token" not in scores:
+        return "bracket_matching_hard"  # the dyck card thresholds on the hard subset
+    if detector == "bracket_matching_from_position_before":
+        return "bracket_matching_hard_from_position_before"
+    return detector if detector in scores else f"{detector}_min_over_lengths"
 
 
 def render_markdown(card: dict[str, Any]) -> str:
@@ -95,7 +136,7 @@ def render_markdown(card: dict[str, Any]) -> str:
         f"normalization={cfg['normalization']}",
         f"- tokenizer: {card['tokenizer']['kind']}"
         + (f" over {card['tokenizer']['alphabet']!r}" if card["tokenizer"]["alphabet"] else ""),
-        f"- seed {card['seed']}, {card['steps']} steps x batch {card['batch_size']} x {card['seq_len']} tokens "
+        f"- seed {card['seed']}, {card['trained_steps']} steps (of a {card['steps']}-step schedule) x batch {card['batch_size']} x {card['seq_len']} tokens "
         f"({card['tokens_seen']:,} tokens), AdamW lr {card['lr']}",
         f"- wall time {card['wall_time_s']:.0f} s on {card['threads']} thread(s) of a shared 2-core CPU",
         f"- final training loss (mean of last 50 steps): {card['final_train_loss']:.4f}",
@@ -111,7 +152,7 @@ def render_markdown(card: dict[str, Any]) -> str:
             lines.append(f"- {key}: {value}")
     lines += ["", "## Heads found (direct pattern measurement)", ""]
     for det, heads in ev["heads"].items():
-        key = det if det in ev["scores"] else f"{det}_min_over_lengths"
+        key = score_key(det, ev["scores"])
         if det == "bracket_matching" and "bracket_matching_hard" in ev["scores"]:
             scored = ", ".join(
                 f"{h} ({ev['scores']['bracket_matching'][h]:.3f}, hard {ev['scores']['bracket_matching_hard'][h]:.3f})"
@@ -134,8 +175,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("run_dir")
     parser.add_argument("--notes", default="")
+    parser.add_argument("--snapshot", default="")
+    parser.add_argument("--wall-time-s", type=float, default=0.0)
+    parser.add_argument("--schedule-steps", type=int, default=0)
     args = parser.parse_args()
-    card = ship(args.run_dir, args.notes)
+    card = ship(args.run_dir, args.notes, args.snapshot, args.wall_time_s, args.schedule_steps)
     print(json.dumps({k: card[k] for k in ("name", "weights", "wall_time_s")}, indent=1))
     print(json.dumps(card["evaluation"]["heads"], indent=1))
 
