@@ -31,7 +31,7 @@ def _max_score_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
 
 
 def ship(run_dir: str | Path, notes: str = "", snapshot: str = "", wall_time_s: float = 0.0,
-         schedule_steps: int = 0) -> dict[str, Any]:
+         schedule_steps: int = 0, with_snapshots: bool = False) -> dict[str, Any]:
     """Copy a run into the package and write its card; returns the card dict.
 
     Args:
@@ -42,6 +42,7 @@ def ship(run_dir: str | Path, notes: str = "", snapshot: str = "", wall_time_s: 
             the recipe with the same ``--steps`` (the schedule) and taking that snapshot.
         wall_time_s: wall time to report when the run left no ``log.json``.
         schedule_steps: the run's ``--steps`` when it left no ``log.json``.
+        with_snapshots: also ship the run's training snapshots (for the phase-change view).
     """
     run = Path(run_dir)
     log_path = run / "log.json"
@@ -76,8 +77,8 @@ def ship(run_dir: str | Path, notes: str = "", snapshot: str = "", wall_time_s: 
         save_checkpoint(load_checkpoint(ckpt, name=name), dest, metadata=src_meta, half=False)
         half = full
     snaps = sorted((run / "snapshots").glob("step_*.safetensors"))
-    if snapshot:
-        snaps = []  # snapshots are shipped for the phase-change view of induction-2l only
+    if snapshot or not with_snapshots:
+        snaps = []
     snap_dir = weights_dir() / f"{name}-snapshots"
     if snaps:
         shutil.rmtree(snap_dir, ignore_errors=True)
@@ -178,8 +179,9 @@ def main() -> None:
     parser.add_argument("--snapshot", default="")
     parser.add_argument("--wall-time-s", type=float, default=0.0)
     parser.add_argument("--schedule-steps", type=int, default=0)
+    parser.add_argument("--with-snapshots", action="store_true")
     args = parser.parse_args()
-    card = ship(args.run_dir, args.notes, args.snapshot, args.wall_time_s, args.schedule_steps)
+    card = ship(args.run_dir, args.notes, args.snapshot, args.wall_time_s, args.schedule_steps, args.with_snapshots)
     print(json.dumps({k: card[k] for k in ("name", "weights", "wall_time_s")}, indent=1))
     print(json.dumps(card["evaluation"]["heads"], indent=1))
 
