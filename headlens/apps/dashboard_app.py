@@ -285,6 +285,13 @@ def main() -> None:
 
     selected = head_overview(ref, model, scores, detector, color_by)
 
+    text_and_views(ref, model, scores, detector, selected, n_prompts, seed)
+
+
+@st.fragment
+def text_and_views(ref: str, model: Any, scores: pd.DataFrame, detector: str,
+                   selected: list[tuple[int, int]], n_prompts: int, seed: int) -> None:
+    """The text box and the views under it; a fragment, so editing the text reruns only this part."""
     text_key = f"text::{ref}"
     if text_key not in st.session_state:
         st.session_state[text_key] = attempt("Could not build an example text", hd.example_text, model) or ""
