@@ -64,7 +64,7 @@ ZOO: dict[str, ZooEntry] = {
             name="code",
             file="code.safetensors",
             description="byte-level GPT-2 (3 layers x 4 heads, MLPs, LayerNorm) on the Python stdlib source; "
-            "under-trained (800 steps): no clean head types formed yet",
+            "held-out 1.68 vs unigram 3.31 nats/byte; trained on 4M bytes only: no clean head types formed",
             known_heads={},
         ),
         ZooEntry(
