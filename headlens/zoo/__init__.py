@@ -54,10 +54,9 @@ ZOO: dict[str, ZooEntry] = {
         ZooEntry(
             name="induction-2l",
             file="induction-2l.safetensors",
-            description="attention-only 2 layers x 8 heads, letters/digits/space; previous-token heads in "
-            "layer 0; copies repeats in context (repeated half 2.0 vs 4.6 nats) but through heads "
-            "shifted one position from the canonical induction target (see its card)",
-            known_heads={"previous_token": ["L0H0", "L0H1", "L0H4", "L0H6"]},
+            description="attention-only 2 layers x 4 heads, letters/digits/space; a textbook induction "
+            "circuit: previous-token head L0H0 feeds induction head L1H1 (repeated half 0.72 vs 4.15 nats)",
+            known_heads={"previous_token": ["L0H0"], "induction": ["L1H1"]},
             snapshots="induction-2l-snapshots",
         ),
         ZooEntry(

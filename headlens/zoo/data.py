@@ -85,6 +85,37 @@ def skip_permutation(n_symbols: int) -> torch.Tensor:
     return torch.randperm(n_symbols, generator=torch.Generator().manual_seed(0))
 
 
+def periodic_repeat_batch(
+    gen: torch.Generator,
+    batch: int,
+    seq_len: int,
+    n_symbols: int,
+    bos: int,
+    min_len: int = 5,
+    max_len: int = 25,
+) -> torch.Tensor:
+    """Random tokens in which one random segment repeats periodically until the row ends.
+
+    Each row draws a period ``L`` in ``[min_len, max_len]`` and a start ``p``; the
+    segment ``x[p : p + L]`` is copied again and again from ``p + L`` to the end. Period
+    and start vary per row, so no fixed positional offset predicts the copies: the
+    cheapest solution is a previous-token head feeding an induction head.
+
+    Returns:
+        ``(batch, seq_len + 1)`` tokens, BOS first.
+    """
+    x = torch.randint(0, n_symbols, (batch, seq_len), generator=gen)  # (B, T)
+    for b in range(batch):
+        length = int(torch.randint(min_len, max_len + 1, (1,), generator=gen))
+        start = int(torch.randint(0, seq_len - 2 * length + 1, (1,), generator=gen))
+        segment = x[b, start : start + length].clone()
+        for i in range(start + length, seq_len, length):
+            n = min(length, seq_len - i)
+            x[b, i : i + n] = segment[:n]
+    bos_col = torch.full((batch, 1), bos, dtype=torch.long)
+    return torch.cat([bos_col, x], dim=1)  # (B, T + 1)
+
+
 def repeated_probe(
     gen: torch.Generator, n_prompts: int, seg_len: int, n_symbols: int, bos: int
 ) -> torch.Tensor:

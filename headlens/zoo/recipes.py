@@ -47,11 +47,9 @@ class Recipe:
 
 def _induction_sampler(r: Recipe) -> Sampler:
     def sample(gen: torch.Generator, batch: int) -> torch.Tensor:
-        return data.repeat_batch(
+        return data.periodic_repeat_batch(
             gen, batch, r.seq_len, r.tokenizer.n_symbols, r.tokenizer.bos_token_id,
             min_len=r.extra["min_repeat"], max_len=r.extra["max_repeat"],
-            max_repeats=r.extra["max_repeats"], skip_prob=r.extra.get("skip_prob", 0.0),
-            n_triggers=r.extra.get("n_triggers", 0),
         )
 
     return sample
@@ -83,15 +81,15 @@ _SAMPLERS: dict[str, Callable[[Recipe], Sampler]] = {
 def _induction_recipe() -> Recipe:
     tok = Tokenizer.char_level(data.INDUCTION_ALPHABET)
     cfg = ModelConfig(
-        n_layers=2, n_heads=8, d_model=128, n_ctx=128, d_vocab=tok.d_vocab,
+        n_layers=2, n_heads=4, d_model=64, n_ctx=128, d_vocab=tok.d_vocab,
         attn_only=True, normalization="none",
     )
     return Recipe(
         name="induction-2l",
-        summary="attention-only 2-layer model on random letters (with a skip-bigram) and repeated segments",
-        config=cfg, tokenizer=tok, seq_len=64, steps=4000, batch_size=32, lr=3e-3,
+        summary="attention-only 2-layer model on random letters with a segment repeating at a random period",
+        config=cfg, tokenizer=tok, seq_len=64, steps=14000, batch_size=32, lr=2e-3,
         warmup=200, seed=0, snapshots=20,
-        extra={"min_repeat": 4, "max_repeat": 24, "max_repeats": 3, "skip_prob": 0.5, "n_triggers": 6},
+        extra={"min_repeat": 5, "max_repeat": 25},
     )
 
 
