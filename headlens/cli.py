@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
 
 import typer
 
@@ -53,8 +54,13 @@ for _name in _COMMAND_MODULES:
     _module.register(app)
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"headlens: warning: {message}", file=sys.stderr)
+
+
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point: warnings as one line each, HeadlensError as one line + exit code."""
+    warnings.showwarning = _show_warning
     try:
         app()
     except HeadlensError as err:
