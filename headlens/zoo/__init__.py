@@ -63,8 +63,9 @@ ZOO: dict[str, ZooEntry] = {
             name="code",
             file="code.safetensors",
             description="byte-level GPT-2 (3 layers x 4 heads, MLPs, LayerNorm) on the Python stdlib source; "
-            "held-out 1.68 vs unigram 3.31 nats/byte; trained on 4M bytes only: no clean head types formed",
-            known_heads={},
+            "held-out 1.02 vs unigram 3.31 nats/byte; previous-token heads L0H1, L0H0; induction head "
+            "L2H2 forming (0.49 on repeated identifiers, 0.25 on random-token repeats)",
+            known_heads={"previous_token": ["L0H0", "L0H1"]},
         ),
         ZooEntry(
             name="dyck",

@@ -99,8 +99,8 @@ def _code_recipe() -> Recipe:
     return Recipe(
         name="code",
         summary="byte-level GPT-2 (MLPs, LayerNorm) on the Python standard library's source",
-        config=cfg, tokenizer=tok, seq_len=255, steps=2000, batch_size=8, lr=2e-3,
-        warmup=200, weight_decay=0.1, seed=0, snapshots=10,
+        config=cfg, tokenizer=tok, seq_len=255, steps=4000, batch_size=16, lr=3e-3,
+        warmup=200, weight_decay=0.1, seed=0, snapshots=8,
     )
 
 
