@@ -31,7 +31,7 @@ def _tiny(name: str):
 
 def test_repeat_batch_contains_copied_segments():
     gen = torch.Generator().manual_seed(0)
-    x = data.repeat_batch(gen, 8, 96, 63, 63, min_len=8, max_len=8, max_repeats=1)  # (8, 97)
+    x = data.periodic_repeat_batch(gen, 8, 96, 63, 63, min_len=8, max_len=8)  # (8, 97)
     assert x.shape == (8, 97) and (x[:, 0] == 63).all()
     for row in x[:, 1:].tolist():
         grams = [tuple(row[i : i + 8]) for i in range(len(row) - 7)]

@@ -22,69 +22,6 @@ import torch
 INDUCTION_ALPHABET = string.ascii_lowercase + string.ascii_uppercase + string.digits + " "
 
 
-def repeat_batch(
-    gen: torch.Generator,
-    batch: int,
-    seq_len: int,
-    n_symbols: int,
-    bos: int,
-    min_len: int = 4,
-    max_len: int = 32,
-    max_repeats: int = 3,
-    skip_prob: float = 0.0,
-    n_triggers: int = 0,
-) -> torch.Tensor:
-    """Random tokens with 1..max_repeats copied segments of random length at random offsets.
-
-    Varying both the segment length and the distance between original and copy is what
-    makes a previous-token -> induction circuit the cheapest solution; with a fixed
-    offset a small model learns a positional shortcut instead.
-
-    With ``skip_prob`` > 0, each background token is, with that probability, a fixed
-    function of the token two back (``x[t] = SKIP_PERM[x[t - 2]]``). On uniform random
-    tokens a previous-token head is useless by itself, so the circuit sits on a long
-    plateau; this skip-bigram gives it a direct use, as natural text does.
-
-    With ``n_triggers`` > 0, each row also draws that many trigger tokens, each with its own
-    output token for this row only, and every trigger is followed by its output (Bietti et
-    al. 2023): the output is predictable only by finding the trigger's earlier occurrence
-    and copying what followed it, which is induction, at many more positions than the
-    copied segments alone offer.
-
-    Returns:
-        ``(batch, seq_len + 1)`` tokens, BOS first.
-    """
-    x = torch.randint(0, n_symbols, (batch, seq_len), generator=gen)  # (B, T)
-    if skip_prob > 0:
-        perm = skip_permutation(n_symbols)
-        use = torch.rand(batch, seq_len, generator=gen) < skip_prob  # (B, T)
-        for t in range(2, seq_len):
-            x[:, t] = torch.where(use[:, t], perm[x[:, t - 2]], x[:, t])
-    if n_triggers > 0:
-        out_of = torch.full((batch, n_symbols), -1, dtype=torch.long)  # (B, V): trigger -> output
-        triggers = torch.argsort(torch.rand(batch, n_symbols, generator=gen), dim=1)[:, :n_triggers]
-        outputs = torch.randint(0, n_symbols, (batch, n_triggers), generator=gen)
-        out_of.scatter_(1, triggers, outputs)
-        rows = torch.arange(batch)
-        for t in range(1, seq_len):
-            follow = out_of[rows, x[:, t - 1]]  # (B,)
-            x[:, t] = torch.where(follow >= 0, follow, x[:, t])
-    for b in range(batch):
-        n_rep = int(torch.randint(1, max_repeats + 1, (1,), generator=gen))
-        for _ in range(n_rep):
-            length = int(torch.randint(min_len, max_len + 1, (1,), generator=gen))
-            src = int(torch.randint(0, seq_len - 2 * length + 1, (1,), generator=gen))
-            dst = int(torch.randint(src + length, seq_len - length + 1, (1,), generator=gen))
-            x[b, dst : dst + length] = x[b, src : src + length]
-    bos_col = torch.full((batch, 1), bos, dtype=torch.long)
-    return torch.cat([bos_col, x], dim=1)  # (B, T + 1)
-
-
-def skip_permutation(n_symbols: int) -> torch.Tensor:
-    """The fixed token map of the skip-bigram (a permutation drawn from seed 0)."""
-    return torch.randperm(n_symbols, generator=torch.Generator().manual_seed(0))
-
-
 def periodic_repeat_batch(
     gen: torch.Generator,
     batch: int,
