@@ -7,7 +7,9 @@ discovered once per model and cached on a small frozen record:
 * the **layout** of special tokens around a text (``[BOS] body`` for causal models,
   ``[CLS] body [SEP]`` for BERT), read off ``model.to_tokens("")``;
 * the **ordinary** token ids a random probe may draw (no special tokens, no BERT
-  ``[unused7]`` placeholders);
+  ``[unused7]`` placeholders, and for byte-level tokenizers only the printable ASCII bytes:
+  a control byte or a lone UTF-8 fragment is text the model never saw, and a probe made of
+  them measures how a head copes with noise, not what it does);
 * the **bracket pairs** whose opener and closer are each one token of their own.
 """
 
@@ -129,8 +131,11 @@ def vocab(model: Any) -> Vocab:
 def _build_vocab(model: Any) -> Vocab:
     special = frozenset(int(i) for i in model.special_token_ids)
     strings = token_strings(model)
+    byte_level = getattr(model.tokenizer, "kind", None) == "byte"
     ordinary = tuple(
-        i for i, s in enumerate(strings) if i not in special and s and not _is_placeholder(s)
+        i for i, s in enumerate(strings)
+        if i not in special and s and not _is_placeholder(s)
+        and not (byte_level and not 0x20 <= i < 0x7F)  # bytes: printable ASCII only
     )
     brackets = []
     for pair in BRACKET_PAIRS:

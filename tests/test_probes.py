@@ -38,6 +38,16 @@ def test_random_tokens_have_no_repeats_and_no_specials():
         assert len(set(body)) == len(body) and not set(body) & v.special
 
 
+def test_byte_level_probes_draw_printable_ascii_only():
+    """Control bytes and lone UTF-8 fragments never occur in a byte model's training text."""
+    model = make_gpt()  # byte-level
+    v = vocab(model)
+    assert v.ordinary == tuple(range(0x20, 0x7F))
+    for probe in (random_tokens(model, 8, 64, _gen()), repeated_segments(model, 8, 64, _gen())):
+        for p in probe.prompts:
+            assert all(0x20 <= t < 0x7F for t in p[1:].tolist())
+
+
 def test_repeated_segments_vary_length_and_offset_without_accidental_repeats():
     model = planted_model()
     probe = repeated_segments(model, 40, 32, _gen())

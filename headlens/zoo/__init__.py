@@ -63,9 +63,9 @@ ZOO: dict[str, ZooEntry] = {
             name="code",
             file="code.safetensors",
             description="byte-level GPT-2 (3 layers x 4 heads, MLPs, LayerNorm) on the Python stdlib source; "
-            "held-out 1.02 vs unigram 3.31 nats/byte; previous-token heads L0H1, L0H0; induction head "
-            "L2H2 forming (0.49 on repeated identifiers, 0.25 on random-token repeats)",
-            known_heads={"previous_token": ["L0H0", "L0H1"]},
+            "held-out 1.02 vs unigram 3.31 nats/byte; previous-token heads L0H1, L0H0, induction head "
+            "L2H2 (also the first-token sink); no bracket-matching head",
+            known_heads={"previous_token": ["L0H0", "L0H1"], "induction": ["L2H2"], "first_token": ["L2H2"]},
         ),
         ZooEntry(
             name="dyck",
