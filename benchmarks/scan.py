@@ -113,7 +113,7 @@ def part_a(model, texts: list[str], repeats: int) -> dict:
 
 
 def part_b(model, texts: list[str], batch_size: int, repeats: int) -> dict:
-    from headlens.classify import select_detectors
+    from headlens.classification import select_detectors
     from headlens.probes import collate, text_prompts
     from headlens.scan import scan
     from headlens.vocab import vocab

@@ -1,7 +1,8 @@
 """headlens: find out what every attention head of a transformer does.
 
-``import headlens`` loads torch and the native model only; pandas, plotly,
-streamlit and transformer_lens are imported by the functions that need them.
+``import headlens`` imports nothing heavy: torch is imported by the first name that needs it
+(``headlens.load``, ``headlens.GPT``, ...), and pandas, plotly, streamlit and transformer_lens
+by the functions that use them.
 
 >>> import headlens
 >>> model = headlens.load("induction-2l")  # doctest: +SKIP
@@ -11,40 +12,58 @@ streamlit and transformer_lens are imported by the functions that need them.
 from __future__ import annotations
 
 import importlib
-from typing import Any
-
-from headlens.checkpoint import load_checkpoint, save_checkpoint
-from headlens.classify import classify
-from headlens.config import ModelConfig
-from headlens.errors import (
-    CheckpointError,
-    ConfigError,
-    DetectorError,
-    HeadlensError,
-    ModelReferenceError,
-    OutputError,
-    ProbeError,
-)
-from headlens.loading import load
-from headlens.model import GPT
-from headlens.tokenizer import Tokenizer
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-# classify is imported eagerly above: its submodule shares the name, so a lazy attribute would be
-# shadowed by the module once anything imports headlens.classify.
-# name -> module that defines it; imported on first use to keep `import headlens` fast
+# name -> module that defines it, imported on first use: `import headlens` costs no torch import,
+# so `headlens --help` answers at once and `headlens dashboard` starts its server while torch loads.
 _LAZY = {
+    "GPT": "headlens.model",
+    "ModelConfig": "headlens.config",
+    "Tokenizer": "headlens.tokenizer",
+    "load": "headlens.loading",
+    "load_checkpoint": "headlens.checkpoint",
+    "save_checkpoint": "headlens.checkpoint",
+    "classify": "headlens.classification",
     "ablate": "headlens.ablation",
     "doctor": "headlens.doctor",
+    **{name: "headlens.errors" for name in (
+        "CheckpointError", "ConfigError", "DetectorError", "HeadlensError", "ModelReferenceError",
+        "OutputError", "ProbeError")},
 }
+
+if TYPE_CHECKING:
+    from headlens import doctor
+    from headlens.ablation import ablate
+    from headlens.checkpoint import load_checkpoint, save_checkpoint
+    from headlens.classification import classify
+    from headlens.config import ModelConfig
+    from headlens.errors import (
+        CheckpointError,
+        ConfigError,
+        DetectorError,
+        HeadlensError,
+        ModelReferenceError,
+        OutputError,
+        ProbeError,
+    )
+    from headlens.loading import load
+    from headlens.model import GPT
+    from headlens.tokenizer import Tokenizer
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         module = importlib.import_module(_LAZY[name])
-        return module if name == "doctor" else getattr(module, name)
+        value = module if name == "doctor" else getattr(module, name)
+        globals()[name] = value  # later lookups skip this function
+        return value
     raise AttributeError(f"module 'headlens' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 __all__ = [

@@ -107,7 +107,7 @@ def register(app: typer.Typer) -> None:
         from rich.progress import Progress
 
         from headlens.ablation import AblationError, check_method, parse_heads
-        from headlens.classify import resolve_model
+        from headlens.classification import resolve_model
         from headlens.metrics import get_metric
         from headlens.sweep import sweep
         from headlens.zoo import DEFAULT_MODEL

@@ -86,7 +86,7 @@ def run_classify(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from headlens.classify import classify, resolve_model
+    from headlens.classification import classify, resolve_model
     from headlens.table import check_output_path, write_table
 
     err = Console(stderr=True)

@@ -1,6 +1,8 @@
-"""``import headlens`` stays light: no transformer_lens, streamlit, plotly, pandas, transformers.
+"""``import headlens`` stays light: no torch until a name needs it (so ``headlens --help`` and the
+dashboard's server start at once), and no transformer_lens, streamlit, plotly, pandas, transformers
+for native use.
 
-One fresh interpreter (importing torch costs seconds) checks three stages in turn.
+One fresh interpreter per test (importing torch costs seconds) checks its stages in turn.
 """
 
 from __future__ import annotations
@@ -32,3 +34,26 @@ print(json.dumps(stages))
     assert out.returncode == 0, out.stderr
     stages = json.loads(out.stdout.strip().splitlines()[-1])
     assert len(stages) == 3 and all(v == [] for v in stages.values()), stages
+
+
+def test_import_headlens_and_the_cli_do_not_import_torch():
+    code = """
+import json, sys
+stages = {}
+import headlens
+stages["import headlens"] = "torch" in sys.modules
+import headlens.cli, headlens.cli_dashboard
+stages["import the CLI"] = "torch" in sys.modules
+names = {n: type(getattr(headlens, n)).__name__ for n in headlens.__all__}
+stages["torch after using the names"] = "torch" in sys.modules
+import headlens.classification  # the submodule must not shadow the function of the same name
+stages["classify is the function"] = callable(headlens.classify) and headlens.classify.__module__
+print(json.dumps([stages, names]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    stages, names = json.loads(out.stdout.strip().splitlines()[-1])
+    assert stages == {"import headlens": False, "import the CLI": False, "torch after using the names": True,
+                      "classify is the function": "headlens.classification"}, stages
+    assert names["GPT"] == names["HeadlensError"] == "type" and names["load"] == "function"
+    assert names["doctor"] == "module"
