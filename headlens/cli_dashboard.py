@@ -3,8 +3,10 @@
 The page is ``headlens/apps/dashboard_app.py``, shipped inside the package, so this works
 after a plain (non-editable) ``pip install``. Streamlit runs in this process (its own
 ``streamlit run``), so torch is imported once; while the server starts, a background thread
-loads the first model and scores its heads into the app's caches, so the first page shows
-the grid without waiting for a scan. The first model is handed over in
+imports torch, loads the first model and scores its heads into the app's caches, so the first
+page shows the grid without waiting for a scan. ``import headlens`` does not import torch, so
+the server answers before torch has loaded, and the page draws a placeholder figure at once so
+that the browser parses plotly while the server scores. The first model is handed over in
 ``HEADLENS_DASHBOARD_MODEL``.
 """
 
@@ -36,6 +38,8 @@ def _check_port(port: int) -> None:
     from headlens.errors import OutputError
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # as the server will: a just-stopped dashboard leaves TIME_WAIT sockets that must not block a restart
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((HOST, port))
         except OSError:
@@ -54,29 +58,32 @@ def streamlit_args(port: int) -> list[str]:
     ]
 
 
-def _warm_up(port: int) -> None:
-    """Once the server answers, load the first model and its scores into the app's caches."""
+def _warm_up() -> None:
+    """Load the first model at once, and score it as soon as Streamlit's runtime exists.
+
+    Runs beside the server's start-up: importing torch and loading the model overlap with
+    Streamlit starting and the browser loading the page. Scoring waits for the runtime,
+    because ``st.cache_data`` called before it exists stores into a throwaway cache.
+    """
     import contextlib
     import time
-    import urllib.request
 
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError):
-            if urllib.request.urlopen(f"http://{HOST}:{port}/_stcore/health", timeout=2).read() == b"ok":
-                break
-        time.sleep(0.1)
     started = time.monotonic()
     with contextlib.suppress(Exception):  # the page reports any failure itself
         import plotly.graph_objects  # noqa: F401  (the page's first run needs it)
+        from streamlit import runtime
 
         from headlens import dashboard as hd
 
         ref = hd.initial_model() or hd.model_choices()[0]
-        if ref != hd.CUSTOM_CHOICE:
-            hd.get_model(ref)
-            hd.get_scores(ref)
-            typer.echo(f"headlens dashboard: {ref} loaded and scored in {time.monotonic() - started:.1f} s", err=True)
+        if ref == hd.CUSTOM_CHOICE:
+            return
+        hd.get_model(ref)
+        deadline = time.monotonic() + 120
+        while not runtime.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        hd.get_scores(ref)
+        typer.echo(f"headlens dashboard: {ref} loaded and scored in {time.monotonic() - started:.1f} s", err=True)
 
 
 def register(app: typer.Typer) -> None:
@@ -102,5 +109,5 @@ def register(app: typer.Typer) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         typer.echo(f"headlens dashboard on http://{HOST}:{port}  (Ctrl+C to stop)", err=True)
         if warm:
-            threading.Thread(target=_warm_up, args=(port,), name="headlens-warm-up", daemon=True).start()
+            threading.Thread(target=_warm_up, name="headlens-warm-up", daemon=True).start()
         streamlit_cli.main(args=streamlit_args(port), prog_name="streamlit")

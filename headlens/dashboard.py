@@ -41,6 +41,7 @@ _HEAD_RE = re.compile(r"^\s*L(\d+)\s*H(\d+)\s*$", re.IGNORECASE)
 
 # shared scan settings: small, so a first view of a model is quick on a laptop CPU
 DEFAULT_N_PROMPTS = 16
+ABLATION_METHODS = ("zero", "mean", "resample")  # headlens.ablation.METHODS, without importing torch
 TRAINING_DETECTORS = ("previous_token", "induction", "bracket_matching", "first_token")
 
 
@@ -274,6 +275,13 @@ def loss_diff_html(str_tokens: Sequence[str], diff: Sequence[float]) -> str:
     return '<div class="headlens-loss-diff" style="line-height: 1.9;">' + "".join(spans) + "</div>"
 
 
+def empty_scores() -> pd.DataFrame:
+    """A scores table with the schema's columns and no rows (the grid draws it grey)."""
+    import pandas as pd
+
+    return pd.DataFrame(columns=list(SCORE_COLUMNS))
+
+
 def heads_table(scores: pd.DataFrame) -> pd.DataFrame:
     """One row per head: ``head`` (``L1H2``), ``layer``, ``index``, ``labels``, one score column per detector."""
     import pandas as pd
@@ -327,7 +335,7 @@ def compute_scores(model: Any, n_prompts: int = DEFAULT_N_PROMPTS, seed: int = 0
 
 def _classify() -> Any:
     try:
-        from headlens.classify import classify
+        from headlens.classification import classify
     except ModuleNotFoundError as err:
         if err.name and err.name.startswith("headlens"):
             raise HeadlensError("head classification is not available in this install (headlens.classify "

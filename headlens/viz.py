@@ -169,6 +169,19 @@ def head_grid_figure(
     return fig
 
 
+def placeholder_figure(message: str, height: int = 300) -> go.Figure:
+    """An empty figure that says ``message``: stands in for a figure still being computed."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                       font=dict(size=15, color="#777777"))
+    fig.update_layout(height=height, margin=dict(l=20, r=20, t=20, b=20), plot_bgcolor="#ffffff")
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return fig
+
+
 def pattern_figure(
     pattern: np.ndarray,
     str_tokens: Sequence[str],

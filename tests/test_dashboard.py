@@ -219,3 +219,9 @@ def test_exclusive_use_of_a_shared_model_serialises_hooked_passes_and_cleans_up(
         t.join()
     assert order in (["a in", "a out", "b in", "b out"], ["b in", "b out", "a in", "a out"])
     assert model.active_hooks() == []
+
+
+def test_the_page_lists_the_ablation_methods_the_library_has():
+    from headlens.ablation import METHODS
+
+    assert hd.ABLATION_METHODS == METHODS

@@ -156,3 +156,9 @@ def test_figure_html_is_standalone():
     assert "<html>" in page[:100].lower() and page.rstrip().endswith("</html>")
     assert 'src="http' not in page  # plotly.js is inlined, nothing is fetched
     assert len(page) > 1_000_000
+
+
+def test_placeholder_figure_draws_no_data_and_says_why():
+    fig = viz.placeholder_figure("loading code and scoring every head...")
+    assert len(fig.data) == 0
+    assert [a.text for a in fig.layout.annotations] == ["loading code and scoring every head..."]

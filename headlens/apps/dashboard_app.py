@@ -12,15 +12,16 @@ Every failure is shown as a readable ``st.error`` and the page keeps working.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import streamlit as st
 
 from headlens import dashboard as hd
 from headlens import viz
-from headlens.ablation import METHODS
 from headlens.errors import HeadlensError
+
+if TYPE_CHECKING:  # pandas is imported by the library calls; the first paint does not wait for it
+    import pandas as pd
 
 VIEWS = ("Patterns", "Ablation", "Training", "All heads")
 MAX_PATTERNS = 6  # patterns drawn at once; more selected heads are listed, not drawn
@@ -96,8 +97,25 @@ def default_heads(scores: pd.DataFrame, detector: str) -> list[str]:
     return [hd.format_head(best["layer"], best["head"])]
 
 
-def head_overview(ref: str, model: Any, scores: pd.DataFrame, detector: str, color_by: str) -> list[tuple[int, int]]:
-    """The head grid and the mirrored multiselect; returns the selected heads."""
+def grid_layout(ref: str) -> tuple[Any, Any, Any]:
+    """The grid's two columns and the slot the grid is drawn in.
+
+    On a session's first run for ``ref`` the slot gets a placeholder figure at once, before the
+    model is loaded and scored, so that the browser loads and starts plotly while the server
+    works instead of after it (later runs skip it: it would redraw the chart for nothing).
+    """
+    grid_col, detail_col = st.columns([3, 2], gap="medium")
+    with grid_col:
+        slot = st.empty()
+    if not st.session_state.get(f"drawn::{ref}"):
+        slot.plotly_chart(viz.placeholder_figure(f"loading {ref} and scoring every head..."),
+                          key="grid_placeholder", config={"displayModeBar": False, "staticPlot": True})
+    return grid_col, detail_col, slot
+
+
+def head_overview(ref: str, model: Any, scores: pd.DataFrame, detector: str, color_by: str,
+                  layout: tuple[Any, Any, Any]) -> list[tuple[int, int]]:
+    """The head grid (in ``layout``'s slot) and the mirrored multiselect; returns the selected heads."""
     heads_key, chart_key, last_key = f"heads::{ref}", f"grid::{ref}", f"grid_last::{ref}"
     options = hd.all_heads(model.n_layers, model.n_heads)
     chart = hd.heads_from_selection(st.session_state.get(chart_key))
@@ -108,7 +126,7 @@ def head_overview(ref: str, model: Any, scores: pd.DataFrame, detector: str, col
     st.session_state[heads_key] = [h for h in chosen if h in options]  # a rewritten checkpoint may shrink
     st.session_state[last_key] = chart
 
-    grid_col, detail_col = st.columns([3, 2], gap="medium")
+    grid_col, detail_col, slot = layout
     with detail_col:
         chosen = st.multiselect("Selected heads", options, key=heads_key,
                                 help="Click squares in the grid (shift-click for several) or pick them here.")
@@ -120,8 +138,9 @@ def head_overview(ref: str, model: Any, scores: pd.DataFrame, detector: str, col
             scores, detector, model.n_layers, model.n_heads, color_by=color_by, selected=selected,
             title=f"{detector} {color_by} per head · {labelled} labels (marked) · click a square",
         )
-        st.plotly_chart(fig, key=chart_key, on_select="rerun", selection_mode="points",
-                        config={"displayModeBar": False})
+        slot.plotly_chart(fig, key=chart_key, on_select="rerun", selection_mode="points",
+                          config={"displayModeBar": False})
+        st.session_state[f"drawn::{ref}"] = True
         html_download(fig, f"{model.name}-grid-{detector}")
     return selected
 
@@ -130,7 +149,7 @@ def head_detail(scores: pd.DataFrame, selected: list[tuple[int, int]]) -> None:
     """Scores of the selected heads across every detector: a bar chart with CIs, and the numbers."""
     if scores.empty or not selected:
         return
-    mask = pd.Series(False, index=scores.index)
+    mask = scores["layer"] < 0  # all False
     for layer, head in selected:
         mask |= (scores["layer"] == layer) & (scores["head"] == head)
     rows = scores[mask]
@@ -175,7 +194,7 @@ def ablation_view(ref: str, model: Any, text: str, selected: list[tuple[int, int
     heads = [hd.format_head(layer, head) for layer, head in selected]
     st.markdown(f"**Heads to ablate:** {', '.join(heads) or 'none'} (the selection above)")
     c1, c2 = st.columns(2)
-    method = c1.selectbox("Method", METHODS, key="ablation_method",
+    method = c1.selectbox("Method", hd.ABLATION_METHODS, key="ablation_method",
                           help="zero: remove the head's output; mean: its mean output over probe prompts; "
                                "resample: its output on another prompt")
     metric = c2.selectbox("Metric", metrics, key="ablation_metric")
@@ -267,23 +286,26 @@ def main() -> None:
     if not ref:
         st.info("Type a checkpoint path or hf:<dir> in the sidebar.")
         return
-    with st.spinner(f"Loading {ref}..."):
+    status = st.container()  # spinners and errors, above the grid
+    layout = grid_layout(ref)
+    with status, st.spinner(f"Loading {ref}..."):
         model = attempt(f"Could not load model {ref!r}", hd.get_model, ref)
     if model is None:
+        layout[2].empty()
         return
-    st.caption(f"**{model.name}** · {hd.model_summary(model)}")
+    status.caption(f"**{model.name}** · {hd.model_summary(model)}")
     n_prompts, seed = scan_settings()
-    with st.spinner("Scoring every head..."):
+    with status, st.spinner("Scoring every head..."):
         scores = attempt("Could not score the heads", hd.get_scores, ref, n_prompts, seed, _show=st.warning)
     if scores is None:
-        scores = pd.DataFrame(columns=list(hd.SCORE_COLUMNS))
+        scores = hd.empty_scores()
     detector, color_by = pick_detector(scores)
     if not scores.empty:
         st.sidebar.download_button("Download scores (CSV)", scores.to_csv(index=False),
                                    file_name=f"{model.name}-scores.csv", mime="text/csv", on_click="ignore",
                                    key="download_csv", icon=":material/download:")
 
-    selected = head_overview(ref, model, scores, detector, color_by)
+    selected = head_overview(ref, model, scores, detector, color_by, layout)
 
     text_and_views(ref, model, scores, detector, selected, n_prompts, seed)
 
