@@ -235,3 +235,48 @@ def test_phase_change_analysis_reads_snapshots(tmp_path):
     assert set(rows[0]["induction"]) == {f"L{i}H{h}" for i in range(2) for h in range(n_heads)}
     fig = module.figure(rows)
     assert len(fig.data) == 3 + 3 * 2 * n_heads  # three loss curves, three score panels of every head
+
+
+# ---------------------------------------------------------------- shipped dashboard scores
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_scores_are_what_the_dashboard_would_compute(name):
+    """The pre-computed table equals a fresh scan; when this fails, run python -m headlens.zoo.scores."""
+    import pandas as pd
+
+    from headlens import dashboard as hd
+    from headlens.zoo import scores
+
+    torch.set_num_threads(1)
+    table = scores.read(name, hd.DEFAULT_N_PROMPTS, 0)
+    assert table is not None, f"no up-to-date {scores.scores_path(name).name}; run python -m headlens.zoo.scores"
+    fresh = hd.compute_scores(headlens.load(name), n_prompts=hd.DEFAULT_N_PROMPTS, seed=0)
+    # to float noise: another CPU may sum in another order
+    pd.testing.assert_frame_equal(table, fresh, check_exact=False, rtol=1e-5, atol=1e-6)
+    assert table.attrs["n_layers"] == fresh.attrs["n_layers"]
+    # another scan, or other weights, gets no shipped table
+    assert scores.read(name, hd.DEFAULT_N_PROMPTS + 1, 0) is None
+    assert scores.read(name, hd.DEFAULT_N_PROMPTS, 1) is None
+
+
+def test_shipped_scores_ignore_weights_they_were_not_computed_on(tmp_path, monkeypatch):
+    from headlens import dashboard as hd
+    from headlens.zoo import scores
+
+    name = SHIPPED[0]
+    assert scores.read(name, hd.DEFAULT_N_PROMPTS, 0) is not None
+    monkeypatch.setattr(scores, "_sha256", lambda path: "0" * 64)
+    assert scores.read(name, hd.DEFAULT_N_PROMPTS, 0) is None
+
+
+def test_the_dashboard_reads_shipped_scores_without_scoring(monkeypatch):
+    from headlens import dashboard as hd
+
+    def no_scan(*args, **kwargs):
+        raise AssertionError("the dashboard scored a zoo model that ships its scores")
+
+    monkeypatch.setattr(hd, "compute_scores", no_scan)
+    hd._scores.clear()
+    table = hd.get_scores(SHIPPED[0])
+    assert len(table) > 0 and set(hd.SCORE_COLUMNS) <= set(table.columns)
