@@ -59,11 +59,11 @@ def streamlit_args(port: int) -> list[str]:
 
 
 def _warm_up() -> None:
-    """Load the first model at once, and score it as soon as Streamlit's runtime exists.
+    """Import the heavy modules at once; load and score the first model once Streamlit's runtime exists.
 
-    Runs beside the server's start-up: importing torch and loading the model overlap with
-    Streamlit starting and the browser loading the page. Scoring waits for the runtime,
-    because ``st.cache_data`` called before it exists stores into a throwaway cache.
+    Runs beside the server's start-up, so importing torch overlaps with Streamlit starting and
+    the browser loading the page. The Streamlit caches wait for the runtime: ``st.cache_data``
+    used before it exists warns and stores into a throwaway cache.
     """
     import contextlib
     import time
@@ -73,15 +73,18 @@ def _warm_up() -> None:
         import plotly.graph_objects  # noqa: F401  (the page's first run needs it)
         from streamlit import runtime
 
+        import headlens.loading
+        import headlens.model  # noqa: F401  (torch)
+
+        deadline = time.monotonic() + 120
+        while not runtime.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
         from headlens import dashboard as hd
 
         ref = hd.initial_model() or hd.model_choices()[0]
         if ref == hd.CUSTOM_CHOICE:
             return
         hd.get_model(ref)
-        deadline = time.monotonic() + 120
-        while not runtime.exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
         hd.get_scores(ref)
         typer.echo(f"headlens dashboard: {ref} loaded and scored in {time.monotonic() - started:.1f} s", err=True)
 
