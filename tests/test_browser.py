@@ -190,6 +190,12 @@ def test_dashboard_in_chromium(tmp_path):
             exported = Path(html_download.value.path()).read_text()
             assert "<html>" in exported[:200] and "plotly" in exported.lower()
             assert page.locator("[data-testid=stException]").count() == 0
+        except Exception:
+            # leave evidence for a failure seen only in CI: what the page showed, and what it said
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(ARTIFACTS / "dashboard_failure.png"), full_page=True)
+                (ARTIFACTS / "dashboard_failure.txt").write_text(page.locator("body").inner_text())
+            raise
         finally:
             browser.close()
     (ARTIFACTS / "browser_timings.json").write_text(json.dumps(timings, indent=1))
