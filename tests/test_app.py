@@ -86,9 +86,16 @@ def patterns(at: AppTest) -> dict[str, dict]:
     return out
 
 
+def placeholders(at) -> list[dict]:
+    """Figures still showing the first paint's "loading ..." placeholder."""
+    return [f for f in figures(at) if not f["data"]
+            and any(a.get("text", "").startswith("loading") for a in f["layout"].get("annotations", []))]
+
+
 def test_app_shows_the_grid_the_selected_pattern_and_no_errors(monkeypatch, models):
     at = start(monkeypatch, models["byte"])
     assert not at.error
+    assert placeholders(at) == []  # the first paint's placeholder gave way to the grid
     assert at.selectbox(key="model_choice").value == hd.CUSTOM_CHOICE
     assert at.text_input(key="model_path").value == models["byte"]
     fig = grid(at)
@@ -153,6 +160,7 @@ def test_editing_the_text_redraws_the_pattern_and_bad_text_is_a_message(monkeypa
 def test_model_picker_reports_bad_models_and_keeps_working(monkeypatch, models):
     at = start(monkeypatch, "/no/such/model.safetensors")
     assert "Could not load model" in at.error[0].value and "unknown model reference" in at.error[0].value
+    assert figures(at) == []  # no placeholder left waiting for a model that will not come
     at.text_input(key="model_path").set_value(models["corrupt"]).run()
     assert not at.exception and "Could not load model" in at.error[0].value
     assert "checkpoint" in at.error[0].value
