@@ -51,6 +51,18 @@ def serve(ref: str):
         proc.wait(timeout=20)
 
 
+def open_app(page, url: str) -> None:
+    """Load the page and wait for the head grid; on a timeout say what the page showed instead."""
+    page.goto(url)
+    try:
+        page.wait_for_selector("[data-testid=stPlotlyChart] .scatterlayer .point", timeout=120_000)
+    except Exception:
+        page.screenshot(path=str(DOCS / "failed.png"), full_page=True)
+        sys.exit(f"no head grid at {url} after 120 s; the page said:\n{page.locator('body').inner_text()[:2000]}"
+                 f"\n(screenshot: {DOCS / 'failed.png'})")
+    settle(page)
+
+
 def settle(page, timeout_ms: int = 300_000) -> None:
     page.wait_for_timeout(500)
     page.wait_for_function(IDLE, timeout=timeout_ms)
@@ -76,16 +88,12 @@ def main() -> None:
         browser = pw.chromium.launch(executable_path=chromium, args=ARGS)
         page = browser.new_page(viewport={"width": 1500, "height": 1500})
         with serve(args.model) as url:
-            page.goto(url)
-            page.wait_for_selector("[data-testid=stPlotlyChart] .scatterlayer .point", timeout=300_000)
-            settle(page)
+            open_app(page, url)
             page.screenshot(path=str(DOCS / "dashboard_heads.png"))
             open_view(page, "All heads")
             page.screenshot(path=str(DOCS / "dashboard_table.png"))
         with serve(args.ablation_model) as url:
-            page.goto(url)
-            page.wait_for_selector("[data-testid=stPlotlyChart] .scatterlayer .point", timeout=300_000)
-            settle(page)
+            open_app(page, url)
             if args.heads:
                 box = page.locator("[data-testid=stMultiSelect] input").first
                 for head in args.heads.split(","):
@@ -100,9 +108,7 @@ def main() -> None:
             page.screenshot(path=str(DOCS / "dashboard_ablation.png"))
             page.set_viewport_size({"width": 1500, "height": 1500})
         with serve(args.training_model) as url:
-            page.goto(url)
-            page.wait_for_selector("[data-testid=stPlotlyChart] .scatterlayer .point", timeout=300_000)
-            settle(page)
+            open_app(page, url)
             open_view(page, "Training")
             page.wait_for_selector("text=training loss", timeout=300_000)
             settle(page)

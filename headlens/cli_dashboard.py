@@ -58,6 +58,21 @@ def streamlit_args(port: int) -> list[str]:
     ]
 
 
+def import_shared() -> None:
+    """Import what the page shares with the warm-up thread, then let the page draw (see ``SHARED_IMPORTS``)."""
+    import contextlib
+
+    from headlens.apps import SHARED_IMPORTS
+
+    try:
+        with contextlib.suppress(ImportError):
+            import numpy  # noqa: F401
+            import pandas  # noqa: F401
+            import plotly.graph_objects  # noqa: F401  (the page's first run draws with it)
+    finally:
+        SHARED_IMPORTS.set()
+
+
 def _warm_up() -> None:
     """Import the heavy modules at once; load and score the first model once Streamlit's runtime exists.
 
@@ -69,8 +84,8 @@ def _warm_up() -> None:
     import time
 
     started = time.monotonic()
+    import_shared()
     with contextlib.suppress(Exception):  # the page reports any failure itself
-        import plotly.graph_objects  # noqa: F401  (the page's first run needs it)
         from streamlit import runtime
 
         import headlens.loading
@@ -103,7 +118,7 @@ def register(app: typer.Typer) -> None:
 
         from streamlit.web import cli as streamlit_cli
 
-        from headlens.apps import MODEL_ENV
+        from headlens.apps import MODEL_ENV, SHARED_IMPORTS
 
         if model:
             _check_reference(model.strip())
@@ -112,5 +127,6 @@ def register(app: typer.Typer) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         typer.echo(f"headlens dashboard on http://{HOST}:{port}  (Ctrl+C to stop)", err=True)
         if warm:
+            SHARED_IMPORTS.clear()  # until the warm-up has imported them
             threading.Thread(target=_warm_up, name="headlens-warm-up", daemon=True).start()
         streamlit_cli.main(args=streamlit_args(port), prog_name="streamlit")

@@ -225,3 +225,23 @@ def test_the_page_lists_the_ablation_methods_the_library_has():
     from headlens.ablation import METHODS
 
     assert hd.ABLATION_METHODS == METHODS
+
+
+def test_the_page_waits_for_the_warm_up_imports_it_shares():
+    """plotly reads pandas from sys.modules without importing it: the page must not draw while the
+    warm-up thread is half-way through importing pandas (seen as an AttributeError in the page)."""
+    import sys
+
+    from headlens.apps import SHARED_IMPORTS
+    from headlens.cli_dashboard import import_shared
+
+    assert SHARED_IMPORTS.is_set()  # no warm-up: the page never waits
+    SHARED_IMPORTS.clear()
+    try:
+        import_shared()
+        assert SHARED_IMPORTS.is_set()
+        assert hasattr(sys.modules["pandas"], "Series") and "plotly.graph_objects" in sys.modules
+    finally:
+        SHARED_IMPORTS.set()
+    src = hd.app_script().read_text()
+    assert src.index("SHARED_IMPORTS.wait(") < src.index("pick_model()", src.index("def main"))

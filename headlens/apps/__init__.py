@@ -1,11 +1,19 @@
 """Streamlit pages shipped with headlens (``headlens dashboard`` serves ``dashboard_app.py``).
 
-Kept import-light: the CLI reads these two names without importing Streamlit.
+Kept import-light: the CLI reads these names without importing Streamlit.
 """
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+
+# Cleared by `headlens dashboard` while its warm-up thread imports numpy, pandas and plotly, which
+# the page shares with it. plotly looks numpy and pandas up in sys.modules without importing them,
+# so a page run that draws while pandas is half imported fails ("partially initialized module
+# 'pandas' has no attribute 'Series'"). The page waits for it before drawing; set when no warm-up runs.
+SHARED_IMPORTS = threading.Event()
+SHARED_IMPORTS.set()
 
 MODEL_ENV = "HEADLENS_DASHBOARD_MODEL"  # `headlens dashboard --model REF` hands the first model over in it
 

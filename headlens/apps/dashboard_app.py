@@ -18,6 +18,7 @@ import streamlit as st
 
 from headlens import dashboard as hd
 from headlens import viz
+from headlens.apps import SHARED_IMPORTS
 from headlens.errors import HeadlensError
 
 if TYPE_CHECKING:  # pandas is imported by the library calls; the first paint does not wait for it
@@ -281,6 +282,7 @@ def all_heads_view(scores: pd.DataFrame) -> None:
 # -- page -------------------------------------------------------------------------------------
 def main() -> None:
     st.set_page_config(page_title="headlens", page_icon=":material/visibility:", layout="wide")
+    SHARED_IMPORTS.wait(timeout=120)  # `headlens dashboard` may still be importing pandas and plotly
     ref = pick_model()
     st.title("headlens")
     if not ref:
