@@ -41,7 +41,6 @@ _HEAD_RE = re.compile(r"^\s*L(\d+)\s*H(\d+)\s*$", re.IGNORECASE)
 
 # shared scan settings: small, so a first view of a model is quick on a laptop CPU
 DEFAULT_N_PROMPTS = 16
-ABLATION_METHODS = ("zero", "mean", "resample")  # headlens.ablation.METHODS, without importing torch
 TRAINING_DETECTORS = ("previous_token", "induction", "bracket_matching", "first_token")
 
 

@@ -221,12 +221,6 @@ def test_exclusive_use_of_a_shared_model_serialises_hooked_passes_and_cleans_up(
     assert model.active_hooks() == []
 
 
-def test_the_page_lists_the_ablation_methods_the_library_has():
-    from headlens.ablation import METHODS
-
-    assert hd.ABLATION_METHODS == METHODS
-
-
 def test_the_page_waits_for_the_warm_up_imports_it_shares():
     """plotly reads pandas from sys.modules without importing it: the page must not draw while the
     warm-up thread is half-way through importing pandas (seen as an AttributeError in the page)."""

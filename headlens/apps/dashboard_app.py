@@ -150,10 +150,8 @@ def head_detail(scores: pd.DataFrame, selected: list[tuple[int, int]]) -> None:
     """Scores of the selected heads across every detector: a bar chart with CIs, and the numbers."""
     if scores.empty or not selected:
         return
-    mask = scores["layer"] < 0  # all False
-    for layer, head in selected:
-        mask |= (scores["layer"] == layer) & (scores["head"] == head)
-    rows = scores[mask]
+    wanted = set(selected)
+    rows = scores[[(int(r.layer), int(r.head)) in wanted for r in scores.itertuples()]]
     if rows.empty:
         return
     fig = viz.head_profile_figure(scores, selected)
@@ -192,10 +190,12 @@ def ablation_view(ref: str, model: Any, text: str, selected: list[tuple[int, int
     if not metrics:
         st.info("Ablation metrics score next-token predictions; this model has no output head to score.")
         return
+    from headlens.ablation import METHODS  # torch is loaded by now: this view follows a loaded model
+
     heads = [hd.format_head(layer, head) for layer, head in selected]
     st.markdown(f"**Heads to ablate:** {', '.join(heads) or 'none'} (the selection above)")
     c1, c2 = st.columns(2)
-    method = c1.selectbox("Method", hd.ABLATION_METHODS, key="ablation_method",
+    method = c1.selectbox("Method", METHODS, key="ablation_method",
                           help="zero: remove the head's output; mean: its mean output over probe prompts; "
                                "resample: its output on another prompt")
     metric = c2.selectbox("Metric", metrics, key="ablation_metric")
