@@ -25,7 +25,7 @@ from headlens.errors import HeadlensError, ProbeError
 SHORT = {  # overview cell for each label
     "previous_token": "prev", "next_token": "next", "current_token": "self", "first_token": "sink",
     "duplicate_token": "dup", "induction": "ind", "bracket_matching": "brk",
-    "bracket_matching_hard": "brk!", "copying": "copy",
+    "bracket_matching_hard": "brk!", "open_bracket": "open", "open_bracket_hard": "open!", "copying": "copy",
 }
 
 

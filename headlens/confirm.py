@@ -7,7 +7,7 @@ for the task the label names (HEAD_SCORES.md, "Causal confirmation"):
 | label | task metric |
 |---|---|
 | ``induction``, ``previous_token`` | ``repeated_loss`` (loss on the repeated half of ``BOS + r + r``) |
-| ``bracket_matching`` | ``bracket_accuracy`` (type of each closing bracket) |
+| ``bracket_matching``, ``open_bracket`` | ``bracket_accuracy`` (type of each closing bracket) |
 
 Labels without a task metric get NaN. Backup heads and self-repair can hide a single head's
 effect, so "not confirmed" means "no single-head effect beyond the control", not "wrong".
@@ -22,6 +22,8 @@ LABEL_METRICS = {
     "previous_token": "repeated_loss",
     "bracket_matching": "bracket_accuracy",
     "bracket_matching_hard": "bracket_accuracy",
+    "open_bracket": "bracket_accuracy",
+    "open_bracket_hard": "bracket_accuracy",
 }
 
 CONFIRM_COLUMNS = [

@@ -30,6 +30,7 @@ LABEL_MARKS = {
     "duplicate_token": "DUP",
     "induction": "IND",
     "bracket_matching": "BR",
+    "open_bracket": "OB",
     "copying": "CPY",
 }
 BYTE_ESCAPES = {"\\x0a": "\n", "\\x09": "\t", "\\x0d": "\r"}  # byte tokenizers spell these as escapes

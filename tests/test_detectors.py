@@ -30,7 +30,8 @@ def _pooled(stats):
 
 def test_registry_has_every_head_type_of_head_scores():
     assert set(DETECTORS) >= {"previous_token", "next_token", "current_token", "first_token", "duplicate_token",
-                              "induction", "bracket_matching", "bracket_matching_hard", "copying"}
+                              "induction", "bracket_matching", "bracket_matching_hard", "open_bracket",
+                              "open_bracket_hard", "copying"}
     with pytest.raises(DetectorError, match="unknown detector 'prev'"):
         get_detector("prev")
 
@@ -62,6 +63,18 @@ def test_bracket_annotations_hard_subset():
     assert hard == [-1] * 8 + [1]
     match, _ = bracket_annotations([1, 4, 2], ((1, 2), (3, 4)))  # stray ] ignored
     assert match == [-1, -1, 0]
+
+
+def test_open_bracket_targets_sit_one_before_the_closer():
+    ids = [99, 1, 9, 3, 9, 4, 5, 6, 2]  # BOS ( a [ b ] { } )
+    match, hard = bracket_annotations(ids, ((1, 2), (3, 4), (5, 6)))
+    b = _batch([ids, [99, 1, 9, 2]])  # the second prompt is padded
+    pad = [-1] * (len(ids) - 4)
+    b.annotations = {"bracket_match": torch.tensor([match, [-1, -1, -1, 1, *pad]]),
+                     "bracket_hard": torch.tensor([hard, [-1] * 4 + pad])}
+    # b (q=4) predicts ] -> [ at 3; { at 6 predicts } but is the opener itself: no row; } (q=7) predicts ) -> ( at 1
+    assert DETECTORS["open_bracket"].targets(b).tolist() == [[-1] * 4 + [3, -1, -1, 1, -1], [-1, -1, 1, -1, *pad]]
+    assert DETECTORS["open_bracket_hard"].targets(b).tolist()[0] == [-1] * 7 + [1, -1]
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -133,6 +146,31 @@ def test_bracket_matching_head_and_hard_subset():
     for name in ("bracket_matching", "bracket_matching_hard"):
         assert pooled[name][0][0, 0].item() == pytest.approx(1.0)
         assert pooled[name][0][0, 1].item() == 0.0  # no closer directly follows its opener
+
+
+def test_open_bracket_head_is_not_a_matching_head():
+    from headlens.probes import bracket_annotations as ann
+
+    pairs = ((16, 17), (18, 19))
+
+    def innermost(tokens, valid):  # from the position before each closer to the opener it closes
+        B, T = tokens.shape
+        p = torch.zeros(B, T, T)
+        for b in range(B):
+            for q, k in enumerate(ann(tokens[b].tolist(), pairs)[0]):
+                if k >= 0:
+                    p[b, q - 1, k] = 1.0
+        return p
+
+    model = PatternModel([[innermost, offset_pattern(0), uniform_pattern]], causal=True)
+    probe = brackets(model, 10, 32, torch.Generator().manual_seed(3))
+    names = ["open_bracket", "open_bracket_hard", "bracket_matching", "bracket_matching_hard"]
+    pooled = _pooled(scan(model, probe, [DETECTORS[n] for n in names]))
+    assert pooled["open_bracket"][0][0, 0].item() == pytest.approx(1.0)
+    assert pooled["open_bracket_hard"][0][0, 0].item() == pytest.approx(1.0)
+    assert pooled["bracket_matching"][0][0, 0].item() < 2 * pooled["bracket_matching"][1]  # near chance
+    assert pooled["open_bracket"][0][0, 1].item() == 0.0  # attending to itself is not attending to the opener
+    assert pooled["open_bracket"][0][0, 2].item() == pytest.approx(pooled["open_bracket"][1], abs=1e-6)
 
 
 def test_copying_score_of_an_identity_ov_circuit():

@@ -30,6 +30,8 @@ DETECTORS: dict[str, Detector] = {
         induction.DETECTOR,
         bracket_matching.DETECTOR,
         bracket_matching.HARD_DETECTOR,
+        bracket_matching.OPEN_DETECTOR,
+        bracket_matching.OPEN_HARD_DETECTOR,
         copying.DETECTOR,
     )
 }
