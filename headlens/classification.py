@@ -98,11 +98,16 @@ def select_detectors(model: Any, names: Sequence[str] | str | None, tl_compatibl
 
 
 def _probes(model: Any, dets: list[Detector], prompts: Any, n_prompts: int, seq_len: int, seed: int,
-            truncate: bool) -> list[tuple[P.Probe, list[Detector]]]:
-    """Group pattern detectors by the probe they read (the user's texts serve every detector)."""
+            truncate: bool, corpus: str | None = None) -> list[tuple[P.Probe, list[Detector]]]:
+    """Group pattern detectors by the probe they read (the user's texts, or a corpus, serve every detector)."""
     pattern = [d for d in dets if d.kind != "weights"]
     if not pattern:
         return []
+    if corpus is not None:
+        if corpus not in P.CORPORA:
+            raise ProbeError(f"unknown corpus {corpus!r}; expected one of {', '.join(P.CORPORA)}")
+        return [(P.stdlib_windows(model, n_prompts, seq_len, torch.Generator().manual_seed(seed * 1009 + 7)),
+                 pattern)]
     if prompts is not None:
         texts = P.read_prompts(prompts) if isinstance(prompts, str | os.PathLike) else list(prompts)
         if not texts:
@@ -162,6 +167,7 @@ def classify(
     truncate: bool = False,
     n_boot: int = N_BOOT,
     device: str = "cpu",
+    corpus: str | None = None,
 ) -> Any:
     """Score every head on every detector and label it (HEAD_SCORES.md).
 
@@ -182,6 +188,8 @@ def classify(
         truncate: cut prompts longer than the context (with a warning) instead of refusing them.
         n_boot: bootstrap resamples.
         device: where a model loaded from a reference runs.
+        corpus: ``"stdlib"`` to read ``n_prompts`` windows of ``seq_len`` tokens of real Python
+            source (held-out standard-library files) instead of the generated probes.
 
     Returns:
         the scores table (pandas DataFrame, schema in :mod:`headlens.table`), provenance in ``attrs``.
@@ -197,7 +205,9 @@ def classify(
     seq_len = min(int(seq_len), int(model.cfg.n_ctx))
     taus = _thresholds(threshold)
     dets, skipped, explicit = select_detectors(model, detectors, tl_compatible)
-    groups = _probes(model, dets, prompts, n_prompts, seq_len, seed, truncate)
+    if corpus is not None and prompts is not None:
+        raise ProbeError("pass either prompts or a corpus, not both")
+    groups = _probes(model, dets, prompts, n_prompts, seq_len, seed, truncate, corpus)
     notes: list[str] = []
     if groups and groups[0][0].name == "prompts" and groups[0][0].settings.get("n_truncated"):
         notes.append(f"{groups[0][0].settings['n_truncated']} prompt(s) were longer than the context "
@@ -223,7 +233,8 @@ def classify(
             continue
         s = summaries[d.name]
         if s.n_positions == 0:
-            why = f"{d.name}: the {'prompts' if prompts is not None else d.probe} probe has no target positions"
+            source = corpus or ("prompts" if prompts is not None else d.probe)
+            why = f"{d.name}: the {source} probe has no target positions"
             if explicit:
                 raise ProbeError(why + " for this detector")
             skipped[d.name] = why

@@ -80,7 +80,7 @@ def print_results(df: Any, console: Any) -> None:
 def run_classify(
     model: str | None, detectors: str | None, prompts: Path | None, n_prompts: int, seq_len: int,
     batch_size: int, seed: int, threshold: float | None, tl_compatible: bool, out: Path | None,
-    quiet: bool, truncate: bool, confirm: bool,
+    quiet: bool, truncate: bool, confirm: bool, corpus: str | None = None,
 ) -> None:
     """The command body: library calls only, errors left to the caller."""
     from rich.console import Console
@@ -106,7 +106,7 @@ def run_classify(
 
             df = classify(loaded, detectors=detectors, prompts=prompts, n_prompts=n_prompts, seq_len=seq_len,
                           batch_size=batch_size, seed=seed, threshold=threshold, tl_compatible=tl_compatible,
-                          progress=progress, truncate=truncate)
+                          progress=progress, truncate=truncate, corpus=corpus)
         if confirm:
             attrs = dict(df.attrs)
             df = _confirm_fn()(loaded, df)
@@ -129,8 +129,12 @@ def register(app: typer.Typer) -> None:
                              "names (default: every detector the model supports)")] = None,
         prompts: Annotated[Path | None, typer.Option("--prompts", "-p", help="your texts: one per line, or "
                            "JSONL with a 'text' field (default: generated probes)")] = None,
-        n_prompts: Annotated[int, typer.Option("--n-prompts", min=1, help="prompts per generated probe")] = 64,
-        seq_len: Annotated[int, typer.Option("--seq-len", min=8, help="tokens per generated prompt")] = 64,
+        corpus: Annotated[str | None, typer.Option("--corpus", help="'stdlib': real Python source (held-out "
+                          "standard-library files) instead of generated probes")] = None,
+        n_prompts: Annotated[int, typer.Option("--n-prompts", min=1, help="prompts per generated probe "
+                             "(or corpus windows)")] = 64,
+        seq_len: Annotated[int, typer.Option("--seq-len", min=8, help="tokens per generated prompt "
+                           "(or corpus window), capped by the context")] = 64,
         batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="prompts per forward pass")] = 32,
         seed: Annotated[int, typer.Option("--seed", help="seeds probes and bootstrap")] = 0,
         threshold: Annotated[float | None, typer.Option("--threshold", min=0.0, max=1.0, help="label when "
@@ -148,7 +152,7 @@ def register(app: typer.Typer) -> None:
         """Score every head on every detector, label them, print the labelled heads."""
         try:
             run_classify(model, detectors, prompts, n_prompts, seq_len, batch_size, seed, threshold,
-                         tl_compatible, out, quiet, truncate, confirm)
+                         tl_compatible, out, quiet, truncate, confirm, corpus)
         except HeadlensError as e:  # one line and the class's exit code, also under CliRunner
             print(f"headlens: error: {e}", file=sys.stderr)
             raise typer.Exit(e.exit_code) from None

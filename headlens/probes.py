@@ -12,6 +12,9 @@ plus per-position annotations (bracket matches). Which detector reads which prob
   with filler; matches are computed on the *token* sequence, so they are right whatever the
   tokenizer did: bracket matching (and its hard subset).
 * ``prompts``: the user's texts; every detector whose targets exist in them is scored.
+* ``stdlib``: windows of real Python source from held-out files of the standard library
+  (on every machine, and never in the ``code`` zoo model's training split), read like the
+  user's texts; brackets are Python's ``()[]{}`` (``<`` and ``>`` are operators there).
 
 Model calls: none, apart from tokenization.
 """
@@ -28,7 +31,9 @@ import torch
 from headlens.errors import ProbeError
 from headlens.vocab import Vocab, encode_body, token_strings, vocab
 
-PROBE_NAMES = ("random_tokens", "repeated_segments", "brackets", "prompts")
+PROBE_NAMES = ("random_tokens", "repeated_segments", "brackets", "prompts", "stdlib")
+CORPORA = ("stdlib",)  # real text every machine has, for ``classify(corpus=...)``
+PYTHON_PAIRS = ("()", "[]", "{}")
 
 
 @dataclass
@@ -180,26 +185,34 @@ def bracket_annotations(ids: list[int], pairs: tuple[tuple[int, int], ...]) -> t
     """For each position: the matching opener's position (``-1`` if none), and the same for the hard subset.
 
     A closer is *hard* when its opener is not the nearest preceding opener (an already closed
-    opener sits between them). Stray or mismatched closers get no target.
+    opener sits between them). In real text not every opener is a bracket (``a < b`` in code):
+    a closer whose opener is deeper in the stack drops the unclosed openers above it, and a
+    closer with no opener of its type is ignored.
 
     >>> bracket_annotations([9, 1, 3, 4, 2], ((1, 2), (3, 4)))  # x ( [ ] )
     ([-1, -1, -1, 2, 1], [-1, -1, -1, -1, 1])
+    >>> bracket_annotations([1, 9, 3, 9, 2], ((1, 2), (3, 4)))  # ( a [ b )   the [ is dropped
+    ([-1, -1, -1, -1, 0], [-1, -1, -1, -1, -1])
     """
     kind = {o: (t, True) for t, (o, _) in enumerate(pairs)} | {c: (t, False) for t, (_, c) in enumerate(pairs)}
     match, hard = [-1] * len(ids), [-1] * len(ids)
-    stack: list[tuple[int, int]] = []
-    last_open = -1
+    stack: list[list[int]] = []  # [position, pair type, 1 if a group closed inside it]
     for q, tid in enumerate(ids):
         if tid not in kind:
             continue
         t, is_open = kind[tid]
         if is_open:
-            stack.append((q, t))
-            last_open = q
-        elif stack and stack[-1][1] == t:
-            k = stack.pop()[0]
-            match[q] = k
-            hard[q] = k if last_open != k else -1
+            stack.append([q, t, 0])
+            continue
+        depth = next((d for d in range(len(stack) - 1, -1, -1) if stack[d][1] == t), None)
+        if depth is None:
+            continue  # a stray closer
+        k, _, closed_inside = stack[depth]
+        del stack[depth:]
+        match[q] = k
+        hard[q] = k if closed_inside else -1
+        if stack:
+            stack[-1][2] = 1
     return match, hard
 
 
@@ -296,3 +309,30 @@ def text_prompts(model: Any, texts: list[str], truncate: bool = False) -> Probe:
         hards.append(torch.tensor(h))
     return Probe("prompts", prompts, {"bracket_match": matches, "bracket_hard": hards},
                  settings={"n_texts": len(texts), "n_truncated": n_cut})
+
+
+def stdlib_windows(model: Any, n_prompts: int, seq_len: int, gen: torch.Generator) -> Probe:
+    """``n_prompts`` windows of held-out standard-library source, each starting at a line and
+    ``seq_len`` tokens long (specials included), tokenized by the model."""
+    from headlens.zoo import data
+
+    v = vocab(model)
+    budget = _body_budget(v, seq_len)
+    strings = token_strings(model)
+    pairs = tuple(p for p in v.brackets if strings[p[0]] + strings[p[1]] in PYTHON_PAIRS)
+    stream = data.stdlib_corpus().heldout  # (N,) uint8: held-out files joined by blank lines
+    span = 8 * budget  # bytes enough for ``budget`` tokens under any tokenizer
+    prompts, matches, hards = [], [], []
+    starts = torch.randint(0, len(stream) - 2 * span, (n_prompts,), generator=gen).tolist()
+    for start in starts:
+        chunk = bytes(stream[start:start + 2 * span].tolist())
+        chunk = chunk[chunk.find(b"\n") + 1:][:span]  # from the next line on
+        body = encode_body(model, chunk.decode("utf-8", errors="ignore"))[:budget]
+        ids = v.wrap(body)
+        m, h = bracket_annotations(ids, pairs)
+        prompts.append(torch.tensor(ids, dtype=torch.long))
+        matches.append(torch.tensor(m))
+        hards.append(torch.tensor(h))
+    return Probe("stdlib", prompts, {"bracket_match": matches, "bracket_hard": hards},
+                 settings={"seq_len": seq_len, "source": "held-out Python standard library files",
+                           "pairs": ["".join(strings[i] for i in p) for p in pairs]})

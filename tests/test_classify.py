@@ -70,6 +70,22 @@ def test_bad_requests_raise_clear_errors():
         headlens.classify("no-such-model")
     with pytest.raises(DetectorError, match="no TransformerLens equivalent"):
         headlens.classify(model, detectors="first_token", tl_compatible=True)
+    with pytest.raises(ProbeError, match="unknown corpus 'wiki'"):
+        headlens.classify(model, corpus="wiki")
+    with pytest.raises(ProbeError, match="either prompts or a corpus"):
+        headlens.classify(model, prompts=["abc"], corpus="stdlib")
+
+
+def test_stdlib_corpus_finds_the_code_models_previous_token_heads():
+    from headlens.zoo import ZOO
+
+    df = headlens.classify("code", detectors="previous_token,open_bracket", corpus="stdlib", n_prompts=16,
+                           seq_len=128, n_boot=200)
+    assert df.attrs["probes"]["stdlib"]["pairs"] == ["()", "[]", "{}"]
+    assert set(df.detector) == {"previous_token", "open_bracket"}
+    assert df[df.detector == "previous_token"].n_prompts.eq(16).all()  # every window has previous tokens
+    rows = df[(df.detector == "previous_token") & df.label]
+    assert sorted(f"L{r.layer}H{r.head}" for r in rows.itertuples()) == sorted(ZOO["code"].known_heads["previous_token"])
 
 
 def test_user_prompts_score_every_detector_with_targets():

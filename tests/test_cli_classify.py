@@ -91,3 +91,16 @@ def test_tl_compatible_flag(ckpt):
     result = _run("--model", ckpt, "--tl-compatible", "--n-prompts", "10", "--seq-len", "32", "-q")
     assert result.exit_code == 0, result.output
     assert "tl_compatible" in result.stdout
+
+
+def test_corpus_stdlib_reads_real_python(tmp_path):
+    out = tmp_path / "scores.csv"
+    result = _run("--model", "code", "--corpus", "stdlib", "--n-prompts", "12", "--seq-len", "96",
+                  "--detectors", "previous_token", "--out", str(out), "-q")
+    assert result.exit_code == 0, result.output
+    assert "prev" in result.stdout
+    assert read_table(out).attrs["probes"]["stdlib"]["n_prompts"] == 12
+
+
+def test_unknown_corpus_is_a_probe_error():
+    _one_error_line(_run("--model", "code", "--corpus", "wiki", "-q"), 5, "unknown corpus 'wiki'")

@@ -63,6 +63,9 @@ def test_bracket_annotations_hard_subset():
     assert hard == [-1] * 8 + [1]
     match, _ = bracket_annotations([1, 4, 2], ((1, 2), (3, 4)))  # stray ] ignored
     assert match == [-1, -1, 0]
+    # code: f ( a < b ) [ c ]  -- the < is a comparison, not a bracket: ) still matches (
+    match, hard = bracket_annotations([9, 1, 9, 7, 9, 2, 3, 9, 4], ((1, 2), (3, 4), (7, 8)))
+    assert match == [-1] * 5 + [1, -1, -1, 6] and hard == [-1] * 9
 
 
 def test_open_bracket_targets_sit_one_before_the_closer():

@@ -17,6 +17,7 @@ from headlens.probes import (
     random_tokens,
     read_prompts,
     repeated_segments,
+    stdlib_windows,
     text_prompts,
 )
 from headlens.testing import planted_model
@@ -46,6 +47,26 @@ def test_byte_level_probes_draw_printable_ascii_only():
     for probe in (random_tokens(model, 8, 64, _gen()), repeated_segments(model, 8, 64, _gen())):
         for p in probe.prompts:
             assert all(0x20 <= t < 0x7F for t in p[1:].tolist())
+
+
+def test_stdlib_windows_are_held_out_python_with_python_brackets():
+    from headlens.zoo import data
+
+    model = make_gpt(n_ctx=128)  # byte-level
+    probe = stdlib_windows(model, 12, 128, _gen(4))
+    assert probe.settings["pairs"] == ["()", "[]", "{}"]  # < and > are operators in Python
+    heldout = bytes(data.stdlib_corpus().heldout.tolist())
+    n_matched = 0
+    for p, m in zip(probe.prompts, probe.annotations["bracket_match"], strict=True):
+        body = bytes(p[1:].tolist())
+        assert p[0].item() == model.bos_token_id and len(p) == 128
+        assert body in heldout  # a real window of held-out files, from the start of a line
+        assert heldout[heldout.index(body) - 1:heldout.index(body)] == b"\n"
+        for q, k in enumerate(m.tolist()):
+            if k >= 0:
+                n_matched += 1
+                assert (chr(p[k].item()) + chr(p[q].item())) in ("()", "[]", "{}")
+    assert n_matched > 10
 
 
 def test_repeated_segments_vary_length_and_offset_without_accidental_repeats():
