@@ -42,6 +42,9 @@ _HEAD_RE = re.compile(r"^\s*L(\d+)\s*H(\d+)\s*$", re.IGNORECASE)
 # shared scan settings: small, so a first view of a model is quick on a laptop CPU
 DEFAULT_N_PROMPTS = 16
 TRAINING_DETECTORS = ("previous_token", "induction", "bracket_matching", "first_token")
+# what the heads are scored on: headlens' generated probes, or windows of real Python source
+SCORE_SOURCES = {"generated probes": None, "real Python (stdlib)": "stdlib"}
+CORPUS_SEQ_LEN = 128  # tokens per corpus window (capped by the model's context)
 
 
 # -- head ids and selections ------------------------------------------------------------------
@@ -322,10 +325,12 @@ SCORE_COLUMNS = ("model", "layer", "head", "detector", "score", "ci_low", "ci_hi
 
 
 def compute_scores(model: Any, n_prompts: int = DEFAULT_N_PROMPTS, seed: int = 0,
-                   detectors: Sequence[str] | None = None) -> pd.DataFrame:
-    """``headlens.classify`` on ``model`` with the dashboard's scan settings."""
+                   detectors: Sequence[str] | None = None, corpus: str | None = None) -> pd.DataFrame:
+    """``headlens.classify`` on ``model`` with the dashboard's scan settings (``corpus``: see ``SCORE_SOURCES``)."""
     classify = _classify()
-    table = classify(model, detectors=list(detectors) if detectors else None, n_prompts=n_prompts, seed=seed)
+    window = {"corpus": corpus, "seq_len": CORPUS_SEQ_LEN} if corpus else {}
+    table = classify(model, detectors=list(detectors) if detectors else None, n_prompts=n_prompts, seed=seed,
+                     **window)
     missing = [c for c in SCORE_COLUMNS if c not in table.columns]
     if missing:
         raise HeadlensError(f"classify returned a table without columns {missing}")
@@ -512,19 +517,19 @@ def _lock(model: Any) -> threading.Lock:
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
-def _scores(ref: str, key: str, n_prompts: int, seed: int) -> pd.DataFrame:
+def _scores(ref: str, key: str, n_prompts: int, seed: int, corpus: str | None) -> pd.DataFrame:
     from headlens.zoo import scores as shipped
 
-    table = shipped.read(ref, n_prompts, seed)  # zoo models ship their default scan
+    table = None if corpus else shipped.read(ref, n_prompts, seed)  # zoo models ship their default scan
     if table is not None:
         return table
     with exclusive(get_model(ref)) as model:
-        return compute_scores(model, n_prompts=n_prompts, seed=seed)
+        return compute_scores(model, n_prompts=n_prompts, seed=seed, corpus=corpus)
 
 
-def get_scores(ref: str, n_prompts: int = DEFAULT_N_PROMPTS, seed: int = 0) -> pd.DataFrame:
-    """The scores table of ``ref`` (cached per model file and scan settings)."""
-    return _scores(ref, fingerprint(ref), int(n_prompts), int(seed))
+def get_scores(ref: str, n_prompts: int = DEFAULT_N_PROMPTS, seed: int = 0, corpus: str | None = None) -> pd.DataFrame:
+    """The scores table of ``ref`` (cached per model file, scan settings and text source)."""
+    return _scores(ref, fingerprint(ref), int(n_prompts), int(seed), corpus)
 
 
 @st.cache_data(max_entries=64, show_spinner=False)

@@ -327,7 +327,10 @@ def stdlib_windows(model: Any, n_prompts: int, seq_len: int, gen: torch.Generato
     for start in starts:
         chunk = bytes(stream[start:start + 2 * span].tolist())
         chunk = chunk[chunk.find(b"\n") + 1:][:span]  # from the next line on
-        body = encode_body(model, chunk.decode("utf-8", errors="ignore"))[:budget]
+        try:
+            body = encode_body(model, chunk.decode("utf-8", errors="ignore"))[:budget]
+        except ProbeError as err:
+            raise ProbeError(f"the stdlib corpus is Python source, which this model cannot read: {err}") from None
         ids = v.wrap(body)
         m, h = bracket_annotations(ids, pairs)
         prompts.append(torch.tensor(ids, dtype=torch.long))

@@ -141,6 +141,25 @@ def test_selecting_heads_in_the_mirrored_widget_updates_grid_and_patterns(monkey
     assert not at.exception and not patterns(at) and at.info
 
 
+def test_scoring_on_real_python_recolours_the_grid_and_an_unfit_model_gets_a_warning(monkeypatch, models):
+    at = start(monkeypatch, models["byte"])
+    at.selectbox(key="score_source").set_value("real Python (stdlib)").run()
+    assert not at.exception and not at.error and not at.warning
+    stdlib = hd.get_scores(models["byte"], corpus="stdlib")
+    n_ctx = hd.get_model(models["byte"]).cfg.n_ctx
+    assert stdlib.attrs["probes"]["stdlib"]["seq_len"] == min(hd.CORPUS_SEQ_LEN, n_ctx)  # capped by the context
+    assert stdlib.attrs["probes"]["stdlib"]["pairs"] == ["()", "[]", "{}"]
+    ind = stdlib[stdlib.detector == "induction"].sort_values(["layer", "head"])
+    generated = hd.get_scores(models["byte"])
+    assert list(ind.score) != list(generated[generated.detector == "induction"].sort_values(["layer", "head"]).score)
+    assert grid(at)["data"][0]["marker"]["color"] == pytest.approx(list(ind.score))
+    # a char model whose alphabet cannot spell Python: a warning that says so, and the page lives on
+    at = start(monkeypatch, models["char"])
+    at.selectbox(key="score_source").set_value("real Python (stdlib)").run()
+    assert not at.exception
+    assert any("stdlib corpus is Python source" in w.value for w in at.warning)
+
+
 def test_editing_the_text_redraws_the_pattern_and_bad_text_is_a_message(monkeypatch, models):
     at = start(monkeypatch, models["byte"])
     key = f"text::{models['byte']}"

@@ -70,12 +70,16 @@ def pick_model() -> str | None:
     return ref.strip() or None
 
 
-def scan_settings() -> tuple[int, int]:
+def scan_settings() -> tuple[int, int, str | None]:
     with st.sidebar.expander("Scan settings"):
+        source = st.selectbox("Score heads on", list(hd.SCORE_SOURCES), key="score_source",
+                              help="generated probes (random tokens, repeats, bracket strings) or windows of "
+                                   "held-out Python standard-library files, where code models show their "
+                                   "bracket heads")
         n_prompts = st.number_input("Probe prompts per detector", 4, 256, hd.DEFAULT_N_PROMPTS, step=4,
                                     key="n_prompts")
         seed = st.number_input("Seed", 0, 2**31 - 1, 0, key="seed")
-    return int(n_prompts), int(seed)
+    return int(n_prompts), int(seed), hd.SCORE_SOURCES[source]
 
 
 def pick_detector(scores: pd.DataFrame) -> tuple[str, str]:
@@ -296,9 +300,10 @@ def main() -> None:
         layout[2].empty()
         return
     status.caption(f"**{model.name}** · {hd.model_summary(model)}")
-    n_prompts, seed = scan_settings()
+    n_prompts, seed, corpus = scan_settings()
     with status, st.spinner("Scoring every head..."):
-        scores = attempt("Could not score the heads", hd.get_scores, ref, n_prompts, seed, _show=st.warning)
+        scores = attempt("Could not score the heads", hd.get_scores, ref, n_prompts, seed, corpus,
+                         _show=st.warning)
     if scores is None:
         scores = hd.empty_scores()
     detector, color_by = pick_detector(scores)
