@@ -3,7 +3,8 @@
 ``induction-2l``: zero-ablating the induction heads (and, separately, the previous-token heads
 that feed them) sharply raises the loss on the repeated half of ``BOS + r + r`` while the
 first-half loss barely moves, and random heads of the same layers do not. ``dyck``: ablating
-the bracket-matching heads lowers closing-bracket type accuracy more than random heads do.
+the bracket heads (open_bracket: attention to the opener from the position that predicts its
+closer) lowers closing-bracket type accuracy more than random heads do.
 
 Heads are chosen by ``headlens.classify`` (falling back to the zoo model card's
 ``known_heads``), so the script also checks the labels causally. Writes a tidy CSV table (every
@@ -24,7 +25,7 @@ import torch
 
 CASES = {  # model -> (detectors whose labelled heads are ablated as a group, metrics)
     "induction-2l": (("induction", "previous_token"), ("repeated_loss", "first_half_loss")),
-    "dyck": (("bracket_matching", "bracket_matching_hard"), ("bracket_accuracy",)),
+    "dyck": (("bracket_matching", "open_bracket"), ("bracket_accuracy",)),
 }
 
 
