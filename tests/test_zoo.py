@@ -57,6 +57,34 @@ def test_match_brackets_known_answer():
     assert data.match_brackets("a(b[c]d)e") == {5: 3, 7: 1}
 
 
+def test_hard_closers_known_answer():
+    stream = torch.frombuffer(bytearray(b"f(a[1], b) + g(x) + {k: h(v)}"), dtype=torch.uint8)
+    # ) at 9 closes ( at 1 past the closed [1]; } at 28 closes { at 20 past the closed (v)
+    assert data.hard_closer_positions(stream).tolist() == [9, 28]
+
+
+def test_bracket_windows_hold_a_hard_closer():
+    stream = torch.frombuffer(bytearray(b"x = 1\n" * 100 + b"f(a[1], b)\n" + b"y = 2\n" * 100), dtype=torch.uint8)
+    hard = data.hard_closer_positions(stream)
+    assert hard.tolist() == [609]
+    x = data.bracket_window_batch(torch.Generator().manual_seed(0), stream, hard, 16, 64, 256, min_lead=8)
+    assert x.shape == (16, 65) and (x[:, 0] == 256).all()
+    for row in x[:, 1:].tolist():
+        at = bytes(row).find(b"f(a[1], b)")
+        assert 0 <= at and 8 <= at + 9 < 64  # the closer sits at least min_lead bytes into the window
+
+
+def test_code_recipe_weights_the_closers_it_names():
+    r = get_recipe("code")
+    w = r.loss_weights()
+    if not r.target_weights:
+        assert w is None
+        r = dataclasses.replace(r, target_weights={ord(")"): 5.0})
+        w = r.loss_weights()
+    assert w.shape == (r.config.d_vocab,)
+    assert {i for i in range(len(w)) if w[i] != 1} == set(r.target_weights)
+
+
 def test_heldout_split_is_by_file_and_deterministic():
     files = ["json/decoder.py", "os.py", "a/b.py"] + [f"m{i}.py" for i in range(400)]
     held = [f for f in files if data.is_heldout(f)]
@@ -235,6 +263,35 @@ def test_phase_change_analysis_reads_snapshots(tmp_path):
     assert set(rows[0]["induction"]) == {f"L{i}H{h}" for i in range(2) for h in range(n_heads)}
     fig = module.figure(rows)
     assert len(fig.data) == 3 + 3 * 2 * n_heads  # three loss curves, three score panels of every head
+
+
+def test_code_bracket_variants_train_what_they_say(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).parents[1] / "analyses" / "code_bracket_variants.py"
+    spec = importlib.util.spec_from_file_location("code_bracket_variants", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    torch.set_num_threads(1)
+    r = module.variant_recipe("weighted-8heads")
+    assert r.config.n_heads == 8 and r.config.d_head * 8 == r.config.d_model
+    assert r.extra["bracket_frac"] == 0.5 and r.loss_weights()[ord("]")] == 5.0
+    r = dataclasses.replace(r, batch_size=4, extra=dict(r.extra, max_bytes=300_000))
+    rows = r.sampler()(torch.Generator().manual_seed(0), 4)  # (4, T + 1): two plain windows, two around a hard closer
+    stream = data.stdlib_corpus(300_000).train
+    hard = data.hard_closer_positions(stream)
+    assert rows.shape == (4, r.seq_len + 1) and len(hard) > 100
+    text = bytes(stream.tolist())
+    for row in rows[2:, 1:]:
+        start = text.find(bytes(row.tolist()))
+        assert ((hard >= start + 32) & (hard < start + r.seq_len)).any()  # a hard closer, past min_lead
+    a = train(r, tmp_path / "a", steps=2, snapshots=0)
+    b = train(r, tmp_path / "b", steps=2, snapshots=0)
+    wa, wb = (load_checkpoint(x.checkpoint).state_dict() for x in (a, b))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    row = module.score(a.checkpoint, n_prompts=12)
+    assert set(module.DETECTORS) <= set(row) and row["open_bracket"].startswith("L")
 
 
 # ---------------------------------------------------------------- shipped dashboard scores

@@ -8,6 +8,7 @@ that start with the tokenizer's BOS token.
 from __future__ import annotations
 
 import hashlib
+import re
 import string
 import sysconfig
 from dataclasses import dataclass
@@ -135,6 +136,56 @@ def window_batch(gen: torch.Generator, stream: torch.Tensor, batch: int, seq_len
     x = stream[idx].long()
     bos_col = torch.full((batch, 1), bos, dtype=torch.long)
     return torch.cat([bos_col, x], dim=1)  # (B, T + 1)
+
+
+CODE_PAIRS = ["()", "[]", "{}"]
+
+
+def hard_closer_positions(stream: torch.Tensor, pairs: list[str] | None = None) -> torch.Tensor:
+    """Positions in ``stream`` of closers whose matching opener is not the nearest preceding opener.
+
+    These are the closers a "last open bracket" heuristic gets wrong: a whole bracket group
+    closes between the opener and its closer, as in ``f(a[1], b)``. Matching follows
+    :func:`match_brackets` (a mismatch empties the stack), over the bracket bytes only.
+
+    Returns:
+        ``(N,)`` long positions, ascending.
+    """
+    pairs = pairs or CODE_PAIRS
+    text = bytes(stream.numpy()).decode("latin-1")
+    open_of = {p[1]: p[0] for p in pairs}
+    stack: list[tuple[str, int]] = []
+    last_open = -1
+    hard: list[int] = []
+    for m in re.finditer("[" + re.escape("".join(pairs)) + "]", text):
+        c, i = m.group(), m.start()
+        if c not in open_of:
+            stack.append((c, i))
+            last_open = i
+        elif stack and stack[-1][0] == open_of[c]:
+            if stack.pop()[1] != last_open:
+                hard.append(i)
+        else:
+            stack.clear()
+    return torch.tensor(hard, dtype=torch.long)
+
+
+def bracket_window_batch(gen: torch.Generator, stream: torch.Tensor, hard: torch.Tensor, batch: int,
+                         seq_len: int, bos: int, min_lead: int = 32) -> torch.Tensor:
+    """Windows of ``stream`` that each hold a hard closer (see :func:`hard_closer_positions`).
+
+    The closer lands at a uniform position in ``[min_lead, seq_len)`` of its window, so that
+    its opener is usually inside the window too.
+
+    Returns:
+        ``(batch, seq_len + 1)`` tokens.
+    """
+    pick = hard[torch.randint(0, len(hard), (batch,), generator=gen)]  # (B,)
+    lead = torch.randint(min_lead, seq_len, (batch,), generator=gen)  # (B,)
+    starts = (pick - lead).clamp(0, len(stream) - seq_len)
+    idx = starts[:, None] + torch.arange(seq_len)[None, :]  # (B, T)
+    bos_col = torch.full((batch, 1), bos, dtype=torch.long)
+    return torch.cat([bos_col, stream[idx].long()], dim=1)  # (B, T + 1)
 
 
 # ---------------------------------------------------------------- dyck

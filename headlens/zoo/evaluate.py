@@ -114,6 +114,11 @@ def evaluate_code(model, n_windows: int = 32, seq_len: int = 255, max_bytes: int
     bracket = M.target_scores(pats, M.bracket_targets(matches_all, T))
     bracket_hard = M.target_scores(pats, M.bracket_targets(matches_hard, T))
     per_pair = {p: M.target_scores(pats, M.bracket_targets(ms, T)) for p, ms in by_pair.items()}
+    # open_bracket: from the position that predicts the closer (not the opener itself) to the opener
+    opens = [{q - 1: k for q, k in m.items() if q - 1 > k} for m in matches_all]
+    opens_hard = [{q - 1: k for q, k in m.items()} for m in matches_hard]  # hard: q - 1 > k always
+    open_all = M.target_scores(pats, M.bracket_targets(opens, T))
+    open_hard = M.target_scores(pats, M.bracket_targets(opens_hard, T))
     return {
         "heldout_loss": _r(heldout_loss),
         "unigram_baseline_loss": _r(unigram_baseline(corpus)),
@@ -133,11 +138,14 @@ def evaluate_code(model, n_windows: int = 32, seq_len: int = 255, max_bytes: int
             "bracket_matching": M.score_dict(bracket),
             "bracket_matching_hard": M.score_dict(bracket_hard),
             **{f"bracket_matching_{p}": M.score_dict(s) for p, s in per_pair.items()},
+            "open_bracket": M.score_dict(open_all),
+            "open_bracket_hard": M.score_dict(open_hard),
         },
         "heads": {
             "previous_token": M.heads_above(prev, THRESHOLD),
             "induction": M.heads_above(ind_min, THRESHOLD),
             "bracket_matching": M.heads_above(bracket, THRESHOLD),
+            "open_bracket": M.heads_above(open_all, THRESHOLD),
             "first_token": M.heads_above(sink, SINK_THRESHOLD),
         },
     }

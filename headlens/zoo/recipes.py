@@ -38,11 +38,21 @@ class Recipe:
     grad_clip: float = 1.0
     seed: int = 0
     snapshots: int = 0  # default number of intermediate snapshots
+    target_weights: dict[int, float] = field(default_factory=dict)  # token id -> loss weight (default 1)
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def sampler(self) -> Sampler:
         """The training-batch sampler for this recipe."""
         return _SAMPLERS[self.name](self)
+
+    def loss_weights(self) -> torch.Tensor | None:
+        """``(d_vocab,)`` weight of each target token in the training loss, or None when all are 1."""
+        if not self.target_weights:
+            return None
+        w = torch.ones(self.config.d_vocab)
+        for tid, weight in self.target_weights.items():
+            w[tid] = weight
+        return w
 
 
 def _induction_sampler(r: Recipe) -> Sampler:
@@ -57,9 +67,16 @@ def _induction_sampler(r: Recipe) -> Sampler:
 
 def _code_sampler(r: Recipe) -> Sampler:
     corpus = data.stdlib_corpus(r.extra.get("max_bytes", 0))
+    frac = r.extra.get("bracket_frac", 0.0)  # share of each batch drawn around a hard closer
+    hard = data.hard_closer_positions(corpus.train) if frac > 0 else None
 
     def sample(gen: torch.Generator, batch: int) -> torch.Tensor:
-        return data.window_batch(gen, corpus.train, batch, r.seq_len, r.tokenizer.bos_token_id)
+        n_b = round(batch * frac)
+        rows = data.window_batch(gen, corpus.train, batch - n_b, r.seq_len, r.tokenizer.bos_token_id)
+        if n_b:
+            nested = data.bracket_window_batch(gen, corpus.train, hard, n_b, r.seq_len, r.tokenizer.bos_token_id)
+            rows = torch.cat([rows, nested])
+        return rows
 
     return sample
 

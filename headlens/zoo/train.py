@@ -105,6 +105,7 @@ def train(
     model.train()
     gen = torch.Generator().manual_seed(seed + 1_000_003)
     sample = recipe.sampler()
+    weights = recipe.loss_weights()  # (V,) or None
     opt = _optimizer(model, recipe)
     snap_at = set(snapshot_steps(steps, n_snap))
     snap_paths: list[Path] = []
@@ -119,9 +120,12 @@ def train(
             group["lr"] = lr_at(step - 1, recipe, steps)
         tokens = sample(gen, recipe.batch_size)  # (B, T + 1)
         logits = model(tokens[:, :-1])  # (B, T, V)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+        targets = tokens[:, 1:].reshape(-1)  # (B*T,)
+        per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets, reduction="none")
+        loss = per_token.mean()  # what the log and the card report
+        objective = loss if weights is None else (per_token * weights[targets]).sum() / weights[targets].sum()
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        objective.backward()
         if recipe.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
         opt.step()
