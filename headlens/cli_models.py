@@ -29,6 +29,9 @@ def register(app: typer.Typer) -> None:
             if entry.snapshot_files:
                 size += f"\n+{len(entry.snapshot_files)} training snapshots"
             heads = "; ".join(f"{det}: {', '.join(h)}" for det, h in entry.known_heads.items())
+            if entry.stdlib_heads:
+                heads += "; on real Python (--corpus stdlib): " + "; ".join(
+                    f"{det}: {', '.join(h)}" for det, h in entry.stdlib_heads.items())
             default = " (default)" if name == DEFAULT_MODEL else ""
             table.add_row(name + default, size, f"{entry.description}\n{heads}".strip())
         if minilm_installed():

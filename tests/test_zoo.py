@@ -150,6 +150,20 @@ def test_cli_train_writes_checkpoint_snapshots_and_log(tmp_path):
     assert json.loads((tmp_path / "log.json").read_text())["steps"] == 2
 
 
+def test_cli_models_lists_the_zoo_minilm_and_local_directories():
+    from typer.testing import CliRunner
+
+    from headlens.cli import app
+
+    result = CliRunner().invoke(app, ["models"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    for name, entry in ZOO.items():
+        assert name in result.output
+        for heads in entry.known_heads.values():
+            assert ", ".join(heads) in result.output
+    assert "code (default)" in result.output and "minilm" in result.output and "hf:<dir>" in result.output
+
+
 # ---------------------------------------------------------------- shipped models
 
 SHIPPED = sorted(name for name, entry in ZOO.items() if entry.available)
@@ -203,6 +217,19 @@ def test_classify_labels_exactly_the_heads_the_zoo_names(name):
     for detector, heads in ZOO[name].known_heads.items():
         rows = table[(table.detector == detector) & table.label]
         assert sorted(f"L{r.layer}H{r.head}" for r in rows.itertuples()) == sorted(heads), (name, detector)
+
+
+@pytest.mark.parametrize("name", [n for n in SHIPPED if ZOO[n].stdlib_heads])
+def test_classify_on_real_python_labels_exactly_the_heads_the_zoo_names(name):
+    """Bracket heads of a code model show on code: classify reads held-out stdlib windows."""
+    from headlens.zoo import STDLIB_SEQ_LEN
+
+    torch.set_num_threads(1)
+    heads = ZOO[name].stdlib_heads
+    table = headlens.classify(headlens.load(name), detectors=sorted(heads), corpus="stdlib", seq_len=STDLIB_SEQ_LEN)
+    for detector, named in heads.items():
+        rows = table[(table.detector == detector) & table.label]
+        assert sorted(f"L{r.layer}H{r.head}" for r in rows.itertuples()) == sorted(named), (name, detector)
 
 
 def test_induction_2l_circuit_is_previous_token_then_induction():

@@ -19,6 +19,8 @@ class ZooEntry:
     file: str  # checkpoint file name under headlens/zoo/weights/
     description: str  # one line for `headlens models`
     known_heads: dict[str, list[str]] = field(default_factory=dict)  # detector -> ["L1H2", ...]
+    # heads classify labels on real Python source (corpus="stdlib", seq_len=STDLIB_SEQ_LEN), for code models
+    stdlib_heads: dict[str, list[str]] = field(default_factory=dict)
     snapshots: str = ""  # folder of training snapshots under weights/, if shipped
 
     @property
@@ -79,6 +81,7 @@ ZOO: dict[str, ZooEntry] = {
 }
 
 DEFAULT_MODEL = "code"
+STDLIB_SEQ_LEN = 256  # stdlib windows the zoo's code model is checked on: its full context
 
 
 def available() -> dict[str, ZooEntry]:
