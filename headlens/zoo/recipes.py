@@ -38,7 +38,7 @@ class Recipe:
     grad_clip: float = 1.0
     seed: int = 0
     snapshots: int = 0  # default number of intermediate snapshots
-    target_weights: dict[int, float] = field(default_factory=dict)  # token id -> loss weight (default 1)
+    target_weights: dict[int, float] = field(default_factory=dict, compare=False, hash=False)  # token id -> loss weight
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def sampler(self) -> Sampler:

@@ -64,6 +64,8 @@ def ship(run_dir: str | Path, notes: str = "", snapshot: str = "", wall_time_s: 
     tokens_seen = trained_steps * log["batch_size"] * log["seq_len"]
     final_loss = meta["loss"] if snapshot else log["final_train_loss"]
     reproduce = f"headlens train {name} --seed {log['seed']} --steps {log['steps']}"
+    if log.get("threads", 1) != 1:  # bit for bit only on as many threads as the run had
+        reproduce += f" --threads {log['threads']}"
     if snapshot:
         reproduce += f" (then take snapshots/{snapshot})"
     evaluate = EVALUATORS[name]
@@ -130,7 +132,10 @@ def render_markdown(card: dict[str, Any]) -> str:
     lines = [
         f"# `{card['name']}` model card", "",
         card["summary"], "",
-        f"Reproduce: `{card['reproduce']}` (single thread: `--threads 1`, the default).", "",
+        f"Reproduce: `{card['reproduce']}`"
+        + (" (single thread: `--threads 1`, the default)." if card["threads"] == 1 else
+           f" ({card['threads']} threads; other thread counts reproduce it within float noise, not bit for bit)."),
+        "",
         "## Training", "",
         f"- config: {cfg['n_layers']} layers, {cfg['n_heads']} heads, d_model {cfg['d_model']}, "
         f"n_ctx {cfg['n_ctx']}, d_vocab {cfg['d_vocab']}, attn_only={cfg['attn_only']}, "
