@@ -76,18 +76,6 @@ def test_bad_requests_raise_clear_errors():
         headlens.classify(model, prompts=["abc"], corpus="stdlib")
 
 
-def test_stdlib_corpus_finds_the_code_models_previous_token_heads():
-    from headlens.zoo import ZOO
-
-    df = headlens.classify("code", detectors="previous_token,open_bracket", corpus="stdlib", n_prompts=16,
-                           seq_len=128, n_boot=200)
-    assert df.attrs["probes"]["stdlib"]["pairs"] == ["()", "[]", "{}"]
-    assert set(df.detector) == {"previous_token", "open_bracket"}
-    assert df[df.detector == "previous_token"].n_prompts.eq(16).all()  # every window has previous tokens
-    rows = df[(df.detector == "previous_token") & df.label]
-    assert sorted(f"L{r.layer}H{r.head}" for r in rows.itertuples()) == sorted(ZOO["code"].known_heads["previous_token"])
-
-
 def test_user_prompts_score_every_detector_with_targets():
     model = make_gpt(seed=1)
     texts = ["f(x[1]) + f(x[2])", "abc abc abc", "if (a) { b[c] }"] * 4

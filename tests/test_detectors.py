@@ -176,6 +176,33 @@ def test_open_bracket_head_is_not_a_matching_head():
     assert pooled["open_bracket"][0][0, 2].item() == pytest.approx(pooled["open_bracket"][1], abs=1e-6)
 
 
+def test_planted_heads_score_one_on_real_python():
+    from headlens.probes import bracket_annotations as ann
+    from headlens.probes import stdlib_windows
+    from headlens.tokenizer import Tokenizer
+
+    pairs = tuple((ord(p[0]), ord(p[1])) for p in ("()", "[]", "{}"))
+
+    def innermost(tokens, valid):  # from the position before each closer to the opener it closes
+        p = torch.zeros(tokens.shape[0], tokens.shape[1], tokens.shape[1])
+        for b in range(tokens.shape[0]):
+            for q, k in enumerate(ann(tokens[b].tolist(), pairs)[0]):
+                if k >= 0 and q - 1 > k:
+                    p[b, q - 1, k] = 1.0
+        return p
+
+    model = PatternModel([[offset_pattern(-1), innermost, uniform_pattern]], n_ctx=128,
+                         tokenizer=Tokenizer.byte_level())
+    probe = stdlib_windows(model, 16, 128, torch.Generator().manual_seed(0))
+    names = ["previous_token", "open_bracket", "open_bracket_hard", "bracket_matching"]
+    pooled = _pooled(scan(model, probe, [DETECTORS[n] for n in names]))
+    assert pooled["previous_token"][0][0, 0].item() == pytest.approx(1.0)
+    assert pooled["open_bracket"][0][0, 1].item() == pytest.approx(1.0)
+    assert pooled["open_bracket_hard"][0][0, 1].item() == pytest.approx(1.0)
+    assert pooled["open_bracket"][0][0, 0].item() < 0.1  # a previous-token head is no open_bracket head
+    assert pooled["bracket_matching"][0][0, 1].item() < 0.2
+
+
 def test_copying_score_of_an_identity_ov_circuit():
     model = planted_model()
     cfg = model.cfg
