@@ -232,6 +232,24 @@ def test_classify_on_real_python_labels_exactly_the_heads_the_zoo_names(name):
         assert sorted(f"L{r.layer}H{r.head}" for r in rows.itertuples()) == sorted(named), (name, detector)
 
 
+@pytest.mark.parametrize("name", [n for n in SHIPPED if ZOO[n].stdlib_heads.get("open_bracket")])
+def test_open_bracket_head_carries_the_closing_brackets_of_real_code(name):
+    """Zero-ablating it costs more loss on ) ] } in held-out code than any other head of its layer does."""
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).parents[1] / "analyses" / "code_bracket_variants.py"
+    spec = importlib.util.spec_from_file_location("code_bracket_variants", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    torch.set_num_threads(1)
+    (head,) = ZOO[name].stdlib_heads["open_bracket"]
+    table = module.closer_ablation(name, head, n_windows=48).set_index("ablated")
+    clean, cost = table.loc["none"], table.closer_loss - table.loc["none", "closer_loss"]
+    assert cost.idxmax() == head and cost[head] > 2 * cost.drop([head, "none"]).max()
+    assert table.loc[head, "other_byte_loss"] - clean.other_byte_loss < cost[head]  # brackets, not everything
+
+
 def test_induction_2l_circuit_is_previous_token_then_induction():
     if "induction-2l" not in SHIPPED:
         pytest.skip("induction-2l not shipped")

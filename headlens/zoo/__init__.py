@@ -65,9 +65,10 @@ ZOO: dict[str, ZooEntry] = {
             name="code",
             file="code.safetensors",
             description="byte-level GPT-2 (3 layers x 4 heads, MLPs, LayerNorm) on the Python stdlib source; "
-            "held-out 1.02 vs unigram 3.31 nats/byte; previous-token heads L0H1, L0H0, induction head "
-            "L2H2 (also the first-token sink); no bracket-matching head",
-            known_heads={"previous_token": ["L0H0", "L0H1"], "induction": ["L2H2"], "first_token": ["L2H2"]},
+            "held-out 1.12 vs unigram 3.31 nats/byte; previous-token head L0H0, induction head L2H3 (also "
+            "the first-token sink); on real code L2H2 attends to the bracket the next closer will close",
+            known_heads={"previous_token": ["L0H0"], "induction": ["L2H3"], "first_token": ["L2H3"]},
+            stdlib_heads={"open_bracket": ["L2H2"]},
         ),
         ZooEntry(
             name="dyck",
