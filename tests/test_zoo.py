@@ -19,6 +19,17 @@ from headlens.zoo.ship import CARDS_DIR, score_key
 from headlens.zoo.train import snapshot_steps, train
 
 
+def _analysis(name: str):
+    """The script ``analyses/<name>.py`` as a module."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "analyses" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _tiny(name: str):
     """The recipe at its real architecture but a small batch (and a small corpus for code)."""
     r = get_recipe(name)
@@ -235,13 +246,7 @@ def test_classify_on_real_python_labels_exactly_the_heads_the_zoo_names(name):
 @pytest.mark.parametrize("name", [n for n in SHIPPED if ZOO[n].stdlib_heads.get("open_bracket")])
 def test_open_bracket_head_carries_the_closing_brackets_of_real_code(name):
     """Zero-ablating it costs more loss on ) ] } in held-out code than any other head of its layer does."""
-    import importlib.util
-    from pathlib import Path
-
-    script = Path(__file__).parents[1] / "analyses" / "code_bracket_variants.py"
-    spec = importlib.util.spec_from_file_location("code_bracket_variants", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _analysis("code_bracket_variants")
     torch.set_num_threads(1)
     (head,) = ZOO[name].stdlib_heads["open_bracket"]
     table = module.closer_ablation(name, head, n_windows=48).set_index("ablated")
@@ -294,13 +299,7 @@ def test_recipe_reproduces_card(name, tmp_path):
 
 
 def test_phase_change_analysis_reads_snapshots(tmp_path):
-    import importlib.util
-    from pathlib import Path
-
-    script = Path(__file__).parents[1] / "analyses" / "induction_phase_change.py"
-    spec = importlib.util.spec_from_file_location("induction_phase_change", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _analysis("induction_phase_change")
     train(_tiny("induction-2l"), tmp_path, steps=2, snapshots=2)
     rows = module.measure_snapshots(tmp_path / "snapshots", n_prompts=2)
     assert [r["step"] for r in rows] == [1, 2]
@@ -311,13 +310,7 @@ def test_phase_change_analysis_reads_snapshots(tmp_path):
 
 
 def test_code_bracket_variants_train_what_they_say(tmp_path):
-    import importlib.util
-    from pathlib import Path
-
-    script = Path(__file__).parents[1] / "analyses" / "code_bracket_variants.py"
-    spec = importlib.util.spec_from_file_location("code_bracket_variants", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _analysis("code_bracket_variants")
     torch.set_num_threads(1)
     r = module.variant_recipe("weighted-8heads")
     assert r.config.n_heads == 8 and r.config.d_head * 8 == r.config.d_model
