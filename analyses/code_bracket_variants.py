@@ -86,9 +86,8 @@ def closer_ablation(ref: str, head: str, n_windows: int = 96) -> Any:
     inputs, targets = toks[:, :-1], toks[:, 1:]  # (N, 255) each
     closers = torch.tensor([ord(c) for c in CLOSERS])
     hard = torch.zeros_like(targets, dtype=torch.bool)  # targets whose opener is past a closed group
-    for b, text in enumerate(bytes(row.tolist()).decode("latin-1") for row in targets):
-        for q in data.hard_closer_positions(torch.frombuffer(bytearray(text, "latin-1"), dtype=torch.uint8)):
-            hard[b, q] = True
+    for b, row in enumerate(targets):
+        hard[b, data.hard_closer_positions(row.to(torch.uint8))] = True
     is_closer = torch.isin(targets, closers)
     layer = int(head[1:].split("H")[0])
     heads = [head] + [f"L{layer}H{h}" for h in range(model.n_heads) if f"L{layer}H{h}" != head]
