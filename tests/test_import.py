@@ -42,7 +42,7 @@ import json, sys
 stages = {}
 import headlens
 stages["import headlens"] = "torch" in sys.modules
-import headlens.cli, headlens.cli_dashboard
+import headlens.cli, headlens.cli.dashboard
 stages["import the CLI"] = "torch" in sys.modules
 names = {n: type(getattr(headlens, n)).__name__ for n in headlens.__all__}
 stages["torch after using the names"] = "torch" in sys.modules

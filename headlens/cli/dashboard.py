@@ -1,6 +1,6 @@
 """``headlens dashboard``: serve the Streamlit dashboard on 127.0.0.1.
 
-The page is ``headlens/apps/dashboard_app.py``, shipped inside the package, so this works
+The page is ``headlens/app/page.py``, shipped inside the package, so this works
 after a plain (non-editable) ``pip install``. Streamlit runs in this process (its own
 ``streamlit run``), so torch is imported once; while the server starts, a background thread
 imports torch, loads the first model and scores its heads into the app's caches, so the first
@@ -48,7 +48,7 @@ def _check_port(port: int) -> None:
 
 def streamlit_args(port: int) -> list[str]:
     """``streamlit run`` arguments that serve the dashboard on ``HOST:port``."""
-    from headlens.apps import dashboard_script
+    from headlens.app import dashboard_script
 
     return [
         "run", str(dashboard_script()),
@@ -62,7 +62,7 @@ def import_shared() -> None:
     """Import what the page shares with the warm-up thread, then let the page draw (see ``SHARED_IMPORTS``)."""
     import contextlib
 
-    from headlens.apps import SHARED_IMPORTS
+    from headlens.app import SHARED_IMPORTS
 
     try:
         with contextlib.suppress(ImportError):
@@ -94,13 +94,14 @@ def _warm_up() -> None:
         deadline = time.monotonic() + 120
         while not runtime.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
-        from headlens import dashboard as hd
+        from headlens.app import cache
+        from headlens.app import helpers as hd
 
         ref = hd.initial_model() or hd.model_choices()[0]
         if ref == hd.CUSTOM_CHOICE:
             return
-        hd.get_model(ref)
-        hd.get_scores(ref)
+        cache.get_model(ref)
+        cache.get_scores(ref)
         typer.echo(f"headlens dashboard: {ref} loaded and scored in {time.monotonic() - started:.1f} s", err=True)
 
 
@@ -118,7 +119,7 @@ def register(app: typer.Typer) -> None:
 
         from streamlit.web import cli as streamlit_cli
 
-        from headlens.apps import MODEL_ENV, SHARED_IMPORTS
+        from headlens.app import MODEL_ENV, SHARED_IMPORTS
 
         if model:
             _check_reference(model.strip())

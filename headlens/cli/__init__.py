@@ -1,6 +1,6 @@
 """The ``headlens`` command: a thin typer layer over the library.
 
-Each area registers its commands from its own ``cli_*.py`` module so the command
+Each area registers its commands from its own module in this package so the command
 line stays one file of wiring. Every ``HeadlensError`` becomes one line on stderr and
 its class's exit code (see ``headlens.errors``), never a traceback.
 
@@ -35,13 +35,13 @@ def _root() -> None:
 
 # modules that each define register(app); missing ones are skipped so areas can land independently
 _COMMAND_MODULES = [
-    "headlens.cli_models",
-    "headlens.cli_train",
-    "headlens.cli_classify",
-    "headlens.cli_ablate",
-    "headlens.cli_dashboard",
-    "headlens.cli_doctor",
-    "headlens.cli_export",
+    "headlens.cli.models",
+    "headlens.cli.train",
+    "headlens.cli.classify",
+    "headlens.cli.ablate",
+    "headlens.cli.dashboard",
+    "headlens.cli.doctor",
+    "headlens.cli.export",
 ]
 
 for _name in _COMMAND_MODULES:
