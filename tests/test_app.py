@@ -19,7 +19,8 @@ from conftest import make_gpt
 from streamlit.testing.v1 import AppTest
 
 from headlens import GPT, ModelConfig, save_checkpoint
-from headlens import dashboard as hd
+from headlens.app import cache
+from headlens.app import helpers as hd
 from headlens.tokenizer import Tokenizer
 
 ENTRY = Path(__file__).resolve().parents[1] / "apps" / "dashboard.py"
@@ -102,8 +103,8 @@ def test_app_shows_the_grid_the_selected_pattern_and_no_errors(monkeypatch, mode
     custom = [tuple(c[:2]) for c in fig["data"][0]["customdata"]]
     assert custom == [(layer, head) for layer in range(2) for head in range(4)]
     # the grid's colours are the induction scores of the scores table
-    model = hd.get_model(models["byte"])
-    scores = hd.get_scores(models["byte"])
+    model = cache.get_model(models["byte"])
+    scores = cache.get_scores(models["byte"])
     ind = scores[scores.detector == "induction"].sort_values(["layer", "head"])
     assert fig["data"][0]["marker"]["color"] == pytest.approx(list(ind.score))
     # one head is preselected (the top induction scorer) and its pattern is drawn on the example text
@@ -136,7 +137,7 @@ def test_selecting_heads_in_the_mirrored_widget_updates_grid_and_patterns(monkey
     assert {t["name"] for t in profile[0]["data"]} == {"L1H3", "L0H1"}
     detail = table_with(at, "head", "detector", "ci_low")
     assert set(detail["head"]) == {"L1H3", "L0H1"}
-    assert set(detail["detector"]) == set(hd.get_scores(models["byte"]).detector)
+    assert set(detail["detector"]) == set(cache.get_scores(models["byte"]).detector)
     at.multiselect(key=key).set_value([]).run()
     assert not at.exception and not patterns(at) and at.info
 
@@ -145,12 +146,12 @@ def test_scoring_on_real_python_recolours_the_grid_and_an_unfit_model_gets_a_war
     at = start(monkeypatch, models["byte"])
     at.selectbox(key="score_source").set_value("real Python (stdlib)").run()
     assert not at.exception and not at.error and not at.warning
-    stdlib = hd.get_scores(models["byte"], corpus="stdlib")
-    n_ctx = hd.get_model(models["byte"]).cfg.n_ctx
+    stdlib = cache.get_scores(models["byte"], corpus="stdlib")
+    n_ctx = cache.get_model(models["byte"]).cfg.n_ctx
     assert stdlib.attrs["probes"]["stdlib"]["seq_len"] == min(hd.CORPUS_SEQ_LEN, n_ctx)  # capped by the context
     assert stdlib.attrs["probes"]["stdlib"]["pairs"] == ["()", "[]", "{}"]
     ind = stdlib[stdlib.detector == "induction"].sort_values(["layer", "head"])
-    generated = hd.get_scores(models["byte"])
+    generated = cache.get_scores(models["byte"])
     assert list(ind.score) != list(generated[generated.detector == "induction"].sort_values(["layer", "head"]).score)
     assert grid(at)["data"][0]["marker"]["color"] == pytest.approx(list(ind.score))
     # a char model whose alphabet cannot spell Python: a warning that says so, and the page lives on
@@ -212,7 +213,7 @@ def test_ablation_panel_shows_metric_change_with_ci_and_per_token_losses(monkeyp
     assert list(effects["heads"]) == ["L1H0+L1H1", "random heads (control)"]
     assert (effects["ci_low"] <= effects["ci_high"]).all()
     # per-token loss change on the user's text, coloured inline, one span per predicted token
-    model = hd.get_model(models["byte"])
+    model = cache.get_model(models["byte"])
     text = at.text_area(key=f"text::{models['byte']}").value
     (page,) = [h.value for h in at.html]
     assert page.count("<span") == len(model.to_str_tokens(text)) - 1
@@ -246,5 +247,5 @@ def test_all_heads_table_is_one_sortable_row_per_head(monkeypatch, models):
 
 
 def test_the_packaged_script_is_the_same_app(monkeypatch, models):
-    at = start(monkeypatch, models["byte"], script=hd.app_script())
+    at = start(monkeypatch, models["byte"], script=cache.app_script())
     assert not at.error and grid(at)

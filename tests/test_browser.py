@@ -27,7 +27,7 @@ import pytest
 from conftest import make_gpt
 
 from headlens import save_checkpoint
-from headlens.apps import MODEL_ENV
+from headlens.app import MODEL_ENV
 
 pytestmark = pytest.mark.browser
 

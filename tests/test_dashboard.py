@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from conftest import make_gpt
 
 from headlens import GPT, ModelConfig, save_checkpoint
-from headlens import dashboard as hd
+from headlens.app import cache
+from headlens.app import helpers as hd
 from headlens.errors import HeadlensError, ProbeError
 from headlens.tokenizer import Tokenizer
 
@@ -164,7 +165,7 @@ def test_initial_model_and_fingerprint(tmp_path):
 
 
 def test_the_app_script_ships_inside_the_package():
-    script = hd.app_script()
+    script = cache.app_script()
     assert script.is_file() and script.parent.parent.name == "headlens"
 
 
@@ -189,10 +190,10 @@ def test_cli_refuses_an_unknown_model_and_a_busy_port_in_one_line():
 
 
 def test_cli_serves_the_packaged_script_on_localhost():
-    from headlens.cli_dashboard import HOST, streamlit_args
+    from headlens.cli.dashboard import HOST, streamlit_args
 
     args = streamlit_args(8601)
-    assert args[:2] == ["run", str(hd.app_script())]
+    assert args[:2] == ["run", str(cache.app_script())]
     assert args[args.index("--server.address") + 1] == HOST == "127.0.0.1"
     assert args[args.index("--server.port") + 1] == "8601"
     assert args[args.index("--server.headless") + 1] == "true"
@@ -206,7 +207,7 @@ def test_exclusive_use_of_a_shared_model_serialises_hooked_passes_and_cleans_up(
     order: list[str] = []
 
     def hooked(name: str) -> None:
-        with hd.exclusive(model):
+        with cache.exclusive(model):
             model.hook_dict["blocks.0.attn.hook_z"].add_hook(lambda x, hook: None)  # a leak, on purpose
             order.append(f"{name} in")
             time.sleep(0.05)
@@ -226,8 +227,8 @@ def test_the_page_waits_for_the_warm_up_imports_it_shares():
     warm-up thread is half-way through importing pandas (seen as an AttributeError in the page)."""
     import sys
 
-    from headlens.apps import SHARED_IMPORTS
-    from headlens.cli_dashboard import import_shared
+    from headlens.app import SHARED_IMPORTS
+    from headlens.cli.dashboard import import_shared
 
     assert SHARED_IMPORTS.is_set()  # no warm-up: the page never waits
     SHARED_IMPORTS.clear()
@@ -237,5 +238,5 @@ def test_the_page_waits_for_the_warm_up_imports_it_shares():
         assert hasattr(sys.modules["pandas"], "Series") and "plotly.graph_objects" in sys.modules
     finally:
         SHARED_IMPORTS.set()
-    src = hd.app_script().read_text()
+    src = cache.app_script().read_text()
     assert src.index("SHARED_IMPORTS.wait(") < src.index("pick_model()", src.index("def main"))

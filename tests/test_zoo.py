@@ -341,7 +341,7 @@ def test_shipped_scores_are_what_the_dashboard_would_compute(name):
     """The pre-computed table equals a fresh scan; when this fails, run python -m headlens.zoo.scores."""
     import pandas as pd
 
-    from headlens import dashboard as hd
+    from headlens.app import helpers as hd
     from headlens.zoo import scores
 
     torch.set_num_threads(1)
@@ -357,7 +357,7 @@ def test_shipped_scores_are_what_the_dashboard_would_compute(name):
 
 
 def test_shipped_scores_ignore_weights_they_were_not_computed_on(tmp_path, monkeypatch):
-    from headlens import dashboard as hd
+    from headlens.app import helpers as hd
     from headlens.zoo import scores
 
     name = SHIPPED[0]
@@ -367,12 +367,13 @@ def test_shipped_scores_ignore_weights_they_were_not_computed_on(tmp_path, monke
 
 
 def test_the_dashboard_reads_shipped_scores_without_scoring(monkeypatch):
-    from headlens import dashboard as hd
+    from headlens.app import cache
+    from headlens.app import helpers as hd
 
     def no_scan(*args, **kwargs):
         raise AssertionError("the dashboard scored a zoo model that ships its scores")
 
     monkeypatch.setattr(hd, "compute_scores", no_scan)
-    hd._scores.clear()
-    table = hd.get_scores(SHIPPED[0])
+    cache._scores.clear()
+    table = cache.get_scores(SHIPPED[0])
     assert len(table) > 0 and set(hd.SCORE_COLUMNS) <= set(table.columns)

@@ -75,7 +75,7 @@ def write(name: str, table: pd.DataFrame, n_prompts: int, seed: int) -> Path:
 def main() -> None:
     import torch
 
-    from headlens import dashboard as hd
+    from headlens.app import helpers as hd
     from headlens.loading import load
 
     torch.set_num_threads(1)

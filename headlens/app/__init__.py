@@ -1,4 +1,4 @@
-"""Streamlit pages shipped with headlens (``headlens dashboard`` serves ``dashboard_app.py``).
+"""The Streamlit dashboard shipped with headlens (``headlens dashboard`` serves ``page.py``).
 
 Kept import-light: the CLI reads these names without importing Streamlit.
 """
@@ -20,4 +20,4 @@ MODEL_ENV = "HEADLENS_DASHBOARD_MODEL"  # `headlens dashboard --model REF` hands
 
 def dashboard_script() -> Path:
     """The dashboard's Streamlit script, inside the installed package."""
-    return Path(__file__).resolve().parent / "dashboard_app.py"
+    return Path(__file__).resolve().parent / "page.py"

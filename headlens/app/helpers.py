@@ -1,14 +1,9 @@
-"""What the dashboard needs besides widgets: head ids, selection syncing, example texts,
-cached loaders, patterns, per-token losses and training snapshots.
+"""What the dashboard computes besides widgets: head ids, selection syncing, example texts,
+patterns, per-token losses, ablations and training snapshots.
 
-The Streamlit script (``headlens/apps/dashboard_app.py``) holds layout and widgets only;
-everything it computes comes from here or from the library, so it can be tested without
-a browser. The pure functions at the top import nothing heavy; the cached loaders import
-Streamlit when first called.
-
-Why models are cached with ``st.cache_resource`` but never kept hooked: every session of
-the app shares the one cached model object, and hooks are global state on it. Every use
-goes through context managers, and :func:`get_model` resets any hook that leaked anyway.
+The page (``headlens/app/page.py``) holds layout and widgets only; everything it computes
+comes from here, from :mod:`headlens.app.cache` (the Streamlit-cached wrappers) or from the
+library, so it can be tested without a browser. Nothing here imports Streamlit.
 """
 
 from __future__ import annotations
@@ -19,15 +14,11 @@ import json
 import math
 import os
 import re
-import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import streamlit as st
-
-from headlens.apps import MODEL_ENV, dashboard_script
+from headlens.app import MODEL_ENV
 from headlens.errors import HeadlensError, ProbeError
 
 if TYPE_CHECKING:
@@ -476,98 +467,3 @@ def _text_reference(model: Any, metric: str, prompts: Sequence[str] | None, n_pr
     return make_task(model, metric, prompts, n_prompts, seed).tokens
 
 
-# -- cached loaders (Streamlit) ----------------------------------------------------------------
-_LOCKS: dict[int, threading.Lock] = {}
-_LOCKS_GUARD = threading.Lock()
-
-
-@contextmanager
-def exclusive(model: Any) -> Iterator[Any]:
-    """Use the shared model alone: hooks are global state, so two sessions (or the start-up warm-up
-    and a first page) running hooked passes at once would see each other's hooks."""
-    with _lock(model):
-        try:
-            yield model
-        finally:
-            release_hooks(model)
-
-
-@st.cache_resource(max_entries=4, show_spinner=False)
-def _load_model(ref: str, key: str) -> Any:
-    from headlens.loading import load
-
-    return load(ref)
-
-
-def get_model(ref: str) -> Any:
-    """The model behind ``ref``, loaded once per process and shared; never returned with hooks."""
-    model = _load_model(ref, fingerprint(ref))
-    lock = _lock(model)
-    if lock.acquire(blocking=False):  # else a pass in another session legitimately holds hooks now
-        try:
-            release_hooks(model)
-        finally:
-            lock.release()
-    return model
-
-
-def _lock(model: Any) -> threading.Lock:
-    with _LOCKS_GUARD:
-        return _LOCKS.setdefault(id(model), threading.Lock())
-
-
-@st.cache_data(max_entries=16, show_spinner=False)
-def _scores(ref: str, key: str, n_prompts: int, seed: int, corpus: str | None) -> pd.DataFrame:
-    from headlens.zoo import scores as shipped
-
-    table = None if corpus else shipped.read(ref, n_prompts, seed)  # zoo models ship their default scan
-    if table is not None:
-        return table
-    with exclusive(get_model(ref)) as model:
-        return compute_scores(model, n_prompts=n_prompts, seed=seed, corpus=corpus)
-
-
-def get_scores(ref: str, n_prompts: int = DEFAULT_N_PROMPTS, seed: int = 0, corpus: str | None = None) -> pd.DataFrame:
-    """The scores table of ``ref`` (cached per model file, scan settings and text source)."""
-    return _scores(ref, fingerprint(ref), int(n_prompts), int(seed), corpus)
-
-
-@st.cache_data(max_entries=64, show_spinner=False)
-def _patterns(ref: str, key: str, text: str, heads: tuple[Head, ...]) -> tuple[list[str], dict[Head, Any]]:
-    with exclusive(get_model(ref)) as model:
-        return head_patterns(model, text, heads)
-
-
-def get_patterns(ref: str, text: str, heads: Sequence[Head]) -> tuple[list[str], dict[Head, Any]]:
-    """Tokens of ``text`` and the patterns of ``heads`` on it (cached)."""
-    return _patterns(ref, fingerprint(ref), text, tuple(heads))
-
-
-@st.cache_data(max_entries=32, show_spinner=False)
-def _ablation(ref: str, key: str, heads: tuple[str, ...], method: str, metric: str, text: str,
-              n_prompts: int, seed: int) -> dict[str, Any]:
-    with exclusive(get_model(ref)) as model:
-        return run_ablation(model, heads, method, metric, text, n_prompts, seed)
-
-
-def get_ablation(ref: str, heads: Sequence[str], method: str, metric: str, text: str,
-                 n_prompts: int = DEFAULT_N_PROMPTS, seed: int = 0) -> dict[str, Any]:
-    """:func:`run_ablation` on the cached model (results cached too)."""
-    return _ablation(ref, fingerprint(ref), tuple(heads), method, metric, text, int(n_prompts), int(seed))
-
-
-@st.cache_data(max_entries=8, show_spinner=False)
-def _training(ref: str, key: str, detectors: tuple[str, ...], n_prompts: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    snaps = find_snapshots(ref)
-    return training_losses(snaps), snapshot_scores(snaps, detectors, n_prompts=n_prompts)
-
-
-def get_training(ref: str, detectors: Sequence[str] = TRAINING_DETECTORS,
-                 n_prompts: int = 10) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Loss curve and per-snapshot scores for a model with training snapshots (cached)."""
-    return _training(ref, fingerprint(ref), tuple(detectors), int(n_prompts))
-
-
-def app_script() -> Path:
-    """The Streamlit script shipped inside the package (what ``headlens dashboard`` serves)."""
-    return dashboard_script()

@@ -1,7 +1,7 @@
 """The headlens dashboard: pick a model, see every head scored, click one to see what it
 attends to on your text, knock heads out, watch heads form during training.
 
-Layout and widgets only: scores, patterns and ablations come from ``headlens.dashboard``
+Layout and widgets only: scores, patterns and ablations come from ``headlens.app.helpers``
 (which calls the library) and figures from ``headlens.viz``. This file ships inside the
 package so ``headlens dashboard`` works after a plain ``pip install``; ``apps/dashboard.py``
 in a source checkout runs it too.
@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import streamlit as st
 
-from headlens import dashboard as hd
 from headlens import viz
-from headlens.apps import SHARED_IMPORTS
+from headlens.app import SHARED_IMPORTS, cache
+from headlens.app import helpers as hd
 from headlens.errors import HeadlensError
 
 if TYPE_CHECKING:  # pandas is imported by the library calls; the first paint does not wait for it
@@ -174,7 +174,7 @@ def patterns_view(ref: str, model: Any, text: str, selected: list[tuple[int, int
     shown = selected[:MAX_PATTERNS]
     if len(selected) > len(shown):
         st.caption(f"Showing the first {MAX_PATTERNS} of {len(selected)} selected heads.")
-    result = attempt("Could not compute the attention patterns", hd.get_patterns, ref, text, shown)
+    result = attempt("Could not compute the attention patterns", cache.get_patterns, ref, text, shown)
     if result is None:
         return
     tokens, patterns = result
@@ -213,7 +213,7 @@ def ablation_view(ref: str, model: Any, text: str, selected: list[tuple[int, int
     if last != params:
         st.caption("Settings changed since the last run; press Run ablation to update.")
     with st.spinner("Ablating..."):
-        result = attempt("Ablation failed", hd.get_ablation, *last)
+        result = attempt("Ablation failed", cache.get_ablation, *last)
     if result is None:
         return
     show_ablation(model, result, last)
@@ -258,7 +258,7 @@ def training_view(ref: str, model: Any, scores: pd.DataFrame, detector: str,
     detectors = [d for d in hd.TRAINING_DETECTORS if d in available] or list(hd.TRAINING_DETECTORS[:2])
     st.caption(f"{len(snapshots)} snapshots; each is scored with {', '.join(detectors)}.")
     with st.spinner(f"Scoring {len(snapshots)} training snapshots..."):
-        result = attempt("Could not score the training snapshots", hd.get_training, ref, tuple(detectors))
+        result = attempt("Could not score the training snapshots", cache.get_training, ref, tuple(detectors))
     if result is None:
         return
     losses, snapshot_scores = result
@@ -295,14 +295,14 @@ def main() -> None:
     status = st.container()  # spinners and errors, above the grid
     layout = grid_layout(ref)
     with status, st.spinner(f"Loading {ref}..."):
-        model = attempt(f"Could not load model {ref!r}", hd.get_model, ref)
+        model = attempt(f"Could not load model {ref!r}", cache.get_model, ref)
     if model is None:
         layout[2].empty()
         return
     status.caption(f"**{model.name}** · {hd.model_summary(model)}")
     n_prompts, seed, corpus = scan_settings()
     with status, st.spinner("Scoring every head..."):
-        scores = attempt("Could not score the heads", hd.get_scores, ref, n_prompts, seed, corpus,
+        scores = attempt("Could not score the heads", cache.get_scores, ref, n_prompts, seed, corpus,
                          _show=st.warning)
     if scores is None:
         scores = hd.empty_scores()

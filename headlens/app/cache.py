@@ -1,0 +1,118 @@
+"""The dashboard's cached loaders: one model object per process, scores, patterns, ablations.
+
+Why models are cached with ``st.cache_resource`` but never kept hooked: every session of
+the app shares the one cached model object, and hooks are global state on it. Every use
+goes through context managers, and :func:`get_model` resets any hook that leaked anyway.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import streamlit as st
+
+from headlens.app import dashboard_script
+from headlens.app import helpers as hd
+from headlens.app.helpers import Head
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+_LOCKS: dict[int, threading.Lock] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+@contextmanager
+def exclusive(model: Any) -> Iterator[Any]:
+    """Use the shared model alone: hooks are global state, so two sessions (or the start-up warm-up
+    and a first page) running hooked passes at once would see each other's hooks."""
+    with _lock(model):
+        try:
+            yield model
+        finally:
+            hd.release_hooks(model)
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def _load_model(ref: str, key: str) -> Any:
+    from headlens.loading import load
+
+    return load(ref)
+
+
+def get_model(ref: str) -> Any:
+    """The model behind ``ref``, loaded once per process and shared; never returned with hooks."""
+    model = _load_model(ref, hd.fingerprint(ref))
+    lock = _lock(model)
+    if lock.acquire(blocking=False):  # else a pass in another session legitimately holds hooks now
+        try:
+            hd.release_hooks(model)
+        finally:
+            lock.release()
+    return model
+
+
+def _lock(model: Any) -> threading.Lock:
+    with _LOCKS_GUARD:
+        return _LOCKS.setdefault(id(model), threading.Lock())
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def _scores(ref: str, key: str, n_prompts: int, seed: int, corpus: str | None) -> pd.DataFrame:
+    from headlens.zoo import scores as shipped
+
+    table = None if corpus else shipped.read(ref, n_prompts, seed)  # zoo models ship their default scan
+    if table is not None:
+        return table
+    with exclusive(get_model(ref)) as model:
+        return hd.compute_scores(model, n_prompts=n_prompts, seed=seed, corpus=corpus)
+
+
+def get_scores(ref: str, n_prompts: int = hd.DEFAULT_N_PROMPTS, seed: int = 0, corpus: str | None = None) -> pd.DataFrame:
+    """The scores table of ``ref`` (cached per model file, scan settings and text source)."""
+    return _scores(ref, hd.fingerprint(ref), int(n_prompts), int(seed), corpus)
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def _patterns(ref: str, key: str, text: str, heads: tuple[Head, ...]) -> tuple[list[str], dict[Head, Any]]:
+    with exclusive(get_model(ref)) as model:
+        return hd.head_patterns(model, text, heads)
+
+
+def get_patterns(ref: str, text: str, heads: Sequence[Head]) -> tuple[list[str], dict[Head, Any]]:
+    """Tokens of ``text`` and the patterns of ``heads`` on it (cached)."""
+    return _patterns(ref, hd.fingerprint(ref), text, tuple(heads))
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def _ablation(ref: str, key: str, heads: tuple[str, ...], method: str, metric: str, text: str,
+              n_prompts: int, seed: int) -> dict[str, Any]:
+    with exclusive(get_model(ref)) as model:
+        return hd.run_ablation(model, heads, method, metric, text, n_prompts, seed)
+
+
+def get_ablation(ref: str, heads: Sequence[str], method: str, metric: str, text: str,
+                 n_prompts: int = hd.DEFAULT_N_PROMPTS, seed: int = 0) -> dict[str, Any]:
+    """:func:`headlens.app.helpers.run_ablation` on the cached model (results cached too)."""
+    return _ablation(ref, hd.fingerprint(ref), tuple(heads), method, metric, text, int(n_prompts), int(seed))
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def _training(ref: str, key: str, detectors: tuple[str, ...], n_prompts: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    snaps = hd.find_snapshots(ref)
+    return hd.training_losses(snaps), hd.snapshot_scores(snaps, detectors, n_prompts=n_prompts)
+
+
+def get_training(ref: str, detectors: Sequence[str] = hd.TRAINING_DETECTORS,
+                 n_prompts: int = 10) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Loss curve and per-snapshot scores for a model with training snapshots (cached)."""
+    return _training(ref, hd.fingerprint(ref), tuple(detectors), int(n_prompts))
+
+
+def app_script() -> Path:
+    """The Streamlit script shipped inside the package (what ``headlens dashboard`` serves)."""
+    return dashboard_script()
