@@ -7,8 +7,10 @@ Long (tidy) format, one row per head x detector::
 ``label`` is a bool: this head carries this detector's label by the rule in HEAD_SCORES.md.
 Extra columns may follow the schema's (``headlens classify --confirm`` adds the ablation
 columns of :mod:`headlens.confirm`). Provenance (headlens version, probe settings, seed, thresholds) lives in ``df.attrs`` and
-travels with the file: a ``# headlens: {...}`` first line in CSV, a ``provenance`` key in
-JSON, schema metadata in Parquet. :func:`read_table` restores it.
+travels with the file: a ``provenance`` key in JSON, schema metadata in Parquet and, because CSV has
+no room for it, a sidecar ``<name>.csv.json`` next to a CSV (the CSV itself stays plain: header on
+the first line, so ``pandas.read_csv``, spreadsheets and DuckDB read it as is). :func:`read_table`
+restores it.
 """
 
 from __future__ import annotations
@@ -81,6 +83,24 @@ def check_output_path(path: str | os.PathLike) -> Path:
     return p
 
 
+def sidecar_path(path: str | os.PathLike) -> Path:
+    """Where a CSV table's provenance lives: ``scores.csv`` -> ``scores.csv.json``."""
+    p = Path(path)
+    return p.with_name(p.name + ".json")
+
+
+def _write_atomic_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
 def _jsonable(attrs: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(attrs, default=str))
 
@@ -95,9 +115,7 @@ def write_table(df: Any, path: str | os.PathLike) -> Path:
     try:
         suffix = p.suffix.lower()
         if suffix == ".csv":
-            with open(tmp, "w", encoding="utf-8", newline="") as f:
-                f.write(f"# {_META_KEY}: {json.dumps(meta)}\n")
-                df.to_csv(f, index=False)
+            df.to_csv(tmp, index=False)
         elif suffix == ".json":
             with open(tmp, "w", encoding="utf-8") as f:
                 json.dump({"provenance": meta, "rows": json.loads(df.to_json(orient="records"))}, f)
@@ -110,6 +128,8 @@ def write_table(df: Any, path: str | os.PathLike) -> Path:
             schema_meta[_META_KEY.encode()] = json.dumps(meta).encode()
             pq.write_table(table.replace_schema_metadata(schema_meta), tmp)
         os.replace(tmp, p)
+        if suffix == ".csv":
+            _write_atomic_text(sidecar_path(p), json.dumps({_META_KEY: meta}, indent=1) + "\n")
     except OSError as err:
         raise OutputError(f"cannot write {str(path)!r}: {err.strerror or err}") from None
     finally:
@@ -126,13 +146,10 @@ def read_table(path: str | os.PathLike) -> Any:
     suffix = p.suffix.lower()
     meta: dict[str, Any] = {}
     if suffix == ".csv":
-        with open(p, encoding="utf-8") as f:
-            first = f.readline()
-            if first.startswith(f"# {_META_KEY}: "):
-                meta = json.loads(first.split(": ", 1)[1])
-            else:
-                f.seek(0)
-            df = pd.read_csv(f)
+        df = pd.read_csv(p)
+        side = sidecar_path(p)
+        if side.is_file():
+            meta = json.loads(side.read_text(encoding="utf-8")).get(_META_KEY, {})
     elif suffix == ".json":
         data = json.loads(p.read_text(encoding="utf-8"))
         meta = data.get("provenance", {})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -101,6 +103,23 @@ def test_table_round_trip_keeps_provenance(planted_table, tmp_path, suffix):
     torch.testing.assert_close(torch.tensor(back.score.to_numpy()), torch.tensor(planted_table.score.to_numpy()))
     assert back.label.tolist() == planted_table.label.tolist()
     assert not list(tmp_path.glob(".*tmp"))  # atomic: no temp file left
+
+
+def test_csv_is_plain_csv_with_provenance_in_a_sidecar(planted_table, tmp_path):
+    import csv
+
+    import pandas as pd
+
+    path = write_table(planted_table, tmp_path / "scores.csv")
+    plain = pd.read_csv(path)  # no options: the header is the first line
+    assert list(plain.columns) == list(COLUMNS) and len(plain) == len(planted_table)
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == list(COLUMNS) and len(rows) == len(planted_table) + 1
+    side = json.loads((tmp_path / "scores.csv.json").read_text())
+    assert side["headlens"]["seed"] == 0
+    (tmp_path / "scores.csv.json").unlink()  # without its sidecar a CSV still reads, provenance empty
+    assert read_table(path).attrs == {}
 
 
 def test_output_path_checks(tmp_path):

@@ -100,6 +100,9 @@ def test_corpus_stdlib_reads_real_python(tmp_path):
     assert result.exit_code == 0, result.output
     assert "prev" in result.stdout
     assert read_table(out).attrs["probes"]["stdlib"]["n_prompts"] == 12
+    import pandas as pd
+
+    assert list(pd.read_csv(out).columns)[:3] == ["model", "layer", "head"]  # plain CSV, no options
 
 
 def test_unknown_corpus_is_a_probe_error():
