@@ -1,0 +1,31 @@
+"""Widgets every view shares: a guard that turns failures into messages, and figure downloads."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import streamlit as st
+
+from headlens import viz
+from headlens.errors import HeadlensError
+
+
+def attempt(what: str, fn: Callable[..., Any], *args: Any, _show: Callable[[str], Any] = st.error,
+            **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, or ``None`` after showing why it failed (never an exception box)."""
+    try:
+        return fn(*args, **kwargs)
+    except HeadlensError as err:
+        _show(f"{what}: {err}")
+    except Exception as err:  # a readable line instead of a traceback; the page keeps working
+        _show(f"{what}: unexpected {type(err).__name__}: {err}")
+    return None
+
+
+def html_download(fig: Any, name: str) -> None:
+    """A button that saves ``fig`` as a standalone HTML page (generated only when clicked)."""
+    st.download_button(
+        "Download figure (HTML)", data=lambda fig=fig: viz.figure_html(fig), file_name=f"{name}.html",
+        mime="text/html", on_click="ignore", key=f"download::{name}", type="tertiary", icon=":material/download:",
+    )
