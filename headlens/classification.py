@@ -125,10 +125,10 @@ def _probes(model: Any, dets: list[Detector], prompts: Any, n_prompts: int, seq_
 
 
 def _rows(model_name: str, det: str, s: Summary, lifts: torch.Tensor, labels: torch.Tensor,
-          n_layers: int, n_heads: int) -> list[dict[str, Any]]:
-    heads = [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
+          n_layers: int, kv: list[int]) -> list[dict[str, Any]]:
+    heads = [(layer, head) for layer in range(n_layers) for head in range(len(kv))]  # per query head
     return [
-        {"model": model_name, "layer": layer, "head": head, "detector": det,
+        {"model": model_name, "layer": layer, "head": head, "kv_head": kv[head], "detector": det,
          "score": float(s.score[i]), "ci_low": float(s.ci_low[i]), "ci_high": float(s.ci_high[i]),
          "baseline": s.baseline, "lift": float(lifts[i]), "n_positions": s.n_positions,
          "n_prompts": s.n_prompts, "label": bool(labels[i])}
@@ -197,7 +197,7 @@ def classify(
     import pandas as pd
 
     import headlens
-    from headlens.table import empty_table, validate
+    from headlens.table import empty_table, kv_heads, n_kv_heads, validate
 
     model = resolve_model(model_or_ref, device=device)
     if n_prompts < 1 or batch_size < 1:
@@ -223,13 +223,14 @@ def classify(
 
         run = [*served, TL_NORM] if tl_compatible else served
         summaries.update(_summaries(scan(model, probe, run, batch_size, tick), tl_compatible, seed, n_boot))
-    L, H = model.n_layers, model.n_heads
+    L, H, H_kv = model.n_layers, model.n_heads, n_kv_heads(model)
+    kv = kv_heads(H, H_kv)
     rows = []
     for d in dets:
         if d.kind == "weights":
             sc = d.weights_fn(model).reshape(-1)
             s = Summary(sc, sc, sc, 0.0, 0, 0)
-            rows += _rows(model.name, d.name, s, torch.full_like(sc, float("nan")), sc >= taus[d.name], L, H)
+            rows += _rows(model.name, d.name, s, torch.full_like(sc, float("nan")), sc >= taus[d.name], L, kv)
             continue
         s = summaries[d.name]
         if s.n_positions == 0:
@@ -240,7 +241,7 @@ def classify(
             skipped[d.name] = why
             continue
         lift = s.lift
-        rows += _rows(model.name, d.name, s, lift, label(s.ci_low, lift, taus[d.name]), L, H)
+        rows += _rows(model.name, d.name, s, lift, label(s.ci_low, lift, taus[d.name]), L, kv)
     df = pd.DataFrame(rows, columns=list(empty_table().columns)) if rows else empty_table()
     if s_small := [d for d, s in summaries.items() if 0 < s.n_prompts < 10]:
         notes.append(f"fewer than 10 prompts with targets for {', '.join(s_small)}: wide intervals")
@@ -248,7 +249,8 @@ def classify(
         warnings.warn(note, stacklevel=2)
     df.attrs.update({
         "headlens_version": headlens.__version__, "model": model.name,
-        "causal": bool(model.is_causal), "n_layers": L, "n_heads": H, "seed": seed,
+        "causal": bool(model.is_causal), "n_layers": L, "n_heads": H, "n_kv_heads": H_kv,
+        "seed": seed,
         "scoring": "tl_compatible" if tl_compatible else "headlens",
         "thresholds": {d.name: taus[d.name] for d in dets}, "min_lift": MIN_LIFT, "n_boot": n_boot,
         "probes": {pr.name: {**pr.settings, "n_prompts": len(pr), "detectors": [d.name for d in sv]}

@@ -2,8 +2,11 @@
 
 Long (tidy) format, one row per head x detector::
 
-    model, layer, head, detector, score, ci_low, ci_high, baseline, lift, n_positions, n_prompts, label
+    model, layer, head, kv_head, detector, score, ci_low, ci_high, baseline, lift, n_positions, n_prompts, label
 
+Rows are per *query* head. ``kv_head`` is the key/value group the query head reads from under
+grouped- or multi-query attention (Llama, Mistral, Qwen2, Gemma ...): query head ``h`` of ``H`` shares
+key/value head ``h // (H // H_kv)`` (Hugging Face's ``repeat_kv`` order). Without GQA it equals ``head``.
 ``label`` is a bool: this head carries this detector's label by the rule in HEAD_SCORES.md.
 Extra columns may follow the schema's (``headlens classify --confirm`` adds the ablation
 columns of :mod:`headlens.confirm`). Provenance (headlens version, probe settings, seed, thresholds) lives in ``df.attrs`` and
@@ -27,6 +30,7 @@ COLUMNS: dict[str, str] = {  # column -> pandas dtype kind: O object/str, i int,
     "model": "O",
     "layer": "i",
     "head": "i",
+    "kv_head": "i",
     "detector": "O",
     "score": "f",
     "ci_low": "f",
@@ -39,6 +43,23 @@ COLUMNS: dict[str, str] = {  # column -> pandas dtype kind: O object/str, i int,
 }
 SUFFIXES = (".csv", ".parquet", ".json")
 _META_KEY = "headlens"
+
+
+def kv_heads(n_heads: int, n_kv_heads: int | None = None) -> list[int]:
+    """The key/value head of each query head: ``kv_heads(4, 2) == [0, 0, 1, 1]``.
+
+    >>> kv_heads(8, 1), kv_heads(3)
+    ([0, 0, 0, 0, 0, 0, 0, 0], [0, 1, 2])
+    """
+    n_kv = n_heads if n_kv_heads is None else int(n_kv_heads)
+    if n_kv < 1 or n_heads % n_kv:
+        raise HeadlensError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv}")
+    return [h // (n_heads // n_kv) for h in range(n_heads)]
+
+
+def n_kv_heads(model: Any) -> int:
+    """A model's key/value head count (``n_heads`` for models without grouped-query attention)."""
+    return int(getattr(model.cfg, "n_kv_heads", None) or model.n_heads)
 
 
 def empty_table() -> Any:
@@ -165,6 +186,8 @@ def read_table(path: str | os.PathLike) -> Any:
         df = table.to_pandas()
     else:
         raise OutputError(f"unknown table suffix {p.suffix!r}; expected one of {', '.join(SUFFIXES)}")
+    if "kv_head" not in df.columns and "head" in df.columns:  # tables written before GQA support
+        df.insert(list(df.columns).index("head") + 1, "kv_head", df["head"])
     df = df[list(COLUMNS) + [c for c in df.columns if c not in COLUMNS]]
     df["label"] = df["label"].astype(bool)
     df.attrs.update(meta)

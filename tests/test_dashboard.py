@@ -122,7 +122,8 @@ def test_heads_table_is_one_row_per_head_with_labels():
                                  n_positions=1, n_prompts=1, label=(layer, head) == (1, 1)))
     table = hd.heads_table(pd.DataFrame(rows))
     assert list(table["head"]) == ["L0H0", "L0H1", "L1H0", "L1H1"]
-    assert list(table.columns[:4]) == ["head", "layer", "index", "labels"]
+    assert list(table.columns[:5]) == ["head", "layer", "index", "kv_head", "labels"]
+    assert list(table["kv_head"]) == [0, 1, 0, 1]  # a table without kv_head: no GQA, kv_head == head
     assert table.loc[3, "labels"] == "induction, previous_token"  # strongest lift first
     assert table.loc[0, "labels"] == ""
     assert table.loc[2, "induction"] == pytest.approx(0.1)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from headlens.app import MODEL_ENV
 from headlens.errors import HeadlensError, ProbeError
+from headlens.table import COLUMNS
 
 if TYPE_CHECKING:
     import numpy as np
@@ -275,21 +276,29 @@ def empty_scores() -> pd.DataFrame:
     return pd.DataFrame(columns=list(SCORE_COLUMNS))
 
 
+HEAD_COLUMNS = ("head", "layer", "index", "kv_head", "labels")  # heads_table's columns before the detectors
+
+
 def heads_table(scores: pd.DataFrame) -> pd.DataFrame:
-    """One row per head: ``head`` (``L1H2``), ``layer``, ``index``, ``labels``, one score column per detector."""
+    """One row per head: ``head`` (``L1H2``), ``layer``, ``index``, ``kv_head`` (its key/value group),
+    ``labels``, one score column per detector."""
     import pandas as pd
 
     if scores.empty:
-        return pd.DataFrame(columns=["head", "layer", "index", "labels"])
+        return pd.DataFrame(columns=list(HEAD_COLUMNS))
     wide = scores.pivot_table(index=["layer", "head"], columns="detector", values="score", sort=True)
     wide = wide.reset_index()
     labelled = scores[scores["label"].fillna(False).astype(bool)].sort_values("lift", ascending=False)
     labels = labelled.groupby(["layer", "head"])["detector"].agg(", ".join).to_dict()
     pairs = list(zip(wide["layer"].astype(int), wide["head"].astype(int), strict=True))
+    kv_col = scores["kv_head"] if "kv_head" in scores.columns else scores["head"]  # older tables: no GQA
+    keys = zip(scores["layer"].astype(int), scores["head"].astype(int), strict=True)
+    kv = dict(zip(keys, kv_col.astype(int), strict=True))
     front = pd.DataFrame({
         "head": [format_head(layer, head) for layer, head in pairs],
         "layer": [layer for layer, _ in pairs],
         "index": [head for _, head in pairs],
+        "kv_head": [kv[pair] for pair in pairs],
         "labels": [labels.get(pair, "") for pair in pairs],
     })
     detectors = wide.drop(columns=["layer", "head"])
@@ -311,8 +320,7 @@ def default_detector(scores: pd.DataFrame) -> str:
     return "induction" if "induction" in detectors else detectors[0]
 
 
-SCORE_COLUMNS = ("model", "layer", "head", "detector", "score", "ci_low", "ci_high", "baseline", "lift",
-                 "n_positions", "n_prompts", "label")
+SCORE_COLUMNS = tuple(COLUMNS)  # the scores table's schema, defined once in headlens.table
 
 
 def compute_scores(model: Any, n_prompts: int = DEFAULT_N_PROMPTS, seed: int = 0,

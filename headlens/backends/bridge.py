@@ -53,6 +53,11 @@ class BridgeConfig:
     d_head: int
     n_ctx: int
     d_vocab: int
+    n_kv_heads: int = 0  # key/value heads (grouped/multi-query attention); 0 means n_heads
+
+    def __post_init__(self) -> None:
+        if not self.n_kv_heads:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
 
 
 class _NamedHook:
@@ -100,7 +105,7 @@ class BridgeModel:
         c = bridge.cfg
         self.cfg = BridgeConfig(
             n_layers=int(c.n_layers), n_heads=int(c.n_heads), d_model=int(c.d_model),
-            d_head=int(c.d_head), n_ctx=int(c.n_ctx), d_vocab=int(c.d_vocab),
+            d_head=int(c.d_head), n_ctx=int(c.n_ctx), d_vocab=int(c.d_vocab), n_kv_heads=_n_kv_heads(bridge),
         )
         self.is_causal = getattr(c, "attention_dir", "causal") == "causal"
         self.tokenizer = bridge.tokenizer
@@ -331,6 +336,21 @@ class BridgeModel:
             f"BridgeModel({self.name!r}, n_layers={c.n_layers}, n_heads={c.n_heads}, d_model={c.d_model}, "
             f"causal={self.is_causal}, output={self.output_kind})"
         )
+
+
+def _n_kv_heads(bridge: Any) -> int:
+    """Key/value heads per layer: TransformerLens' ``n_key_value_heads``, else the HF config's
+    ``num_key_value_heads`` / ``num_kv_heads`` / ``multi_query`` (Falcon, GPT-BigCode), else n_heads."""
+    n = getattr(bridge.cfg, "n_key_value_heads", None)
+    if n:
+        return int(n)
+    hf = getattr(getattr(bridge, "original_model", None), "config", None)
+    for key in ("num_key_value_heads", "num_kv_heads"):
+        if getattr(hf, key, None):
+            return int(getattr(hf, key))
+    if getattr(hf, "multi_query", False):
+        return 1
+    return int(bridge.cfg.n_heads)
 
 
 def _read_config(model_dir: Path) -> dict[str, Any]:

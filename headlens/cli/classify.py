@@ -1,6 +1,7 @@
 """``headlens classify``: label every head of a model; a thin layer over :func:`headlens.classify`.
 
-stdout: a table of the labelled heads (strongest first) and a compact layer x head overview.
+stdout: a table of the labelled heads (strongest first; ``kv_head`` is each query head's key/value
+group under grouped-query attention, equal to the head otherwise) and a layer x head overview.
 stderr: progress, warnings, and on bad input one line ``headlens: error: ...`` with the exit
 code of its error class (see ``headlens.cli``): 4 unknown model, 5 prompts/probe problems
 (missing or empty prompts file, a prompt longer than the context unless ``--truncate``, a
@@ -50,18 +51,19 @@ def print_results(df: Any, console: Any) -> None:
     title = f"{attrs.get('model', '?')}: labelled heads ({attrs.get('scoring', 'headlens')} scores)"
     lab = labelled_heads(df)
     table = Table(title=title)
-    for col in ("head", "detector", "score", "95% CI", "baseline", "lift", "positions"):
+    for col in ("head", "kv_head", "detector", "score", "95% CI", "baseline", "lift", "positions"):
         table.add_column(col, justify="left" if col in ("head", "detector") else "right")
     extra = [c for c in ("ablation_delta", "confirmed") if c in lab.columns]
     for c in extra:
         table.add_column(c, justify="right")
     for r in lab.itertuples():
-        cells = [f"L{r.layer}H{r.head}", r.detector, f"{r.score:.3f}", f"[{r.ci_low:.3f}, {r.ci_high:.3f}]",
+        kv = getattr(r, "kv_head", r.head)  # the key/value group (== head without GQA)
+        cells = [f"L{r.layer}H{r.head}", str(kv), r.detector, f"{r.score:.3f}", f"[{r.ci_low:.3f}, {r.ci_high:.3f}]",
                  f"{r.baseline:.3f}", "-" if r.lift != r.lift else f"{r.lift:.1f}", str(r.n_positions)]
         cells += [str(getattr(r, c)) for c in extra]
         table.add_row(*cells)
     if not len(lab):
-        table.add_row("-", "no head passes the rule", "", "", "", "", "")
+        table.add_row("-", "", "no head passes the rule", "", "", "", "", "")
     console.print(table)
     labels = head_labels(df)
     n_layers, n_heads = int(attrs.get("n_layers", 0)), int(attrs.get("n_heads", 0))

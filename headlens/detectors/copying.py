@@ -4,7 +4,9 @@ score = Σλ / Σ|λ| over the eigenvalues λ of the full OV circuit ``W_E W_V W
 (d_vocab x d_vocab). Its non-zero eigenvalues are those of the cyclic product
 ``W_O W_U W_E W_V`` (d_head x d_head), so every head costs a tiny eigen-decomposition.
 LayerNorms are ignored, as in Elhage et al. Needs embed and unembed: native GPTs, and
-bridged models with a language-model head.
+bridged models with a language-model head. Under grouped- or multi-query attention each query
+head's OV circuit is its own W_O with its key/value group's W_V (HF ``repeat_kv`` order: query
+head ``h`` reads value head ``h // (n_heads // n_kv_heads)``).
 """
 
 from __future__ import annotations
@@ -45,6 +47,11 @@ def scores(model: Any) -> torch.Tensor:
             f"which this backend does not expose (a checkpoint without an LM head)"
         )
     w_e, w_v, w_o, w_u = (w.detach().to(torch.float64) for w in weights)
+    n_heads, n_kv = w_o.shape[1], w_v.shape[1]
+    if n_kv != n_heads:  # GQA/MQA: W_V is (L, H_kv, D, dh); give each query head its group's W_V
+        if n_kv < 1 or n_heads % n_kv:
+            raise DetectorError(f"copying: {n_heads} query heads cannot share {n_kv} value heads evenly")
+        w_v = w_v.repeat_interleave(n_heads // n_kv, dim=1)  # (L, H, D, dh): query head h -> kv head h // group
     ue = w_u @ w_e  # (D, D): unembed then embed, shared by every head
     circuit = w_o @ ue @ w_v  # (L, H, dh, dh): cyclic permutation of W_E W_V W_O W_U
     lam = torch.linalg.eigvals(circuit)  # (L, H, dh) complex

@@ -26,7 +26,7 @@ from headlens.zoo import ZOO, weights_dir
 if TYPE_CHECKING:
     import pandas as pd
 
-FORMAT = 1  # bump when the file layout changes
+FORMAT = 2  # bump when the file layout changes (2: the kv_head column)
 
 
 def scores_path(name: str) -> Path:

@@ -17,7 +17,7 @@ def all_heads_view(scores: pd.DataFrame) -> None:
         st.info("No scores for this model.")
         return
     table = hd.heads_table(scores)
-    detectors = [c for c in table.columns if c not in ("head", "layer", "index", "labels")]
+    detectors = [c for c in table.columns if c not in hd.HEAD_COLUMNS]
     config = {"labels": st.column_config.TextColumn(width="medium"),
               **{d: st.column_config.NumberColumn(format="%.3f") for d in detectors}}
     st.dataframe(table, hide_index=True, key="heads_table", column_config=config,
