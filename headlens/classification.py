@@ -26,7 +26,7 @@ from headlens.detectors.base import Detector
 from headlens.detectors.copying import ov_weights
 from headlens.detectors.tl_compat import TL_DETECTORS, TL_NORM
 from headlens.errors import DetectorError, ModelReferenceError, ProbeError
-from headlens.scan import DetectorStats, scan
+from headlens.scan import DetectorStats, choose_path, scan
 from headlens.stats import COPYING_THRESHOLD, DEFAULT_THRESHOLD, MIN_LIFT, N_BOOT, Summary, label, summarize
 from headlens.vocab import vocab
 
@@ -168,6 +168,7 @@ def classify(
     n_boot: int = N_BOOT,
     device: str = "cpu",
     corpus: str | None = None,
+    scan_path: str = "auto",
 ) -> Any:
     """Score every head on every detector and label it (HEAD_SCORES.md).
 
@@ -190,6 +191,9 @@ def classify(
         device: where a model loaded from a reference runs.
         corpus: ``"stdlib"`` to read ``n_prompts`` windows of ``seq_len`` tokens of real Python
             source (held-out standard-library files) instead of the generated probes.
+        scan_path: ``"auto"`` (default), ``"dense"`` (read the attention pattern) or ``"sparse"``
+            (q, k and the log-sum-exp, no pattern: long contexts); see :mod:`headlens.scan`.
+            The path each probe took is in ``attrs["probes"][name]["scan_path"]``.
 
     Returns:
         the scores table (pandas DataFrame, schema in :mod:`headlens.table`), provenance in ``attrs``.
@@ -212,7 +216,9 @@ def classify(
     if groups and groups[0][0].name == "prompts" and groups[0][0].settings.get("n_truncated"):
         notes.append(f"{groups[0][0].settings['n_truncated']} prompt(s) were longer than the context "
                      f"and were truncated to n_ctx={model.cfg.n_ctx}")
+    choose_path(scan_path, model, (1, 1))  # an unknown or unsupported path fails before any work
     total, done = sum(len(pr) for pr, _ in groups), 0
+    paths: dict[str, str] = {}
     summaries: dict[str, Summary] = {}
     for probe, served in groups:
         def tick(n: int, stage: str = probe.name) -> None:
@@ -222,7 +228,10 @@ def classify(
                 progress(done, total, stage)
 
         run = [*served, TL_NORM] if tl_compatible else served
-        summaries.update(_summaries(scan(model, probe, run, batch_size, tick), tl_compatible, seed, n_boot))
+        info: dict[str, Any] = {}
+        stats = scan(model, probe, run, batch_size, tick, path=scan_path, info=info)
+        paths[probe.name] = info["scan_path"]
+        summaries.update(_summaries(stats, tl_compatible, seed, n_boot))
     L, H, H_kv = model.n_layers, model.n_heads, n_kv_heads(model)
     kv = kv_heads(H, H_kv)
     rows = []
@@ -253,8 +262,9 @@ def classify(
         "seed": seed,
         "scoring": "tl_compatible" if tl_compatible else "headlens",
         "thresholds": {d.name: taus[d.name] for d in dets}, "min_lift": MIN_LIFT, "n_boot": n_boot,
-        "probes": {pr.name: {**pr.settings, "n_prompts": len(pr), "detectors": [d.name for d in sv]}
-                   for pr, sv in groups},
+        "probes": {pr.name: {**pr.settings, "n_prompts": len(pr), "detectors": [d.name for d in sv],
+                             "scan_path": paths[pr.name]} for pr, sv in groups},
+        "scan_path": "+".join(sorted(set(paths.values()))) or "none",
         "skipped": skipped, "warnings": notes, "batch_size": batch_size,
     })
     return validate(df)

@@ -7,7 +7,9 @@ so weights map 1:1 (HF stores Conv1D weights as ``(in, out)``; ours are ``nn.Lin
 
 Attention has two paths with the same output: the fused
 ``scaled_dot_product_attention`` kernel when no hook needs the scores or pattern, and
-the explicit ``softmax(q k^T / sqrt(d_head))`` path when one does.
+the explicit ``softmax(q k^T / sqrt(d_head))`` path when one does. No ``(n_ctx, n_ctx)``
+buffer is kept (the causal mask is built per call), so a long context costs memory only when
+a pattern is asked for; the LSE scan (``headlens.lse``) reads ``hook_q``/``hook_k`` instead.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from torch import nn
 from headlens.config import ModelConfig
 from headlens.errors import ProbeError
 from headlens.hooks import HookedRootModule, HookPoint
+from headlens.lse import AttentionSpec
 from headlens.tokenizer import Tokenizer
 
 
@@ -34,18 +37,21 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.n_heads, self.d_head, self.d_model = cfg.n_heads, cfg.d_head, cfg.d_model
+        self.n_heads, self.d_head, self.d_model, self.n_ctx = cfg.n_heads, cfg.d_head, cfg.d_model, cfg.n_ctx
         self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_model)  # fused q, k, v projections
         self.c_proj = nn.Linear(cfg.d_model, cfg.d_model)  # merge heads back into the residual
-        self.register_buffer(
-            "mask", torch.tril(torch.ones(cfg.n_ctx, cfg.n_ctx, dtype=torch.bool)), persistent=False
-        )
         self.hook_q = HookPoint()  # (B, T, H, d_head)
         self.hook_k = HookPoint()  # (B, T, H, d_head)
         self.hook_v = HookPoint()  # (B, T, H, d_head)
         self.hook_attn_scores = HookPoint()  # (B, H, Q, K), masked entries -inf
         self.hook_pattern = HookPoint()  # (B, H, Q, K), rows sum to 1
         self.hook_z = HookPoint()  # (B, T, H, d_head), per-head output before c_proj
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """``(n_ctx, n_ctx)`` bool causal mask, built on demand (no stored buffer: it is O(n_ctx^2))."""
+        i = torch.arange(self.n_ctx, device=self.c_attn.weight.device)
+        return i[None, :] <= i[:, None]
 
     @property
     def needs_pattern(self) -> bool:
@@ -65,7 +71,8 @@ class MultiHeadAttention(nn.Module):
         v = self.split_heads(v, self.hook_v)  # (B, H, T, d_head)
         if self.needs_pattern:
             scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.d_head)  # (B, H, Q, K)
-            scores = scores.masked_fill(~self.mask[:T, :T], float("-inf"))
+            future = torch.arange(T, device=x.device)[None, :] > torch.arange(T, device=x.device)[:, None]  # (Q, K)
+            scores = scores.masked_fill(future, float("-inf"))
             scores = self.hook_attn_scores(scores)
             pattern = self.hook_pattern(F.softmax(scores, dim=-1))  # (B, H, Q, K)
             z = pattern @ v  # (B, H, T, d_head)
@@ -178,6 +185,11 @@ class GPT(HookedRootModule):
     @property
     def device(self) -> torch.device:
         return self.transformer.wte.weight.device
+
+    def attention_specs(self) -> list[AttentionSpec]:
+        """Per layer: q and k hooks (``(B, T, H, d_head)``), scale ``1/sqrt(d_head)``, causal."""
+        return [AttentionSpec(f"blocks.{layer}.attn.hook_q", f"blocks.{layer}.attn.hook_k", "BTHD",
+                              1.0 / math.sqrt(self.cfg.d_head), causal=True) for layer in range(self.cfg.n_layers)]
 
     def to_tokens(self, text: str | list[str], prepend_bos: bool = True) -> torch.Tensor:
         """Tokenize one string (or several of equal token length) to ``(batch, pos)`` ids."""

@@ -1,18 +1,26 @@
-"""The scan engine: run a probe through a model once and score every detector from one hook per layer.
+"""The scan engine: run a probe through a model once and score every detector from one pass.
 
 Why it looks like this:
 
-* **One hook per layer** on ``blocks.{l}.attn.hook_pattern`` feeds every detector. The targets
-  of a batch are built once, before the forward pass, and shared by all layers.
-* **Reduce inside the hook, then drop the pattern.** Index detectors (one target per row) are
-  one ``gather``; mask detectors (a target set per row) are one ``bmm`` of the flattened
-  pattern ``(B, H, Q*K)`` with the stacked masks ``(B, Q*K, D)``. What survives the hook is
-  ``(B, H, D)`` float64 per layer; no ``(B, H, Q, K)`` tensor outlives its layer.
+* **Sparse targets** (``headlens.detectors.base``): every detector gives ``(B, Q, M)`` key
+  indices, ``-1`` padded. The targets of a batch are built once, before the forward pass, stacked
+  into one ``(B, Q, M_total)`` tensor with a column -> detector map, and shared by all layers.
+* **Two ways to read the attention**, same numbers (tests compare them to 1e-6):
+
+  - ``"dense"``: one hook per layer on ``blocks.{l}.attn.hook_pattern``; the ``(B, H, Q, K)``
+    pattern is gathered at the targets and dropped. Needs O(T²) memory per layer: the reference,
+    and the cheaper path for short prompts.
+  - ``"sparse"``: hooks on the layer's q and k (after RoPE, ``AttentionSpec`` from the backend);
+    :func:`headlens.lse.target_mass` forms ``exp(s_qk - LSE_q)`` at the targets block by block.
+    The model runs its fused attention kernel; nothing O(T²) is ever stored.
+  - ``"auto"`` (default): sparse when the backend supports it and the dense pattern of a batch
+    would be large (:func:`choose_path`), dense otherwise. Which path ran goes into the provenance.
+* **Reduce inside the hook.** What survives a layer is ``(B, H, D)`` float64.
 * **Per-prompt sums**, not just totals, are kept (``P x L x H x D`` float64, tiny) so that
   statistics can bootstrap over prompts, and so a scan can be split and summed.
 * **Right padding, uneven lengths.** Targets never point at pads and pad rows have no target;
   bidirectional models also get an ``attention_mask``. Causal models see no pads from real rows.
-* The forward pass stops after the last layer's pattern: logits are never needed.
+* The forward pass stops after the last layer is reduced: logits are never needed.
 """
 
 from __future__ import annotations
@@ -24,11 +32,16 @@ from typing import Any
 
 import torch
 
-from headlens.detectors.base import Detector
+from headlens.detectors.base import Detector, as_targets
+from headlens.errors import HeadlensError
+from headlens.lse import AttentionSpec, heads_first, target_mass
 from headlens.probes import Probe, ProbeBatch, collate
 from headlens.vocab import vocab
 
 Progress = Callable[[int], None]  # called with the number of prompts just scanned
+SCAN_PATHS = ("auto", "dense", "sparse")
+DENSE_BYTES = 256 * 2**20  # auto: above this many bytes of one layer's dense pattern, go sparse
+DENSE_MAX_T = 2048  # auto: from this many positions on, go sparse (measured crossover, README)
 
 
 @dataclass
@@ -47,60 +60,61 @@ class DetectorStats:
 
 
 class _ScanDone(Exception):
-    """Raised after the last layer's pattern has been reduced: the rest of the forward is waste."""
+    """Raised after the last layer has been reduced: the rest of the forward is waste."""
 
 
 @dataclass
 class _BatchTargets:
-    idx_flat: torch.Tensor  # (B, D1*Q) long: flat q*K + k of each index target
-    idx_weight: torch.Tensor  # (B, 1, D1, Q) float64: 1 where the row has its target
-    masks: torch.Tensor  # (B, Q*K, D2) bool: stacked set targets, flattened over (q, k)
-    n_idx: int
+    idx: torch.Tensor  # (B, Q, M) long: every detector's targets side by side, -1 = none
+    column: torch.Tensor  # (M, D) float64: one-hot, which detector owns each target column
 
 
-def _targets(batch: ProbeBatch, index_dets: Sequence[Detector], mask_dets: Sequence[Detector]) -> tuple[
-        _BatchTargets, torch.Tensor, torch.Tensor]:
-    B, T = batch.tokens.shape
-    dev = batch.tokens.device
-    visible = batch.n_visible.to(dev)  # (B, Q)
-    counts, base = [], []
-    if index_dets:
-        idx = torch.stack([d.targets(batch) for d in index_dets], dim=1)  # (B, D1, Q)
-        has = idx >= 0
-        counts.append(has.sum(-1).double())  # (B, D1)
-        base.append((has / visible[:, None, :]).sum(-1))  # (B, D1)
-        q = torch.arange(T, device=dev)[None, None, :]
-        idx_flat = (q * T + idx.clamp_min(0)).reshape(B, -1)  # (B, D1*Q)
-        idx_weight = has.double()[:, None]  # (B, 1, D1, Q)
-    else:
-        idx_flat = torch.zeros(B, 0, dtype=torch.long, device=dev)
-        idx_weight = torch.zeros(B, 1, 0, T, dtype=torch.float64, device=dev)
-    if mask_dets:
-        m = torch.stack([d.targets(batch) for d in mask_dets], dim=1)  # (B, D2, Q, K)
-        size = m.sum(-1)  # (B, D2, Q): |T(q)|
-        counts.append((size > 0).sum(-1).double())
-        base.append((size / visible[:, None, :]).sum(-1))
-        masks = m.reshape(B, len(mask_dets), T * T).transpose(1, 2)  # (B, Q*K, D2)
-    else:
-        masks = torch.zeros(B, T * T, 0, dtype=torch.bool, device=dev)
-    return (_BatchTargets(idx_flat, idx_weight, masks, len(index_dets)),
-            torch.cat(counts, 1), torch.cat(base, 1))
+def _targets(batch: ProbeBatch, dets: Sequence[Detector]) -> tuple[_BatchTargets, torch.Tensor, torch.Tensor]:
+    visible = batch.n_visible.to(batch.tokens.device)  # (B, Q)
+    parts, owner, counts, base = [], [], [], []
+    for i, d in enumerate(dets):
+        t = as_targets(d.targets(batch), batch)  # (B, Q, M_d)
+        n = (t >= 0).sum(-1)  # (B, Q): |T(q)|
+        counts.append((n > 0).sum(-1).double())  # (B,)
+        base.append((n / visible).sum(-1))  # (B,)
+        parts.append(t)
+        owner += [i] * t.shape[2]
+    idx = torch.cat(parts, dim=2)  # (B, Q, M)
+    column = torch.nn.functional.one_hot(torch.tensor(owner), len(dets)).double().to(idx.device)  # (M, D)
+    return _BatchTargets(idx, column), torch.stack(counts, 1), torch.stack(base, 1)
 
 
-def _reduce(pattern: torch.Tensor, tg: _BatchTargets, mask_cache: dict) -> torch.Tensor:
-    """``(B, H, Q, K)`` pattern -> ``(B, H, D1 + D2)`` float64 per-prompt target mass."""
+def _reduce_pattern(pattern: torch.Tensor, tg: _BatchTargets) -> torch.Tensor:
+    """``(B, H, Q, K)`` pattern -> ``(B, H, D)`` float64 per-prompt target mass (the dense path)."""
     B, H, Q, K = pattern.shape
-    flat = pattern.reshape(B, H, Q * K)  # (B, H, Q*K): row-major over (query_pos, key_pos)
-    parts = []
-    if tg.n_idx:
-        g = flat.gather(2, tg.idx_flat[:, None, :].expand(B, H, -1))  # (B, H, D1*Q)
-        g = g.view(B, H, tg.n_idx, Q).double()  # (B, H, D1, Q): mass on each row's one target
-        parts.append((g * tg.idx_weight).sum(-1))  # (B, H, D1)
-    if tg.masks.shape[2]:
-        if pattern.dtype not in mask_cache:
-            mask_cache[pattern.dtype] = tg.masks.to(pattern.dtype)
-        parts.append(torch.bmm(flat, mask_cache[pattern.dtype]).double())  # (B, H, D2)
-    return torch.cat(parts, dim=2)
+    M = tg.idx.shape[2]
+    q = torch.arange(Q, device=pattern.device)[None, :, None]  # (1, Q, 1)
+    flat_idx = (q * K + tg.idx.clamp_min(0)).reshape(B, Q * M)  # (B, Q*M): row-major (query, key)
+    g = pattern.reshape(B, H, Q * K).gather(2, flat_idx[:, None, :].expand(B, H, -1))  # (B, H, Q*M)
+    g = g.view(B, H, Q, M).double()  # (B, H, Q, M): mass on each target
+    g = torch.where((tg.idx >= 0)[:, None], g, torch.zeros((), dtype=g.dtype, device=g.device))
+    return g.sum(2) @ tg.column  # (B, H, D)
+
+
+def attention_specs(model: Any) -> list[AttentionSpec] | None:
+    """The backend's per-layer :class:`AttentionSpec` (None: it offers only the dense pattern)."""
+    fn = getattr(model, "attention_specs", None)
+    return fn() if callable(fn) else None
+
+
+def choose_path(path: str, model: Any, batch_shape: tuple[int, int]) -> str:
+    """``"dense"`` or ``"sparse"`` for a batch of ``(B, T)`` tokens under ``path``."""
+    if path not in SCAN_PATHS:
+        raise HeadlensError(f"unknown scan path {path!r}; expected one of {', '.join(SCAN_PATHS)}")
+    supported = attention_specs(model) is not None
+    if path == "sparse" and not supported:
+        raise HeadlensError(f"scan_path='sparse' needs q and k hooks; the backend of "
+                            f"{getattr(model, 'name', '?')!r} offers only the attention pattern")
+    if path != "auto":
+        return path
+    B, T = batch_shape
+    dense_bytes = 4 * B * model.n_heads * T * T
+    return "sparse" if supported and (T >= DENSE_MAX_T or dense_bytes > DENSE_BYTES) else "dense"
 
 
 def scan(
@@ -109,8 +123,10 @@ def scan(
     detectors: Sequence[Detector],
     batch_size: int = 32,
     progress: Progress | None = None,
+    path: str = "auto",
+    info: dict[str, Any] | None = None,
 ) -> dict[str, DetectorStats]:
-    """Score ``detectors`` (index or mask kind) on every prompt of ``probe``.
+    """Score ``detectors`` on every prompt of ``probe``.
 
     Args:
         model: any headlens backend (native GPT, bridge).
@@ -118,41 +134,61 @@ def scan(
         detectors: pattern detectors to score; all see the same forward passes.
         batch_size: prompts per forward pass (results do not depend on it).
         progress: optional callback, called with the number of prompts done per batch.
+        path: ``"auto"``, ``"dense"`` or ``"sparse"`` (module docstring).
+        info: when given, filled with ``{"scan_path": ...}``: the path(s) the batches took.
 
     Returns:
         detector name -> :class:`DetectorStats` with per-prompt sums.
     """
-    index_dets = [d for d in detectors if d.kind == "index"]
-    mask_dets = [d for d in detectors if d.kind == "mask"]
-    order = index_dets + mask_dets  # column order of the reduced statistics
-    L, H, P, D = model.n_layers, model.n_heads, len(probe), len(order)
+    L, H, P, D = model.n_layers, model.n_heads, len(probe), len(detectors)
     sums = torch.zeros(P, L, H, D, dtype=torch.float64)
     counts = torch.zeros(P, D, dtype=torch.float64)
     base = torch.zeros(P, D, dtype=torch.float64)
     v = vocab(model)
     pad_id = getattr(model.tokenizer, "pad_token_id", None)
     pad_id = int(pad_id) if pad_id is not None else v.ordinary[0]
+    specs = attention_specs(model)
     state: dict[str, Any] = {}
+    paths: list[str] = []
 
-    def hook_for(layer: int) -> Callable[..., None]:
+    def dense_hook(layer: int) -> Callable[..., None]:
         def reduce_layer(pattern: torch.Tensor, hook: Any) -> None:
-            state["out"][:, layer] = _reduce(pattern, state["targets"], state["mask_cache"])
+            state["out"][:, layer] = _reduce_pattern(pattern, state["targets"])
             if layer == L - 1:
                 raise _ScanDone
 
         return reduce_layer
 
-    fwd_hooks = [(f"blocks.{layer}.attn.hook_pattern", hook_for(layer)) for layer in range(L)]
+    def sparse_hook(layer: int, which: str) -> Callable[..., None]:
+        spec = specs[layer]
+
+        def capture(x: torch.Tensor, hook: Any) -> None:
+            state[which] = heads_first(x, spec.layout)  # (B, H, T, d)
+            if "q" in state and "k" in state:
+                q, k = state.pop("q"), state.pop("k")
+                state["out"][:, layer] = target_mass(q, k, spec, state["targets"].idx, state["key_valid"]) \
+                    @ state["targets"].column  # (B, H, D)
+                if layer == L - 1:
+                    raise _ScanDone
+
+        return capture
+
+    dense_hooks = [(f"blocks.{layer}.attn.hook_pattern", dense_hook(layer)) for layer in range(L)]
+    sparse_hooks = [] if specs is None else [
+        (name, sparse_hook(layer, which)) for layer, s in enumerate(specs)
+        for name, which in ((s.q_hook, "q"), (s.k_hook, "k"))]
     with torch.inference_mode():
         for start in range(0, P, batch_size):
             rows = range(start, min(start + batch_size, P))
             batch = collate(probe, rows, model.is_causal, v.special, pad_id, model.device)
-            tg, c, b = _targets(batch, index_dets, mask_dets)
-            state.update(targets=tg, mask_cache={},
+            chosen = choose_path(path, model, tuple(batch.tokens.shape))
+            paths.append(chosen)
+            tg, c, b = _targets(batch, detectors)
+            state.update(targets=tg, key_valid=None if model.is_causal else batch.valid,
                          out=torch.zeros(len(rows), L, H, D, dtype=torch.float64, device=batch.tokens.device))
             mask = None if model.is_causal else batch.valid.long()
             try:
-                with model.hooks(fwd_hooks):
+                with model.hooks(sparse_hooks if chosen == "sparse" else dense_hooks):
                     model.forward(batch.tokens, attention_mask=mask)
             except _ScanDone:
                 pass
@@ -162,7 +198,9 @@ def scan(
             state.clear()  # drop this batch's targets before the next one is built
             if progress is not None:
                 progress(len(rows))
-    return {d.name: DetectorStats(sums[..., i], counts[:, i], base[:, i]) for i, d in enumerate(order)}
+    if info is not None:
+        info["scan_path"] = "+".join(sorted(set(paths))) or "none"
+    return {d.name: DetectorStats(sums[..., i], counts[:, i], base[:, i]) for i, d in enumerate(detectors)}
 
 
 def n_batches(n_prompts: int, batch_size: int) -> int:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from headlens.detectors import DETECTORS, get_detector
+from headlens.detectors.base import targets_to_mask
 from headlens.detectors.copying import scores as copying_scores
 from headlens.errors import DetectorError
 from headlens.probes import ProbeBatch, bracket_annotations, brackets, random_tokens, repeated_segments
@@ -38,12 +39,12 @@ def test_registry_has_every_head_type_of_head_scores():
 
 def test_targets_by_hand():
     b = _batch([[99, 5, 6, 5, 6, 7], [99, 1, 2]])  # second prompt padded
-    assert DETECTORS["previous_token"].targets(b).tolist() == [[-1, 0, 1, 2, 3, 4], [-1, 0, 1, -1, -1, -1]]
-    assert DETECTORS["first_token"].targets(b).tolist() == [[-1, 0, 0, 0, 0, 0], [-1, 0, 0, -1, -1, -1]]
-    assert DETECTORS["current_token"].targets(b).tolist()[1] == [-1, 1, 2, -1, -1, -1]
-    dup = DETECTORS["duplicate_token"].targets(b)  # (B, Q, K)
+    assert DETECTORS["previous_token"].targets(b)[..., 0].tolist() == [[-1, 0, 1, 2, 3, 4], [-1, 0, 1, -1, -1, -1]]
+    assert DETECTORS["first_token"].targets(b)[..., 0].tolist() == [[-1, 0, 0, 0, 0, 0], [-1, 0, 0, -1, -1, -1]]
+    assert DETECTORS["current_token"].targets(b)[..., 0].tolist()[1] == [-1, 1, 2, -1, -1, -1]
+    dup = targets_to_mask(DETECTORS["duplicate_token"].targets(b), 6)  # (B, Q, K)
     assert dup[0].nonzero().tolist() == [[3, 1], [4, 2]]
-    ind = DETECTORS["induction"].targets(b)
+    ind = targets_to_mask(DETECTORS["induction"].targets(b), 6)
     assert ind[0].nonzero().tolist() == [[3, 2], [4, 3]]  # x_{k-1} = x_q, k <= q-1
     assert not dup[1].any() and not ind[1].any()
 
@@ -51,8 +52,8 @@ def test_targets_by_hand():
 def test_bidirectional_targets_look_right():
     b = _batch([[99, 5, 6, 5, 98]], causal=False)
     b.special |= b.tokens == 98  # a [SEP]
-    assert DETECTORS["next_token"].targets(b).tolist() == [[-1, 2, 3, 4, -1]]
-    assert DETECTORS["duplicate_token"].targets(b)[0].nonzero().tolist() == [[1, 3], [3, 1]]
+    assert DETECTORS["next_token"].targets(b)[..., 0].tolist() == [[-1, 2, 3, 4, -1]]
+    assert targets_to_mask(DETECTORS["duplicate_token"].targets(b), 5)[0].nonzero().tolist() == [[1, 3], [3, 1]]
 
 
 def test_bracket_annotations_hard_subset():
@@ -76,8 +77,8 @@ def test_open_bracket_targets_sit_one_before_the_closer():
     b.annotations = {"bracket_match": torch.tensor([match, [-1, -1, -1, 1, *pad]]),
                      "bracket_hard": torch.tensor([hard, [-1] * 4 + pad])}
     # b (q=4) predicts ] -> [ at 3; { at 6 predicts } but is the opener itself: no row; } (q=7) predicts ) -> ( at 1
-    assert DETECTORS["open_bracket"].targets(b).tolist() == [[-1] * 4 + [3, -1, -1, 1, -1], [-1, -1, 1, -1, *pad]]
-    assert DETECTORS["open_bracket_hard"].targets(b).tolist()[0] == [-1] * 7 + [1, -1]
+    assert DETECTORS["open_bracket"].targets(b)[..., 0].tolist() == [[-1] * 4 + [3, -1, -1, 1, -1], [-1, -1, 1, -1, *pad]]
+    assert DETECTORS["open_bracket_hard"].targets(b)[..., 0].tolist()[0] == [-1] * 7 + [1, -1]
 
 
 @pytest.mark.parametrize("causal", [True, False])

@@ -82,7 +82,7 @@ def print_results(df: Any, console: Any) -> None:
 def run_classify(
     model: str | None, detectors: str | None, prompts: Path | None, n_prompts: int, seq_len: int,
     batch_size: int, seed: int, threshold: float | None, tl_compatible: bool, out: Path | None,
-    quiet: bool, truncate: bool, confirm: bool, corpus: str | None = None,
+    quiet: bool, truncate: bool, confirm: bool, corpus: str | None = None, scan_path: str = "auto",
 ) -> None:
     """The command body: library calls only, errors left to the caller."""
     from rich.console import Console
@@ -108,7 +108,7 @@ def run_classify(
 
             df = classify(loaded, detectors=detectors, prompts=prompts, n_prompts=n_prompts, seq_len=seq_len,
                           batch_size=batch_size, seed=seed, threshold=threshold, tl_compatible=tl_compatible,
-                          progress=progress, truncate=truncate, corpus=corpus)
+                          progress=progress, truncate=truncate, corpus=corpus, scan_path=scan_path)
         if confirm:
             attrs = dict(df.attrs)
             df = _confirm_fn()(loaded, df)
@@ -150,11 +150,13 @@ def register(app: typer.Typer) -> None:
                             "(with a warning) instead of refusing them (exit 5)")] = False,
         confirm: Annotated[bool, typer.Option("--confirm", help="confirm labels by ablation "
                            "(headlens.confirm)")] = False,
+        scan_path: Annotated[str, typer.Option("--scan-path", help="auto | dense (read the attention "
+                             "pattern) | sparse (q, k and log-sum-exp, no T x T pattern: long contexts)")] = "auto",
     ) -> None:
         """Score every head on every detector, label them, print the labelled heads."""
         try:
             run_classify(model, detectors, prompts, n_prompts, seq_len, batch_size, seed, threshold,
-                         tl_compatible, out, quiet, truncate, confirm, corpus)
+                         tl_compatible, out, quiet, truncate, confirm, corpus, scan_path)
         except HeadlensError as e:  # one line and the class's exit code, also under CliRunner
             print(f"headlens: error: {e}", file=sys.stderr)
             raise typer.Exit(e.exit_code) from None

@@ -1,21 +1,34 @@
 """What a detector is: a pure function from a probe batch to its target positions.
 
-Two shapes of target, so the scan can reduce each the cheapest way:
+**The target format** (issue 13): every pattern detector returns ``(B, Q, M)`` long key indices,
+``targets[b, q, m]`` = a key position that query row q of prompt b attends to *on target*, with
+``-1`` meaning "no target" (padding; it may sit anywhere in a row, not only at the end). ``M`` is
+the most targets any row of the batch has: 1 for the one-target detectors (previous/next/current/
+first token, bracket matching), a few to a few thousand for set detectors (duplicate token,
+induction) on long text. A row counts exactly when it has at least one target; a key appears at
+most once per row. This is what lets the scan score a head from the scores ``s_qk`` at the target
+keys and the row's log-sum-exp, without ever building the ``(Q, K)`` pattern (``headlens.lse``).
 
-* ``"index"``: one target per query row, ``(B, Q)`` long with ``-1`` where a row has none
-  (previous/next/current/first token, bracket matching). Reduced by one gather.
-* ``"mask"``: a set of targets per row, ``(B, Q, K)`` bool (duplicate token, induction).
-  Reduced by one ``bmm`` of the pattern with the mask.
+``kind`` says how the detector is scored:
+
+* ``"index"``: at most one target per row (``M == 1``);
+* ``"mask"``: a set of targets per row (any ``M``);
 * ``"weights"``: no probe at all; a score per head from the model's weights (copying).
 
+The old forms are still accepted from user-written target functions and converted by
+:func:`as_targets`: ``(B, Q)`` long (one index per row) and ``(B, Q, K)`` bool masks.
+
+Detectors with settings (``streaming``: s sinks and a window of w) carry ``params`` and a
+``factory`` that builds a variant: ``get_detector("streaming:s=8,w=128")``.
+
 Every target function already drops the rows a detector must not count (pads, special
-tokens, rows outside the definition), so a row counts exactly when it has a target.
+tokens, rows outside the definition).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -32,11 +45,13 @@ class Detector:
     Attributes:
         name: registry key, also the ``detector`` column of the scores table.
         kind: ``"index"``, ``"mask"`` or ``"weights"`` (see the module docstring).
-        targets: ``ProbeBatch -> (B, Q)`` index or ``(B, Q, K)`` mask; None for weight scores.
+        targets: ``ProbeBatch -> (B, Q, M)`` long key indices, ``-1`` padded; None for weight scores.
         probe: the generated probe that exercises it (``None`` for weight scores).
         description: one line for ``--help`` and the dashboard.
         bidirectional_only: True when the target lies to the right of the query.
         weights_fn: ``model -> (n_layers, n_heads)`` float64 scores, for ``kind == "weights"``.
+        params: the settings this instance was built with (recorded in the provenance).
+        factory: ``**params -> Detector``, for detectors with settings (None otherwise).
     """
 
     name: str
@@ -46,24 +61,120 @@ class Detector:
     description: str
     bidirectional_only: bool = False
     weights_fn: Callable[[Any], torch.Tensor] | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)
+    factory: Callable[..., Detector] | None = None
+
+
+def as_targets(t: torch.Tensor, batch: ProbeBatch) -> torch.Tensor:
+    """Any accepted target form -> ``(B, Q, M)`` long, ``-1`` padded.
+
+    ``(B, Q, M)`` long passes through; ``(B, Q)`` long becomes ``M = 1``; a ``(B, Q, K)`` bool
+    mask (the pre-issue-13 form, still accepted from user detectors) is converted.
+    """
+    B, T = batch.tokens.shape
+    if t.dtype == torch.bool:
+        if t.shape != (B, T, T):
+            raise ValueError(f"a mask target must be (B, Q, K) = {(B, T, T)}, got {tuple(t.shape)}")
+        return mask_to_targets(t)
+    if t.ndim == 2:
+        t = t[:, :, None]  # (B, Q, 1)
+    if t.ndim != 3 or t.shape[:2] != (B, T):
+        raise ValueError(f"targets must be (B, Q, M) with (B, Q) = {(B, T)}, got {tuple(t.shape)}")
+    return t.long()
+
+
+def mask_to_targets(mask: torch.Tensor) -> torch.Tensor:
+    """``(B, Q, K)`` bool -> ``(B, Q, M)`` key indices, ``-1`` padded, M = the largest row."""
+    M = max(int(mask.sum(-1).max()) if mask.numel() else 0, 1)
+    K = mask.shape[-1]
+    keys = torch.arange(K, device=mask.device).expand_as(mask)  # (B, Q, K)
+    ranked = torch.where(mask, keys, torch.full_like(keys, K))  # targets first, then K sentinels
+    idx = ranked.topk(M, dim=-1, largest=False).values  # (B, Q, M), ascending
+    return torch.where(idx < K, idx, torch.full_like(idx, -1))
+
+
+def targets_to_mask(idx: torch.Tensor, K: int) -> torch.Tensor:
+    """``(B, Q, M)`` key indices -> ``(B, Q, K)`` bool (tests and small references only: O(T^2))."""
+    B, Q, _ = idx.shape
+    out = torch.zeros(B, Q, K + 1, dtype=torch.bool, device=idx.device)
+    out.scatter_(2, torch.where(idx >= 0, idx, torch.full_like(idx, K)), True)
+    return out[:, :, :K]
+
+
+def finish_targets(idx: torch.Tensor, batch: ProbeBatch) -> torch.Tensor:
+    """``(B, Q, M)``: set ``-1`` where the row must not count or the key is not a visible real key."""
+    T = batch.tokens.shape[1]
+    q = torch.arange(T, device=idx.device)[None, :, None]  # (1, Q, 1)
+    ok = batch.query_ok[:, :, None] & (idx >= 0) & (idx < batch.lengths[:, None, None])
+    if batch.causal:
+        ok &= idx <= q
+    return torch.where(ok, idx, torch.full_like(idx, -1))
 
 
 def finish_index(idx: torch.Tensor, batch: ProbeBatch) -> torch.Tensor:
-    """Set ``-1`` where the query row must not count or the target is not a visible real key."""
-    T = batch.tokens.shape[1]
-    q = torch.arange(T, device=idx.device)[None, :]  # (1, Q)
-    ok = batch.query_ok & (idx >= 0) & (idx < batch.lengths[:, None])
-    if batch.causal:
-        ok &= idx <= q
-    return torch.where(ok, idx, torch.full_like(idx, -1))  # (B, Q)
+    """``(B, Q)`` one candidate key per row -> ``(B, Q, 1)`` targets (see :func:`finish_targets`)."""
+    return finish_targets(idx[:, :, None], batch)
 
 
 def finish_mask(mask: torch.Tensor, batch: ProbeBatch) -> torch.Tensor:
-    """Keep only real query rows (non-special) and real, visible keys."""
+    """``(B, Q, K)`` bool -> ``(B, Q, M)`` targets: only real query rows (non-special) and real, visible keys.
+
+    Builds the ``(Q, K)`` mask: fine for short prompts; long-context detectors build indices directly.
+    """
     mask = mask & batch.query_ok[:, :, None] & batch.valid[:, None, :]  # (B, Q, K)
     if batch.causal:
         mask &= lower(mask.shape[-1], mask.device)[None]
-    return mask
+    return mask_to_targets(mask)
+
+
+def same_token_targets(keys: torch.Tensor, queries: torch.Tensor, key_ok: torch.Tensor, batch: ProbeBatch,
+                       max_key_offset: int | None) -> torch.Tensor:
+    """``(B, Q, M)``: for each countable row q, the positions j with ``keys[j] == queries[q]``.
+
+    Args:
+        keys, queries: ``(B, T)`` long values to match (token ids, or shifted ids).
+        key_ok: ``(B, T)`` bool, the positions that may be a match.
+        max_key_offset: keep ``j <= q + max_key_offset`` (``-1``: strictly earlier); None: any
+            ``j != q``.
+
+    Never builds the ``(Q, K)`` comparison: per prompt, the key positions are sorted by
+    ``(value, position)`` and each row reads the run of its value, so memory is O(T·M).
+    """
+    B, T = keys.shape
+    dev = keys.device
+    out = []
+    for b in range(B):
+        pos = torch.nonzero(key_ok[b]).reshape(-1)  # (N,) candidate key positions, ascending
+        code = keys[b, pos] * (T + 1) + pos  # (N,) sort key: value, then position
+        code, order = code.sort()
+        spos = pos[order]  # (N,) key positions grouped by value
+        qv = queries[b] * (T + 1)  # (T,)
+        lo = torch.searchsorted(code, qv)  # (T,) start of the row's value group
+        if max_key_offset is None:
+            hi = torch.searchsorted(code, qv + T + 1)  # (T,) end of the group (self removed below)
+        else:
+            last = torch.arange(T, device=dev) + max_key_offset  # (T,) the largest allowed j
+            hi = torch.searchsorted(code, qv + last.clamp_min(-1), right=True)
+            hi = torch.maximum(hi, lo)
+        n = hi - lo  # (T,)
+        M = max(int(n.max()) if T else 0, 1)
+        slot = lo[:, None] + torch.arange(M, device=dev)[None, :]  # (T, M)
+        ok = torch.arange(M, device=dev)[None, :] < n[:, None]
+        j = spos[slot.clamp_max(max(len(spos) - 1, 0))] if len(spos) else torch.zeros_like(slot)
+        j = torch.where(ok, j, torch.full_like(j, -1))  # (T, M)
+        if max_key_offset is None:
+            j = torch.where(j == torch.arange(T, device=dev)[:, None], torch.full_like(j, -1), j)
+        out.append(j)
+    M = max(o.shape[1] for o in out)
+    idx = torch.full((B, T, M), -1, dtype=torch.long, device=dev)
+    for b, o in enumerate(out):
+        idx[b, :, : o.shape[1]] = o
+    return finish_targets(idx, batch)
+
+
+def n_targets(idx: torch.Tensor) -> torch.Tensor:
+    """``(B, Q)`` long: how many targets each row has."""
+    return (idx >= 0).sum(-1)
 
 
 def lower(T: int, device: torch.device | str = "cpu", diagonal: int = 0) -> torch.Tensor:

@@ -20,28 +20,28 @@ from headlens.probes import ProbeBatch
 
 
 def targets(batch: ProbeBatch) -> torch.Tensor:
-    """``(B, Q)``: the matching opener's position at each closer, else -1."""
+    """``(B, Q, 1)``: the matching opener's position at each closer, else -1."""
     return _annotated(batch, "bracket_match")
 
 
 def hard_targets(batch: ProbeBatch) -> torch.Tensor:
-    """``(B, Q)``: like :func:`targets`, only at closers with a closed opener in between."""
+    """``(B, Q, 1)``: like :func:`targets`, only at closers with a closed opener in between."""
     return _annotated(batch, "bracket_hard")
 
 
 def open_targets(batch: ProbeBatch) -> torch.Tensor:
-    """``(B, Q)``: at the position before each closer, the opener that closer matches, else -1."""
+    """``(B, Q, 1)``: at the position before each closer, the opener that closer matches, else -1."""
     return _annotated(batch, "bracket_match", shift=1)
 
 
 def open_hard_targets(batch: ProbeBatch) -> torch.Tensor:
-    """``(B, Q)``: like :func:`open_targets`, only before closers with a closed opener in between."""
+    """``(B, Q, 1)``: like :func:`open_targets`, only before closers with a closed opener in between."""
     return _annotated(batch, "bracket_hard", shift=1)
 
 
 def _annotated(batch: ProbeBatch, key: str, shift: int = 0) -> torch.Tensor:
     if key not in batch.annotations:  # a probe without bracket annotations has no targets
-        return torch.full_like(batch.tokens, -1)
+        return torch.full_like(batch.tokens, -1)[:, :, None]  # (B, Q, 1)
     idx = batch.annotations[key]  # (B, T): opener position at each closer, else -1
     if shift:
         pad = torch.full_like(idx[:, :shift], -1)

@@ -9,7 +9,7 @@ from headlens.probes import ProbeBatch
 
 
 def targets(batch: ProbeBatch) -> torch.Tensor:
-    """``(B, Q)``: q itself for every countable row."""
+    """``(B, Q, 1)``: q itself for every countable row."""
     return finish_index(positions(batch), batch)
 
 

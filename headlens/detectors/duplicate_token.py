@@ -4,23 +4,20 @@ from __future__ import annotations
 
 import torch
 
-from headlens.detectors.base import Detector, finish_mask
+from headlens.detectors.base import Detector, same_token_targets
 from headlens.probes import ProbeBatch
 
 
 def targets(batch: ProbeBatch) -> torch.Tensor:
-    """``(B, Q, K)``: earlier (or, bidirectionally, any other) ordinary occurrences of x_q.
+    """``(B, Q, M)``: earlier (or, bidirectionally, any other) ordinary occurrences of x_q.
 
     >>> from headlens.probes import ProbeBatch
     >>> t = torch.tensor([[9, 1, 2, 1]]); v = torch.ones(1, 4, dtype=torch.bool)
     >>> targets(ProbeBatch(t, torch.tensor([4]), v, t == 9, causal=True))[0, 3].tolist()
-    [False, True, False, False]
+    [1]
     """
     x = batch.tokens
-    same = x[:, :, None] == x[:, None, :]  # (B, Q, K)
-    same &= ~torch.eye(x.shape[1], dtype=torch.bool, device=x.device)[None]
-    same &= ~batch.special[:, None, :]
-    return finish_mask(same, batch)
+    return same_token_targets(x, x, ~batch.special, batch, -1 if batch.causal else None)
 
 
 DETECTOR = Detector("duplicate_token", "mask", targets, "repeated_segments",

@@ -12,7 +12,7 @@ from headlens.probes import ProbeBatch
 
 
 def targets(batch: ProbeBatch) -> torch.Tensor:
-    """``(B, Q)``: 0 for every countable row q >= 1."""
+    """``(B, Q, 1)``: 0 for every countable row q >= 1."""
     pos = positions(batch)
     return finish_index(torch.where(pos >= 1, torch.zeros_like(pos), torch.full_like(pos, -1)), batch)
 

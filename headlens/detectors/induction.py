@@ -8,25 +8,28 @@ from __future__ import annotations
 
 import torch
 
-from headlens.detectors.base import Detector, finish_mask, lower
+from headlens.detectors.base import Detector, finish_targets, same_token_targets
 from headlens.probes import ProbeBatch
 
 
 def targets(batch: ProbeBatch) -> torch.Tensor:
-    """``(B, Q, K)``: the tokens right after earlier occurrences of x_q.
+    """``(B, Q, M)``: the tokens right after earlier occurrences of x_q.
 
     >>> from headlens.probes import ProbeBatch
     >>> t = torch.tensor([[9, 1, 2, 1]]); v = torch.ones(1, 4, dtype=torch.bool)
     >>> targets(ProbeBatch(t, torch.tensor([4]), v, t == 9, causal=True))[0, 3].tolist()
-    [False, False, True, False]
+    [2]
     """
     x = batch.tokens
-    T = x.shape[1]
-    prev = torch.cat([torch.full_like(x[:, :1], -1), x[:, :-1]], dim=1)  # (B, K): x_{k-1}
-    prev_special = torch.cat([torch.ones_like(batch.special[:, :1]), batch.special[:, :-1]], dim=1)
-    hit = (x[:, :, None] == prev[:, None, :]) & ~prev_special[:, None, :]  # (B, Q, K)
-    hit &= lower(T, x.device, -1)[None]  # k <= q-1
-    return finish_mask(hit, batch)
+    # j = k-1: an ordinary earlier copy of x_q with j <= q-2 whose successor k = j+1 is a real position
+    j_ok = ~batch.special & torch.cat([batch.valid[:, 1:], torch.zeros_like(batch.valid[:, :1])], dim=1)
+    causal_batch = batch if batch.causal else _as_causal(batch)  # k <= q-1 in both directions
+    j = same_token_targets(x, x, j_ok, causal_batch, -2)  # (B, Q, M)
+    return finish_targets(torch.where(j >= 0, j + 1, j), batch)
+
+
+def _as_causal(batch: ProbeBatch) -> ProbeBatch:
+    return ProbeBatch(batch.tokens, batch.lengths, batch.valid, batch.special, True, batch.annotations)
 
 
 DETECTOR = Detector("induction", "mask", targets, "repeated_segments",

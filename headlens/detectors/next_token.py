@@ -9,7 +9,7 @@ from headlens.probes import ProbeBatch
 
 
 def targets(batch: ProbeBatch) -> torch.Tensor:
-    """``(B, Q)``: q+1 while it is a real position (the last real row has none)."""
+    """``(B, Q, 1)``: q+1 while it is a real position (the last real row has none)."""
     return finish_index(positions(batch) + 1, batch)
 
 

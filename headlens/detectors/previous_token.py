@@ -9,12 +9,12 @@ from headlens.probes import ProbeBatch
 
 
 def targets(batch: ProbeBatch) -> torch.Tensor:
-    """``(B, Q)``: q-1 for every countable row q >= 1.
+    """``(B, Q, 1)``: q-1 for every countable row q >= 1.
 
     >>> from headlens.probes import ProbeBatch
     >>> t = torch.tensor([[9, 1, 2]]); v = torch.ones(1, 3, dtype=torch.bool)
     >>> b = ProbeBatch(t, torch.tensor([3]), v, t == 9, causal=True)
-    >>> targets(b).tolist()
+    >>> targets(b)[..., 0].tolist()
     [[-1, 0, 1]]
     """
     return finish_index(positions(batch) - 1, batch)

@@ -1,0 +1,162 @@
+"""Issue 13: sparse targets and the LSE scan agree with the dense reference to 1e-6."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from headlens.detectors import DETECTORS
+from headlens.detectors.base import lower, mask_to_targets, targets_to_mask
+from headlens.lse import AttentionSpec, target_mass
+from headlens.probes import (
+    ProbeBatch,
+    random_tokens,
+    repeated_segments,
+    stdlib_windows,
+    text_prompts,
+)
+from headlens.scan import _BatchTargets, _reduce_pattern, choose_path, scan
+from tests.conftest import make_gpt
+
+PATTERN = [d for d in DETECTORS.values() if d.kind != "weights"]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return make_gpt(seed=5, n_ctx=160)
+
+
+def _batch(x: torch.Tensor, lengths: list[int], causal: bool, special_id: int = 0) -> ProbeBatch:
+    T = x.shape[1]
+    valid = torch.arange(T)[None] < torch.tensor(lengths)[:, None]
+    return ProbeBatch(x, torch.tensor(lengths), valid, (x == special_id) | ~valid, causal)
+
+
+def _old_duplicate(b: ProbeBatch) -> torch.Tensor:  # the pre-issue-13 (B, Q, K) definition
+    x = b.tokens
+    same = (x[:, :, None] == x[:, None, :]) & ~torch.eye(x.shape[1], dtype=torch.bool)[None] & ~b.special[:, None, :]
+    same &= b.query_ok[:, :, None] & b.valid[:, None, :]
+    return same & lower(x.shape[1])[None] if b.causal else same
+
+
+def _old_induction(b: ProbeBatch) -> torch.Tensor:
+    x = b.tokens
+    prev = torch.cat([torch.full_like(x[:, :1], -1), x[:, :-1]], dim=1)
+    prev_special = torch.cat([torch.ones_like(b.special[:, :1]), b.special[:, :-1]], dim=1)
+    hit = (x[:, :, None] == prev[:, None, :]) & ~prev_special[:, None, :] & lower(x.shape[1], diagonal=-1)[None]
+    hit &= b.query_ok[:, :, None] & b.valid[:, None, :]
+    return hit & lower(x.shape[1])[None] if b.causal else hit
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_set_targets_equal_the_old_masks_without_building_them(causal):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, 6, (3, 40), generator=g)  # few values: many repeats, specials (0) inside
+    b = _batch(x, [40, 17, 3], causal)
+    for det, old in (("duplicate_token", _old_duplicate), ("induction", _old_induction)):
+        idx = DETECTORS[det].targets(b)
+        assert torch.equal(targets_to_mask(idx, 40), old(b)), det
+        kept = idx[idx >= 0]
+        assert len(kept) and (idx >= -1).all()
+    m = _old_induction(b)
+    assert torch.equal(targets_to_mask(mask_to_targets(m), 40), m)
+
+
+def _dense_reference(q, k, spec, key_valid):
+    """The pattern the spec implies, built the O(T^2) way: (B, H, Q, K)."""
+    _, H, T, d = q.shape
+    k = k.repeat_interleave(H // k.shape[1], dim=1)
+    s = (q @ k.transpose(-2, -1)) * (spec.scale or 1 / math.sqrt(d))
+    if spec.softcap:
+        s = spec.softcap * torch.tanh(s / spec.softcap)
+    gap = torch.arange(T)[:, None] - torch.arange(T)[None, :]
+    hide = torch.zeros(T, T, dtype=torch.bool)
+    if spec.causal:
+        hide |= gap < 0
+    if spec.window:
+        hide |= gap >= spec.window
+    hide = hide[None, None] | ~key_valid[:, None, None, :]
+    return s.masked_fill(hide, float("-inf")).softmax(-1)
+
+
+@pytest.mark.parametrize("causal,window,softcap,kv", [
+    (True, None, None, 4), (False, None, None, 4), (True, 5, None, 2), (True, None, 3.0, 1), (False, 7, 2.0, 2)])
+def test_target_mass_equals_the_dense_pattern(causal, window, softcap, kv):
+    """Causal/bidirectional, padding, GQA (kv < 4 heads), sliding window, soft-capping; tiny blocks."""
+    g = torch.Generator().manual_seed(2)
+    B, H, T, d = 2, 4, 23, 8
+    q, k = torch.randn(B, H, T, d, generator=g) * 2, torch.randn(B, kv, T, d, generator=g) * 2
+    x = torch.randint(1, 5, (B, T), generator=g)
+    b = _batch(x, [T, 15], causal)
+    idx = torch.cat([DETECTORS[n].targets(b) for n in ("previous_token", "duplicate_token", "induction")], 2)
+    spec = AttentionSpec("q", "k", "BHTD", 0.3, causal, window, softcap)
+    column = torch.eye(idx.shape[2], dtype=torch.float64)
+    dense = _reduce_pattern(_dense_reference(q, k, spec, b.valid), _BatchTargets(idx, column))
+    for budget in (1, 10_000, 10**9):  # one row per block, a few rows, everything at once
+        sparse = target_mass(q, k, spec, idx, b.valid, budget=budget)
+        torch.testing.assert_close(sparse, dense, atol=1e-6, rtol=0)
+
+
+def _scan_both(model, probe, dets, **kw):
+    info_d, info_s = {}, {}
+    dense = scan(model, probe, dets, path="dense", info=info_d, **kw)
+    sparse = scan(model, probe, dets, path="sparse", info=info_s, **kw)
+    assert info_d["scan_path"] == "dense" and info_s["scan_path"] == "sparse"
+    return dense, sparse
+
+
+def test_native_sparse_scan_equals_dense_on_every_detector_with_padding(model):
+    texts = ["def f(x): return [x, (x)]", "a", "import os", "{'k': [1, 2]} (", "aaaa bbbb aaaa bbbb", "x = y"]
+    dets = [d for d in PATTERN if not d.bidirectional_only]
+    for probe in (text_prompts(model, texts),
+                  repeated_segments(model, 3, 150, torch.Generator().manual_seed(0)),
+                  stdlib_windows(model, 2, 120, torch.Generator().manual_seed(0))):
+        dense, sparse = _scan_both(model, probe, dets, batch_size=3)
+        for name in dense:
+            torch.testing.assert_close(sparse[name].sums, dense[name].sums, atol=1e-6, rtol=0)
+            assert torch.equal(sparse[name].counts, dense[name].counts)
+        assert any(float(s.counts.sum()) > 0 for s in dense.values())
+
+
+def test_sparse_scan_never_asks_for_the_pattern(model):
+    probe = random_tokens(model, 2, 64, torch.Generator().manual_seed(0))
+    seen = []
+    hp = model.transformer.h[0].attn.hook_pattern
+    orig = hp.forward
+    hp.forward = lambda x: seen.append(x.shape) or orig(x)
+    try:
+        scan(model, probe, [DETECTORS["previous_token"]], path="sparse")
+    finally:
+        del hp.forward
+    assert seen == [] and model.active_hooks() == []
+
+
+def test_auto_path_picks_dense_for_short_and_sparse_for_long(model):
+    assert choose_path("auto", model, (4, 64)) == "dense"
+    assert choose_path("auto", model, (1, 4096)) == "sparse"
+    from headlens.testing import PatternModel, uniform_pattern
+    assert choose_path("auto", PatternModel([[uniform_pattern]]), (1, 4096)) == "dense"  # no q/k hooks
+
+
+def test_classify_records_the_path_and_old_target_forms_still_work(model):
+    import headlens
+    from headlens.detectors.base import Detector
+    from headlens.errors import HeadlensError
+
+    kw = dict(detectors=["previous_token", "induction"], n_prompts=4, seq_len=48, n_boot=20)
+    dense = headlens.classify(model, scan_path="dense", **kw)
+    sparse = headlens.classify(model, scan_path="sparse", **kw)
+    assert dense.attrs["scan_path"] == "dense" and sparse.attrs["scan_path"] == "sparse"
+    assert sparse.attrs["probes"]["repeated_segments"]["scan_path"] == "sparse"
+    assert (dense.score - sparse.score).abs().max() <= 1e-6
+    with pytest.raises(HeadlensError, match="unknown scan path 'fast'"):
+        headlens.classify(model, scan_path="fast", **kw)
+    probe = random_tokens(model, 3, 20, torch.Generator().manual_seed(0))
+    new = DETECTORS["previous_token"]
+    as_index = Detector("prev_2d", "index", lambda b: new.targets(b)[..., 0], None, "(B, Q) form")
+    as_mask = Detector("prev_mask", "mask", lambda b: targets_to_mask(new.targets(b), b.tokens.shape[1]), None, "")
+    out = scan(model, probe, [new, as_index, as_mask], path="sparse")
+    for name in ("prev_2d", "prev_mask"):
+        torch.testing.assert_close(out[name].sums, out["previous_token"].sums, atol=1e-6, rtol=0)
