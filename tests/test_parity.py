@@ -4,20 +4,21 @@ Random models (attention-only and full, with and without LayerNorm) are exported
 ``headlens.export.export_hf``, booted by both references, and compared on logits and on every
 ``blocks.{l}.attn.hook_pattern`` / ``hook_z``: max abs diff <= 1e-5 in float32. Weights use a
 larger init than GPT-2's so that attention patterns are far from uniform (a head mix-up would show).
-No-LN models get mean-centred residual writes, the condition under which the export is exact.
+No-LN models are exported in a wider residual stream (d_model + n_heads, orthogonal to the all-ones
+vector) with one zero dimension per head (headlens/export.py), so their ``hook_z`` gains a zero column.
 """
 
 from __future__ import annotations
 
 import os
-import warnings
 
 import pytest
 import torch
 from conftest import make_gpt
 
 from headlens import Tokenizer
-from headlens.export import centre_writes, export_hf, uncentred_writes
+from headlens.errors import HeadlensError
+from headlens.export import export_hf, residual_embedding
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 TOL = 1e-5
@@ -30,8 +31,7 @@ CASES = {
 
 
 def _model(name: str):
-    model = make_gpt(sum(map(ord, name)), init_range=0.15, n_heads=4, d_model=32, **CASES[name])
-    return centre_writes(model) if model.cfg.normalization == "none" else model
+    return make_gpt(sum(map(ord, name)), init_range=0.15, n_heads=4, d_model=32, **CASES[name])
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def exported(tmp_path_factory):
     out = {}
     for name in CASES:
         model = _model(name)
-        out[name] = (model, export_hf(model, tmp_path_factory.mktemp(name), strict=True))
+        out[name] = (model, export_hf(model, tmp_path_factory.mktemp(name)))
     return out
 
 
@@ -82,6 +82,10 @@ def test_transformer_bridge_logits_patterns_and_z(exported, bridges, tokens, nam
     ref_logits, ref_cache = bridge.run_with_cache(tokens, names_filter=wanted)
     logits, cache = model.run_with_cache(tokens, names_filter=wanted)
     assert set(ref_cache) == set(cache) and len(cache) == 2 * model.n_layers
+    if model.cfg.normalization == "none":  # the export's padded head dimension carries exactly 0
+        for n in [n for n in ref_cache if n.endswith("hook_z")]:
+            assert ref_cache[n][..., -1].abs().max() == 0
+            ref_cache[n] = ref_cache[n][..., :-1]  # (B, T, H, d_head)
     diffs = {"logits": _max_diff(ref_logits, logits)} | {n: _max_diff(ref_cache[n], cache[n]) for n in cache}
     assert max(diffs.values()) <= TOL, diffs
     pattern = cache["blocks.1.attn.hook_pattern"]
@@ -119,20 +123,35 @@ def test_char_level_export_tokenizer(tmp_path):
         assert _max_diff(hf(tokens).logits, model(tokens)) <= TOL
 
 
-def test_uncentred_no_ln_export_warns_or_refuses(tmp_path):
-    from headlens.errors import HeadlensError
+def test_residual_embedding_is_an_isometry_orthogonal_to_ones():
+    P = residual_embedding(32, 36)  # (D', D)
+    torch.testing.assert_close(P.T @ P, torch.eye(32, dtype=torch.float64), atol=1e-12, rtol=0)
+    assert float((torch.ones(36, dtype=torch.float64) @ P).abs().max()) < 1e-12
 
-    model = make_gpt(5, normalization="none")
-    assert uncentred_writes(model)
-    with pytest.warns(UserWarning, match="not mean-centred"):
-        export_hf(model, tmp_path / "warn")
-    with pytest.raises(HeadlensError, match="not mean-centred"):
-        export_hf(model, tmp_path / "strict", strict=True)
-    centre_writes(model)
-    assert uncentred_writes(model) == {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        export_hf(model, tmp_path / "ok", strict=True)
+
+def test_uncentred_no_ln_model_exports_exactly_and_a_lossy_export_refuses(tmp_path, monkeypatch):
+    from transformers import GPT2LMHeadModel
+
+    import headlens.export as export
+
+    model = make_gpt(5, normalization="none", init_range=0.15)
+    with torch.no_grad():
+        model.transformer.wte.weight.add_(0.3)  # residual writes far from mean-centred over d_model
+    tokens = model.to_tokens("abc(def) abc(")
+    hf = GPT2LMHeadModel.from_pretrained(export_hf(model, tmp_path / "ok")).eval()
+    with torch.no_grad():
+        assert _max_diff(hf(tokens).logits, model(tokens)) <= 1e-4
+    real = export.hf_state_dict
+
+    def lossy(m):  # what the export did before: LayerNorm over d_model, no embedding
+        state = real(m)
+        state["transformer.h.0.attn.c_attn.bias"] = state["transformer.h.0.attn.c_attn.bias"] + 0.5
+        return state
+
+    monkeypatch.setattr(export, "hf_state_dict", lossy)
+    with pytest.raises(HeadlensError, match="not exact"):
+        export_hf(model, tmp_path / "lossy")
+    assert not (tmp_path / "lossy").exists()  # refused before anything was written
 
 
 def test_export_hf_command(tmp_path):
@@ -142,6 +161,28 @@ def test_export_hf_command(tmp_path):
     from headlens.cli import app
 
     ckpt = save_checkpoint(make_gpt(0, attn_only=True), tmp_path / "m.safetensors")
-    result = CliRunner().invoke(app, ["export-hf", "--model", str(ckpt), "--out", str(tmp_path / "hf"), "--strict"])
+    result = CliRunner().invoke(app, ["export-hf", "--model", str(ckpt), "--out", str(tmp_path / "hf")])
     assert result.exit_code == 0, result.output
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in (tmp_path / "hf").iterdir()}
+
+
+@pytest.mark.parametrize("name", ["induction-2l", "dyck", "code"])
+def test_every_zoo_model_exports_exactly_through_the_bridge(tmp_path, name):
+    """induction-2l has no LayerNorm (the widened export), dyck and code do (1:1)."""
+    import headlens
+    from headlens.zoo import ZOO
+
+    if not ZOO[name].available:
+        pytest.skip(f"zoo model {name} has no weights in this checkout")
+    model = headlens.load(name)
+    bridge = headlens.load(f"hf:{export_hf(model, tmp_path / name)}")
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, model.tokenizer.d_vocab - 1, (2, 24), generator=gen)  # (2, 24), no BOS inside
+    tokens[:, 0] = model.bos_token_id
+    wanted = lambda n: n.endswith("attn.hook_pattern")  # noqa: E731
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(tokens, names_filter=wanted)
+        ref_logits, ref_cache = bridge.run_with_cache(tokens, names_filter=wanted)
+    assert set(ref_cache) == set(cache) and len(cache) == model.n_layers
+    assert _max_diff(ref_logits, logits) <= 1e-4
+    assert max(_max_diff(ref_cache[n], cache[n]) for n in cache) <= TOL

@@ -13,11 +13,11 @@ def register(app: typer.Typer) -> None:
     def export_hf_cmd(
         model: Annotated[str, typer.Option("--model", "-m", help="zoo name or path to a headlens .safetensors")],
         out: Annotated[Path, typer.Option("--out", "-o", help="directory to write (created)")],
-        strict: Annotated[
-            bool, typer.Option("--strict", help="refuse a no-LayerNorm model whose export would not be exact")
-        ] = False,
     ) -> None:
-        """Export to a Hugging Face GPT-2 directory that transformers and TransformerLens load offline."""
+        """Export to a Hugging Face GPT-2 directory that transformers and TransformerLens load offline.
+
+        The export computes the same logits and patterns (checked before writing; an export that
+        would not is refused with an error)."""
         from headlens.errors import ModelReferenceError
         from headlens.export import export_hf
         from headlens.loading import load
@@ -26,5 +26,5 @@ def register(app: typer.Typer) -> None:
         loaded = load(model)
         if not isinstance(loaded, GPT):
             raise ModelReferenceError(f"{model!r} is not a native headlens model; only those can be exported")
-        path = export_hf(loaded, out, strict=strict)
+        path = export_hf(loaded, out)
         typer.echo(f"wrote {path} (load with hf:{path})")
