@@ -26,6 +26,7 @@ _LAZY = {
     "load_checkpoint": "headlens.checkpoint",
     "save_checkpoint": "headlens.checkpoint",
     "classify": "headlens.classification",
+    "trajectory": "headlens.series",
     "ablate": "headlens.ablation",
     "doctor": "headlens.doctor",
     **{name: "headlens.errors" for name in (
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     )
     from headlens.loading import load
     from headlens.model import GPT
+    from headlens.series import trajectory
     from headlens.tokenizer import Tokenizer
 
 
@@ -84,4 +86,5 @@ __all__ = [
     "load",
     "load_checkpoint",
     "save_checkpoint",
+    "trajectory",
 ]

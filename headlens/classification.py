@@ -25,24 +25,25 @@ from headlens.detectors import DETECTORS, get_detector
 from headlens.detectors.base import Detector
 from headlens.detectors.copying import ov_weights
 from headlens.detectors.tl_compat import TL_DETECTORS, TL_NORM
+from headlens.distributed import current, scan_blocks
 from headlens.errors import DetectorError, ModelReferenceError, ProbeError
-from headlens.scan import DetectorStats, choose_path, scan
+from headlens.scan import DetectorStats, choose_path
 from headlens.stats import COPYING_THRESHOLD, DEFAULT_THRESHOLD, MIN_LIFT, N_BOOT, Summary, label, summarize
 from headlens.vocab import vocab
 
 ProgressFn = Callable[[int, int, str], None]  # (prompts done so far, prompts in total, what is running)
 
 
-def resolve_model(model_or_ref: Any, device: str = "cpu") -> Any:
-    """A loaded model, a reference for ``headlens.load``, or None for the bundled default."""
+def resolve_model(model_or_ref: Any, device: str = "cpu", **load_options: Any) -> Any:
+    """A loaded model, a reference for ``headlens.load`` (``load_options`` go to it), or None for the default."""
     from headlens.loading import load
 
     if model_or_ref is not None:
-        return load(model_or_ref, device=device)
+        return load(model_or_ref, device=device, **load_options)
     from headlens.zoo import DEFAULT_MODEL, ZOO, available
 
     if DEFAULT_MODEL in ZOO and ZOO[DEFAULT_MODEL].available:
-        return load(DEFAULT_MODEL, device=device)
+        return load(DEFAULT_MODEL, device=device, **load_options)
     others = sorted(available())
     if not others:
         raise ModelReferenceError(
@@ -51,7 +52,7 @@ def resolve_model(model_or_ref: Any, device: str = "cpu") -> Any:
         )
     warnings.warn(f"default model {DEFAULT_MODEL!r} has no weights here; using zoo model {others[0]!r}",
                   stacklevel=2)
-    return load(others[0], device=device)
+    return load(others[0], device=device, **load_options)
 
 
 def _thresholds(threshold: float | dict[str, float] | None) -> dict[str, float]:
@@ -169,6 +170,10 @@ def classify(
     device: str = "cpu",
     corpus: str | None = None,
     scan_path: str = "auto",
+    resume: str | os.PathLike | None = None,
+    device_map: str | dict[str, Any] | None = None,
+    max_memory: dict[str | int, str | int] | None = None,
+    offload_folder: str | os.PathLike | None = None,
 ) -> Any:
     """Score every head on every detector and label it (HEAD_SCORES.md).
 
@@ -194,16 +199,28 @@ def classify(
         scan_path: ``"auto"`` (default), ``"dense"`` (read the attention pattern) or ``"sparse"``
             (q, k and the log-sum-exp, no pattern: long contexts); see :mod:`headlens.scan`.
             The path each probe took is in ``attrs["probes"][name]["scan_path"]``.
+        resume: a folder for finished batches (:mod:`headlens.resume`): a rerun with the same
+            arguments scans only the batches that are not there yet.
+        device_map, max_memory, offload_folder: a model larger than one device (``hf:`` references):
+            ``device_map="auto"`` lets ``accelerate`` spread its layers over the GPUs, the CPU and
+            the disk, within ``max_memory`` per device (e.g. ``{0: "20GiB", "cpu": "64GiB"}``).
+
+    Under ``torchrun`` each rank scans a contiguous block of every probe's batches
+    (:mod:`headlens.distributed`) and rank 0 computes the table from all of them; ``device="cuda"``
+    means each rank's own GPU.
 
     Returns:
-        the scores table (pandas DataFrame, schema in :mod:`headlens.table`), provenance in ``attrs``.
+        the scores table (pandas DataFrame, schema in :mod:`headlens.table`), provenance in ``attrs``;
+        None on ranks other than 0 under torchrun.
     """
     import pandas as pd
 
     import headlens
     from headlens.table import empty_table, kv_heads, n_kv_heads, validate
 
-    model = resolve_model(model_or_ref, device=device)
+    rank = current()
+    model = resolve_model(model_or_ref, device=rank.device(device), device_map=device_map, max_memory=max_memory,
+                          offload_folder=offload_folder)
     if n_prompts < 1 or batch_size < 1:
         raise ProbeError(f"n_prompts and batch_size must be >= 1, got {n_prompts} and {batch_size}")
     seq_len = min(int(seq_len), int(model.cfg.n_ctx))
@@ -217,8 +234,13 @@ def classify(
         notes.append(f"{groups[0][0].settings['n_truncated']} prompt(s) were longer than the context "
                      f"and were truncated to n_ctx={model.cfg.n_ctx}")
     choose_path(scan_path, model, (1, 1))  # an unknown or unsupported path fails before any work
-    total, done = sum(len(pr) for pr, _ in groups), 0
     paths: dict[str, str] = {}
+    store = None
+    if resume is not None:
+        from headlens.resume import scan_store
+
+        store = scan_store(resume, model, groups, dets, seed=seed, tl_compatible=tl_compatible, scan_path=scan_path)
+    total, done = sum(len(rank.batch_block(len(pr), batch_size)) for pr, _ in groups), 0
     summaries: dict[str, Summary] = {}
     for probe, served in groups:
         def tick(n: int, stage: str = probe.name) -> None:
@@ -229,9 +251,12 @@ def classify(
 
         run = [*served, TL_NORM] if tl_compatible else served
         info: dict[str, Any] = {}
-        stats = scan(model, probe, run, batch_size, tick, path=scan_path, info=info)
-        paths[probe.name] = info["scan_path"]
-        summaries.update(_summaries(stats, tl_compatible, seed, n_boot))
+        stats = scan_blocks(model, probe, run, batch_size, tick, rank, store, path=scan_path, info=info)
+        if stats is not None:  # None on ranks > 0: their rows went to rank 0
+            paths[probe.name] = info["scan_path"]
+            summaries.update(_summaries(stats, tl_compatible, seed, n_boot))
+    if not rank.is_main:
+        return None
     L, H, H_kv = model.n_layers, model.n_heads, n_kv_heads(model)
     kv = kv_heads(H, H_kv)
     rows = []
@@ -265,6 +290,6 @@ def classify(
         "probes": {pr.name: {**pr.settings, "n_prompts": len(pr), "detectors": [d.name for d in sv],
                              "scan_path": paths[pr.name]} for pr, sv in groups},
         "scan_path": "+".join(sorted(set(paths.values()))) or "none",
-        "skipped": skipped, "warnings": notes, "batch_size": batch_size,
+        "skipped": skipped, "warnings": notes, "batch_size": batch_size, "world_size": rank.world_size,
     })
     return validate(df)

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from headlens.errors import ModelReferenceError
+from headlens.errors import ConfigError, ModelReferenceError
 
 
 def describe_references() -> str:
@@ -39,6 +39,11 @@ def load(ref: Any, device: str = "cpu", **kwargs: Any) -> Any:
     if not ref_str:
         raise ModelReferenceError(f"empty model reference; expected {describe_references()}")
 
+    placement = ("device_map", "max_memory", "offload_folder")  # accelerate's, for hf: models only
+    kwargs = {k: v for k, v in kwargs.items() if v is not None or k not in placement}
+    if [k for k in placement if k in kwargs] and not ref_str.startswith("hf:"):
+        raise ConfigError(f"{', '.join(k for k in placement if k in kwargs)} need an 'hf:' model "
+                          f"(accelerate places its layers); {ref_str!r} is not one")
     from headlens.zoo import ZOO
 
     if ref_str in ZOO:

@@ -28,10 +28,12 @@ import torch.nn.functional as F
 
 from headlens.ablation import Head, Replacement, ablation_hooks, check_method, format_heads, parse_heads
 from headlens.attribution import attribution_patching, spearman
+from headlens.distributed import Rank, current, gather_objects, run_everywhere
 from headlens.metrics import Task, bootstrap_ci, get_metric, make_task
 from headlens.model import GPT
 
 Group = tuple[Head, ...]
+SHARD_GROUPS = 16  # head groups per resume shard (a kill loses at most one shard's work)
 
 COLUMNS = [
     "heads", "method", "metric", "clean", "ablated", "delta", "ci_low", "ci_high",
@@ -53,10 +55,18 @@ class NaiveRunner:
         self.model, self.task, self.replacement = model, task, replacement
         self.clean_logits = _forward(model, task)
 
-    def run(self, groups: Sequence[Group]) -> Iterator[tuple[Group, torch.Tensor]]:
-        for group in groups:
+    def plan(self, groups: Sequence[Group]) -> list[list[Group]]:
+        """Units of work in run order; ranks share them out whole (same shapes, same numbers)."""
+        return [[g] for g in groups]
+
+    def run_unit(self, unit: Sequence[Group]) -> Iterator[tuple[Group, torch.Tensor]]:
+        for group in unit:
             with self.model.hooks(ablation_hooks(group, self.replacement)):
                 yield group, _forward(self.model, self.task)
+
+    def run(self, groups: Sequence[Group]) -> Iterator[tuple[Group, torch.Tensor]]:
+        for unit in self.plan(groups):
+            yield from self.run_unit(unit)
 
 
 class ResumeRunner(NaiveRunner):
@@ -97,29 +107,38 @@ class ResumeRunner(NaiveRunner):
         full[:, cols] = logits
         return full
 
-    def run(self, groups: Sequence[Group]) -> Iterator[tuple[Group, torch.Tensor]]:
+    def plan(self, groups: Sequence[Group]) -> list[list[Group]]:
+        """Each multi-layer group alone, then one-layer groups stacked per layer, ``max_tokens`` at a time."""
         B, T = self.task.tokens.shape
         stackable: dict[int, list[Group]] = {}
+        units = []
         for group in groups:
             layers = {layer for layer, _ in group}
             if len(layers) == 1:
                 stackable.setdefault(layers.pop(), []).append(group)
-                continue
-            first = min(layers)
-            yield group, self._run_one(first, group)
+            else:
+                units.append([group])
         per_chunk = max(1, self.max_tokens // (B * T))
-        for layer, layer_groups in sorted(stackable.items()):
-            z = self.cache[f"blocks.{layer}.attn.hook_z"]  # (B, T, H, d_head)
-            repl = self.replacement.z(layer, z)  # (B, T, H, d_head)
-            for start in range(0, len(layer_groups), per_chunk):
-                chunk = layer_groups[start : start + per_chunk]
-                zs = z.repeat(len(chunk), 1, 1, 1)  # (K*B, T, H, d_head): group k owns rows k*B..(k+1)*B
-                for k, group in enumerate(chunk):
-                    idx = [h for _, h in group]
-                    zs[k * B : (k + 1) * B, :, idx] = repl[:, :, idx]
-                pre = self.cache[f"blocks.{layer}.hook_resid_pre"].repeat(len(chunk), 1, 1)  # (K*B, T, D)
-                logits = self._finish(layer, zs, pre).view(len(chunk), B, T, -1)  # (K, B, T, d_vocab)
-                yield from zip(chunk, logits, strict=True)
+        for _, layer_groups in sorted(stackable.items()):
+            units += [layer_groups[s : s + per_chunk] for s in range(0, len(layer_groups), per_chunk)]
+        return units
+
+    def run_unit(self, unit: Sequence[Group]) -> Iterator[tuple[Group, torch.Tensor]]:
+        layers = {layer for group in unit for layer, _ in group}
+        if len(layers) > 1:  # a multi-layer group: its own unit
+            yield unit[0], self._run_one(min(layers), unit[0])
+            return
+        B, T = self.task.tokens.shape
+        layer = layers.pop()
+        z = self.cache[f"blocks.{layer}.attn.hook_z"]  # (B, T, H, d_head)
+        repl = self.replacement.z(layer, z)  # (B, T, H, d_head)
+        zs = z.repeat(len(unit), 1, 1, 1)  # (K*B, T, H, d_head): group k owns rows k*B..(k+1)*B
+        for k, group in enumerate(unit):
+            idx = [h for _, h in group]
+            zs[k * B : (k + 1) * B, :, idx] = repl[:, :, idx]
+        pre = self.cache[f"blocks.{layer}.hook_resid_pre"].repeat(len(unit), 1, 1)  # (K*B, T, D)
+        logits = self._finish(layer, zs, pre).view(len(unit), B, T, -1)  # (K, B, T, d_vocab)
+        yield from zip(unit, logits, strict=True)
 
     def _run_one(self, first: int, group: Group) -> torch.Tensor:
         z = self.cache[f"blocks.{first}.attn.hook_z"].clone()  # (B, T, H, d_head)
@@ -188,6 +207,7 @@ def sweep(
     fast: bool = True,
     attribution: bool = True,
     progress: Callable[[int, int], None] | None = None,
+    resume: Any = None,
 ) -> Any:
     """Ablate each group of heads and measure ``metrics`` against clean and random-head controls.
 
@@ -205,6 +225,10 @@ def sweep(
         fast: use the cached resume path on native models (same numbers as ``fast=False``).
         attribution: add attribution-patching estimates for single-head groups.
         progress: called as ``progress(done, total)`` after each evaluated group.
+        resume: a folder for finished blocks of head groups (:mod:`headlens.resume`).
+
+    Under ``torchrun`` the head groups (and their controls) are shared out to the ranks in contiguous
+    blocks and rank 0 builds the table; the other ranks return None.
 
     Returns:
         A tidy ``pandas.DataFrame`` with ``COLUMNS``; ``df.attrs["attribution_spearman"]`` maps each
@@ -228,15 +252,27 @@ def sweep(
     clean: dict[str, np.ndarray] = {}
     attrib: dict[str, torch.Tensor] = {}
     probes = _probe_groups(tasks)
+    rank = current()
+    store = None
+    if resume is not None:
+        from headlens.resume import sweep_store
+
+        store = sweep_store(resume, model, tasks, todo, reference, method=method, n_control=n_control,
+                            seed=seed, fast=fast)
     done = iter(range(1, len(todo) * len(probes) + 1))
     tick = (lambda: progress(next(done), len(todo) * len(probes))) if progress is not None else (lambda: None)
     for names in probes:
         ref = tasks[names[0]].tokens if reference is None else reference
         replacement = Replacement.build(model, range(L), method, ref, seed)
-        _measure(model, names, tasks, todo, replacement, fast, clean, per_prompt, tick)
-        if attribution:
+        run_everywhere(rank, _measure, model, names, tasks, todo, replacement, fast, clean, per_prompt, tick,
+                       rank, store)
+        if attribution and rank.is_main:
             for m in names:
                 attrib[m] = attribution_patching(model, tasks[m], m, replacement).mean(0)  # (L, H)
+    gathered = gather_objects(rank, list(per_prompt.items()))  # every rank's head groups, on rank 0
+    if gathered is None:
+        return None
+    per_prompt = dict(gathered)
     rows = [
         _row(g, method, m, clean[m], per_prompt, controls[g], attrib.get(m), n_boot, seed)
         for g in targets for m in metrics
@@ -251,9 +287,16 @@ def sweep(
 
 
 def _measure(model: Any, names: list[str], tasks: dict[str, Task], todo: list[Group], replacement: Replacement,
-             fast: bool, clean: dict, per_prompt: dict, tick: Callable[[], None]) -> None:
-    """Per-prompt values of metrics ``names`` (one shared probe) clean and for every group in ``todo``."""
+             fast: bool, clean: dict, per_prompt: dict, tick: Callable[[], None], rank: Rank | None = None,
+             store: Any = None) -> None:
+    """Per-prompt values of metrics ``names`` (one shared probe) clean and for this rank's groups of ``todo``.
+
+    The runner's units of work are dealt out to ranks in contiguous blocks (a unit keeps the shapes it
+    has in one process, so the numbers are the same); with a ``store`` each run of units holding at
+    least ``SHARD_GROUPS`` groups is one shard on disk.
+    """
     task = tasks[names[0]]
+    rank = rank or Rank()
     with torch.no_grad():
         if fast and isinstance(model, GPT):
             read = torch.stack([tasks[m].positions for m in names]).any(0)  # (B, T): positions any metric reads
@@ -262,10 +305,40 @@ def _measure(model: Any, names: list[str], tasks: dict[str, Task], todo: list[Gr
             runner = NaiveRunner(model, task, replacement)
         for m in names:
             clean[m] = get_metric(m)(runner.clean_logits, tasks[m], runner.clean_logits).cpu().numpy()
-        for group, logits in runner.run(todo):
-            for m in names:
-                per_prompt[group, m] = get_metric(m)(logits, tasks[m], runner.clean_logits).cpu().numpy()
-            tick()
+        units = runner.plan(todo)
+        mine = rank.block(len(units))
+        shards = _shards(units, mine, SHARD_GROUPS if store is not None else len(todo) + 1)
+        for first, last in shards:
+            key = f"{'+'.join(names)}-{first}-{last}"
+            groups = [g for u in units[first:last] for g in u]
+            stored = store.load(key) if store is not None else None
+            if stored is not None:  # (n_groups, n_metrics, B)
+                for i, group in enumerate(groups):
+                    for j, m in enumerate(names):
+                        per_prompt[group, m] = stored[0]["rows"][i, j].numpy()
+                    tick()
+                continue
+            for unit in units[first:last]:
+                for group, logits in runner.run_unit(unit):
+                    for m in names:
+                        per_prompt[group, m] = get_metric(m)(logits, tasks[m], runner.clean_logits).cpu().numpy()
+                    tick()
+            if store is not None:
+                rows = np.stack([[per_prompt[g, m] for m in names] for g in groups])  # (n_groups, n_metrics, B)
+                store.save(key, {"rows": torch.from_numpy(rows)}, groups=[format_heads(g) for g in groups])
+
+
+def _shards(units: list[list[Group]], mine: range, min_groups: int) -> list[tuple[int, int]]:
+    """``mine`` cut into runs of whole units holding at least ``min_groups`` groups (the last may hold fewer)."""
+    out, first, n = [], mine.start, 0
+    for i in mine:
+        n += len(units[i])
+        if n >= min_groups:
+            out.append((first, i + 1))
+            first, n = i + 1, 0
+    if first < mine.stop:
+        out.append((first, mine.stop))
+    return out
 
 
 def _probe_groups(tasks: dict[str, Task]) -> list[list[str]]:

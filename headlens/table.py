@@ -83,8 +83,9 @@ def validate(df: Any) -> Any:
     if len(df):
         if (df["layer"] < 0).any() or (df["head"] < 0).any():
             raise HeadlensError("scores table has negative layer or head ids")
-        if df.duplicated(["model", "layer", "head", "detector"]).any():
-            raise HeadlensError("scores table has duplicate (model, layer, head, detector) rows")
+        key = ["model", "layer", "head", "detector"] + (["checkpoint"] if "checkpoint" in df.columns else [])
+        if df.duplicated(key).any():  # a training series repeats each head once per checkpoint
+            raise HeadlensError(f"scores table has duplicate ({', '.join(key)}) rows")
     return df
 
 

@@ -122,7 +122,12 @@ class BridgeModel:
 
     @property
     def device(self) -> torch.device:
-        return next(self.bridge.parameters()).device
+        """Where inputs go: the embedding's device (a model spread by a device map has several)."""
+        placed = str(getattr(self.bridge.cfg, "device", None) or "")
+        if placed and placed not in ("meta", "disk"):
+            return torch.device(placed)
+        first = next(self.bridge.parameters()).device
+        return torch.device("cpu") if first.type == "meta" else first  # offloaded to disk: runs on the CPU
 
     @property
     def bos_token_id(self) -> int:
@@ -375,13 +380,20 @@ def _native_tokenizer(config: dict[str, Any]) -> Tokenizer | None:
         return None
 
 
-def load_bridge(model_dir: str | os.PathLike, device: str = "cpu", name: str | None = None) -> BridgeModel:
+def load_bridge(model_dir: str | os.PathLike, device: str = "cpu", name: str | None = None,
+                device_map: str | dict[str, Any] | None = None, max_memory: dict[str | int, str | int] | None = None,
+                offload_folder: str | os.PathLike | None = None) -> BridgeModel:
     """Boot a local Hugging Face model directory through TransformerBridge, offline.
 
     Args:
         model_dir: a directory with ``config.json``, weights and a tokenizer.
-        device: where the model runs.
+        device: where the model runs (ignored with ``device_map``).
         name: display name (defaults to the directory name).
+        device_map: a model larger than one device: ``"auto"``, ``"balanced"``, ``"sequential"`` or
+            a dict, handed through the bridge to ``accelerate``, which spreads the layers over the
+            GPUs, the CPU and (with ``offload_folder``) the disk.
+        max_memory: memory per device for ``device_map``, e.g. ``{0: "20GiB", "cpu": "64GiB"}``.
+        offload_folder: where weights that fit on no device go.
 
     Returns:
         a :class:`BridgeModel` with the shared headlens surface.
@@ -400,7 +412,11 @@ def load_bridge(model_dir: str | os.PathLike, device: str = "cpu", name: str | N
 
     transformers.utils.logging.disable_progress_bar()
     try:
-        bridge = TransformerBridge.boot_transformers(str(path.resolve()), device=device)
+        place: dict[str, Any] = {"device": device}
+        if device_map is not None:  # the bridge refuses device and device_map together
+            place = {"device_map": device_map, "max_memory": max_memory,
+                     "offload_folder": None if offload_folder is None else str(offload_folder)}
+        bridge = TransformerBridge.boot_transformers(str(path.resolve()), **place)
     except Exception as err:  # the bridge raises many types (ValueError, OSError, KeyError...)
         raise ModelReferenceError(f"TransformerBridge could not boot {str(model_dir)!r}: {err}") from err
     bridge.eval()

@@ -42,6 +42,7 @@ _COMMAND_MODULES = [
     "headlens.cli.dashboard",
     "headlens.cli.doctor",
     "headlens.cli.export",
+    "headlens.cli.trajectory",
 ]
 
 for _name in _COMMAND_MODULES:

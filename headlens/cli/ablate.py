@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
+from headlens.cli import options as opt
 from headlens.errors import OutputError, ProbeError
 
 
@@ -101,6 +102,8 @@ def register(app: typer.Typer) -> None:
         n_prompts: Annotated[int, typer.Option(min=2, help="probe prompts per metric")] = 32,
         n_control: Annotated[int, typer.Option(min=0, help="random control groups per group")] = 8,
         seed: Annotated[int, typer.Option(help="seeds probes, controls, resampling, bootstrap")] = 0,
+        resume: opt.Resume = None,
+        device: opt.Device = "cpu",
 ) -> None:
         """Ablate heads (zero, mean or resample) and report the effect on task metrics with CIs and controls."""
         from rich.console import Console
@@ -108,6 +111,7 @@ def register(app: typer.Typer) -> None:
 
         from headlens.ablation import AblationError, check_method, parse_heads
         from headlens.classification import resolve_model
+        from headlens.distributed import current
         from headlens.metrics import get_metric
         from headlens.sweep import sweep
         from headlens.zoo import DEFAULT_MODEL
@@ -119,18 +123,21 @@ def register(app: typer.Typer) -> None:
         if not heads and not sweep_all:
             raise AblationError("give --heads L1H2,... or --sweep (every single head)")
         texts = read_prompts(prompts) if prompts is not None else None
-        err = Console(stderr=True)
+        rank = current()  # under torchrun: ranks share the head groups out, rank 0 reports
+        err = Console(stderr=True, quiet=not rank.is_main)
         err.print(f"loading {model or DEFAULT_MODEL} ...")
-        m = resolve_model(model)  # None: the bundled default, else another installed zoo model
+        m = resolve_model(model, device=rank.device(device))  # None: the bundled default, else another zoo model
         groups: list[Any] = [tuple(parse_heads(heads, m.n_layers, m.n_heads))] if heads else []
         if sweep_all:
             groups += [((layer, h),) for layer in range(m.n_layers) for h in range(m.n_heads)]
         groups = list(dict.fromkeys(groups))
-        with Progress(console=err, transient=True) as bar:
+        with Progress(console=err, transient=True, disable=not rank.is_main) as bar:
             task = bar.add_task("ablating", total=None)
             df = sweep(m, groups=groups, method=method, metrics=metrics, prompts=texts, n_prompts=n_prompts,
-                       n_control=n_control, seed=seed,
+                       n_control=n_control, seed=seed, resume=resume,
                        progress=lambda done, total: bar.update(task, completed=done, total=total))
+        if df is None:  # a rank other than 0: its head groups went to rank 0
+            return
         shown = df.sort_values("delta", key=abs, ascending=False) if sweep_all else df
         Console(width=None if sys.stdout.isatty() else 160).print(render(shown, f"{getattr(m, 'name', model)}: {method} ablation"))
         for name, rho in df.attrs.get("attribution_spearman", {}).items():

@@ -21,6 +21,7 @@ from typing import Annotated, Any
 
 import typer
 
+from headlens.cli import options as opt
 from headlens.errors import HeadlensError, ProbeError
 
 SHORT = {  # overview cell for each label
@@ -83,14 +84,21 @@ def run_classify(
     model: str | None, detectors: str | None, prompts: Path | None, n_prompts: int, seq_len: int,
     batch_size: int, seed: int, threshold: float | None, tl_compatible: bool, out: Path | None,
     quiet: bool, truncate: bool, confirm: bool, corpus: str | None = None, scan_path: str = "auto",
+    resume: Path | None = None, device: str = "cpu", load_options: dict[str, Any] | None = None,
 ) -> None:
-    """The command body: library calls only, errors left to the caller."""
+    """The command body: library calls only, errors left to the caller.
+
+    Under torchrun only rank 0 shows progress, warnings and results and writes ``out``.
+    """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from headlens.classification import classify, resolve_model
+    from headlens.distributed import current
     from headlens.table import check_output_path, write_table
 
+    rank = current()
+    quiet = quiet or not rank.is_main
     err = Console(stderr=True)
     if out is not None:
         check_output_path(out)  # fail before the scan, not after
@@ -98,7 +106,7 @@ def run_classify(
         raise ProbeError(f"prompts file {str(prompts)!r} does not exist")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        loaded = resolve_model(model)
+        loaded = resolve_model(model, device=rank.device(device), **(load_options or {}))
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err, disable=quiet, transient=True) as bar:
             task = bar.add_task("scanning", total=None)
@@ -108,10 +116,16 @@ def run_classify(
 
             df = classify(loaded, detectors=detectors, prompts=prompts, n_prompts=n_prompts, seq_len=seq_len,
                           batch_size=batch_size, seed=seed, threshold=threshold, tl_compatible=tl_compatible,
-                          progress=progress, truncate=truncate, corpus=corpus, scan_path=scan_path)
+                          progress=progress, truncate=truncate, corpus=corpus, scan_path=scan_path,
+                          resume=resume)
+        if df is None:  # a rank other than 0: its rows went to rank 0
+            return
         if confirm:
+            from headlens.distributed import single_process
+
             attrs = dict(df.attrs)
-            df = _confirm_fn()(loaded, df)
+            with single_process():  # rank 0 alone: the other ranks are done
+                df = _confirm_fn()(loaded, df)
             df.attrs.update(attrs)
     for w in caught:
         print(f"headlens: warning: {w.message}", file=sys.stderr)
@@ -152,11 +166,21 @@ def register(app: typer.Typer) -> None:
                            "(headlens.confirm)")] = False,
         scan_path: Annotated[str, typer.Option("--scan-path", help="auto | dense (read the attention "
                              "pattern) | sparse (q, k and log-sum-exp, no T x T pattern: long contexts)")] = "auto",
+        resume: opt.Resume = None,
+        device: opt.Device = "cpu",
+        device_map: opt.DeviceMap = None,
+        max_memory: opt.MaxMemory = None,
+        offload_folder: opt.OffloadFolder = None,
     ) -> None:
-        """Score every head on every detector, label them, print the labelled heads."""
+        """Score every head on every detector, label them, print the labelled heads.
+
+        Under torchrun (torchrun --nproc-per-node N -m headlens classify ...) each rank scans a block
+        of the prompts and rank 0 writes the table.
+        """
         try:
             run_classify(model, detectors, prompts, n_prompts, seq_len, batch_size, seed, threshold,
-                         tl_compatible, out, quiet, truncate, confirm, corpus, scan_path)
+                         tl_compatible, out, quiet, truncate, confirm, corpus, scan_path, resume, device,
+                         opt.load_options(device_map, max_memory, offload_folder))
         except HeadlensError as e:  # one line and the class's exit code, also under CliRunner
             print(f"headlens: error: {e}", file=sys.stderr)
             raise typer.Exit(e.exit_code) from None

@@ -1,0 +1,225 @@
+"""Scale-out (TESTING.md "Distributed scans"): torchrun ranks equal one process, errors end every rank,
+a SIGKILLed ``--resume`` run resumes to the identical table.
+
+Each torchrun start costs seconds of imports, so one 2-rank gloo job (``torchrun --standalone``: no
+fixed port) runs classify (through the CLI, with ``--resume``), a sweep and a trajectory, and the tests
+compare its files with the same calls made here in one process.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import headlens
+from headlens.distributed import Rank
+from headlens.table import read_table
+from headlens.zoo import weights_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAPS = sorted((weights_dir() / "induction-2l-snapshots").glob("*.safetensors"))
+SERIES = [str(SNAPS[i]) for i in (0, 4, 6)]  # steps 700, 3500, 4900: before, during, after the phase change
+CLASSIFY = ["-m", "induction-2l", "-d", "previous_token,induction", "--n-prompts", "10", "--batch-size", "3",
+            "--seq-len", "32"]
+SWEEP = dict(n_prompts=6, n_control=2, n_boot=50, seed=0)
+TRAJ = dict(detectors="induction,previous_token", n_prompts=10, seq_len=32, n_boot=50)
+
+JOB = """
+import json, sys
+import headlens
+from headlens.cli import app
+from headlens.distributed import current
+from headlens.sweep import sweep
+
+out, classify_args, sweep_kw, series, traj_kw = sys.argv[1], *map(json.loads, sys.argv[2:])
+app(["classify", *classify_args, "-o", f"{out}/classify.csv", "--resume", f"{out}/resume"], standalone_mode=False)
+swept = sweep(headlens.load("induction-2l"), **sweep_kw)
+traj = headlens.trajectory(series, **traj_kw)
+if current().is_main:
+    swept.to_json(f"{out}/sweep.json")
+    traj.to_json(f"{out}/trajectory.json")
+else:
+    assert swept is None and traj is None
+"""
+
+FAILING_JOB = """
+import os
+import headlens.scan
+from headlens.errors import ProbeError
+
+def boom(*args, **kwargs):
+    raise ProbeError("planted failure on rank 1")
+
+if os.environ["RANK"] == "1":
+    headlens.scan.scan = boom
+from headlens.cli import main
+main()
+"""
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "HF_HUB_OFFLINE": "1", **extra}
+    if sys.platform == "linux":
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    return env
+
+
+def _torchrun(script: Path, *args: str, timeout: float = 240, **env: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(**env), cwd=script.parent)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    import json
+
+    out = tmp_path_factory.mktemp("dist")
+    (out / "job.py").write_text(textwrap.dedent(JOB))
+    res = _torchrun(out / "job.py", str(out), json.dumps(CLASSIFY), json.dumps(SWEEP), json.dumps(SERIES),
+                    json.dumps(TRAJ))
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out, res
+
+
+def test_blocks_cover_the_rows_in_order():
+    for n, bs, world in [(10, 3, 2), (3, 4, 2), (17, 2, 3), (0, 2, 2)]:
+        blocks = [Rank(r, world).batch_block(n, bs) for r in range(world)]
+        assert [i for b in blocks for i in b] == list(range(n))
+        assert all(b.start % bs == 0 for b in blocks if len(b))  # every batch whole, on one rank
+        assert [i for r in range(world) for i in Rank(r, world).block(n)] == list(range(n))
+
+
+def test_classify_on_two_ranks_equals_one_process(two_ranks):
+    out, res = two_ranks
+    args = dict(detectors="previous_token,induction", n_prompts=10, batch_size=3, seq_len=32)
+    one = headlens.classify("induction-2l", **args)
+    two = read_table(out / "classify.csv")
+    assert one.attrs["world_size"] == 1 and two.attrs["world_size"] == 2
+    for col in ("score", "ci_low", "ci_high", "baseline"):
+        np.testing.assert_allclose(two[col], one[col], atol=1e-9, rtol=0)
+    assert (two["label"] == one["label"]).all() and (two["n_positions"] == one["n_positions"]).all()
+    assert res.stdout.count("labelled heads") == 1  # results printed by rank 0 only
+    assert "scanning" not in res.stderr  # no progress bars from any rank when stderr is not a terminal
+    # the shards written under torchrun serve a one-process rerun
+    again = headlens.classify("induction-2l", **args, resume=out / "resume")
+    np.testing.assert_allclose(again["score"], one["score"], atol=1e-9, rtol=0)
+
+
+def test_sweep_on_two_ranks_equals_one_process(two_ranks):
+    out, _ = two_ranks
+    from headlens.sweep import sweep
+
+    one = sweep(headlens.load("induction-2l"), **SWEEP)
+    two = pd.read_json(out / "sweep.json")
+    assert list(two["heads"]) == list(one["heads"])
+    num = one.select_dtypes("number").columns
+    np.testing.assert_allclose(two[num].to_numpy(float), one[num].to_numpy(float), atol=1e-9, rtol=0)
+
+
+def test_trajectory_on_two_ranks_equals_one_process(two_ranks):
+    out, _ = two_ranks
+    one = headlens.trajectory(SERIES, **TRAJ)
+    two = pd.read_json(out / "trajectory.json")
+    assert list(two["step"]) == list(one["step"]) and list(two["checkpoint"]) == list(one["checkpoint"])
+    np.testing.assert_allclose(two["score"], one["score"], atol=1e-9, rtol=0)
+    np.testing.assert_allclose(two["ci_low"], one["ci_low"], atol=1e-9, rtol=0)
+
+
+def test_an_error_on_one_rank_ends_every_rank(tmp_path):
+    (tmp_path / "job.py").write_text(textwrap.dedent(FAILING_JOB))
+    res = _torchrun(tmp_path / "job.py", "classify", *CLASSIFY, "-q", timeout=120, HEADLENS_DIST_TIMEOUT="90")
+    assert res.returncode != 0
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("headlens: error:")]
+    assert len(lines) == 2 and all("planted failure on rank 1" in ln for ln in lines), res.stderr[-2000:]
+
+
+KILLER = """
+import os, signal, sys
+import headlens.resume
+
+calls = 0
+_replace = os.replace
+
+def replace_then_die(src, dst):  # SIGKILL half-way through the 5th shard: its temp file is written, not moved
+    global calls
+    calls += 1
+    if calls == 5:
+        os.kill(os.getpid(), signal.SIGKILL)
+    _replace(src, dst)
+
+headlens.resume.os.replace = replace_then_die
+sys.argv[0] = "headlens"
+from headlens.cli import main
+main()
+"""
+
+
+def test_sigkilled_resume_run_resumes_to_the_identical_table(tmp_path, monkeypatch):
+    (tmp_path / "kill.py").write_text(textwrap.dedent(KILLER))
+    args = ["classify", "-m", "induction-2l", "-d", "previous_token,induction", "--n-prompts", "12",
+            "--batch-size", "2", "--seq-len", "32", "-q", "--resume", str(tmp_path / "shards")]
+    res = subprocess.run([sys.executable, str(tmp_path / "kill.py"), *args], capture_output=True, text=True,
+                         timeout=120, env=_env())
+    assert res.returncode == -9, res.stderr[-2000:]
+    done = sorted(p.name for p in (tmp_path / "shards" / "classify").glob("*.safetensors"))
+    assert len(done) == 4, done  # the 5th shard, in flight, is lost; nothing else is
+    import headlens.scan
+
+    scans = []
+    real_scan = headlens.scan.scan
+    monkeypatch.setattr(headlens.scan, "scan", lambda *a, **k: scans.append(1) or real_scan(*a, **k))
+    kw = dict(detectors="previous_token,induction", n_prompts=12, batch_size=2, seq_len=32)
+    resumed = headlens.classify("induction-2l", **kw, resume=tmp_path / "shards")
+    assert len(scans) == 12 - 4  # 2 probes x 6 batches, 4 read back
+    monkeypatch.setattr(headlens.scan, "scan", real_scan)
+    fresh = headlens.classify("induction-2l", **kw)
+    pd.testing.assert_frame_equal(resumed, fresh)
+    # the same folder with other settings: every shard is ignored with a warning, none mixed in
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        other = headlens.classify("induction-2l", **{**kw, "seed": 1}, resume=tmp_path / "shards")
+    assert any("ignoring resume shard" in str(w.message) for w in caught)
+    pd.testing.assert_frame_equal(other, headlens.classify("induction-2l", **{**kw, "seed": 1}))
+
+
+def test_device_map_split_over_cpu_and_disk_scores_like_the_whole_model(tmp_path):
+    pytest.importorskip("accelerate")
+    from conftest import make_gpt
+
+    from headlens.export import export_hf
+
+    hf = export_hf(make_gpt(n_layers=4, n_heads=4, d_model=64, n_ctx=64, d_vocab=257), tmp_path / "hf")
+    kw = dict(detectors="previous_token,induction", n_prompts=10, seq_len=32, n_boot=50)
+    whole = headlens.classify(f"hf:{hf}", **kw)
+    # 500KB of "CPU" holds the embeddings and one of the four layers: accelerate puts the rest on disk
+    split = headlens.load(f"hf:{hf}", device_map="auto", max_memory={"cpu": "500KB"}, offload_folder=tmp_path / "off")
+    placed = split.bridge.original_model.hf_device_map
+    assert set(placed.values()) == {"cpu", "disk"} and placed["transformer.h.3"] == "disk", placed
+    got = headlens.classify(split, **kw)
+    for col in ("score", "ci_low", "ci_high"):
+        np.testing.assert_allclose(got[col], whole[col], atol=1e-9, rtol=0)
+
+
+def test_device_map_options_are_checked():
+    from typer.testing import CliRunner
+
+    from headlens.cli import app
+    from headlens.cli.options import parse_max_memory
+
+    assert parse_max_memory("0=20GiB,1=20GiB, cpu=64GiB") == {0: "20GiB", 1: "20GiB", "cpu": "64GiB"}
+    runner = CliRunner()
+    res = runner.invoke(app, ["classify", "-m", "induction-2l", "--max-memory", "cpu=1GiB"])
+    assert res.exit_code == 2 and "need --device-map" in res.stderr
+    res = runner.invoke(app, ["classify", "-m", "induction-2l", "--device-map", "auto"])
+    assert res.exit_code == 2 and "need an 'hf:' model" in res.stderr
+    res = runner.invoke(app, ["classify", "--device-map", "auto", "--max-memory", "cpu"])
+    assert res.exit_code == 2 and "'cpu' is not DEVICE=SIZE" in res.stderr
