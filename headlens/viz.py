@@ -35,6 +35,15 @@ LABEL_MARKS = {
 }
 BYTE_ESCAPES = {"\\x0a": "\n", "\\x09": "\t", "\\x0d": "\r"}  # byte tokenizers spell these as escapes
 SELECTED_COLOR = "#ff2d55"  # border of the heads selected in the dashboard
+# one hue per head type for the grid's "strongest label" colouring (intensity = score)
+LABEL_COLORS = {
+    "previous_token": "#1f77b4", "next_token": "#17becf", "current_token": "#7f7f7f", "first_token": "#8c564b",
+    "duplicate_token": "#9467bd", "induction": "#d62728", "bracket_matching": "#2ca02c",
+    "bracket_matching_hard": "#2ca02c", "open_bracket": "#ff7f0e", "open_bracket_hard": "#ff7f0e",
+    "copying": "#e377c2",
+}
+UNLABELLED_COLOR = "#d9d9d9"
+PATTERN_WINDOW = 64  # tokens one pattern shows with every token labelled; longer texts get a window
 
 
 def head_name(layer: int, head: int) -> str:
@@ -94,7 +103,9 @@ def head_grid_figure(
         detector: which detector colours the grid.
         n_layers: number of layers (rows); heads missing from ``scores`` are drawn grey.
         n_heads: number of heads per layer (columns).
-        color_by: ``"score"`` (0..1) or ``"lift"`` (score / uniform baseline).
+        color_by: ``"score"`` (0..1), ``"lift"`` (score / uniform baseline) or ``"label"``: each
+            head in the colour of its strongest label (``LABEL_COLORS``), as intense as that
+            label's score; unlabelled heads grey (``detector`` is then only used in the hover).
         selected: heads drawn with a thick border.
         title: figure title.
 
@@ -103,8 +114,10 @@ def head_grid_figure(
     """
     import plotly.graph_objects as go
 
-    if color_by not in ("score", "lift"):
-        raise ValueError(f"color_by must be 'score' or 'lift', got {color_by!r}")
+    if color_by not in ("score", "lift", "label"):
+        raise ValueError(f"color_by must be 'score', 'lift' or 'label', got {color_by!r}")
+    if color_by == "label":
+        return _label_grid(scores, n_layers, n_heads, selected, title)
     rows: dict[tuple[int, int], Any] = {}
     if not scores.empty and "detector" in scores.columns:
         for row in scores[scores["detector"] == detector].itertuples(index=False):
@@ -170,6 +183,68 @@ def head_grid_figure(
     return fig
 
 
+def _tint(hex_color: str, strength: float) -> str:
+    """``hex_color`` mixed with white: ``strength`` 1 is the full colour, 0 is white."""
+    r, g, b = (int(hex_color[i:i + 2], 16) for i in (1, 3, 5))
+    s = min(1.0, max(0.0, strength))
+    return "#" + "".join(f"{round(255 - (255 - c) * s):02x}" for c in (r, g, b))
+
+
+def _label_grid(scores: pd.DataFrame, n_layers: int, n_heads: int, selected: Iterable[tuple[int, int]],
+                title: str | None) -> go.Figure:
+    """The head grid coloured by each head's strongest label (hue) and its score (intensity)."""
+    import plotly.graph_objects as go
+
+    best: dict[tuple[int, int], Any] = {}
+    if not scores.empty and "label" in scores.columns:
+        labelled = scores[scores["label"].fillna(False).astype(bool)].sort_values("lift", ascending=False)
+        for row in labelled.itertuples(index=False):
+            best.setdefault((int(row.layer), int(row.head)), row)
+    labels = _labels_by_head(scores)
+    chosen = {(int(lay), int(hd)) for lay, hd in selected}
+    xs, ys, colors, custom, texts, line_colors, line_widths = [], [], [], [], [], [], []
+    for layer in range(n_layers):
+        for head in range(n_heads):
+            row = best.get((layer, head))
+            detector = str(row.detector) if row is not None else ""
+            score = float(row.score) if row is not None else float("nan")
+            xs.append(head)
+            ys.append(layer)
+            colors.append(_tint(LABEL_COLORS.get(detector, "#444444"), 0.25 + 0.75 * score) if row is not None
+                          else UNLABELLED_COLOR)
+            texts.append(LABEL_MARKS.get(detector, detector[:3]) if row is not None else "")
+            custom.append([layer, head, head_name(layer, head), detector or "none", _fmt(getattr(row, "score", None)),
+                           _fmt(getattr(row, "ci_low", None)), _fmt(getattr(row, "ci_high", None)),
+                           _fmt(getattr(row, "lift", None), 2), ", ".join(labels.get((layer, head), [])) or "none"])
+            is_sel = (layer, head) in chosen
+            line_colors.append(SELECTED_COLOR if is_sel else "#ffffff")
+            line_widths.append(4 if is_sel else 1)
+    size = max(14, min(44, int(440 / max(n_layers, n_heads, 1))))
+    fig = go.Figure(go.Scatter(
+        x=xs, y=ys, mode="markers+text", text=texts, textposition="middle center",
+        textfont=dict(size=max(8, size // 4), color="#111111"),
+        marker=dict(symbol="square", size=size, color=colors, line=dict(color=line_colors, width=line_widths)),
+        customdata=custom, name="heads", showlegend=False,
+        hovertemplate=("<b>%{customdata[2]}</b><br>strongest label: %{customdata[3]} %{customdata[4]} "
+                       "[%{customdata[5]}, %{customdata[6]}] · lift %{customdata[7]}<br>all labels: "
+                       "%{customdata[8]}<extra></extra>"),
+    ))
+    for detector in dict.fromkeys(str(r.detector) for r in best.values()):  # a legend entry per type shown
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=detector, hoverinfo="skip",
+                                 marker=dict(symbol="square", size=12, color=LABEL_COLORS.get(detector, "#444444"))))
+    fig.update_layout(
+        title=dict(text=title or "strongest label per head (colour: type, intensity: score)"),
+        height=max(240, n_layers * (size + 18) + 140), margin=dict(l=50, r=20, t=50, b=40),
+        clickmode="event+select", dragmode=False, plot_bgcolor="#ffffff",
+        legend=dict(orientation="h", y=-0.12, x=0, title=dict(text="label")),
+    )
+    fig.update_xaxes(title="head", tickmode="array", tickvals=list(range(n_heads)),
+                     range=[-0.6, n_heads - 0.4], showgrid=False, zeroline=False)
+    fig.update_yaxes(title="layer", tickmode="array", tickvals=list(range(n_layers)),
+                     range=[n_layers - 0.4, -0.6], showgrid=False, zeroline=False)
+    return fig
+
+
 def placeholder_figure(message: str, height: int = 300) -> go.Figure:
     """An empty figure that says ``message``: stands in for a figure still being computed."""
     import plotly.graph_objects as go
@@ -183,19 +258,63 @@ def placeholder_figure(message: str, height: int = 300) -> go.Figure:
     return fig
 
 
+def token_window(n_tokens: int, start: int = 0, width: int = PATTERN_WINDOW) -> range:
+    """The positions a pattern figure shows: all of them when they fit, else ``width`` from ``start``.
+
+    >>> token_window(10), token_window(100, start=90, width=64)
+    (range(0, 10), range(36, 100))
+    """
+    width = max(1, int(width))
+    if n_tokens <= width:
+        return range(n_tokens)
+    start = min(max(0, int(start)), n_tokens - width)
+    return range(start, start + width)
+
+
+def _pattern_axes(str_tokens: Sequence[str], window: range) -> tuple[list[str], list[str]]:
+    """Categories (``"#3 a"``: one per position, so repeated tokens stay apart) and their tick labels."""
+    labels = [display_token(str_tokens[i]) for i in window]
+    return [f"#{i} {label}" for i, label in zip(window, labels, strict=True)], labels
+
+
+def _heatmap(z: np.ndarray, cats: list[str], causal: bool, window: range, **kwargs: Any) -> go.Heatmap:
+    import numpy as np
+    import plotly.graph_objects as go
+
+    z = np.asarray(z, dtype=float)[window.start:window.stop, window.start:window.stop]  # (Q, K) in the window
+    if causal:
+        z = np.where(np.triu(np.ones(z.shape, dtype=bool), k=1), np.nan, z)
+    # hover names query and key through the categories, without a (Q, K) customdata array
+    return go.Heatmap(z=z.astype(np.float32), x=cats, y=cats, colorscale="Blues", zmin=0.0, zmax=1.0,
+                      hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.3f}<extra></extra>",
+                      hoverongaps=False, **kwargs)
+
+
+def _label_every_token(fig: go.Figure, cats: list[str], labels: list[str], **axis: Any) -> None:
+    """Tick labels at every position on both axes (the window is sized so that they fit)."""
+    font = dict(size=10 if len(cats) > 24 else 12)
+    fig.update_xaxes(type="category", tickmode="array", tickvals=cats, ticktext=labels, tickfont=font,
+                     tickangle=-90 if len(cats) > 16 else 0, **axis)
+    fig.update_yaxes(type="category", tickmode="array", tickvals=cats, ticktext=labels, tickfont=font,
+                     autorange="reversed", **axis)
+
+
 def pattern_figure(
     pattern: np.ndarray,
     str_tokens: Sequence[str],
     title: str = "",
     causal: bool = True,
+    window: range | None = None,
 ) -> go.Figure:
-    """One head's attention pattern as a heatmap with token labels on both axes.
+    """One head's attention pattern as a heatmap, every token labelled on both axes.
 
     Args:
         pattern: ``(query_pos, key_pos)`` attention weights, rows summing to 1.
         str_tokens: the token strings, one per position.
         title: figure title, e.g. ``"L1H2"``.
         causal: blank out the cells above the diagonal (keys a causal query cannot see).
+        window: the positions shown on both axes (default: all; see :func:`token_window` for
+            texts longer than fit with every token labelled).
 
     Returns:
         A heatmap whose hover names the query token, the key token and the weight.
@@ -203,30 +322,53 @@ def pattern_figure(
     import numpy as np
     import plotly.graph_objects as go
 
-    z = np.asarray(pattern, dtype=float)  # (Q, K)
-    n_q, n_k = z.shape
+    n_k = np.asarray(pattern).shape[-1]
     if len(str_tokens) != n_k:
         raise ValueError(f"{len(str_tokens)} token labels for a pattern with {n_k} key positions")
-    if causal:
-        z = np.where(np.triu(np.ones((n_q, n_k), dtype=bool), k=1), np.nan, z)
-    labels = [display_token(t) for t in str_tokens]
-    # one category per position ("#3 a"): repeated tokens stay apart, and the hover can name the
-    # query and key tokens without a (Q, K) customdata array (which would dominate the figure's size)
-    cats = [f"#{i} {label}" for i, label in enumerate(labels)]
-    fig = go.Figure(go.Heatmap(
-        z=z.astype(np.float32), x=cats[:n_k], y=cats[:n_q],  # float32 halves the payload
-        colorscale="Blues", zmin=0.0, zmax=1.0, colorbar=dict(title=dict(text="weight"), thickness=12),
-        hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.3f}<extra></extra>",
-        hoverongaps=False,
-    ))
-    step = max(1, math.ceil(n_k / 60))  # keep tick labels legible on long texts
-    ticks = list(range(0, n_k, step))
-    fig.update_layout(title=dict(text=title), height=max(300, min(700, 14 * n_q + 140)),
+    window = range(n_k) if window is None else window
+    cats, labels = _pattern_axes(str_tokens, window)
+    fig = go.Figure(_heatmap(pattern, cats, causal, window, colorbar=dict(title=dict(text="weight"), thickness=12)))
+    fig.update_layout(title=dict(text=title), height=max(300, 13 * len(cats) + 170),
                       margin=dict(l=60, r=20, t=50, b=60))
-    fig.update_xaxes(title="key token", type="category", tickmode="array", tickvals=[cats[i] for i in ticks],
-                     ticktext=[labels[i] for i in ticks], tickangle=0, side="bottom")
-    fig.update_yaxes(title="query token", type="category", tickmode="array", tickvals=[cats[i] for i in ticks],
-                     ticktext=[labels[i] for i in ticks], autorange="reversed")
+    _label_every_token(fig, cats, labels)
+    fig.update_xaxes(title="key token")
+    fig.update_yaxes(title="query token")
+    return fig
+
+
+def patterns_figure(
+    patterns: Sequence[np.ndarray],
+    names: Sequence[str],
+    str_tokens: Sequence[str],
+    causal: bool = True,
+    window: range | None = None,
+    title: str = "",
+) -> go.Figure:
+    """Several heads' patterns side by side on the same tokens (one panel each, shared colour scale).
+
+    Args:
+        patterns: ``(query_pos, key_pos)`` arrays, one per panel.
+        names: panel titles, e.g. ``["L0H0", "L0H1"]``.
+        str_tokens: the token strings, one per position.
+        causal: blank out keys after the query.
+        window: positions shown (every token in it labelled); size it to the panel width.
+        title: figure title.
+    """
+    from plotly.subplots import make_subplots
+
+    n = len(patterns)
+    window = range(len(str_tokens)) if window is None else window
+    cats, labels = _pattern_axes(str_tokens, window)
+    fig = make_subplots(rows=1, cols=max(1, n), subplot_titles=list(names), shared_yaxes=True,
+                        horizontal_spacing=0.02 if n > 1 else 0.1)
+    for i, pattern in enumerate(patterns):
+        if pattern.shape[-1] != len(str_tokens):
+            raise ValueError(f"{len(str_tokens)} token labels for a pattern with {pattern.shape[-1]} key positions")
+        fig.add_trace(_heatmap(pattern, cats, causal, window, showscale=i == 0, name=str(names[i]),
+                               colorbar=dict(title=dict(text="weight"), thickness=10)), row=1, col=i + 1)
+    fig.update_layout(title=dict(text=title), height=max(320, 12 * len(cats) + 190),
+                      margin=dict(l=60, r=20, t=70, b=60))
+    _label_every_token(fig, cats, labels)
     return fig
 
 

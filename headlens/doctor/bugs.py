@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -147,6 +148,7 @@ def reference_attention(
     b_o: torch.Tensor,
     recipe: AttentionRecipe,
     return_z: bool = False,
+    pattern_hook: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Multi-head self-attention of ``x`` (B, T, D) under ``recipe``.
 
@@ -158,6 +160,8 @@ def reference_attention(
         b_o: its bias ``(d_model,)``.
         recipe: how to split/score/mask/merge; the default recipe is the correct attention.
         return_z: also return the merged head outputs before the output projection.
+        pattern_hook: called on the pattern ``(B, A, S, S)`` (a ``HookPoint`` in
+            ``headlens.doctor.inject``); with a correct split ``A`` is heads and ``S`` positions.
 
     >>> x = torch.randn(1, 3, 8)
     >>> w, b = torch.randn(24, 8), torch.zeros(24)
@@ -176,6 +180,8 @@ def reference_attention(
     if keep is not None:
         scores = scores.masked_fill(~keep, float("-inf"))
     pattern = F.softmax(scores, dim=recipe.softmax_dim)  # (B, A, S, S)
+    if pattern_hook is not None:
+        pattern = pattern_hook(pattern)
     merged = _merge(pattern @ v, D, recipe.merge)  # (B, T, D)
     out = F.linear(merged, w_o, b_o)
     return (out, merged) if return_z else out
