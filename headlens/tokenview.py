@@ -108,3 +108,22 @@ def token_view_html(
             f'query (outlined) to each token, darker = more. Query: <span class="hl-query">{first}</span></div>'
             f'{"".join(lines)}<script type="application/json">{data}</script></div>'
             + _SCRIPT % {"uid": json.dumps(uid), "color": COLOR, "outline": QUERY_OUTLINE})
+
+
+def attention_row_html(str_tokens: Sequence[str], row: Sequence[float], query: int,
+                       targets: Sequence[int] = ()) -> str:
+    """One query's attention row as coloured text (static): the query outlined, targets underlined.
+
+    >>> attention_row_html(["a", "b"], [0.5, 0.5], query=1, targets=[0]).count("rgba(31,119,180,0.5)")
+    2
+    """
+    spans = []
+    for k, token in enumerate(str_tokens):
+        a = float(row[k]) if k < len(row) else 0.0
+        style = f"background: rgba({COLOR},{round(a, 3):g}); white-space: pre; font-family: monospace;"
+        if k == query:
+            style += f" outline: 2px solid {QUERY_OUTLINE};"
+        if k in targets:
+            style += " text-decoration: underline 2px;"
+        spans.append(f'<span title="#{k} {html.escape(repr(token))}: {a:.3f}" style="{style}">{_shown(token)}</span>')
+    return f'<div class="headlens-attention-row" style="line-height: 1.9;">{"".join(spans)}</div>'

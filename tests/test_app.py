@@ -18,7 +18,7 @@ import torch
 from conftest import make_gpt
 from streamlit.testing.v1 import AppTest
 
-from headlens import GPT, ModelConfig, save_checkpoint
+from headlens import GPT, ModelConfig, save_checkpoint, viz
 from headlens.app import cache
 from headlens.app import helpers as hd
 from headlens.tokenizer import Tokenizer
@@ -87,6 +87,14 @@ def patterns(at: AppTest) -> dict[str, dict]:
     return out
 
 
+def colour_by(at: AppTest, detector: str) -> AppTest:
+    """Colour the grid by one detector's scores (it opens on each head's strongest label when there is one)."""
+    if at.selectbox(key="detector").value != detector:
+        at.selectbox(key="detector").set_value(detector).run()
+        assert not at.exception
+    return at
+
+
 def placeholders(at) -> list[dict]:
     """Figures still showing the first paint's "loading ..." placeholder."""
     return [f for f in figures(at) if not f["data"]
@@ -99,7 +107,9 @@ def test_app_shows_the_grid_the_selected_pattern_and_no_errors(monkeypatch, mode
     assert placeholders(at) == []  # the first paint's placeholder gave way to the grid
     assert at.selectbox(key="model_choice").value == hd.CUSTOM_CHOICE
     assert at.text_input(key="model_path").value == models["byte"]
-    fig = grid(at)
+    labelled = cache.get_scores(models["byte"])["label"].any()
+    assert at.selectbox(key="detector").value == (hd.LABELS_CHOICE if labelled else "induction")
+    fig = grid(colour_by(at, "induction"))
     custom = [tuple(c[:2]) for c in fig["data"][0]["customdata"]]
     assert custom == [(layer, head) for layer in range(2) for head in range(4)]
     # the grid's colours are the induction scores of the scores table
@@ -115,8 +125,18 @@ def test_app_shows_the_grid_the_selected_pattern_and_no_errors(monkeypatch, mode
     assert list(pats) == [selected]
     text = at.text_area(key=f"text::{models['byte']}").value
     assert text == hd.example_text(model)
-    n_tokens = len(model.to_str_tokens(text))
-    assert arr(pats[selected]["data"][0]["z"]).shape == (n_tokens, n_tokens)
+    str_tokens = model.to_str_tokens(text)
+    n_tokens, shown = len(str_tokens), min(len(str_tokens), viz.PATTERN_WINDOW)
+    assert arr(pats[selected]["data"][0]["z"]).shape == (shown, shown)
+    # every token of the window is labelled on both axes; a slider moves the window over longer texts
+    xaxis, yaxis = pats[selected]["layout"]["xaxis"], pats[selected]["layout"]["yaxis"]
+    assert xaxis["ticktext"] == yaxis["ticktext"] == [viz.display_token(t) for t in str_tokens[:shown]]
+    if n_tokens > shown:
+        (slider,) = at.slider
+        slider.set_value(n_tokens - shown).run()
+        assert not at.exception
+        last = patterns(at)[selected]["layout"]["xaxis"]["ticktext"]
+        assert last == [viz.display_token(t) for t in str_tokens[-shown:]]
     # exports: scores as CSV, figures as HTML
     labels = [b.label for b in at.download_button]
     assert "Download scores (CSV)" in labels and "Download figure (HTML)" in labels
@@ -153,7 +173,7 @@ def test_scoring_on_real_python_recolours_the_grid_and_an_unfit_model_gets_a_war
     ind = stdlib[stdlib.detector == "induction"].sort_values(["layer", "head"])
     generated = cache.get_scores(models["byte"])
     assert list(ind.score) != list(generated[generated.detector == "induction"].sort_values(["layer", "head"]).score)
-    assert grid(at)["data"][0]["marker"]["color"] == pytest.approx(list(ind.score))
+    assert grid(colour_by(at, "induction"))["data"][0]["marker"]["color"] == pytest.approx(list(ind.score))
     # a char model whose alphabet cannot spell Python: a warning that says so, and the page lives on
     at = start(monkeypatch, models["char"])
     at.selectbox(key="score_source").set_value("real Python (stdlib)").run()

@@ -116,3 +116,80 @@ def get_training(ref: str, detectors: Sequence[str] = hd.TRAINING_DETECTORS,
 def app_script() -> Path:
     """The Streamlit script shipped inside the package (what ``headlens dashboard`` serves)."""
     return dashboard_script()
+
+
+# -- the Learn view ---------------------------------------------------------------------------
+@st.cache_data(max_entries=16, show_spinner=False)
+def _split(ref: str, key: str, text: str, layer: int) -> Any:
+    from headlens import lesson
+
+    with exclusive(get_model(ref)) as model:
+        return lesson.split_step(model, text, layer)
+
+
+def get_split(ref: str, text: str, layer: int) -> Any:
+    """:func:`headlens.lesson.split_step` on the cached model (cached)."""
+    return _split(ref, hd.fingerprint(ref), text, int(layer))
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def _bug(ref: str, key: str, text: str, bug: str, layer: int) -> Any:
+    from headlens import lesson
+
+    with exclusive(get_model(ref)) as model:
+        return lesson.bug_step(model, text, bug, layer)
+
+
+def get_bug(ref: str, text: str, bug: str, layer: int) -> Any:
+    """:func:`headlens.lesson.bug_step`: ``bug`` planted in a copy of the cached model (cached)."""
+    return _bug(ref, hd.fingerprint(ref), text, bug, int(layer))
+
+
+def _source(ref: str) -> Path:
+    from headlens import lesson
+    from headlens.errors import ConfigError
+
+    source = lesson.checkpoint_source(ref)
+    if source is None:
+        raise ConfigError(f"{ref} has no checkpoint file the doctor can read back with other head counts")
+    return source
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def _head_count(ref: str, key: str, text: str, layer: int) -> Any:
+    from headlens import lesson
+
+    return lesson.head_count_step(_source(ref), text, layer)
+
+
+def get_head_count(ref: str, text: str, layer: int) -> Any:
+    """:func:`headlens.lesson.head_count_step` on ``ref``'s checkpoint (cached)."""
+    return _head_count(ref, hd.fingerprint(ref), text, int(layer))
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def _checkpoint_report(ref: str, key: str) -> tuple[str, dict[str, Any]]:
+    from headlens.doctor import check_checkpoint
+
+    report = check_checkpoint(_source(ref))
+    return str(report), report.to_dict()
+
+
+def get_checkpoint_report(ref: str) -> tuple[str, dict[str, Any]]:
+    """What ``headlens doctor`` says about ``ref``'s checkpoint: its text and its fields (cached)."""
+    return _checkpoint_report(ref, hd.fingerprint(ref))
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def _examples(ref: str, key: str, text: str, n_prompts: int, seed: int, corpus: str | None) -> Any:
+    from headlens import lesson
+
+    scores = get_scores(ref, n_prompts, seed, corpus)
+    with exclusive(get_model(ref)) as model:
+        return lesson.head_examples(model, text, scores)
+
+
+def get_examples(ref: str, text: str, n_prompts: int = hd.DEFAULT_N_PROMPTS, seed: int = 0,
+                 corpus: str | None = None) -> Any:
+    """:func:`headlens.lesson.head_examples` with the scores the grid shows (cached)."""
+    return _examples(ref, hd.fingerprint(ref), text, int(n_prompts), int(seed), corpus)

@@ -19,13 +19,13 @@ import streamlit as st
 from headlens.app import SHARED_IMPORTS, cache
 from headlens.app import helpers as hd
 from headlens.app.ui import attempt
-from headlens.app.views import ablation, grid, patterns, table, training
+from headlens.app.views import ablation, grid, learn, patterns, table, training
 from headlens.errors import HeadlensError
 
 if TYPE_CHECKING:  # pandas is imported by the library calls; the first paint does not wait for it
     import pandas as pd
 
-VIEWS = ("Patterns", "Ablation", "Training", "All heads")
+VIEWS = ("Patterns", "Learn", "Ablation", "Training", "All heads")
 
 
 # -- sidebar ----------------------------------------------------------------------------------
@@ -63,14 +63,22 @@ def scan_settings() -> tuple[int, int, str | None]:
 
 
 def pick_detector(scores: pd.DataFrame) -> tuple[str, str]:
+    """The grid's colouring: each head's strongest label (the default when some head is labelled),
+    or one detector's score or lift. Returns ``(detector, color_by)``; with labels, ``detector`` is
+    the one the other views default to."""
     detectors = list(dict.fromkeys(scores["detector"])) if not scores.empty else ["induction"]
-    default = hd.default_detector(scores)
-    if st.session_state.get("detector") not in detectors:
-        st.session_state.detector = default
-    detector = st.sidebar.selectbox("Colour heads by detector", detectors, key="detector")
+    labelled = not scores.empty and bool(scores["label"].fillna(False).astype(bool).any())
+    options = [hd.LABELS_CHOICE, *detectors] if labelled else detectors
+    if st.session_state.get("detector") not in options:
+        st.session_state.detector = options[0] if labelled else hd.default_detector(scores)
+    choice = st.sidebar.selectbox("Colour heads by", options, key="detector",
+                                  help="strongest label: each head in the colour of its type, as intense as its "
+                                       "score; or pick a detector to colour every head by its score or lift")
+    if choice == hd.LABELS_CHOICE:
+        return hd.default_detector(scores), "label"
     color_by = st.sidebar.radio("Colour by", ("score", "lift"), horizontal=True, key="color_by",
                                 help="lift = score / uniform-attention baseline")
-    return detector, color_by
+    return choice, color_by
 
 # -- page -------------------------------------------------------------------------------------
 def main() -> None:
@@ -103,12 +111,12 @@ def main() -> None:
 
     selected = grid.head_overview(ref, model, scores, detector, color_by, layout)
 
-    text_and_views(ref, model, scores, detector, selected, n_prompts, seed)
+    text_and_views(ref, model, scores, detector, selected, n_prompts, seed, corpus)
 
 
 @st.fragment
 def text_and_views(ref: str, model: Any, scores: pd.DataFrame, detector: str,
-                   selected: list[tuple[int, int]], n_prompts: int, seed: int) -> None:
+                   selected: list[tuple[int, int]], n_prompts: int, seed: int, corpus: str | None) -> None:
     """The text box and the views under it; a fragment, so editing the text reruns only this part."""
     text_key = f"text::{ref}"
     if text_key not in st.session_state:
@@ -119,6 +127,8 @@ def text_and_views(ref: str, model: Any, scores: pd.DataFrame, detector: str,
                                 label_visibility="collapsed")
     if view == "Patterns":
         patterns.patterns_view(ref, model, text, selected)
+    elif view == "Learn":
+        learn.learn_view(ref, model, text, scores, n_prompts, seed, corpus)
     elif view == "Ablation":
         ablation.ablation_view(ref, model, text, selected, n_prompts, seed)
     elif view == "Training":

@@ -61,12 +61,14 @@ def head_overview(ref: str, model: Any, scores: pd.DataFrame, detector: str, col
         labelled = int(scores["label"].fillna(False).astype(bool).sum()) if not scores.empty else 0
         fig = viz.head_grid_figure(
             scores, detector, model.n_layers, model.n_heads, color_by=color_by, selected=selected,
-            title=f"{detector} {color_by} per head · {labelled} labels (marked) · click a square",
+            title=(f"strongest label per head (colour: type, intensity: score) · {labelled} labels · click a square"
+                   if color_by == "label" else f"{detector} {color_by} per head · {labelled} labels (marked) · "
+                                               "click a square"),
         )
         slot.plotly_chart(fig, key=chart_key, on_select="rerun", selection_mode="points",
                           config={"displayModeBar": False})
         st.session_state[f"drawn::{ref}"] = True
-        html_download(fig, f"{model.name}-grid-{detector}")
+        html_download(fig, f"{model.name}-grid-{'labels' if color_by == 'label' else detector}")
     return selected
 
 
