@@ -33,7 +33,7 @@ def residual_split_figure(q: np.ndarray, n_heads: int, str_tokens: Sequence[str]
     import numpy as np
     import plotly.graph_objects as go
 
-    T, D = q.shape
+    D = q.shape[1]  # (T, d_model)
     d_head = D // n_heads
     cats, labels = _pattern_axes(str_tokens, window)
     z = np.asarray(q, dtype=np.float32)[window.start:window.stop]  # (T_window, d_model)
