@@ -29,6 +29,7 @@ _LAZY = {
     "trajectory": "headlens.series",
     "ablate": "headlens.ablation",
     "doctor": "headlens.doctor",
+    "write_report": "headlens.report",
     **{name: "headlens.errors" for name in (
         "CheckpointError", "ConfigError", "DetectorError", "HeadlensError", "ModelReferenceError",
         "OutputError", "ProbeError")},
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
     )
     from headlens.loading import load
     from headlens.model import GPT
+    from headlens.report import write_report
     from headlens.series import trajectory
     from headlens.tokenizer import Tokenizer
 
@@ -87,4 +89,5 @@ __all__ = [
     "load_checkpoint",
     "save_checkpoint",
     "trajectory",
+    "write_report",
 ]

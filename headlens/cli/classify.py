@@ -6,7 +6,7 @@ stderr: progress, warnings, and on bad input one line ``headlens: error: ...`` w
 code of its error class (see ``headlens.cli``): 4 unknown model, 5 prompts/probe problems
 (missing or empty prompts file, a prompt longer than the context unless ``--truncate``, a
 probe with no target positions for a requested detector), 6 unknown or unsupported detector,
-7 unwritable output path or unknown suffix.
+7 unwritable output path or unknown suffix (also for ``--report``, which must end in ``.html``).
 
 ``--confirm`` runs the ablation check of ``headlens.confirm.confirm(model, table)`` on the
 labelled heads when that module is installed (it adds its columns to the table).
@@ -85,6 +85,7 @@ def run_classify(
     batch_size: int, seed: int, threshold: float | None, tl_compatible: bool, out: Path | None,
     quiet: bool, truncate: bool, confirm: bool, corpus: str | None = None, scan_path: str = "auto",
     resume: Path | None = None, device: str = "cpu", load_options: dict[str, Any] | None = None,
+    report: Path | None = None,
 ) -> None:
     """The command body: library calls only, errors left to the caller.
 
@@ -95,6 +96,7 @@ def run_classify(
 
     from headlens.classification import classify, resolve_model
     from headlens.distributed import current
+    from headlens.report import check_report_path, write_report
     from headlens.table import check_output_path, write_table
 
     rank = current()
@@ -102,6 +104,8 @@ def run_classify(
     err = Console(stderr=True)
     if out is not None:
         check_output_path(out)  # fail before the scan, not after
+    if report is not None:
+        check_report_path(report)
     if prompts is not None and not prompts.is_file():
         raise ProbeError(f"prompts file {str(prompts)!r} does not exist")
     with warnings.catch_warnings(record=True) as caught:
@@ -133,6 +137,10 @@ def run_classify(
         write_table(df, out)
         if not quiet:
             err.print(f"wrote {len(df)} rows to {out}")
+    if report is not None:
+        write_report(loaded, df, report)
+        if not quiet:
+            err.print(f"wrote the report to {report} (one page, opens offline)")
     print_results(df, Console(file=sys.stdout, width=max(100, Console().width)))
 
 
@@ -171,6 +179,8 @@ def register(app: typer.Typer) -> None:
         device_map: opt.DeviceMap = None,
         max_memory: opt.MaxMemory = None,
         offload_folder: opt.OffloadFolder = None,
+        report: Annotated[Path | None, typer.Option("--report", help="also write one standalone HTML page "
+                          "(grid, labelled heads with CIs, their patterns, provenance; opens offline)")] = None,
     ) -> None:
         """Score every head on every detector, label them, print the labelled heads.
 
@@ -180,7 +190,7 @@ def register(app: typer.Typer) -> None:
         try:
             run_classify(model, detectors, prompts, n_prompts, seq_len, batch_size, seed, threshold,
                          tl_compatible, out, quiet, truncate, confirm, corpus, scan_path, resume, device,
-                         opt.load_options(device_map, max_memory, offload_folder))
+                         opt.load_options(device_map, max_memory, offload_folder), report)
         except HeadlensError as e:  # one line and the class's exit code, also under CliRunner
             print(f"headlens: error: {e}", file=sys.stderr)
             raise typer.Exit(e.exit_code) from None

@@ -1,0 +1,63 @@
+"""``headlens classify --report``: one standalone HTML page (plotly.js inlined) with the grid, the labelled
+heads and their CIs, each labelled head's pattern on an example prompt, and the provenance."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from headlens.checkpoint import save_checkpoint
+from headlens.classification import classify
+from headlens.cli import app
+from headlens.report import report_html, write_report
+from headlens.table import labelled_heads
+from headlens.testing import planted_model
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    model = planted_model()
+    return model, str(save_checkpoint(model, tmp_path_factory.mktemp("m") / "planted.safetensors"))
+
+
+def test_report_holds_grid_labelled_heads_patterns_and_provenance(planted, tmp_path):
+    model, _ = planted
+    table = classify(model, n_prompts=12, seq_len=32)
+    page = write_report(model, table, tmp_path / "r.html", prompt="abcdabcd").read_text()
+    assert page.startswith("<!DOCTYPE html>") and page.count("<html") == 1
+    # offline: plotly.js inlined exactly once, no script fetched from anywhere
+    assert page.count("* plotly.js v") == 1 and page.count("Plotly.newPlot") == 1 + page.count('class="head"')
+    assert not re.search(r"<script[^>]+src=", page)
+    labelled = labelled_heads(table)
+    assert len(labelled) >= 2
+    for r in labelled.itertuples():  # every labelled head with its CI
+        assert f"<td>L{r.layer}H{r.head}</td><td>{r.detector}</td><td>{r.score:.3f}</td>" in page
+        assert f"[{r.ci_low:.3f}, {r.ci_high:.3f}]" in page
+    heads = {(int(r.layer), int(r.head)) for r in labelled.itertuples()}
+    assert page.count('class="head"') == len(heads)  # one pattern section per labelled head
+    assert page.count('class="hl-head"') == len(heads)  # each with its coloured-text view
+    assert '"n_prompts": 12' in page and "headlens_version" in page  # provenance
+
+
+def test_classify_report_flag_writes_the_page_and_refuses_a_bad_path(planted, tmp_path):
+    _, ckpt = planted
+    out = tmp_path / "report.html"
+    result = runner.invoke(app, ["classify", "--model", ckpt, "--n-prompts", "8", "--seq-len", "32", "--quiet",
+                                 "--report", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.read_text().count('class="head"') >= 1
+    bad = runner.invoke(app, ["classify", "--model", ckpt, "--report", str(tmp_path / "r.pdf")])
+    assert bad.exit_code == 7 and "must end in .html" in bad.stderr and "Traceback" not in bad.output
+    missing = runner.invoke(app, ["classify", "--model", ckpt, "--report", str(tmp_path / "no" / "r.html")])
+    assert missing.exit_code == 7 and "does not exist" in missing.stderr
+
+
+def test_a_model_without_labels_still_gets_a_page(planted):
+    model, _ = planted
+    table = classify(model, n_prompts=8, seq_len=32).assign(label=False)
+    page = report_html(model, table, prompt="abcd")
+    assert "No head passes the labelling rule" in page and 'class="head"' not in page
