@@ -138,3 +138,4 @@ def head_count_figure(n_heads: Sequence[int], losses: Sequence[float], true_n_he
                       yaxis=dict(title="next-token loss (nats)"), xaxis=dict(title="n_heads the weights are split into",
                                                                            type="category"))
     return fig
+

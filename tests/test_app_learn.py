@@ -110,3 +110,26 @@ def test_grid_opens_on_strongest_labels_and_a_layer_is_shown_side_by_side_as_tex
     (view,) = [h.value for h in at.html if "headlens-token-view" in h.value]
     n_tokens = len(cache.get_model(REF).to_str_tokens(at.text_area(key=f"text::{REF}").value))
     assert view.count('class="hl-tok"') == 4 * n_tokens
+
+
+def test_compare_shows_both_grids_and_the_change_of_every_heads_score(monkeypatch):
+    at = start(monkeypatch, REF)
+    at.selectbox(key="detector").set_value("induction").run()
+    at.segmented_control(key="view").set_value("Compare").run()
+    assert not at.exception and not at.error
+    choice = at.selectbox(key=f"compare::{REF}")
+    assert "(snapshot)" in choice.value  # a model with training snapshots compares with its earliest first
+    snapshot = hd.compare_choices(REF)[choice.value]
+    grids = [f for f in figures(at) if f["layout"].get("title", {}).get("text", "").endswith("induction score")]
+    assert len(grids) == 2
+    (diff,) = [f for f in figures(at) if "score: " in f["layout"].get("title", {}).get("text", "")
+               and " − " in f["layout"]["title"]["text"]]
+    a = cache.get_scores(REF)
+    b = cache.get_scores(snapshot)
+    ind_a = a[a.detector == "induction"].sort_values(["layer", "head"]).score.to_numpy()
+    ind_b = b[b.detector == "induction"].sort_values(["layer", "head"]).score.to_numpy()
+    assert arr(diff["data"][0]["marker"]["color"]) == pytest.approx(ind_b - ind_a, abs=1e-9)
+    table = [d.value for d in at.dataframe if "diff" in d.value.columns][0]
+    assert table["diff"].abs().is_monotonic_decreasing
+    at.selectbox(key=f"compare::{REF}").set_value("dyck").run()  # same shape: 2 layers x 4 heads
+    assert not at.exception and not at.error

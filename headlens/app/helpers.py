@@ -435,3 +435,27 @@ def _text_reference(model: Any, metric: str, prompts: Sequence[str] | None, n_pr
     return make_task(model, metric, prompts, n_prompts, seed).tokens
 
 
+
+
+# -- compare ----------------------------------------------------------------------------------
+def compare_choices(ref: str) -> dict[str, str]:
+    """What the Compare view offers next to ``ref``: label -> model reference. The model's own
+    training snapshots first (before/after a phase change), then the other available zoo models."""
+    from headlens.zoo import available
+
+    out = {f"{ref} at step {_snapshot_step(p)} (snapshot)": str(p) for p in find_snapshots(ref)}
+    out.update({name: name for name in sorted(available()) if name != ref})
+    return out
+
+
+def score_diff(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    """``layer, head, detector, score_a, score_b, diff (= b - a), label_a, label_b`` for the heads and
+    detectors both tables score, largest ``|diff|`` first."""
+    keys = ["layer", "head", "detector"]
+    left = a[[*keys, "score", "label"]].rename(columns={"score": "score_a", "label": "label_a"})
+    right = b[[*keys, "score", "label"]].rename(columns={"score": "score_b", "label": "label_b"})
+    both = left.merge(right, on=keys, how="inner")
+    both["diff"] = both["score_b"] - both["score_a"]
+    both = both.assign(head_id=[format_head(r.layer, r.head) for r in both.itertuples()])
+    order = both["diff"].abs().sort_values(ascending=False).index
+    return both.loc[order, ["head_id", *keys, "score_a", "score_b", "diff", "label_a", "label_b"]].reset_index(drop=True)

@@ -19,13 +19,13 @@ import streamlit as st
 from headlens.app import SHARED_IMPORTS, cache
 from headlens.app import helpers as hd
 from headlens.app.ui import attempt
-from headlens.app.views import ablation, grid, learn, patterns, table, training
+from headlens.app.views import ablation, compare, grid, learn, patterns, table, training
 from headlens.errors import HeadlensError
 
 if TYPE_CHECKING:  # pandas is imported by the library calls; the first paint does not wait for it
     import pandas as pd
 
-VIEWS = ("Patterns", "Learn", "Ablation", "Training", "All heads")
+VIEWS = ("Patterns", "Learn", "Compare", "Ablation", "Training", "All heads")
 
 
 # -- sidebar ----------------------------------------------------------------------------------
@@ -111,11 +111,11 @@ def main() -> None:
 
     selected = grid.head_overview(ref, model, scores, detector, color_by, layout)
 
-    text_and_views(ref, model, scores, detector, selected, n_prompts, seed, corpus)
+    text_and_views(ref, model, scores, detector, color_by, selected, n_prompts, seed, corpus)
 
 
 @st.fragment
-def text_and_views(ref: str, model: Any, scores: pd.DataFrame, detector: str,
+def text_and_views(ref: str, model: Any, scores: pd.DataFrame, detector: str, color_by: str,
                    selected: list[tuple[int, int]], n_prompts: int, seed: int, corpus: str | None) -> None:
     """The text box and the views under it; a fragment, so editing the text reruns only this part."""
     text_key = f"text::{ref}"
@@ -129,6 +129,8 @@ def text_and_views(ref: str, model: Any, scores: pd.DataFrame, detector: str,
         patterns.patterns_view(ref, model, text, selected)
     elif view == "Learn":
         learn.learn_view(ref, model, text, scores, n_prompts, seed, corpus)
+    elif view == "Compare":
+        compare.compare_view(ref, model, scores, detector, color_by, n_prompts, seed, corpus)
     elif view == "Ablation":
         ablation.ablation_view(ref, model, text, selected, n_prompts, seed)
     elif view == "Training":
