@@ -207,6 +207,7 @@ def head_examples(model: Any, text: str, scores: Any, max_heads: int = 12) -> tu
     matching bracket ...), computed with the detector's own target function.
     """
     from headlens.detectors import get_detector
+    from headlens.detectors.base import as_targets
     from headlens.probes import collate, text_prompts
     from headlens.table import labelled_heads
     from headlens.vocab import vocab
@@ -230,26 +231,24 @@ def head_examples(model: Any, text: str, scores: Any, max_heads: int = 12) -> tu
         det = get_detector(str(r.detector))
         query, keys, weight = None, (), float("nan")
         if det.targets is not None:
-            query, keys, weight = _best_target(pattern, det.kind, det.targets(batch)[0].cpu(), model.is_causal)
+            targets = as_targets(det.targets(batch), batch)[0].cpu()  # (Q, M) key indices, -1 = none
+            query, keys, weight = _best_target(pattern, targets, model.is_causal)
         out.append(HeadExample(int(r.layer), int(r.head), str(r.detector), float(r.score), float(r.ci_low),
                                float(r.ci_high), query, keys, weight,
                                pattern[query].numpy() if query is not None else None))
     return model.to_str_tokens(batch.tokens), out
 
 
-def _best_target(pattern: torch.Tensor, kind: str, target: torch.Tensor,
+def _best_target(pattern: torch.Tensor, target: torch.Tensor,
                  causal: bool) -> tuple[int | None, tuple[int, ...], float]:
     """(query, target keys, weight on them) where the head's weight on its target most exceeds
     what uniform attention would put there (so the first positions, which see one or two keys
     and trivially attend to them, do not win)."""
     Q, K = pattern.shape
     n_visible = torch.arange(1, Q + 1, dtype=pattern.dtype) if causal else torch.full((Q,), float(K))  # (Q,)
-    if kind == "index":  # target (Q,) long, -1 where none
-        mask = torch.zeros(Q, K, dtype=torch.bool)
-        ok = target >= 0
-        mask[ok.nonzero()[:, 0], target[ok]] = True  # (Q, K): one target per query that has one
-    else:
-        mask = target.bool()  # (Q, K)
+    mask = torch.zeros(Q, K + 1, dtype=torch.bool)  # the extra column takes the -1 paddings
+    mask.scatter_(1, torch.where(target >= 0, target, K), True)  # target (Q, M) key indices, -1 = none
+    mask = mask[:, :K]  # (Q, K): True at each query's target keys
     has = mask.any(1)  # (Q,)
     if not bool(has.any()):
         return None, (), float("nan")

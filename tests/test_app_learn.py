@@ -129,7 +129,7 @@ def test_compare_shows_both_grids_and_the_change_of_every_heads_score(monkeypatc
     ind_a = a[a.detector == "induction"].sort_values(["layer", "head"]).score.to_numpy()
     ind_b = b[b.detector == "induction"].sort_values(["layer", "head"]).score.to_numpy()
     assert arr(diff["data"][0]["marker"]["color"]) == pytest.approx(ind_b - ind_a, abs=1e-9)
-    table = [d.value for d in at.dataframe if "diff" in d.value.columns][0]
+    (table,) = [d.value for d in at.dataframe if "diff" in d.value.columns]
     assert table["diff"].abs().is_monotonic_decreasing
     at.selectbox(key=f"compare::{REF}").set_value("dyck").run()  # same shape: 2 layers x 4 heads
     assert not at.exception and not at.error
