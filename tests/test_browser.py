@@ -184,7 +184,7 @@ def test_dashboard_in_chromium(tmp_path):
             with page.expect_download() as csv_download:
                 page.get_by_role("button", name="Download scores (CSV)").click()
             header = Path(csv_download.value.path()).read_text().splitlines()[0]
-            assert header.startswith("model,layer,head,detector,score,ci_low,ci_high")
+            assert header.startswith("model,layer,head,kv_head,detector,score,ci_low,ci_high")
             with page.expect_download() as html_download:
                 page.get_by_role("button", name="Download figure (HTML)").first.click()
             exported = Path(html_download.value.path()).read_text()
