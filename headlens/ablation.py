@@ -17,6 +17,13 @@ Methods (what a removed head's ``z`` becomes):
   ``1 .. R-1`` by a generator seeded with ``seed``; so when the reference is the input batch
   itself, no row ever gets its own activations back. Needs reference prompts at least as
   long as the input.
+* ``uniform``: the head attends uniformly over its window: its ``z`` becomes the mean of its
+  values over the keys its query sees (``k <= q`` in causal models, the non-pad keys in
+  bidirectional ones). This is how Wu et al. 2024 "mask" retrieval heads (not by zeroing
+  them): the head still adds a context average, but it can no longer pick a position. Its
+  values come from the same forward pass (``hook_v``, observed before ``hook_z`` replaces the
+  head), so no reference is needed; with grouped-query attention head ``h`` reads key/value
+  head ``h // (n_heads / n_kv_heads)``.
 
 Reference activations are computed once, on the clean model, when the context is entered.
 """
@@ -26,14 +33,14 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from headlens.errors import HeadlensError, ProbeError
 
-METHODS = ("zero", "mean", "resample")
+METHODS = ("zero", "mean", "resample", "uniform")
 
 Head = tuple[int, int]
 HeadsSpec = str | Sequence[str | Sequence[int]]
@@ -127,21 +134,30 @@ class Replacement:
     """What a removed head's ``z`` becomes, for any input batch shape.
 
     ``ref_z[layer]`` holds the clean reference ``z`` ``(R, T_ref, H, d_head)`` of each layer
-    that has a removed head (empty for ``zero``).
+    that has a removed head (empty for ``zero`` and ``uniform``). ``uniform`` reads the current
+    forward's values instead (``live``, filled by :func:`live_hooks`).
     """
 
     method: str
     ref_z: dict[int, torch.Tensor]
     seed: int = 0
+    causal: bool = True  # uniform: a query sees keys k <= q (else every non-pad key)
+    model: Any = field(default=None, repr=False, compare=False)  # uniform, bidirectional: whose padding to read
+
+    def attention_mask(self) -> torch.Tensor | None:
+        """``(B, K)`` padding mask of the forward in progress (bidirectional backends set it), else None."""
+        if self.causal or self.model is None:
+            return None
+        return getattr(self.model, "current_attention_mask", None)
 
     @classmethod
     def build(cls, model: Any, layers: Sequence[int], method: str, reference: Any = None, seed: int = 0) -> Replacement:
         """Run the reference prompts once (clean) and keep ``hook_z`` of ``layers``."""
         check_method(method)
-        if method == "zero":
-            return cls(method, {}, seed)
+        if method in ("zero", "uniform"):
+            return cls(method, {}, seed, bool(getattr(model, "is_causal", True)), model)
         if reference is None:
-            raise AblationError(f"method={method!r} needs reference prompts (reference=...); 'zero' does not")
+            raise AblationError(f"method={method!r} needs reference prompts (reference=...); 'zero' and 'uniform' do not")
         tokens = reference_tokens(model, reference)
         names = [f"blocks.{layer}.attn.hook_z" for layer in sorted(set(layers))]
         with torch.no_grad():
@@ -156,11 +172,28 @@ class Replacement:
         shift = torch.randint(1, n_ref, (batch,), generator=gen)
         return (torch.arange(batch) + shift) % n_ref
 
-    def z(self, layer: int, like: torch.Tensor) -> torch.Tensor:
-        """Replacement ``z`` for every head of ``layer``, shaped like ``like`` ``(B, T, H, d_head)``."""
+    @property
+    def needs_live(self) -> bool:
+        """True when the replacement reads the current forward pass (``uniform``)."""
+        return self.method == "uniform"
+
+    def z(self, layer: int, like: torch.Tensor, live: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """Replacement ``z`` for every head of ``layer``, shaped like ``like`` ``(B, T, H, d_head)``.
+
+        ``live`` holds this forward's ``"v"`` (and ``"visible"`` keys for bidirectional models) of
+        ``layer``; only ``uniform`` reads it.
+        """
         B, T = like.shape[:2]
         if self.method == "zero":
             return torch.zeros_like(like)
+        if self.method == "uniform":
+            if not live or "v" not in live:
+                raise AblationError("uniform ablation needs the layer's values (hook_v) from the same forward")
+            v = live["v"]  # (B, T, H_kv, d_head)
+            visible = None
+            if not self.causal:  # no padding mask: every key is real
+                visible = live.get("visible", torch.ones(v.shape[:2], dtype=torch.bool, device=v.device))
+            return uniform_z(v, like.shape[2], visible).to(like)
         ref = self.ref_z[layer].to(like.device, like.dtype)  # (R, T_ref, H, d_head)
         R, T_ref = ref.shape[:2]
         if self.method == "mean":
@@ -177,21 +210,72 @@ class Replacement:
         return ref[self.rows(B, R).to(ref.device), :T]  # (B, T, H, d_head)
 
 
+def uniform_z(v: torch.Tensor, n_heads: int, visible: torch.Tensor | None = None) -> torch.Tensor:
+    """Every head's output under uniform attention: the mean of its values over the visible keys.
+
+    Args:
+        v: ``(B, T, H_kv, d_head)`` values (``H_kv`` divides ``n_heads``; fewer under GQA).
+        n_heads: query heads; head ``h`` reads key/value head ``h // (n_heads // H_kv)``.
+        visible: ``(B, K)`` bool non-pad keys for a bidirectional model; None for causal
+            attention (query ``q`` sees keys ``0 .. q``; right padding never reaches a real row).
+
+    Returns:
+        ``(B, T, n_heads, d_head)``, in ``v``'s dtype.
+
+    >>> v = torch.tensor([1.0, 2.0, 3.0]).view(1, 3, 1, 1)
+    >>> uniform_z(v, 1).flatten().tolist()
+    [1.0, 1.5, 2.0]
+    >>> uniform_z(v, 2, visible=torch.tensor([[True, True, False]]))[0, :, 1, 0].tolist()
+    [1.5, 1.5, 1.5]
+    """
+    _, T, H_kv, _ = v.shape
+    if n_heads % H_kv:
+        raise AblationError(f"{n_heads} query heads cannot share {H_kv} key/value heads evenly")
+    x = v.double()
+    if visible is None:
+        n = torch.arange(1, T + 1, device=v.device, dtype=torch.float64)[None, :, None, None]
+        mean = x.cumsum(1) / n  # (B, T, H_kv, d_head): row q averages keys 0..q
+    else:
+        w = visible.to(v.device, torch.float64)[:, :, None, None]  # (B, K, 1, 1)
+        mean = ((x * w).sum(1, keepdim=True) / w.sum(1, keepdim=True).clamp_min(1)).expand_as(x)  # (B, T, H_kv, d)
+    return mean.repeat_interleave(n_heads // H_kv, dim=2).to(v.dtype)  # (B, T, H, d_head): kv head -> its group
+
+
+def live_hooks(layers: Sequence[int], store: dict[int, dict[str, torch.Tensor]],
+               replacement: Replacement) -> list[tuple[str, Any]]:
+    """Observers that keep this forward's ``hook_v`` of ``layers`` (and, for a bidirectional model,
+    its non-pad keys) in ``store[layer]``, for ``uniform``."""
+    def keep_v(layer: int) -> Any:
+        def hook(v: torch.Tensor, hook: Any) -> None:  # (B, T, H_kv, d_head)
+            entry = store.setdefault(layer, {})
+            entry["v"] = v.detach()
+            mask = replacement.attention_mask()
+            if mask is not None:
+                entry["visible"] = mask.bool()  # (B, K)
+
+        return hook
+
+    return [(f"blocks.{layer}.attn.hook_v", keep_v(layer)) for layer in layers]
+
+
 def ablation_hooks(heads: Sequence[Head], replacement: Replacement) -> list[tuple[str, Any]]:
-    """``(hook name, fn)`` pairs that replace ``heads``' slices of ``hook_z``, one hook per layer."""
+    """``(hook name, fn)`` pairs that replace ``heads``' slices of ``hook_z``, one hook per layer
+    (plus, for ``uniform``, observers of the same layers' values)."""
     by_layer: dict[int, list[int]] = {}
     for layer, head in heads:
         by_layer.setdefault(layer, []).append(head)
+    live: dict[int, dict[str, torch.Tensor]] = {}
 
     def make(layer: int, idx: list[int]) -> Any:
         def hook(z: torch.Tensor, hook: Any) -> torch.Tensor:  # z: (B, T, H, d_head)
             out = z.clone()
-            out[:, :, idx] = replacement.z(layer, z)[:, :, idx]
+            out[:, :, idx] = replacement.z(layer, z, live.pop(layer, None))[:, :, idx]
             return out
 
         return hook
 
-    return [(f"blocks.{layer}.attn.hook_z", make(layer, idx)) for layer, idx in sorted(by_layer.items())]
+    observe = live_hooks(sorted(by_layer), live, replacement) if replacement.needs_live else []
+    return observe + [(f"blocks.{layer}.attn.hook_z", make(layer, idx)) for layer, idx in sorted(by_layer.items())]
 
 
 @contextlib.contextmanager
@@ -207,8 +291,9 @@ def ablate(
     Args:
         model: any headlens backend (native GPT or TransformerBridge).
         heads: ``"L1H2,L0H3"``, ``["L1H2"]`` or ``[(1, 2)]``.
-        method: ``"zero"``, ``"mean"`` (per-position mean over ``reference``) or ``"resample"``
-            (another reference prompt's activations, chosen with ``seed``); see the module docstring.
+        method: ``"zero"``, ``"mean"`` (per-position mean over ``reference``), ``"resample"``
+            (another reference prompt's activations, chosen with ``seed``) or ``"uniform"`` (the head
+            attends uniformly over its window); see the module docstring.
         reference: prompts (texts or ``(R, T)`` token ids) for ``mean`` and ``resample``.
         seed: seeds the choice of reference rows for ``resample``.
 

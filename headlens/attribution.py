@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from headlens.ablation import Replacement
+from headlens.ablation import Replacement, live_hooks
 from headlens.metrics import SURROGATES, Task, get_metric, per_prompt_mean
 
 
@@ -52,7 +52,9 @@ def attribution_patching(model: Any, task: Task, metric: str, replacement: Repla
 
         return hook
 
-    fwd = [(f"blocks.{layer}.attn.hook_z", make(layer)) for layer in range(L)]
+    live: dict[int, dict[str, torch.Tensor]] = {}
+    fwd = live_hooks(range(L), live, replacement) if replacement.needs_live else []
+    fwd += [(f"blocks.{layer}.attn.hook_z", make(layer)) for layer in range(L)]
     kwargs = {} if task.attention_mask is None else {"attention_mask": task.attention_mask}
     with torch.enable_grad(), model.hooks(fwd):
         logits = model(task.tokens, **kwargs)
@@ -60,7 +62,7 @@ def attribution_patching(model: Any, task: Task, metric: str, replacement: Repla
         grads = torch.autograd.grad(total, [leaves[layer] for layer in range(L)])
     out = torch.empty(B, L, H, dtype=torch.float64)
     for layer, grad in enumerate(grads):
-        dz = replacement.z(layer, clean_z[layer]) - clean_z[layer]  # (B, T, H, d_head)
+        dz = replacement.z(layer, clean_z[layer], live.get(layer)) - clean_z[layer]  # (B, T, H, d_head)
         out[:, layer] = (dz * grad).sum((1, 3)).double().cpu()  # (B, H): summed over positions and d_head
     return out
 

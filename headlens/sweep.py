@@ -79,7 +79,8 @@ class ResumeRunner(NaiveRunner):
     def __init__(self, model: GPT, task: Task, replacement: Replacement, read: torch.Tensor | None = None,
                  max_tokens: int = 4096) -> None:
         self.model, self.task, self.replacement, self.max_tokens = model, task, replacement, max_tokens
-        names = [f"blocks.{layer}.{n}" for layer in range(model.n_layers) for n in ("hook_resid_pre", "attn.hook_z")]
+        kept = ("hook_resid_pre", "attn.hook_z", *(("attn.hook_v",) if replacement.needs_live else ()))
+        names = [f"blocks.{layer}.{n}" for layer in range(model.n_layers) for n in kept]
         self.clean_logits, self.cache = model.run_with_cache(task.tokens, names_filter=names)
         T = task.tokens.shape[1]
         cols = torch.arange(T, device=task.tokens.device) if read is None else read.any(0).nonzero().flatten()
@@ -131,7 +132,7 @@ class ResumeRunner(NaiveRunner):
         B, T = self.task.tokens.shape
         layer = layers.pop()
         z = self.cache[f"blocks.{layer}.attn.hook_z"]  # (B, T, H, d_head)
-        repl = self.replacement.z(layer, z)  # (B, T, H, d_head)
+        repl = self.replacement.z(layer, z, self._live(layer))  # (B, T, H, d_head)
         zs = z.repeat(len(unit), 1, 1, 1)  # (K*B, T, H, d_head): group k owns rows k*B..(k+1)*B
         for k, group in enumerate(unit):
             idx = [h for _, h in group]
@@ -140,10 +141,14 @@ class ResumeRunner(NaiveRunner):
         logits = self._finish(layer, zs, pre).view(len(unit), B, T, -1)  # (K, B, T, d_vocab)
         yield from zip(unit, logits, strict=True)
 
+    def _live(self, layer: int) -> dict[str, torch.Tensor] | None:
+        """The clean run's values of ``layer`` (what ``uniform`` averages; the layer's input is clean)."""
+        return {"v": self.cache[f"blocks.{layer}.attn.hook_v"]} if self.replacement.needs_live else None
+
     def _run_one(self, first: int, group: Group) -> torch.Tensor:
         z = self.cache[f"blocks.{first}.attn.hook_z"].clone()  # (B, T, H, d_head)
         idx = [h for layer, h in group if layer == first]
-        z[:, :, idx] = self.replacement.z(first, z)[:, :, idx]
+        z[:, :, idx] = self.replacement.z(first, z, self._live(first))[:, :, idx]
         later = tuple(h for h in group if h[0] > first)
         return self._finish(first, z, self.cache[f"blocks.{first}.hook_resid_pre"], later)
 
@@ -214,7 +219,7 @@ def sweep(
     Args:
         model: any headlens backend (the cached fast path is used for native ``GPT`` models).
         groups: head groups (each ``"L1H2,L1H3"``, a list of ids or pairs); None = every single head.
-        method: ``"zero"``, ``"mean"`` or ``"resample"`` (see ``headlens.ablation``).
+        method: ``"zero"``, ``"mean"``, ``"resample"`` or ``"uniform"`` (see ``headlens.ablation``).
         metrics: registered metric names (``headlens.metrics.METRICS``).
         prompts: user prompts for ``lm_loss`` / ``kl``.
         reference: reference prompts for mean/resample; default: each metric's own probe prompts.

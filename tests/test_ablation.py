@@ -163,6 +163,49 @@ def test_method_errors():
     assert model.active_hooks() == []
 
 
+def test_uniform_ablation_equals_a_hand_computed_uniform_head():
+    model = make_gpt(0)
+    x = tokens()
+    layer, h = 1, 2
+    with torch.no_grad():
+        _, cache = model.run_with_cache(x, names_filter=lambda n: n.startswith("blocks.1.attn.hook_"))
+        v = cache["blocks.1.attn.hook_v"][:, :, h]  # (B, T, d_head)
+        T = x.shape[1]
+        by_hand = torch.stack([v[:, : q + 1].mean(1) for q in range(T)], dim=1)  # (B, T, d): mean over k <= q
+        z = cache["blocks.1.attn.hook_z"].clone()
+        z[:, :, h] = by_hand
+        want = model.run_with_hooks(x, fwd_hooks=[("blocks.1.attn.hook_z", lambda t, hook: z)])
+        # the same head through its pattern: uniform weights 1/(q+1) on the causal window
+        uniform = torch.tril(torch.ones(T, T)) / torch.arange(1, T + 1)[:, None]  # (Q, K)
+
+        def flat(p, hook):
+            p = p.clone()
+            p[:, h] = uniform
+            return p
+
+        via_pattern = model.run_with_hooks(x, fwd_hooks=[("blocks.1.attn.hook_pattern", flat)])
+        with headlens.ablate(model, [(layer, h)], method="uniform"):
+            got = model(x)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    torch.testing.assert_close(got, via_pattern, rtol=0, atol=1e-5)
+    assert not torch.allclose(got, model(x), atol=1e-4)
+    assert model.active_hooks() == []
+
+
+def test_uniform_z_with_grouped_kv_heads_and_padding():
+    from headlens.ablation import uniform_z
+
+    v = torch.arange(12.0).view(1, 3, 2, 2)  # (B, T, H_kv=2, d=2)
+    z = uniform_z(v, 4)  # heads 0, 1 read kv head 0; heads 2, 3 read kv head 1
+    assert z.shape == (1, 3, 4, 2)
+    torch.testing.assert_close(z[0, 2, 1], v[0, :, 0].mean(0))
+    torch.testing.assert_close(z[0, 1, 3], v[0, :2, 1].mean(0))
+    visible = torch.tensor([[True, False, True]])
+    torch.testing.assert_close(uniform_z(v, 2, visible)[0, 1, 1], (v[0, 0, 1] + v[0, 2, 1]) / 2)
+    with pytest.raises(AblationError, match="3 query heads"):
+        uniform_z(v, 3)
+
+
 # -- hooks never leak ---------------------------------------------------------------------------
 def test_hooks_removed_on_exit_and_on_error():
     model = make_gpt(0)
@@ -217,7 +260,7 @@ def test_bridge_ablation_matches_native(bridged):
     x = tokens(seed=2, batch=2, T=10)
     x[:, 0] = native.bos_token_id
     with torch.no_grad():
-        for spec, method in (("L1H2", "zero"), ("L0H1,L1H3", "mean")):
+        for spec, method in (("L1H2", "zero"), ("L0H1,L1H3", "mean"), ("L0H2,L1H0", "uniform")):
             with headlens.ablate(native, spec, method, reference=x):
                 want = native(x)
             with headlens.ablate(bridge, spec, method, reference=x):

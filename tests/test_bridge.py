@@ -104,3 +104,21 @@ def test_hook_z_replacement_changes_output_and_hooks_never_leak(minilm, batch):
 def test_bad_hf_directory_is_a_model_reference_error(tmp_path):
     with pytest.raises(ModelReferenceError, match=r"no config\.json"):
         headlens.load(f"hf:{tmp_path}")
+
+
+def test_uniform_ablation_averages_the_real_keys_only(minilm, batch):
+    """Bidirectional and padded: the head's output becomes the mean of its values over non-pad keys."""
+    from headlens.ablation import ablate
+
+    with torch.no_grad():
+        _, cache = minilm.run_with_cache(batch, names_filter=lambda n: n.startswith("blocks.2.attn.hook_"))
+        v, z = cache["blocks.2.attn.hook_v"], cache["blocks.2.attn.hook_z"].clone()  # (B, T, H, d_head)
+        real = batch != minilm.tokenizer.pad_token_id  # (B, T)
+        for b in range(len(batch)):
+            z[b, :, 5] = v[b, real[b], 5].mean(0)  # by hand: every query sees every real key
+        want = minilm.run_with_hooks(batch, [("blocks.2.attn.hook_z", lambda t, hook: z)])
+        with ablate(minilm, "L2H5", method="uniform"):
+            got = minilm(batch)
+    assert float((got - want)[real].abs().max()) <= 1e-5
+    assert float((got - minilm(batch))[real].abs().max()) > 1e-3
+    assert minilm.active_hooks() == []

@@ -44,9 +44,10 @@ def induction_lm(scale: float = 30.0):
     return model
 
 
-@pytest.mark.parametrize("method", ["zero", "mean", "resample"])
+@pytest.mark.parametrize("method", ["zero", "mean", "resample", "uniform"])
 def test_fast_sweep_equals_naive(method):
-    model = make_gpt(0, n_layers=3, n_heads=4, n_ctx=32)
+    # uniform: a head at init already attends almost uniformly; larger weights give it something to remove
+    model = make_gpt(0, n_layers=3, n_heads=4, n_ctx=32, init_range=0.2 if method == "uniform" else 0.02)
     groups = [["L0H1"], ["L2H3"], ["L1H0", "L1H2"], ["L0H2", "L2H1"]]
     kw = dict(groups=groups, method=method, metrics=METRICS, n_prompts=6, n_control=3, n_boot=200, attribution=False)
     fast, naive = sweep(model, fast=True, **kw), sweep(model, fast=False, **kw)

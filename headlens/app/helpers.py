@@ -415,7 +415,7 @@ def run_ablation(model: Any, heads: Sequence[str], method: str, metric: str, tex
     try:
         tokens = validate_text(model, text)
         clean = token_losses(model, tokens)
-        reference = None if method == "zero" else _text_reference(model, metric, prompts, n_prompts, seed)
+        reference = None if method in ("zero", "uniform") else _text_reference(model, metric, prompts, n_prompts, seed)
         with ablate(model, list(heads), method=method, reference=reference, seed=seed):
             ablated = token_losses(model, tokens)
         out.update(tokens=model.to_str_tokens(tokens)[1:], clean=clean, ablated=ablated,

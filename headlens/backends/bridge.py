@@ -109,6 +109,7 @@ class BridgeModel:
         )
         self.is_causal = getattr(c, "attention_dir", "causal") == "causal"
         self.tokenizer = bridge.tokenizer
+        self.current_attention_mask: torch.Tensor | None = None  # (B, T) of the forward in progress
         self._final_hook = self._find_final_hook() if output_kind == "hidden" else None
 
     # -- the surface every backend shares -----------------------------------------------------
@@ -209,9 +210,15 @@ class BridgeModel:
         kwargs: dict[str, Any] = {"return_type": "logits"}
         if attention_mask is not None:
             kwargs["attention_mask"] = attention_mask.to(self.device)
-        if self._final_hook is None:
-            return self.bridge(tokens, **kwargs)
-        return self._forward_hidden(tokens, kwargs)
+        # hooks that need the padding (uniform ablation of a bidirectional model) read it here:
+        # the bridge fires hook_pattern only after hook_z, too late to derive it from the pattern
+        self.current_attention_mask = kwargs.get("attention_mask")
+        try:
+            if self._final_hook is None:
+                return self.bridge(tokens, **kwargs)
+            return self._forward_hidden(tokens, kwargs)
+        finally:
+            self.current_attention_mask = None
 
     __call__ = forward
 

@@ -93,7 +93,7 @@ def register(app: typer.Typer) -> None:
     def ablate_cmd(
         model: Annotated[str | None, typer.Option(help="model reference (default: the bundled default model)")] = None,
         heads: Annotated[str | None, typer.Option(help="heads ablated together, e.g. L1H2,L0H3")] = None,
-        method: Annotated[str, typer.Option(help="zero | mean | resample")] = "zero",
+        method: Annotated[str, typer.Option(help="zero | mean | resample | uniform")] = "zero",
         metric: Annotated[str, typer.Option(
             help="comma-separated: repeated_loss, first_half_loss, bracket_accuracy, lm_loss, kl")] = "repeated_loss",
         prompts: Annotated[Path | None, typer.Option(help="prompts file (one per line, or JSONL with 'text')")] = None,
@@ -105,7 +105,7 @@ def register(app: typer.Typer) -> None:
         resume: opt.Resume = None,
         device: opt.Device = "cpu",
 ) -> None:
-        """Ablate heads (zero, mean or resample) and report the effect on task metrics with CIs and controls."""
+        """Ablate heads (zero, mean, resample or uniform attention) and report the effect on task metrics with CIs and controls."""
         from rich.console import Console
         from rich.progress import Progress
 

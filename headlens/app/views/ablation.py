@@ -25,7 +25,8 @@ def ablation_view(ref: str, model: Any, text: str, selected: list[tuple[int, int
     c1, c2 = st.columns(2)
     method = c1.selectbox("Method", METHODS, key="ablation_method",
                           help="zero: remove the head's output; mean: its mean output over probe prompts; "
-                               "resample: its output on another prompt")
+                               "resample: its output on another prompt; uniform: it attends uniformly over its "
+                               "window (Wu et al. 2024's masking of retrieval heads)")
     metric = c2.selectbox("Metric", metrics, key="ablation_metric")
     params = (ref, tuple(heads), method, metric, text, n_prompts, seed)
     if st.button("Run ablation", type="primary", disabled=not heads, key="run_ablation"):
