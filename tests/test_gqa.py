@@ -119,3 +119,26 @@ def test_mean_ablation_matches_o_proj_mean(model, hf):
         ours = model(tokens)
     ref = _o_proj_ablation(hf, tokens, 1, 3, value=mean_in)
     assert float((ours - ref).abs().max()) <= 1e-5
+
+
+def test_uniform_ablation_matches_o_proj_mean_of_the_groups_values(model, hf):
+    """Uniform attention by hand on the raw HF model: head h's slice of o_proj's input becomes the
+    causal running mean of its key/value group's v_proj output."""
+    tokens = model.to_tokens(TEXTS[1])
+    layer, head = 1, 3
+    vs = []
+    handle = hf.model.layers[layer].self_attn.v_proj.register_forward_hook(lambda m, a, out: vs.append(out))
+    with torch.no_grad():
+        hf(tokens)
+    handle.remove()
+    n_heads, n_kv = model.n_heads, hf.config.num_key_value_heads
+    group = head // (n_heads // n_kv)
+    v = vs[0][..., group * 16:(group + 1) * 16]  # (1, T, dh): the group's values
+    running = v.cumsum(1) / torch.arange(1, v.shape[1] + 1)[None, :, None]  # (1, T, dh): mean over k <= q
+    value = torch.zeros(1, v.shape[1], n_heads * 16)
+    value[..., head * 16:(head + 1) * 16] = running
+    with torch.no_grad(), headlens.ablate(model, [(layer, head)], method="uniform"):
+        ours = model(tokens)
+    ref = _o_proj_ablation(hf, tokens, layer, head, value=value)
+    assert float((ours - ref).abs().max()) <= 1e-5
+    assert float((ours - model(tokens)).abs().max()) > 1e-4
