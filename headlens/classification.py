@@ -88,7 +88,8 @@ def select_detectors(model: Any, names: Sequence[str] | str | None, tl_compatibl
         elif d.kind == "weights" and ov_weights(model) is None:
             why = f"{d.name} needs the embedding and unembedding, which this backend does not expose"
         elif d.probe == "brackets" and not vocab(model).brackets:
-            why = f"{d.name}: the tokenizer keeps no bracket pair as single tokens"
+            why = (f"{d.name}: the tokenizer keeps no bracket pair as single tokens" if model.tokenizer is not None
+                   else f"{d.name} needs a tokenizer to find brackets; this model has none")
         if why and explicit:
             raise (ProbeError if d.probe == "brackets" else DetectorError)(why)
         if why:
@@ -174,6 +175,8 @@ def classify(
     device_map: str | dict[str, Any] | None = None,
     max_memory: dict[str | int, str | int] | None = None,
     offload_folder: str | os.PathLike | None = None,
+    dtype: Any = None,
+    trust_remote_code: bool = False,
 ) -> Any:
     """Score every head on every detector and label it (HEAD_SCORES.md).
 
@@ -193,7 +196,7 @@ def classify(
         progress: optional ``fn(done, total, stage)`` called after every batch.
         truncate: cut prompts longer than the context (with a warning) instead of refusing them.
         n_boot: bootstrap resamples.
-        device: where a model loaded from a reference runs.
+        device: where a model loaded from a reference runs (``cpu``, ``cuda``, ``mps``, ``auto``).
         corpus: ``"stdlib"`` to read ``n_prompts`` windows of ``seq_len`` tokens of real Python
             source (held-out standard-library files) instead of the generated probes.
         scan_path: ``"auto"`` (default), ``"dense"`` (read the attention pattern) or ``"sparse"``
@@ -204,6 +207,9 @@ def classify(
         device_map, max_memory, offload_folder: a model larger than one device (``hf:`` references):
             ``device_map="auto"`` lets ``accelerate`` spread its layers over the GPUs, the CPU and
             the disk, within ``max_memory`` per device (e.g. ``{0: "20GiB", "cpu": "64GiB"}``).
+        dtype: ``"float32"`` (default), ``"bfloat16"`` or ``"float16"`` for a model loaded from a
+            reference; the statistics are float64 sums whatever the model runs in.
+        trust_remote_code: let an ``hf:`` repository run its own code (never otherwise).
 
     Under ``torchrun`` each rank scans a contiguous block of every probe's batches
     (:mod:`headlens.distributed`) and rank 0 computes the table from all of them; ``device="cuda"``
@@ -220,7 +226,7 @@ def classify(
 
     rank = current()
     model = resolve_model(model_or_ref, device=rank.device(device), device_map=device_map, max_memory=max_memory,
-                          offload_folder=offload_folder)
+                          offload_folder=offload_folder, dtype=dtype, trust_remote_code=trust_remote_code)
     if n_prompts < 1 or batch_size < 1:
         raise ProbeError(f"n_prompts and batch_size must be >= 1, got {n_prompts} and {batch_size}")
     seq_len = min(int(seq_len), int(model.cfg.n_ctx))
@@ -291,5 +297,6 @@ def classify(
                              "scan_path": paths[pr.name]} for pr, sv in groups},
         "scan_path": "+".join(sorted(set(paths.values()))) or "none",
         "skipped": skipped, "warnings": notes, "batch_size": batch_size, "world_size": rank.world_size,
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "device": str(model.device),
     })
     return validate(df)

@@ -130,6 +130,8 @@ def vocab(model: Any) -> Vocab:
 
 def _build_vocab(model: Any) -> Vocab:
     special = frozenset(int(i) for i in model.special_token_ids)
+    if getattr(model, "tokenizer", None) is None:  # a checkpoint without a tokenizer: ids are all there is
+        return _ids_only(model, special)
     strings = token_strings(model)
     byte_level = getattr(model.tokenizer, "kind", None) == "byte"
     ordinary = tuple(
@@ -162,3 +164,16 @@ def _joins_cleanly(model: Any, strings: list[str], ordinary: tuple[int, ...]) ->
         return len(encode_body(model, letters[0] + letters[1])) == 2
     except HeadlensError:
         return False
+
+
+def _ids_only(model: Any, special: frozenset[int]) -> Vocab:
+    """The vocabulary of a model without a tokenizer: every non-special id of the config, no brackets.
+
+    Causal models get the config's BOS in front when it has one; nothing tells an encoder's CLS.
+    """
+    try:
+        prefix: tuple[int, ...] = (int(model.bos_token_id),) if model.is_causal else ()
+    except HeadlensError:
+        prefix = ()
+    ordinary = tuple(i for i in range(model.cfg.d_vocab) if i not in special)
+    return Vocab(prefix, (), special, ordinary, (), (), " ")

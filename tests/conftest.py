@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from headlens.config import ModelConfig
 from headlens.model import GPT
+
+# nothing downloads in tests: the Hugging Face cache only (set before huggingface_hub reads it)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

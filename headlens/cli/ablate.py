@@ -104,7 +104,9 @@ def register(app: typer.Typer) -> None:
         seed: Annotated[int, typer.Option(help="seeds probes, controls, resampling, bootstrap")] = 0,
         resume: opt.Resume = None,
         device: opt.Device = "cpu",
-) -> None:
+        dtype: opt.Dtype = "float32",
+        trust_remote_code: opt.TrustRemoteCode = False,
+    ) -> None:
         """Ablate heads (zero, mean, resample or uniform attention) and report the effect on task metrics with CIs and controls."""
         from rich.console import Console
         from rich.progress import Progress
@@ -126,7 +128,8 @@ def register(app: typer.Typer) -> None:
         rank = current()  # under torchrun: ranks share the head groups out, rank 0 reports
         err = Console(stderr=True, quiet=not rank.is_main)
         err.print(f"loading {model or DEFAULT_MODEL} ...")
-        m = resolve_model(model, device=rank.device(device))  # None: the bundled default, else another zoo model
+        # None: the bundled default, else another zoo model
+        m = resolve_model(model, device=rank.device(device), dtype=dtype, trust_remote_code=trust_remote_code)
         groups: list[Any] = [tuple(parse_heads(heads, m.n_layers, m.n_heads))] if heads else []
         if sweep_all:
             groups += [((layer, h),) for layer in range(m.n_layers) for h in range(m.n_heads)]

@@ -148,7 +148,7 @@ def register(app: typer.Typer) -> None:
     @app.command("classify")
     def classify_cmd(
         model: Annotated[str | None, typer.Option("--model", "-m", help="zoo name, .safetensors path, "
-                         "hf:<dir> or minilm (default: the bundled default model)")] = None,
+                         "hf:<dir>, hf:ORG/NAME[@REVISION] or minilm (default: the bundled default model)")] = None,
         detectors: Annotated[str | None, typer.Option("--detectors", "-d", help="comma-separated detector "
                              "names (default: every detector the model supports)")] = None,
         prompts: Annotated[Path | None, typer.Option("--prompts", "-p", help="your texts: one per line, or "
@@ -179,6 +179,8 @@ def register(app: typer.Typer) -> None:
         device_map: opt.DeviceMap = None,
         max_memory: opt.MaxMemory = None,
         offload_folder: opt.OffloadFolder = None,
+        dtype: opt.Dtype = "float32",
+        trust_remote_code: opt.TrustRemoteCode = False,
         report: Annotated[Path | None, typer.Option("--report", help="also write one standalone HTML page "
                           "(grid, labelled heads with CIs, their patterns, provenance; opens offline)")] = None,
     ) -> None:
@@ -190,7 +192,8 @@ def register(app: typer.Typer) -> None:
         try:
             run_classify(model, detectors, prompts, n_prompts, seq_len, batch_size, seed, threshold,
                          tl_compatible, out, quiet, truncate, confirm, corpus, scan_path, resume, device,
-                         opt.load_options(device_map, max_memory, offload_folder), report)
+                         {**opt.load_options(device_map, max_memory, offload_folder), "dtype": dtype,
+                          "trust_remote_code": trust_remote_code}, report)
         except HeadlensError as e:  # one line and the class's exit code, also under CliRunner
             print(f"headlens: error: {e}", file=sys.stderr)
             raise typer.Exit(e.exit_code) from None

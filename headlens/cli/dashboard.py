@@ -12,7 +12,11 @@ that the browser parses plotly while the server scores. The first model is hande
 
 from __future__ import annotations
 
+import os
+
 import typer
+
+from headlens.cli import options as opt
 
 HOST = "127.0.0.1"
 
@@ -27,7 +31,12 @@ def _check_reference(ref: str) -> None:
 
     if ref in ZOO or ref == "minilm":
         return
-    target = Path(ref[3:] if ref.startswith("hf:") else ref).expanduser()
+    if ref.startswith("hf:"):
+        from headlens.backends.hub import split_reference
+
+        split_reference(ref[3:])  # a malformed reference fails here; a hub name is resolved by the page
+        return
+    target = Path(ref).expanduser()
     if not target.exists():
         raise ModelReferenceError(f"unknown model reference {ref!r}; expected {describe_references()}")
 
@@ -100,8 +109,11 @@ def _warm_up() -> None:
         ref = hd.initial_model() or hd.model_choices()[0]
         if ref == hd.CUSTOM_CHOICE:
             return
-        cache.get_model(ref)
-        cache.get_scores(ref)
+        from headlens.app import DEVICE_ENV, DTYPE_ENV
+
+        placed = (os.environ.get(DTYPE_ENV) or "float32", os.environ.get(DEVICE_ENV) or "cpu")
+        cache.get_model(ref, placed)
+        cache.get_scores(ref, placement=placed)
         typer.echo(f"headlens dashboard: {ref} loaded and scored in {time.monotonic() - started:.1f} s", err=True)
 
 
@@ -112,20 +124,23 @@ def register(app: typer.Typer) -> None:
                                   "hf:<dir> or minilm (default: the bundled default model)."),
         port: int = typer.Option(8501, "--port", "-p", min=1, max=65535, help="Port on 127.0.0.1."),
         warm: bool = typer.Option(True, "--warm/--no-warm", help="Score the first model while the server starts."),
+        dtype: opt.Dtype = "float32",
+        device: opt.Device = "cpu",
     ) -> None:
         """Open the web dashboard on http://127.0.0.1:PORT (Ctrl+C stops it)."""
-        import os
         import threading
 
         from streamlit.web import cli as streamlit_cli
 
-        from headlens.app import MODEL_ENV, SHARED_IMPORTS
+        from headlens.app import DEVICE_ENV, DTYPE_ENV, MODEL_ENV, SHARED_IMPORTS
+        from headlens.placement import resolve_device, resolve_dtype
 
         if model:
             _check_reference(model.strip())
             os.environ[MODEL_ENV] = model.strip()
+        resolve_dtype(dtype), resolve_device(device)  # refuse a bad or unavailable one before serving
+        os.environ[DTYPE_ENV], os.environ[DEVICE_ENV] = dtype, device
         _check_port(port)
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
         typer.echo(f"headlens dashboard on http://{HOST}:{port}  (Ctrl+C to stop)", err=True)
         if warm:
             SHARED_IMPORTS.clear()  # until the warm-up has imported them

@@ -1,4 +1,5 @@
-"""Options shared by the commands that scale out: resume folder, device, and device maps for big models."""
+"""Options shared by the commands that load models or scale out: precision, device, remote code, resume
+folder, and device maps for big models."""
 
 from __future__ import annotations
 
@@ -12,7 +13,12 @@ from headlens.errors import ConfigError
 Resume = Annotated[Path | None, typer.Option(
     "--resume", help="folder for finished shards: a rerun with the same arguments computes only the missing ones")]
 Device = Annotated[str, typer.Option(
-    "--device", help="cpu, cuda (under torchrun: each rank's own cuda:LOCAL_RANK), cuda:1, mps ...")]
+    "--device", help="cpu, cuda (under torchrun: each rank's own cuda:LOCAL_RANK), cuda:1, mps, or auto "
+    "(a GPU when there is one)")]
+Dtype = Annotated[str, typer.Option(
+    "--dtype", help="float32 | bfloat16 | float16: the precision the model runs in (statistics stay float64)")]
+TrustRemoteCode = Annotated[bool, typer.Option(
+    "--trust-remote-code", help="let an hf: repository run its own Python code (never otherwise)")]
 DeviceMap = Annotated[str | None, typer.Option(
     "--device-map", help="hf: models: spread the layers over devices with accelerate ('auto', 'balanced', "
     "'sequential')")]

@@ -9,7 +9,7 @@ import streamlit as st
 from headlens import viz
 from headlens.app import cache
 from headlens.app import helpers as hd
-from headlens.app.ui import attempt, html_download
+from headlens.app.ui import attempt, current_placement, html_download
 
 
 def ablation_view(ref: str, model: Any, text: str, selected: list[tuple[int, int]],
@@ -38,7 +38,8 @@ def ablation_view(ref: str, model: Any, text: str, selected: list[tuple[int, int
     if last != params:
         st.caption("Settings changed since the last run; press Run ablation to update.")
     with st.spinner("Ablating..."):
-        result = attempt("Ablation failed", cache.get_ablation, *last)
+        result = attempt("Ablation failed", cache.get_ablation, *last,
+                         placement=current_placement())
     if result is None:
         return
     show_ablation(model, result, last)

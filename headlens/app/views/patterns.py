@@ -13,7 +13,7 @@ import streamlit as st
 from headlens import viz
 from headlens.app import cache
 from headlens.app import helpers as hd
-from headlens.app.ui import attempt, html_download
+from headlens.app.ui import attempt, current_placement, html_download
 from headlens.tokenview import token_view_html
 
 MAX_PATTERNS = 6  # patterns drawn at once; more selected heads are listed, not drawn
@@ -35,7 +35,8 @@ def patterns_view(ref: str, model: Any, text: str, selected: list[tuple[int, int
     shown = selected[:MAX_PATTERNS]
     if len(selected) > len(shown):
         st.caption(f"Showing the first {MAX_PATTERNS} of {len(selected)} selected heads.")
-    result = attempt("Could not compute the attention patterns", cache.get_patterns, ref, text, shown)
+    result = attempt("Could not compute the attention patterns", cache.get_patterns, ref, text, shown,
+                     placement=current_placement())
     if result is None:
         return
     tokens, patterns = result
@@ -54,7 +55,8 @@ def patterns_view(ref: str, model: Any, text: str, selected: list[tuple[int, int
 
 def layer_side_by_side(ref: str, model: Any, text: str, layer: int) -> None:
     heads = [(layer, h) for h in range(model.n_heads)]
-    result = attempt("Could not compute the attention patterns", cache.get_patterns, ref, text, heads)
+    result = attempt("Could not compute the attention patterns", cache.get_patterns, ref, text, heads,
+                     placement=current_placement())
     if result is None:
         return
     tokens, patterns = result

@@ -1,0 +1,177 @@
+"""Tiny random-weight Hugging Face models of every family headlens claims, built in-process.
+
+Each family is a ``transformers`` config at test size (2 layers, d_model 64, vocab ~300,
+n_ctx 128), saved with ``save_pretrained`` next to a byte-level BPE tokenizer trained in a
+second with ``tokenizers`` on a few standard-library files: the directory looks like a
+download. Nothing downloads. ``build(family, root)`` writes one; ``FAMILIES`` lists them.
+
+Weights use a larger init than the families' defaults (0.02) so that attention patterns are
+far from uniform: a head mix-up or a wrong mask shows in a parity test.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+N_LAYERS, D_MODEL, N_HEADS, N_CTX, VOCAB = 2, 64, 4, 128, 300
+INIT = 0.1  # initializer_range: far from uniform attention, still no overflow in float32
+SLIDING_WINDOW = 16  # Mistral: prompts longer than this exercise the window
+
+
+@dataclass(frozen=True)
+class Family:
+    """One architecture family at test size.
+
+    Attributes:
+        name: short name used in test ids and the README table.
+        config: ``transformers`` config class name.
+        model: model class name (a ``...ForCausalLM`` / ``...ForMaskedLM``).
+        kwargs: config fields beyond the shared sizes.
+        out_proj: attribute path (inside one decoder layer) of the module whose *input* is the
+            concatenation of every head's ``z``: the independent ablation reference hooks it.
+        layers: attribute path from the model to its list of layers.
+        causal: decoder (True) or encoder (False).
+        n_kv_heads: key/value heads (``N_HEADS`` without grouped-query attention).
+    """
+
+    name: str
+    config: str
+    model: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    out_proj: str = "self_attn.o_proj"
+    layers: str = "model.layers"
+    causal: bool = True
+    n_kv_heads: int = N_HEADS
+
+    @property
+    def d_head(self) -> int:
+        return int(self.kwargs.get("head_dim", D_MODEL // N_HEADS))
+
+
+_LLAMA_LIKE = dict(hidden_size=D_MODEL, num_attention_heads=N_HEADS, num_hidden_layers=N_LAYERS,
+                   intermediate_size=128, max_position_embeddings=N_CTX)
+
+FAMILIES: dict[str, Family] = {f.name: f for f in [
+    Family("gpt2", "GPT2Config", "GPT2LMHeadModel",
+           dict(n_layer=N_LAYERS, n_embd=D_MODEL, n_head=N_HEADS, n_positions=N_CTX),
+           out_proj="attn.c_proj", layers="transformer.h"),
+    Family("gpt_neox", "GPTNeoXConfig", "GPTNeoXForCausalLM",
+           dict(_LLAMA_LIKE, rotary_pct=0.25), out_proj="attention.dense", layers="gpt_neox.layers"),
+    Family("gptj", "GPTJConfig", "GPTJForCausalLM",
+           dict(n_layer=N_LAYERS, n_embd=D_MODEL, n_head=N_HEADS, n_positions=N_CTX, rotary_dim=8),
+           out_proj="attn.out_proj", layers="transformer.h"),
+    Family("opt", "OPTConfig", "OPTForCausalLM",
+           dict(hidden_size=D_MODEL, num_attention_heads=N_HEADS, num_hidden_layers=N_LAYERS, ffn_dim=128,
+                max_position_embeddings=N_CTX, word_embed_proj_dim=D_MODEL),
+           out_proj="self_attn.out_proj", layers="model.decoder.layers"),
+    Family("llama", "LlamaConfig", "LlamaForCausalLM", dict(_LLAMA_LIKE, num_key_value_heads=2), n_kv_heads=2),
+    Family("mistral", "MistralConfig", "MistralForCausalLM",
+           dict(_LLAMA_LIKE, num_key_value_heads=2, sliding_window=SLIDING_WINDOW), n_kv_heads=2),
+    Family("qwen2", "Qwen2Config", "Qwen2ForCausalLM", dict(_LLAMA_LIKE, num_key_value_heads=2), n_kv_heads=2),
+    Family("gemma", "GemmaConfig", "GemmaForCausalLM", dict(_LLAMA_LIKE, num_key_value_heads=1, head_dim=32),
+           n_kv_heads=1),
+    Family("phi3", "Phi3Config", "Phi3ForCausalLM", dict(_LLAMA_LIKE, num_key_value_heads=2), n_kv_heads=2),
+    Family("bert", "BertConfig", "BertForMaskedLM",
+           dict(hidden_size=D_MODEL, num_attention_heads=N_HEADS, num_hidden_layers=N_LAYERS,
+                intermediate_size=128, max_position_embeddings=N_CTX),
+           out_proj="attention.output.dense", layers="bert.encoder.layer", causal=False),
+    Family("roberta", "RobertaConfig", "RobertaForMaskedLM",
+           dict(hidden_size=D_MODEL, num_attention_heads=N_HEADS, num_hidden_layers=N_LAYERS,
+                intermediate_size=128, max_position_embeddings=N_CTX + 2),
+           out_proj="attention.output.dense", layers="roberta.encoder.layer", causal=False),
+]}
+
+SPECIALS_CAUSAL = {"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>", "unk_token": "<|unk|>"}
+SPECIALS_ENCODER = {"cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]", "mask_token": "[MASK]",
+                    "unk_token": "[UNK]", "bos_token": "[CLS]", "eos_token": "[SEP]"}
+
+
+@functools.cache
+def _tokenizer_json(causal: bool) -> str:
+    """A byte-level BPE (``VOCAB`` entries) trained on a few stdlib files, as tokenizer.json text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    specials = list(dict.fromkeys((SPECIALS_CAUSAL if causal else SPECIALS_ENCODER).values()))
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    texts = [inspect.getsource(m) for m in (functools, inspect, os)]
+    tok.train_from_iterator(texts, trainer)
+    if causal:
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    else:
+        cls, sep = SPECIALS_ENCODER["cls_token"], SPECIALS_ENCODER["sep_token"]
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B {sep}",
+            special_tokens=[(cls, tok.token_to_id(cls)), (sep, tok.token_to_id(sep))])
+    return tok.to_str()
+
+
+def save_tokenizer(path: Path, causal: bool = True) -> None:
+    """Write the test tokenizer (tokenizer.json + tokenizer_config.json) into ``path``."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    specials = SPECIALS_CAUSAL if causal else SPECIALS_ENCODER
+    fast = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(_tokenizer_json(causal)), **specials)
+    fast.save_pretrained(path)
+
+
+def hf_config(family: str | Family, vocab_size: int = VOCAB, **overrides: Any) -> Any:
+    import transformers
+
+    fam = FAMILIES[family] if isinstance(family, str) else family
+    specials = _special_ids(fam.causal)
+    kwargs = dict(fam.kwargs, vocab_size=vocab_size, initializer_range=INIT, tie_word_embeddings=False,
+                  **specials, **overrides)
+    return getattr(transformers, fam.config)(**kwargs)
+
+
+def _special_ids(causal: bool) -> dict[str, int]:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(_tokenizer_json(causal))
+    if causal:
+        return {"bos_token_id": tok.token_to_id("<|bos|>"), "eos_token_id": tok.token_to_id("<|eos|>"),
+                "pad_token_id": tok.token_to_id("<|pad|>")}
+    return {"pad_token_id": tok.token_to_id("[PAD]")}
+
+
+def build(family: str, path: Path, seed: int = 0, tokenizer: bool = True, **overrides: Any) -> Path:
+    """Write a random-weight ``family`` model (float32, safetensors) and its tokenizer to ``path``."""
+    import transformers
+
+    fam = FAMILIES[family]
+    torch.manual_seed(seed)
+    model = getattr(transformers, fam.model)(hf_config(fam, **overrides)).eval()
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    if tokenizer:
+        save_tokenizer(path, fam.causal)
+    return path
+
+
+def load_eager(path: Path, family: str) -> Any:
+    """The same directory through ``transformers`` alone, eager attention (the reference)."""
+    import transformers
+
+    cls = getattr(transformers, FAMILIES[family].model)
+    return cls.from_pretrained(path, attn_implementation="eager").eval()
+
+
+def out_proj(hf_model: Any, family: str, layer: int) -> torch.nn.Module:
+    """The output projection of ``layer``: its input is every head's ``z``, concatenated."""
+    fam = FAMILIES[family]
+    module = hf_model
+    for part in f"{fam.layers}.{layer}.{fam.out_proj}".split("."):
+        module = module[int(part)] if part.isdigit() else getattr(module, part)
+    return module

@@ -1,0 +1,138 @@
+"""``hf:ORG/NAME@REVISION`` through a fabricated Hugging Face cache; remote code refused; no downloads.
+
+The cache is laid out as ``huggingface_hub`` leaves it after a download:
+``$HF_HOME/hub/models--ORG--NAME/snapshots/<40-hex commit>/`` holding the files, and
+``refs/main`` / ``refs/step3000`` holding commits. ``HF_HUB_OFFLINE=1`` makes every lookup a
+cache lookup. huggingface_hub reads ``HF_HOME`` and ``HF_HUB_OFFLINE`` when it is imported, so
+in-process tests patch its constants and the CLI tests run in a subprocess with the environment set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hf_families import build
+
+from headlens.backends.hub import HFSource, resolve, split_reference
+from headlens.errors import ModelReferenceError
+
+REPO = "headlens-test/tiny-llama"
+MAIN, STEP = "a" * 40, "b" * 40  # commits of refs/main and refs/step3000
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _snapshot(cache: Path, repo: str, commit: str, files: Path, refs: tuple[str, ...]) -> Path:
+    folder = cache / ("models--" + repo.replace("/", "--"))
+    snap = folder / "snapshots" / commit
+    shutil.copytree(files, snap)
+    (folder / "refs").mkdir(parents=True, exist_ok=True)
+    for ref in refs:
+        (folder / "refs" / ref).write_text(commit)  # no newline, as huggingface_hub writes it
+    return snap
+
+
+@pytest.fixture(scope="module")
+def hf_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("hf_home")
+    cache = root / "hub"
+    _snapshot(cache, REPO, MAIN, build("llama", root / "src-main", seed=0), ("main",))
+    _snapshot(cache, REPO, STEP, build("llama", root / "src-step", seed=1), ("step3000",))
+    remote = build("gpt2", root / "src-remote")
+    config = json.loads((remote / "config.json").read_text())
+    config.update(model_type="headlens-custom", auto_map={"AutoConfig": "modeling_custom.CustomConfig",
+                                                           "AutoModelForCausalLM": "modeling_custom.CustomModel"})
+    (remote / "config.json").write_text(json.dumps(config))
+    (remote / "modeling_custom.py").write_text("raise SystemExit('repository code ran')\n")
+    _snapshot(cache, "headlens-test/custom", MAIN, remote, ("main",))
+    return root
+
+
+@pytest.fixture
+def offline_cache(hf_home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_HOME", str(hf_home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hf_home / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return hf_home / "hub"
+
+
+def test_split_reference_prefers_existing_paths(tmp_path, monkeypatch):
+    assert split_reference("ORG/NAME") == ("ORG/NAME", None, False)
+    assert split_reference("EleutherAI/pythia-160m@step3000") == ("EleutherAI/pythia-160m", "step3000", False)
+    assert split_reference(f"ORG/NAME@{MAIN}") == ("ORG/NAME", MAIN, False)
+    assert split_reference("./ORG/NAME") == ("./ORG/NAME", None, True)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ORG" / "NAME").mkdir(parents=True)
+    assert split_reference("ORG/NAME") == ("ORG/NAME", None, True)  # an existing directory wins
+    for bad in ("", "ORG/NAME@", "a b/c", "ORG/NAME@x y"):
+        with pytest.raises(ModelReferenceError):
+            split_reference(bad)
+
+
+def test_revisions_resolve_from_the_cache(offline_cache):
+    main = resolve(REPO)
+    assert isinstance(main, HFSource) and main.is_hub and main.revision is None and main.name == REPO
+    assert main.files == offline_cache / "models--headlens-test--tiny-llama" / "snapshots" / MAIN
+    step = resolve(f"{REPO}@step3000")
+    assert step.files.name == STEP and step.name == f"{REPO}@step3000" and "tokenizer.json" in step.tokenizer_files()
+    assert resolve(f"{REPO}@{STEP}").files.name == STEP  # a commit works without a ref
+
+
+@pytest.mark.parametrize(("spec", "expected"), [
+    ("headlens-test/absent", r"'headlens-test/absent' is not in the Hugging Face cache .* HF_HUB_OFFLINE=1 is set"),
+    (f"{REPO}@step9", r"revision 'step9' of 'headlens-test/tiny-llama' is not in the Hugging Face cache "
+                      r"\(HF_HUB_OFFLINE=1 is set\); cached revisions: main, step3000"),
+    (f"{REPO}@{'c' * 40}", r"cached snapshot of headlens-test/tiny-llama@c{40} has no config.json"),
+    ("./no/such/dir", r"no such directory"),
+])
+def test_missing_repo_revision_or_cache_entry_is_one_line(offline_cache, spec, expected):
+    with pytest.raises(ModelReferenceError, match=expected) as err:
+        resolve(spec)
+    assert "\n" not in str(err.value)
+
+
+def test_remote_code_is_refused_unless_trusted(offline_cache, tmp_path):
+    with pytest.raises(ModelReferenceError, match=r"needs its repository's own Python code .* --trust-remote-code "
+                                                  r"\(API: trust_remote_code=True\)"):
+        resolve("headlens-test/custom")
+    assert resolve("headlens-test/custom", trust_remote_code=True).config["model_type"] == "headlens-custom"
+    # auto_map on a model type transformers knows: its own classes load it, the repo's code never runs
+    local = build("gpt2", tmp_path / "known")
+    config = json.loads((local / "config.json").read_text())
+    (local / "config.json").write_text(json.dumps({**config, "auto_map": {"AutoModel": "x.Y"}}))
+    assert resolve(str(local)).config["model_type"] == "gpt2"
+
+
+def _cli(hf_home: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    env.pop("HF_HUB_CACHE", None)
+    return subprocess.run([sys.executable, "-m", "headlens", *args], capture_output=True, text=True, env=env,
+                          timeout=600, cwd=hf_home)
+
+
+def test_cli_classifies_a_hub_revision_from_the_cache(hf_home):
+    res = _cli(hf_home, "classify", "--model", f"hf:{REPO}@step3000", "--n-prompts", "10", "--seq-len", "24",
+               "--detectors", "previous_token,induction", "--quiet", "--out", "scores.json")
+    assert res.returncode == 0, res.stderr
+    assert f"{REPO}@step3000: labelled heads" in res.stdout
+    assert "Traceback" not in res.stderr
+    saved = json.loads((hf_home / "scores.json").read_text())
+    rows = saved["rows"]
+    assert saved["provenance"]["dtype"] == "float32"
+    assert {r["model"] for r in rows} == {f"{REPO}@step3000"} and len(rows) == 2 * 2 * 4
+
+
+def test_cli_refuses_remote_code_in_one_line(hf_home):
+    res = _cli(hf_home, "classify", "--model", "hf:headlens-test/custom", "--quiet")
+    assert res.returncode == 4, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("headlens: error: ") and "--trust-remote-code" in lines[0], lines
+    assert "repository code ran" not in res.stderr + res.stdout
