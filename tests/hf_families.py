@@ -175,3 +175,35 @@ def out_proj(hf_model: Any, family: str, layer: int) -> torch.nn.Module:
     for part in f"{fam.layers}.{layer}.{fam.out_proj}".split("."):
         module = module[int(part)] if part.isdigit() else getattr(module, part)
     return module
+
+
+def plant_offset_heads(hf_model: Any, heads: dict[tuple[int, int], int], strength: float = 60.0) -> Any:
+    """Make each ``(layer, head)`` of a Qwen2-style model (RoPE, q/k biases) attend ``offset`` tokens back.
+
+    The head's query and its key/value group's key become constants (weights zero, biases set), so
+    after RoPE their dot product depends on the distance ``Δ = q_pos - k_pos`` alone: per rotary
+    frequency θ the key bias is the query bias turned by ``θ·offset``, which makes the score
+    ``strength · Σ_θ cos(θ (Δ - offset))``, highest at ``Δ = offset``. A previous-token head is
+    ``offset=1``, a current-token head ``offset=0``. Other heads of the group keep their random
+    queries; each group's key is shared, so at most one offset per key/value group.
+    """
+    cfg = hf_model.config
+    d_head = cfg.hidden_size // cfg.num_attention_heads
+    group = cfg.num_attention_heads // cfg.num_key_value_heads
+    inv_freq = hf_model.model.rotary_emb.inv_freq.double()  # (d_head / 2,): θ per rotary plane
+    half = d_head // 2
+    with torch.no_grad():
+        for (layer, head), offset in heads.items():
+            attn = hf_model.model.layers[layer].self_attn
+            kv = head // group
+            q_rows, k_rows = slice(head * d_head, (head + 1) * d_head), slice(kv * d_head, (kv + 1) * d_head)
+            b_q = torch.zeros(d_head, dtype=torch.float64)
+            b_q[:half] = (strength * d_head**0.5 / half) ** 0.5  # plane i is dims (i, i + half): rotate_half
+            b_k = torch.zeros(d_head, dtype=torch.float64)
+            b_k[:half] = b_q[:half] * torch.cos(inv_freq * offset)
+            b_k[half:] = b_q[:half] * torch.sin(inv_freq * offset)
+            attn.q_proj.weight[q_rows] = 0
+            attn.k_proj.weight[k_rows] = 0
+            attn.q_proj.bias[q_rows] = b_q.float()
+            attn.k_proj.bias[k_rows] = b_k.float()
+    return hf_model

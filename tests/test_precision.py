@@ -1,0 +1,84 @@
+"""``--dtype`` / ``--device``: bfloat16 labels the same heads as float32, on the CPU, within 0.02.
+
+Random weights label nothing, so the GQA model here is a tiny Qwen2 (4 query heads over 2 key/value
+groups, q/k/v biases) with two planted heads: L0H0 attends one token back, L0H2 to itself
+(``hf_families.plant_offset_heads``). The native model is the zoo's trained ``induction-2l``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hf_families import build, plant_offset_heads, save_tokenizer
+from typer.testing import CliRunner
+
+import headlens
+from headlens.cli import app
+from headlens.errors import ConfigError
+from headlens.placement import resolve_device, resolve_dtype
+from headlens.zoo import ZOO
+
+PLANTED = {(0, 0, "previous_token"), (0, 2, "current_token")}
+DETECTORS = ["previous_token", "current_token", "first_token", "duplicate_token", "induction"]
+
+
+@pytest.fixture(scope="module")
+def planted_qwen2(tmp_path_factory: pytest.TempPathFactory) -> str:
+    import transformers
+
+    path = build("qwen2", tmp_path_factory.mktemp("qwen2") / "planted", tokenizer=False)
+    model = transformers.Qwen2ForCausalLM.from_pretrained(path).eval()
+    plant_offset_heads(model, {(0, 0): 1, (0, 2): 0})
+    model.save_pretrained(path)
+    save_tokenizer(path)
+    return f"hf:{path}"
+
+
+def _labels(df) -> set[tuple[int, int, str]]:
+    return set(df[df.label][["layer", "head", "detector"]].itertuples(index=False, name=None))
+
+
+def _compare(ref, **kwargs):
+    full = headlens.classify(ref, dtype="float32", **kwargs)
+    half = headlens.classify(ref, dtype="bfloat16", **kwargs)
+    assert (full.attrs["dtype"], half.attrs["dtype"]) == ("float32", "bfloat16")
+    diff = float((full.score - half.score).abs().max())
+    return full, half, diff
+
+
+def test_bfloat16_labels_the_planted_gqa_heads_like_float32(planted_qwen2):
+    model = headlens.load(planted_qwen2, dtype="bfloat16")
+    assert model.dtype == torch.bfloat16 and str(model.device) == "cpu"
+    full, half, diff = _compare(planted_qwen2, n_prompts=16, seq_len=48, detectors=DETECTORS)
+    assert _labels(full) == _labels(half) == PLANTED
+    assert diff <= 0.02, f"max |score(bf16) - score(fp32)| = {diff:.4f}"
+
+
+@pytest.mark.skipif(not ZOO["induction-2l"].available, reason="induction-2l weights not installed")
+def test_bfloat16_on_the_native_zoo_model():
+    model = headlens.load("induction-2l", dtype="bfloat16")
+    assert next(model.parameters()).dtype == torch.bfloat16
+    full, half, diff = _compare("induction-2l", n_prompts=32, detectors=DETECTORS)
+    assert _labels(full) == _labels(half) and any(d == "induction" for *_, d in _labels(full))
+    assert diff <= 0.02, f"max |score(bf16) - score(fp32)| = {diff:.4f}"
+
+
+def test_dtype_and_device_names():
+    assert resolve_dtype(None) == torch.float32 and resolve_dtype("bf16") == torch.bfloat16
+    assert resolve_dtype(torch.float16) == torch.float16
+    assert resolve_device("auto") in ("cpu", "cuda", "mps") and resolve_device("CPU") == "cpu"
+    with pytest.raises(ConfigError, match="unknown dtype 'int8'; expected one of float32, bfloat16, float16"):
+        resolve_dtype("int8")
+    with pytest.raises(ConfigError, match="unknown device 'tpu'"):
+        resolve_device("tpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+def test_an_unavailable_device_is_one_line_and_exit_2():
+    with pytest.raises(ConfigError, match="sees no CUDA GPU"):
+        headlens.load("induction-2l", device="cuda")
+    for args, text in [(["--device", "cuda"], "sees no CUDA GPU"), (["--dtype", "int8"], "unknown dtype 'int8'")]:
+        result = CliRunner().invoke(app, ["classify", "--model", "induction-2l", *args, "-q"])
+        assert result.exit_code == 2, result.output
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("headlens: error:") and text in lines[0], lines
