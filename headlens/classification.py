@@ -21,6 +21,9 @@ from typing import Any
 import torch
 
 from headlens import probes as P
+from headlens import spans as A
+from headlens.annotated import measure
+from headlens.annotated import summaries as target_summaries
 from headlens.detectors import DETECTORS, get_detector
 from headlens.detectors.base import Detector
 from headlens.detectors.copying import ov_weights
@@ -55,14 +58,16 @@ def resolve_model(model_or_ref: Any, device: str = "cpu", **load_options: Any) -
     return load(others[0], device=device, **load_options)
 
 
-def _thresholds(threshold: float | dict[str, float] | None) -> dict[str, float]:
+def _thresholds(threshold: float | dict[str, float] | None, annotated: Sequence[str] = ()) -> dict[str, float]:
     out = {name: (COPYING_THRESHOLD if d.kind == "weights" else DEFAULT_THRESHOLD) for name, d in DETECTORS.items()}
+    out.update({name: DEFAULT_THRESHOLD for name in annotated})
     if isinstance(threshold, dict):
         for name, tau in threshold.items():
-            get_detector(name)
+            if name not in annotated:
+                get_detector(name)
             out[name] = float(tau)
     elif threshold is not None:
-        out.update({n: float(threshold) for n, d in DETECTORS.items() if d.kind != "weights"})
+        out.update({n: float(threshold) for n in out if n not in DETECTORS or DETECTORS[n].kind != "weights"})
     return out
 
 
@@ -90,8 +95,12 @@ def select_detectors(model: Any, names: Sequence[str] | str | None, tl_compatibl
         elif d.probe == "brackets" and not vocab(model).brackets:
             why = (f"{d.name}: the tokenizer keeps no bracket pair as single tokens" if model.tokenizer is not None
                    else f"{d.name} needs a tokenizer to find brackets; this model has none")
+        elif d.probe == "coreference":
+            from headlens.coreference import unsupported
+
+            why = unsupported(model) or ""
         if why and explicit:
-            raise (ProbeError if d.probe == "brackets" else DetectorError)(why)
+            raise (ProbeError if d.probe in ("brackets", "coreference") else DetectorError)(why)
         if why:
             skipped[d.name] = why
         else:
@@ -102,7 +111,7 @@ def select_detectors(model: Any, names: Sequence[str] | str | None, tl_compatibl
 def _probes(model: Any, dets: list[Detector], prompts: Any, n_prompts: int, seq_len: int, seed: int,
             truncate: bool, corpus: str | None = None) -> list[tuple[P.Probe, list[Detector]]]:
     """Group pattern detectors by the probe they read (the user's texts, or a corpus, serve every detector)."""
-    pattern = [d for d in dets if d.kind != "weights"]
+    pattern = [d for d in dets if d.kind in ("index", "mask")]
     if not pattern:
         return []
     if corpus is not None:
@@ -111,10 +120,7 @@ def _probes(model: Any, dets: list[Detector], prompts: Any, n_prompts: int, seq_
         return [(P.stdlib_windows(model, n_prompts, seq_len, torch.Generator().manual_seed(seed * 1009 + 7)),
                  pattern)]
     if prompts is not None:
-        texts = P.read_prompts(prompts) if isinstance(prompts, str | os.PathLike) else list(prompts)
-        if not texts:
-            raise ProbeError("no prompts given")
-        return [(P.text_prompts(model, texts, truncate=truncate), pattern)]
+        return [(P.text_prompts(model, prompts, truncate=truncate), pattern)]
     builders = {"random_tokens": P.random_tokens, "repeated_segments": P.repeated_segments,
                 "brackets": P.brackets}
     groups = []
@@ -230,11 +236,15 @@ def classify(
     if n_prompts < 1 or batch_size < 1:
         raise ProbeError(f"n_prompts and batch_size must be >= 1, got {n_prompts} and {batch_size}")
     seq_len = min(int(seq_len), int(model.cfg.n_ctx))
-    taus = _thresholds(threshold)
-    dets, skipped, explicit = select_detectors(model, detectors, tl_compatible)
     if corpus is not None and prompts is not None:
         raise ProbeError("pass either prompts or a corpus, not both")
-    groups = _probes(model, dets, prompts, n_prompts, seq_len, seed, truncate, corpus)
+    texts, annotated_rows = _read_rows(prompts)
+    builtin, user_types = _requested(detectors, annotated_rows)
+    taus = _thresholds(threshold, user_types)
+    dets, skipped, explicit = select_detectors(model, builtin, tl_compatible) if builtin != [] else ([], {}, True)
+    groups = _probes(model, dets, texts, n_prompts, seq_len, seed, truncate, corpus)
+    jobs = _annotated_jobs(model, dets, user_types, annotated_rows, texts is not None or corpus is not None,
+                           n_prompts, seed, truncate)
     notes: list[str] = []
     if groups and groups[0][0].name == "prompts" and groups[0][0].settings.get("n_truncated"):
         notes.append(f"{groups[0][0].settings['n_truncated']} prompt(s) were longer than the context "
@@ -246,43 +256,58 @@ def classify(
         from headlens.resume import scan_store
 
         store = scan_store(resume, model, groups, dets, seed=seed, tl_compatible=tl_compatible, scan_path=scan_path)
-    total, done = sum(len(rank.batch_block(len(pr), batch_size)) for pr, _ in groups), 0
-    summaries: dict[str, Summary] = {}
-    for probe, served in groups:
-        def tick(n: int, stage: str = probe.name) -> None:
+    total = sum(len(rank.batch_block(len(pr), batch_size)) for pr, _ in groups)
+    total, done = total + (sum(len(pr) for pr in jobs.values()) if rank.is_main else 0), 0
+
+    def ticker(stage: str) -> Callable[[int], None]:
+        def tick(n: int) -> None:
             nonlocal done
             done += n
             if progress is not None:
                 progress(done, total, stage)
 
+        return tick
+
+    summaries: dict[str, Summary] = {}
+    for probe, served in groups:
         run = [*served, TL_NORM] if tl_compatible else served
         info: dict[str, Any] = {}
-        stats = scan_blocks(model, probe, run, batch_size, tick, rank, store, path=scan_path, info=info)
+        stats = scan_blocks(model, probe, run, batch_size, ticker(probe.name), rank, store, path=scan_path, info=info)
         if stats is not None:  # None on ranks > 0: their rows went to rank 0
             paths[probe.name] = info["scan_path"]
             summaries.update(_summaries(stats, tl_compatible, seed, n_boot))
     if not rank.is_main:
         return None
+    preferences: dict[str, Summary | None] = {}
+    for name, aprobe in jobs.items():  # annotated probes are small: rank 0 measures them alone
+        stats = measure(model, aprobe, batch_size, ticker(name))
+        summaries[name], preferences[name] = target_summaries(stats, seed=seed, n_boot=n_boot)
     L, H, H_kv = model.n_layers, model.n_heads, n_kv_heads(model)
     kv = kv_heads(H, H_kv)
     rows = []
-    for d in dets:
-        if d.kind == "weights":
+    for name in [d.name for d in dets] + user_types:
+        d = DETECTORS.get(name)
+        if d is not None and d.kind == "weights":
             sc = d.weights_fn(model).reshape(-1)
             s = Summary(sc, sc, sc, 0.0, 0, 0)
             rows += _rows(model.name, d.name, s, torch.full_like(sc, float("nan")), sc >= taus[d.name], L, kv)
             continue
-        s = summaries[d.name]
-        if s.n_positions == 0:
+        s = summaries.get(name)
+        if s is None or s.n_positions == 0:
             source = corpus or ("prompts" if prompts is not None else d.probe)
-            why = f"{d.name}: the {source} probe has no target positions"
+            why = f"{name}: the {source} probe has no target positions"
             if explicit:
                 raise ProbeError(why + " for this detector")
-            skipped[d.name] = why
+            skipped[name] = why
             continue
-        lift = s.lift
-        rows += _rows(model.name, d.name, s, lift, label(s.ci_low, lift, taus[d.name]), L, kv)
-    df = pd.DataFrame(rows, columns=list(empty_table().columns)) if rows else empty_table()
+        lift, pref = s.lift, preferences.get(name)
+        labels = label(s.ci_low, lift, taus[name])
+        if pref is not None:  # and the referent must beat the distractors more often than chance
+            labels &= pref.ci_low > pref.baseline
+        new_rows = _rows(model.name, name, s, lift, labels, L, kv)
+        rows += _with_preference(new_rows, pref) if name in preferences else new_rows
+    columns = list(empty_table().columns) + (list(PREFERENCE_COLUMNS) if preferences else [])
+    df = pd.DataFrame(rows, columns=columns) if rows else empty_table()
     if s_small := [d for d, s in summaries.items() if 0 < s.n_prompts < 10]:
         notes.append(f"fewer than 10 prompts with targets for {', '.join(s_small)}: wide intervals")
     for note in notes:
@@ -292,11 +317,69 @@ def classify(
         "causal": bool(model.is_causal), "n_layers": L, "n_heads": H, "n_kv_heads": H_kv,
         "seed": seed,
         "scoring": "tl_compatible" if tl_compatible else "headlens",
-        "thresholds": {d.name: taus[d.name] for d in dets}, "min_lift": MIN_LIFT, "n_boot": n_boot,
-        "probes": {pr.name: {**pr.settings, "n_prompts": len(pr), "detectors": [d.name for d in sv],
-                             "scan_path": paths[pr.name]} for pr, sv in groups},
+        "thresholds": {n: taus[n] for n in [d.name for d in dets] + user_types}, "min_lift": MIN_LIFT,
+        "n_boot": n_boot,
+        "probes": {**{pr.name: {**pr.settings, "n_prompts": len(pr), "detectors": [d.name for d in sv],
+                                "scan_path": paths[pr.name]} for pr, sv in groups},
+                   **{f"annotated:{n}": {**pr.settings, "n_prompts": len(pr), "detectors": [n],
+                                         "preference_chance": getattr(preferences[n], "baseline", None)}
+                      for n, pr in jobs.items()}},
         "scan_path": "+".join(sorted(set(paths.values()))) or "none",
         "skipped": skipped, "warnings": notes, "batch_size": batch_size, "world_size": rank.world_size,
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "device": str(model.device),
     })
     return validate(df)
+
+
+# -- annotated head types (headlens.spans) ----------------------------------------------------
+PREFERENCE_COLUMNS = ("preference", "preference_ci_low", "preference_ci_high")
+
+
+def _read_rows(prompts: Any) -> tuple[list[str] | None, dict[str, list[tuple[int, dict[str, Any]]]]]:
+    """The prompts' texts (None without prompts) and their annotated rows by head type."""
+    if prompts is None:
+        return None, {}
+    rows = A.read_rows(prompts) if isinstance(prompts, str | os.PathLike) else list(prompts)
+    if not rows:
+        raise ProbeError("no prompts given")
+    texts, groups = A.split_rows(rows)
+    clash = [n for n in groups if n in DETECTORS and DETECTORS[n].kind != "annotated"]
+    if clash:
+        raise ProbeError(f"annotated detector name {clash[0]!r} is a built-in detector defined by code; "
+                         f"give your head type another name")
+    return texts, groups
+
+
+def _requested(detectors: Sequence[str] | str | None, annotated: dict[str, Any]) -> tuple[list[str] | None, list[str]]:
+    """The built-in detectors asked for (None: every one) and the user's annotated head types to score."""
+    if isinstance(detectors, str):
+        detectors = [n.strip() for n in detectors.split(",") if n.strip()]
+    if not detectors:
+        return None, [n for n in annotated if n not in DETECTORS]
+    user = [n for n in detectors if n in annotated and n not in DETECTORS]
+    return [n for n in detectors if n not in user], user
+
+
+def _annotated_jobs(model: Any, dets: list[Detector], user_types: list[str], rows: dict[str, Any],
+                    have_texts: bool, n_prompts: int, seed: int, truncate: bool) -> dict[str, A.AnnotatedProbe]:
+    """The annotated probes to measure: the user's rows per head type, or generated ones (coreference)."""
+    jobs = {}
+    for name in [d.name for d in dets if d.kind == "annotated"] + user_types:
+        if name in rows:
+            jobs[name] = A.annotated_probe(model, rows[name], name, truncate=truncate)
+        elif not have_texts and name == "coreference":
+            from headlens.coreference import rows as coreference_rows
+
+            generated = list(enumerate(coreference_rows(model, n_prompts, seed)))
+            jobs[name] = A.annotated_probe(model, generated, name)
+            jobs[name].settings["generator"] = "headlens.coreference (gender and number templates)"
+    return jobs
+
+
+def _with_preference(rows: list[dict[str, Any]], pref: Summary | None) -> list[dict[str, Any]]:
+    nan = float("nan")
+    for i, row in enumerate(rows):
+        vals = (nan, nan, nan) if pref is None else (float(pref.score[i]), float(pref.ci_low[i]),
+                                                     float(pref.ci_high[i]))
+        row.update(zip(PREFERENCE_COLUMNS, vals, strict=True))
+    return rows

@@ -94,28 +94,39 @@ class PatternModel:
     """
 
     def __init__(self, patterns: list[list[PatternFn]], causal: bool = True, n_ctx: int = 64,
-                 tokenizer: Tokenizer | None = None, name: str = "patterns") -> None:
+                 tokenizer: Any = None, name: str = "patterns") -> None:
         self.patterns, self.is_causal, self.name = patterns, causal, name
         self.tokenizer = tokenizer or Tokenizer.char_level(PLANTED_ALPHABET)
+        self._hf = hasattr(self.tokenizer, "all_special_ids")  # a Hugging Face tokenizer (WordPiece, BPE)
+        d_vocab = len(self.tokenizer) if self._hf else self.tokenizer.d_vocab
         self.cfg = ModelConfig(n_layers=len(patterns), n_heads=len(patterns[0]), d_model=len(patterns[0]) * 4,
-                               n_ctx=n_ctx, d_vocab=self.tokenizer.d_vocab)
+                               n_ctx=n_ctx, d_vocab=d_vocab)
         self.n_layers, self.n_heads = self.cfg.n_layers, self.cfg.n_heads
         self.device = torch.device("cpu")
         self._hooks: list[tuple[str, Callable[..., Any]]] = []
 
     @property
     def bos_token_id(self) -> int:
+        if self._hf:
+            tok = self.tokenizer
+            return int(tok.cls_token_id if tok.cls_token_id is not None else tok.bos_token_id)
         return self.tokenizer.bos_token_id
 
     @property
     def special_token_ids(self) -> set[int]:
+        if self._hf:
+            return {int(i) for i in self.tokenizer.all_special_ids}
         return {self.tokenizer.bos_token_id}
 
     def to_tokens(self, text: str | list[str], prepend_bos: bool = True) -> torch.Tensor:
         texts = [text] if isinstance(text, str) else text
+        if self._hf:
+            return torch.tensor([self.tokenizer(t, add_special_tokens=prepend_bos)["input_ids"] for t in texts])
         return torch.tensor([[self.bos_token_id] * prepend_bos + self.tokenizer.encode(t) for t in texts])
 
     def to_str_tokens(self, tokens: torch.Tensor) -> list[str]:
+        if self._hf:
+            return [str(s) for s in self.tokenizer.convert_ids_to_tokens(tokens.reshape(-1).tolist())]
         return [self.tokenizer.str_token(int(i)) for i in tokens.reshape(-1)]
 
     @contextlib.contextmanager
@@ -128,6 +139,11 @@ class PatternModel:
 
     def active_hooks(self) -> list[str]:
         return [name for name, _ in self._hooks]
+
+    def run_with_hooks(self, tokens: torch.Tensor, fwd_hooks: list[tuple[str, Callable[..., Any]]] = (),
+                       attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        with self.hooks(list(fwd_hooks)):
+            return self.forward(tokens, attention_mask=attention_mask)
 
     def forward(self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         valid = torch.ones_like(tokens, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
@@ -164,5 +180,78 @@ def offset_pattern(k: int) -> PatternFn:
     def fn(tokens: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         B, T = tokens.shape
         return torch.diag(torch.ones(T - abs(k)), diagonal=k).expand(B, T, T)  # (B, Q, K): [q, q+k] = 1
+
+    return fn
+
+
+# -- coreference: a WordPiece tokenizer over the probe's words, and planted heads ---------------
+def wordpiece_tokenizer(words: list[str] | None = None) -> Any:
+    """A BERT-style fast WordPiece tokenizer (``[CLS] ... [SEP]``, lowercased) built in-process.
+
+    Its vocabulary holds ``words`` (default: every word of the coreference templates) whole, plus
+    letters and ``##``-letters, so any lowercase ASCII text tokenizes. Nothing downloads.
+    """
+    import re
+
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    from headlens import coreference as C
+
+    if words is None:
+        text = " ".join([*C.LEADS, *C.MALE, *C.FEMALE, *C.GENDER_FRAMES, *C.GENDER_PREDICATES, *C.SINGULAR,
+                         *C.PLURAL, *C.NUMBER_FRAMES, *(p for pair in C.NUMBER_PREDICATES for p in pair),
+                         *C.PRONOUNS.values(), "then left"])
+        words = re.findall(r"[a-z]+", text.lower())
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *".,;:!?()[]{}<>'\"-0123456789", *letters,
+             *(f"##{c}" for c in letters)]
+    vocab += [w for w in dict.fromkeys(words) if w not in vocab]
+    tok = HFTokenizer(models.WordPiece({w: i for i, w in enumerate(vocab)}, unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]",
+                                   pad_token="[PAD]", mask_token="[MASK]")
+
+
+def _word_ids(tokenizer: Any, words: Any) -> torch.Tensor:
+    return torch.tensor([tokenizer.convert_tokens_to_ids(w.lower()) for w in words])
+
+
+def coreference_pattern(tokenizer: Any) -> PatternFn:
+    """A planted coreference head: from ``he``/``she``/``it``/``they`` all mass on the candidate of
+    the pronoun's gender or number; every other row uniform."""
+    from headlens import coreference as C
+
+    classes = {"male": C.MALE, "female": C.FEMALE, "singular": C.SINGULAR, "plural": C.PLURAL}
+    pairs = [(int(_word_ids(tokenizer, [C.PRONOUNS[c]])[0]), _word_ids(tokenizer, words))
+             for c, words in classes.items()]
+
+    def fn(tokens: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(*tokens.shape, tokens.shape[1])  # (B, Q, K)
+        for pronoun, candidates in pairs:
+            rows = tokens == pronoun  # (B, Q)
+            keys = torch.isin(tokens, candidates)  # (B, K)
+            out += rows[:, :, None] & keys[:, None, :]
+        return out
+
+    return fn
+
+
+def first_candidate_pattern(tokenizer: Any) -> PatternFn:
+    """A position-only control: from every pronoun all mass on the *first* name or noun of the text,
+    whatever the pronoun says."""
+    from headlens import coreference as C
+
+    pronouns = _word_ids(tokenizer, C.PRONOUNS.values())
+    candidates = _word_ids(tokenizer, [*C.MALE, *C.FEMALE, *C.SINGULAR, *C.PLURAL])
+
+    def fn(tokens: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        is_cand = torch.isin(tokens, candidates)  # (B, K)
+        first = is_cand & (is_cand.long().cumsum(1) == 1)  # (B, K): the first candidate only
+        rows = torch.isin(tokens, pronouns)  # (B, Q)
+        return (rows[:, :, None] & first[:, None, :]).float()  # (B, Q, K)
 
     return fn

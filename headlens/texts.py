@@ -21,8 +21,8 @@ def example_text(model: Any) -> str:
     elif getattr(tok, "kind", None) == "byte":
         text = ("def area(width, height):\n    return (width * height)\n\n"
                 "def area(width, height):\n    return [width, (height)]\n")
-    else:  # a Hugging Face tokenizer: words
-        text = ("The quick brown fox (a red one) jumped over the lazy dog. "
+    else:  # a Hugging Face tokenizer: words (a pronoun and two candidates for the coreference heads)
+        text = ("John told Mary that she needed help. The quick brown fox (a red one) jumped over the lazy dog. "
                 "The quick brown fox (a red one) jumped over the lazy dog.")
     return _fit(model, text, budget)
 

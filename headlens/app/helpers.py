@@ -266,6 +266,15 @@ def heads_table(scores: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([front, detectors], axis=1)
 
 
+def preference_rows(scores: pd.DataFrame, detector: str) -> pd.DataFrame:
+    """``detector``'s rows when they carry a preference accuracy (annotated head types with
+    distractors, e.g. coreference), else an empty frame."""
+    if scores.empty or "preference" not in scores.columns:
+        return scores.iloc[0:0]
+    rows = scores[scores["detector"] == detector]
+    return rows if rows["preference"].notna().any() else rows.iloc[0:0]
+
+
 def default_detector(scores: pd.DataFrame) -> str:
     """The detector the grid opens on: induction when some head carries that label, else the label
     of the most lifted labelled head, else induction (or the first detector scored)."""

@@ -1,12 +1,16 @@
 """``headlens classify``: label every head of a model; a thin layer over :func:`headlens.classify`.
 
 stdout: a table of the labelled heads (strongest first; ``kv_head`` is each query head's key/value
-group under grouped-query attention, equal to the head otherwise) and a layer x head overview.
+group under grouped-query attention, equal to the head otherwise) and a layer x head overview;
+for annotated head types with distractors (coreference) also the top heads by score with their
+preference accuracy, labelled or not.
 stderr: progress, warnings, and on bad input one line ``headlens: error: ...`` with the exit
 code of its error class (see ``headlens.cli``): 4 unknown model, 5 prompts/probe problems
 (missing or empty prompts file, a prompt longer than the context unless ``--truncate``, a
-probe with no target positions for a requested detector), 6 unknown or unsupported detector,
-7 unwritable output path or unknown suffix (also for ``--report``, which must end in ``.html``).
+probe with no target positions for a requested detector, a bad annotation: span out of range,
+empty keys, unknown field; a tokenizer that splits the coreference probe's words), 6 unknown
+or unsupported detector, 7 unwritable output path or unknown suffix (also for ``--report``,
+which must end in ``.html``).
 
 ``--confirm`` runs the ablation check of ``headlens.confirm.confirm(model, table)`` on the
 labelled heads when that module is installed (it adds its columns to the table).
@@ -28,7 +32,9 @@ SHORT = {  # overview cell for each label
     "previous_token": "prev", "next_token": "next", "current_token": "self", "first_token": "sink",
     "duplicate_token": "dup", "induction": "ind", "bracket_matching": "brk",
     "bracket_matching_hard": "brk!", "open_bracket": "open", "open_bracket_hard": "open!", "copying": "copy",
+    "coreference": "coref",
 }
+N_RANKED = 8  # heads listed per annotated head type, labelled or not
 
 
 def _confirm_fn() -> Any:
@@ -76,8 +82,32 @@ def print_results(df: Any, console: Any) -> None:
         grid.add_row(f"L{layer}", *[SHORT.get(labels[(layer, h)][0], labels[(layer, h)][0][:4])
                                      if (layer, h) in labels else "·" for h in range(n_heads)])
     console.print(grid)
+    print_rankings(df, console)
     for name, why in attrs.get("skipped", {}).items():
         console.print(f"[dim]skipped {name}: {why}[/dim]")
+
+
+def print_rankings(df: Any, console: Any) -> None:
+    """For annotated head types with distractors (coreference ...): the top heads by score with
+    their preference accuracy, labelled or not, so a census without labels still shows its ranking."""
+    from rich.table import Table
+
+    if "preference" not in df.columns:
+        return
+    for det, rows in df[df["preference"].notna()].groupby("detector", sort=False):
+        top = rows.sort_values("score", ascending=False).head(N_RANKED)
+        n_lab = int(rows["label"].sum())
+        chance = df.attrs.get("probes", {}).get(f"annotated:{det}", {}).get("preference_chance")
+        table = Table(title=f"{det}: top {len(top)} heads by score ({n_lab} labelled)",
+                      caption=f"preference = how often the target beats the distractors (chance "
+                              f"{'-' if chance is None else f'{chance:.2f}'})")
+        for col in ("head", "score", "95% CI", "lift", "preference", "95% CI ", "label"):
+            table.add_column(col, justify="left" if col == "head" else "right")
+        for r in top.itertuples():
+            table.add_row(f"L{r.layer}H{r.head}", f"{r.score:.3f}", f"[{r.ci_low:.3f}, {r.ci_high:.3f}]",
+                          f"{r.lift:.1f}", f"{r.preference:.3f}",
+                          f"[{r.preference_ci_low:.3f}, {r.preference_ci_high:.3f}]", "yes" if r.label else "no")
+        console.print(table)
 
 
 def run_classify(
@@ -152,7 +182,8 @@ def register(app: typer.Typer) -> None:
         detectors: Annotated[str | None, typer.Option("--detectors", "-d", help="comma-separated detector "
                              "names (default: every detector the model supports)")] = None,
         prompts: Annotated[Path | None, typer.Option("--prompts", "-p", help="your texts: one per line, or "
-                           "JSONL with a 'text' field (default: generated probes)")] = None,
+                           "JSONL with a 'text' field; JSONL rows with 'targets' (character spans) define "
+                           "head types from data (see README) (default: generated probes)")] = None,
         corpus: Annotated[str | None, typer.Option("--corpus", help="'stdlib': real Python source (held-out "
                           "standard-library files) instead of generated probes")] = None,
         n_prompts: Annotated[int, typer.Option("--n-prompts", min=1, help="prompts per generated probe "

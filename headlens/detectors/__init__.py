@@ -9,6 +9,7 @@ from __future__ import annotations
 from headlens.detectors import (
     bracket_matching,
     copying,
+    coreference,
     current_token,
     duplicate_token,
     first_token,
@@ -33,6 +34,7 @@ DETECTORS: dict[str, Detector] = {
         bracket_matching.OPEN_DETECTOR,
         bracket_matching.OPEN_HARD_DETECTOR,
         copying.DETECTOR,
+        coreference.DETECTOR,
     )
 }
 

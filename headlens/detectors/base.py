@@ -14,6 +14,8 @@ keys and the row's log-sum-exp, without ever building the ``(Q, K)`` pattern (``
 * ``"index"``: at most one target per row (``M == 1``);
 * ``"mask"``: a set of targets per row (any ``M``);
 * ``"weights"``: no probe at all; a score per head from the model's weights (copying).
+* ``"annotated"``: targets given as character spans of the probe's texts (coreference, and
+  the user's own head types from annotated prompts); scored by :mod:`headlens.annotated`.
 
 The old forms are still accepted from user-written target functions and converted by
 :func:`as_targets`: ``(B, Q)`` long (one index per row) and ``(B, Q, K)`` bool masks.
@@ -44,8 +46,9 @@ class Detector:
 
     Attributes:
         name: registry key, also the ``detector`` column of the scores table.
-        kind: ``"index"``, ``"mask"`` or ``"weights"`` (see the module docstring).
-        targets: ``ProbeBatch -> (B, Q, M)`` long key indices, ``-1`` padded; None for weight scores.
+        kind: ``"index"``, ``"mask"``, ``"weights"`` or ``"annotated"`` (see the module docstring).
+        targets: ``ProbeBatch -> (B, Q, M)`` long key indices, ``-1`` padded; None for weight and
+            annotated kinds.
         probe: the generated probe that exercises it (``None`` for weight scores).
         description: one line for ``--help`` and the dashboard.
         bidirectional_only: True when the target lies to the right of the query.
@@ -55,7 +58,7 @@ class Detector:
     """
 
     name: str
-    kind: Literal["index", "mask", "weights"]
+    kind: Literal["index", "mask", "weights", "annotated"]
     targets: TargetFn | None
     probe: str | None
     description: str

@@ -69,6 +69,11 @@ def head_overview(ref: str, model: Any, scores: pd.DataFrame, detector: str, col
                           config={"displayModeBar": False})
         st.session_state[f"drawn::{ref}"] = True
         html_download(fig, f"{model.name}-grid-{'labels' if color_by == 'label' else detector}")
+        if color_by != "label" and not hd.preference_rows(scores, detector).empty:  # annotated: preference
+            tau = scores.attrs.get("thresholds", {}).get(detector, 0.4)
+            ranking = viz.ranking_figure(scores, detector, threshold=tau)
+            st.plotly_chart(ranking, key=f"ranking::{detector}", config={"displayModeBar": False})
+            html_download(ranking, f"{model.name}-ranking-{detector}")
     return selected
 
 
@@ -84,5 +89,6 @@ def head_detail(scores: pd.DataFrame, selected: list[tuple[int, int]]) -> None:
     st.plotly_chart(fig, key="profile", config={"displayModeBar": False})
     with st.expander("Scores of the selected heads (table)"):
         table = rows.assign(head=[hd.format_head(r.layer, r.head) for r in rows.itertuples()])
-        st.dataframe(table[["head", "detector", "score", "ci_low", "ci_high", "baseline", "lift", "label"]],
-                     hide_index=True, key="detail_table")
+        cols = ["head", "detector", "score", "ci_low", "ci_high", "baseline", "lift", "label"]
+        cols += [c for c in ("preference", "preference_ci_low", "preference_ci_high") if c in table.columns]
+        st.dataframe(table[cols], hide_index=True, key="detail_table")
