@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from headlens.detectors.base import Detector, as_targets
-from headlens.errors import HeadlensError
+from headlens.errors import DetectorError, HeadlensError
 from headlens.lse import AttentionSpec, heads_first, target_mass
 from headlens.probes import Probe, ProbeBatch, collate
 from headlens.vocab import vocab
@@ -140,6 +140,9 @@ def scan(
     Returns:
         detector name -> :class:`DetectorStats` with per-prompt sums.
     """
+    if spanned := [d.name for d in detectors if d.targets is None]:
+        raise DetectorError(f"{spanned} have no token targets for the scan (weight scores, or annotated "
+                            f"spans scored by headlens.annotated)")
     L, H, P, D = model.n_layers, model.n_heads, len(probe), len(detectors)
     sums = torch.zeros(P, L, H, D, dtype=torch.float64)
     counts = torch.zeros(P, D, dtype=torch.float64)

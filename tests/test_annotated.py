@@ -155,7 +155,7 @@ def test_tokenizer_that_splits_names_is_refused_in_one_line():
 
 def test_cli_annotated_jsonl(tmp_path, monkeypatch):
     model = PatternModel([[offset_pattern(-1), uniform_pattern]], causal=True)
-    monkeypatch.setattr("headlens.classification.resolve_model", lambda ref, device="cpu": model)
+    monkeypatch.setattr("headlens.classification.resolve_model", lambda ref, device="cpu", **kw: model)
     good = tmp_path / "good.jsonl"
     good.write_text("\n".join(json.dumps({"text": "abcdef"[:n], "detector": "prev",
                                           "targets": [{"query": [n - 1, n], "keys": [[n - 2, n - 1]]}],

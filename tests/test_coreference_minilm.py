@@ -27,12 +27,12 @@ def minilm():
 
 
 def test_wordpiece_spans_and_words(minilm):
-    text = "John told Mary that she was unhappy."
+    text = "John told Mary that she was snowboarding."
     ids, offsets = body_offsets(minilm, text)
     assert minilm.tokenizer.convert_ids_to_tokens(ids)[:5] == ["john", "told", "mary", "that", "she"]
     assert span_tokens(text, offsets, (10, 14)) == ([2], True)  # "Mary" -> "mary", lowercased
-    hit, aligned = span_tokens(text, offsets, (28, 35))  # "unhappy" is two word pieces
-    assert [text[slice(*offsets[i])] for i in hit] == ["un", "happy"] and aligned
+    hit, aligned = span_tokens(text, offsets, (28, 40))  # "snowboarding" is two word pieces
+    assert [text[slice(*offsets[i])] for i in hit] == ["snow", "boarding"] and aligned
     assert C.kinds(minilm) == ["gender", "number"] and C.unsupported(minilm) is None
 
 
@@ -46,9 +46,9 @@ def test_census_has_scores_preferences_and_cis(minilm):
 
 
 def test_margins_and_ablation(minilm):
-    examples = C.examples(minilm, 12, seed=5)
+    examples = C.examples(minilm, 8, seed=5)
     clean = coreference_margins(minilm, examples)
-    assert clean["sentence"].shape == clean["token"].shape == (12,)
+    assert clean["sentence"].shape == clean["token"].shape == (8,)
     assert clean["token"].mean() > 0  # the pronoun's final vector is closer to its referent's
     with headlens.ablate(minilm, "L1H3"):
         ablated = coreference_margins(minilm, examples)

@@ -20,7 +20,7 @@ from headlens.probes import (
 from headlens.scan import _BatchTargets, _reduce_pattern, choose_path, scan
 from tests.conftest import make_gpt
 
-PATTERN = [d for d in DETECTORS.values() if d.kind != "weights"]
+PATTERN = [d for d in DETECTORS.values() if d.kind not in ("weights", "annotated")]  # annotated: headlens.annotated
 
 
 @pytest.fixture(scope="module")
