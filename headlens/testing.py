@@ -140,6 +140,9 @@ class PatternModel:
     def active_hooks(self) -> list[str]:
         return [name for name, _ in self._hooks]
 
+    def parameters(self) -> Iterator[torch.Tensor]:
+        yield torch.zeros(0)  # no weights: the patterns are functions; float32 like a real model
+
     def run_with_hooks(self, tokens: torch.Tensor, fwd_hooks: list[tuple[str, Callable[..., Any]]] = (),
                        attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         with self.hooks(list(fwd_hooks)):
