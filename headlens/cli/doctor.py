@@ -27,7 +27,7 @@ def _resolve(ref: str) -> Path:
 def register(app: typer.Typer) -> None:
     @app.command("doctor")
     def doctor_cmd(
-        checkpoint: Annotated[str, typer.Argument(help="headlens .safetensors, Hugging Face GPT-2 dir, or zoo name")],
+        checkpoint: Annotated[str, typer.Argument(help="headlens .safetensors, Hugging Face dir (GPT-2, Llama, Mistral, Qwen2, Gemma, GPT-NeoX ...), or zoo name")],
         n_heads: Annotated[
             int | None, typer.Option("--n-heads", help="the head count you mean to use (default: the config's)")
         ] = None,
@@ -39,9 +39,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Check that a checkpoint's head count is the one its weights were trained with.
 
-        Loads the weights split into every divisor of d_model, measures the loss of each on text
-        the model can tokenize and reports the table. Exit 0 when config, --n-heads and weights
-        agree, 8 when they do not.
+        Loads the weights split into every head layout their shapes allow (every divisor of d_model
+        for GPT-2; query heads, key/value heads and head width for other families), measures the
+        loss of each on text the model can tokenize and reports the table. Exit 0 when config,
+        --n-heads and weights agree, 8 when they do not.
         """
         import json
 

@@ -8,6 +8,10 @@ several trained heads and the loss is much worse. So the doctor loads the weight
 divisor of ``d_model`` (its own loader: ``load_checkpoint`` rightly refuses a config that
 disagrees with the header) and measures the loss of each on text the model can tokenize.
 
+Hugging Face directories of other families (Llama, Mistral, Qwen2, Gemma, GPT-NeoX ...) go through
+:mod:`headlens.doctor.families`: the same loss comparison over every (query heads, key/value heads,
+head width) layout their weight shapes allow, built by ``transformers`` itself.
+
 Evaluation text, most specific first: the zoo recipe's own data when the checkpoint names
 one in its metadata; Python standard-library source for byte-level models; repeated random
 segments (``BOS r r``) over the alphabet for char-level models and over the vocabulary
@@ -81,7 +85,7 @@ def _read_hf(d: Path) -> Weights:
     except (OSError, json.JSONDecodeError) as err:
         raise CheckpointError(f"cannot read {str(d / 'config.json')!r}: {err}") from None
     if hf.get("model_type", "gpt2") != "gpt2":
-        raise CheckpointError(f"doctor reads GPT-2 style directories; {str(d)!r} has model_type={hf['model_type']!r}")
+        raise CheckpointError(f"{str(d)!r} has model_type={hf['model_type']!r}; read it with headlens.doctor.families")
     raw = _hf_tensors(d)
     tensors = {}
     for key, t in raw.items():
@@ -216,7 +220,7 @@ def check_checkpoint(
     path: str | Path,
     n_heads: int | None = None,
     candidates: list[int] | None = None,
-    margin: float = 0.01,
+    margin: float | None = None,
     z_min: float = 3.0,
     n_rows: int = 48,
     seq_len: int = 512,
@@ -226,11 +230,15 @@ def check_checkpoint(
     """Infer the head count ``path``'s weights were trained with and compare it with the claim.
 
     Args:
-        path: a headlens ``.safetensors`` checkpoint or a Hugging Face GPT-2 directory.
+        path: a headlens ``.safetensors`` checkpoint or a Hugging Face directory (GPT-2, or any causal-LM
+            family ``transformers`` builds: Llama, Mistral, Qwen2, Gemma, GPT-NeoX ...; the layout checked is
+            then query heads, key/value heads and head width).
         n_heads: the head count you intend to use; defaults to what the checkpoint's config says.
         candidates: head counts to try (default: every divisor of d_model).
         margin: loss gap in nats below which a head count other than the claimed one is not
-            considered better (weights nearly indifferent to the split).
+            considered better (weights nearly indifferent to the split). Default 0.01 for GPT-2
+            checkpoints and ``FAMILY_MARGIN`` (0.1) for other families, whose random-weight
+            splits differ by up to ~0.03 nats (a trained model's wrong split costs ~1 nat).
         z_min: a better head count must also beat the claimed one by this many standard errors
             of the per-row loss gap (so a gap the evaluation text cannot resolve is not a finding).
         n_rows: evaluation rows.
@@ -248,6 +256,12 @@ def check_checkpoint(
     (4, True)
     """
     t0 = time.perf_counter()
+    if Path(path).expanduser().is_dir() and _model_type(Path(path).expanduser()) != "gpt2":
+        from headlens.doctor.families import FAMILY_MARGIN, check_family
+
+        return check_family(Path(path).expanduser(), n_heads, candidates, FAMILY_MARGIN if margin is None else margin,
+                            z_min, n_rows, seq_len, seed, texts, t0)
+    margin = 0.01 if margin is None else margin
     w = read_weights(path)
     d_model, config_heads = w.config.d_model, w.config.n_heads
     claimed = config_heads if n_heads is None else n_heads
@@ -261,30 +275,54 @@ def check_checkpoint(
     else:
         tokens, description = evaluation_tokens(w, n_rows, seq_len, seed)
         rows = [tokens]
-    lengths = torch.cat([torch.full((r.shape[0],), r.shape[1] - 1, dtype=torch.float64) for r in rows])
     per_row = {h: row_losses(w, h, rows) for h in heads}
-    losses = {h: float((r * lengths).sum() / lengths.sum()) for h, r in per_row.items()}
-    best = min(losses, key=losses.get)
-    z = {h: _z(per_row[h], per_row[best]) for h in heads}
-    # head counts the evaluation cannot tell apart from the best: within the margin or z_min standard errors
-    plausible = [h for h in heads if losses[h] - losses[best] <= margin or z[h] <= z_min]
-    inferred = claimed if claimed in plausible else best
-    evidence = [HeadCountEvidence(h, d_model // h, losses[h], losses[h] - losses[best], z[h]) for h in heads]
+    v = decide(per_row, rows, claimed, margin, z_min)
+    evidence = [HeadCountEvidence(h, d_model // h, v.losses[h], v.losses[h] - v.losses[v.best], v.z[h]) for h in heads]
     warnings = []
-    if inferred != config_heads:
+    if v.inferred != config_heads:
         warnings.append(f"the config says n_heads={config_heads} but the weights work best split into "
-                        f"{inferred} heads (loss {losses[inferred]:.3f} vs {losses[config_heads]:.3f} nats): "
+                        f"{v.inferred} heads (loss {v.losses[v.inferred]:.3f} vs {v.losses[config_heads]:.3f} nats): "
                         f"this checkpoint's config is wrong")
-    if n_heads is not None and n_heads != inferred:
-        warnings.append(f"you asked for n_heads={n_heads} but the weights were trained with {inferred} "
-                        f"(loss {losses[inferred]:.3f} vs {losses[n_heads]:.3f} nats)")
-    if len(plausible) > 1:
-        warnings.append(f"weak evidence: n_heads={plausible} fit about equally well on this text; "
+    if n_heads is not None and n_heads != v.inferred:
+        warnings.append(f"you asked for n_heads={n_heads} but the weights were trained with {v.inferred} "
+                        f"(loss {v.losses[v.inferred]:.3f} vs {v.losses[n_heads]:.3f} nats)")
+    if len(v.plausible) > 1:
+        warnings.append(f"weak evidence: n_heads={v.plausible} fit about equally well on this text; "
                         f"give more or more typical text (--text) to separate them")
     return CheckpointReport(
-        path=str(path), format=w.format, passed=inferred == config_heads == claimed,
-        config_n_heads=config_heads, claimed_n_heads=claimed, inferred_n_heads=inferred,
-        plausible_n_heads=plausible, d_model=d_model,
+        path=str(path), format=w.format, passed=v.inferred == config_heads == claimed,
+        config_n_heads=config_heads, claimed_n_heads=claimed, inferred_n_heads=v.inferred,
+        plausible_n_heads=v.plausible, d_model=d_model,
         evaluation=description, margin=margin, evidence=evidence, warnings=warnings,
         seconds=time.perf_counter() - t0,
     )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Which head count the losses point to, and how sure: see :func:`decide`."""
+
+    losses: dict[int, float]  # n_heads -> token-weighted mean loss
+    z: dict[int, float]  # n_heads -> paired z of its loss gap to the best
+    best: int  # lowest loss
+    plausible: list[int]  # within ``margin`` nats or ``z_min`` standard errors of the best
+    inferred: int  # the claim when it is plausible, else the best
+
+
+def decide(per_row: dict[int, torch.Tensor], rows: list[torch.Tensor], claimed: int, margin: float,
+           z_min: float) -> Verdict:
+    """Turn per-row losses of every candidate head count into a :class:`Verdict`."""
+    lengths = torch.cat([torch.full((r.shape[0],), r.shape[1] - 1, dtype=torch.float64) for r in rows])
+    losses = {h: float((r * lengths).sum() / lengths.sum()) for h, r in per_row.items()}
+    best = min(losses, key=losses.get)
+    z = {h: _z(per_row[h], per_row[best]) for h in per_row}
+    # head counts the evaluation cannot tell apart from the best: within the margin or z_min standard errors
+    plausible = [h for h in per_row if losses[h] - losses[best] <= margin or z[h] <= z_min]
+    return Verdict(losses, z, best, plausible, claimed if claimed in plausible else best)
+
+
+def _model_type(d: Path) -> str:
+    try:
+        return str(json.loads((d / "config.json").read_text()).get("model_type", "gpt2"))
+    except (OSError, json.JSONDecodeError):
+        return "gpt2"  # the GPT-2 reader reports the unreadable config

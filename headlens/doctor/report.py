@@ -101,6 +101,7 @@ class HeadCountEvidence:
     loss: float  # mean next-token cross-entropy (nats) on the evaluation text
     delta: float  # loss - best loss over all candidates
     z: float  # delta in standard errors of the paired per-row loss gap
+    n_kv_heads: int | None = None  # key/value heads of this layout (Hugging Face families with GQA/MQA)
 
 
 @dataclass
@@ -120,6 +121,9 @@ class CheckpointReport:
     evidence: list[HeadCountEvidence] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    family: str = "gpt2"  # the transformers model_type (gpt2 for headlens checkpoints)
+    config_n_kv_heads: int | None = None  # key/value heads the config says (families with GQA/MQA fields)
+    inferred_n_kv_heads: int | None = None  # key/value heads of the inferred layout
 
     def to_dict(self) -> dict[str, Any]:
         return _json_safe(dataclasses.asdict(self))
@@ -127,6 +131,9 @@ class CheckpointReport:
     def __str__(self) -> str:
         lines = [
             f"checkpoint check: {'PASSED' if self.passed else 'FAILED'}  ({self.path}, {self.format})",
+            f"  family          : {self.family}" + (f", config n_kv_heads {self.config_n_kv_heads}, inferred "
+                                                     f"n_kv_heads {self.inferred_n_kv_heads}"
+                                                     if self.config_n_kv_heads is not None else ""),
             f"  config n_heads  : {self.config_n_heads}"
             + (f"   (checked against --n-heads {self.claimed_n_heads})"
                if self.claimed_n_heads != self.config_n_heads else ""),
@@ -134,7 +141,7 @@ class CheckpointReport:
             f"loss on {self.evaluation})"
             + (f"\n  plausible       : {self.plausible_n_heads}" if len(self.plausible_n_heads) > 1 else ""),
             "  evidence: loss with the weights split into each possible head count",
-            f"    {'n_heads':>7} {'d_head':>6} {'loss':>8} {'+best':>8} {'z':>7}",
+            f"    {'n_heads':>7} {'n_kv':>4} {'d_head':>6} {'loss':>8} {'+best':>8} {'z':>7}",
         ]
         for e in self.evidence:
             tags = []
@@ -142,7 +149,8 @@ class CheckpointReport:
                 tags.append("<= best")
             if e.n_heads == self.claimed_n_heads:
                 tags.append("<= claimed")
-            lines.append(f"    {e.n_heads:>7} {e.d_head:>6} {e.loss:>8.4f} {e.delta:>8.4f} {e.z:>7.1f}  {' '.join(tags)}")
+            kv = e.n_heads if e.n_kv_heads is None else e.n_kv_heads
+            lines.append(f"    {e.n_heads:>7} {kv:>4} {e.d_head:>6} {e.loss:>8.4f} {e.delta:>8.4f} {e.z:>7.1f}  {' '.join(tags)}")
         lines += [f"  warning: {w}" for w in self.warnings]
         lines.append(f"  took {self.seconds:.1f} s")
         return "\n".join(lines)

@@ -1,0 +1,255 @@
+"""Head-count inference for Hugging Face causal LMs of every family (Llama, Mistral, Qwen2, Gemma, GPT-NeoX ...).
+
+Why it works like the GPT-2 check (:mod:`headlens.doctor.checkpoint`): the weights fix only the
+widths of the attention projections, ``Q = n_heads * head_dim`` (query rows, output columns) and
+``KV = n_kv_heads * head_dim`` (key and value rows). Any layout ``(n_heads, n_kv_heads, head_dim)``
+with the same two products loads in ``transformers`` without a shape error: a Llama trained as
+(4, 2, 16) at d_model 64 loads as (2, 1, 32) and computes garbage. The weights still know their
+layout, though: rebuilt with the layout they were trained with, the model predicts text it has
+learnt; split any other way, each "head" mixes slices of several trained heads and RoPE rotates
+the wrong pairs of dimensions, and the loss is much worse. So the doctor asks ``transformers``
+itself to build the model under every layout the weight shapes allow (:func:`candidate_layouts`),
+loads the weights into each, and compares their losses on the same evaluation text.
+
+Layouts: ``head_dim`` runs over the common divisors of ``Q`` and ``KV`` (even ones only when the
+family rotates with RoPE), ``n_heads = Q / head_dim``, ``n_kv_heads = KV / head_dim``; families
+whose config has no ``head_dim`` (GPT-NeoX, Qwen2 ...) tie it to ``d_model / n_heads``, so only
+those layouts are tried. A layout ``transformers`` refuses to build or load is not a candidate.
+
+Evaluation text: the user's (``texts``, tokenized with the directory's tokenizer); else Python
+standard-library source tokenized with the directory's tokenizer; else, for a directory without one,
+repeated random token segments ``BOS r r`` over the non-special vocabulary (any model with an
+induction circuit predicts the second copy).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from headlens.errors import CheckpointError
+
+ROPE_TYPES = ("llama", "mistral", "qwen2", "gemma", "gemma2", "gpt_neox", "phi3", "gptj", "mixtral", "qwen2_moe",
+              "olmo", "stablelm", "cohere", "starcoder2", "granite")  # rotary families: head_dim must be even
+FAMILY_MARGIN = 0.1  # nats; random-weight Llamas' splits differ by up to ~0.03, a trained model's wrong split by ~1
+ENCODER_TYPES = ("bert", "roberta", "distilbert", "albert", "electra", "deberta", "deberta-v2", "xlm-roberta")
+
+
+@dataclass(frozen=True)
+class HeadLayout:
+    """How the attention widths are split: query heads, key/value heads, width of each."""
+
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+
+    def __str__(self) -> str:
+        return f"n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, head_dim={self.d_head}"
+
+
+def read_config(model_dir: Path) -> Any:
+    """The directory's ``transformers`` config, never running repository code."""
+    from transformers import AutoConfig
+
+    try:
+        raw = json.loads((model_dir / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"cannot read {str(model_dir / 'config.json')!r}: {err}") from None
+    if raw.get("model_type") in ENCODER_TYPES:
+        raise CheckpointError(f"the doctor checks causal language models; {str(model_dir)!r} is a "
+                              f"{raw['model_type']!r} encoder (masked LM), which it cannot score")
+    try:
+        return AutoConfig.from_pretrained(str(model_dir), trust_remote_code=False, local_files_only=True)
+    except Exception as err:  # unknown model_type, remote code, malformed fields
+        raise CheckpointError(f"transformers cannot read {str(model_dir / 'config.json')!r}: "
+                              f"{str(err).splitlines()[0]}") from None
+
+
+def _has_head_dim(cfg: Any) -> bool:
+    return getattr(cfg, "head_dim", None) is not None
+
+
+def claimed_layout(cfg: Any, n_heads: int | None = None) -> HeadLayout:
+    """The layout the config states (or ``n_heads`` query heads at the config's widths)."""
+    H = int(cfg.num_attention_heads)
+    H_kv = int(getattr(cfg, "num_key_value_heads", None) or getattr(cfg, "num_kv_heads", None)
+               or (1 if getattr(cfg, "multi_query", False) else H))
+    dh = int(cfg.head_dim) if _has_head_dim(cfg) else int(cfg.hidden_size) // H
+    if n_heads is None or n_heads == H:
+        return HeadLayout(H, H_kv, dh)
+    q, kv = H * dh, H_kv * dh
+    if n_heads <= 0 or q % n_heads or kv % (q // n_heads):
+        from headlens.errors import ConfigError
+
+        raise ConfigError(f"n_heads={n_heads} does not split the query width {q} and key/value width {kv} "
+                          f"into equal heads")
+    return HeadLayout(n_heads, kv // (q // n_heads), q // n_heads)
+
+
+def candidate_layouts(cfg: Any, claimed: HeadLayout) -> list[HeadLayout]:
+    """Every layout with the claimed projection widths, fewest query heads first."""
+    q, kv = claimed.n_heads * claimed.d_head, claimed.n_kv_heads * claimed.d_head
+    rope = cfg.model_type in ROPE_TYPES
+    out = []
+    for dh in range(math.gcd(q, kv), 0, -1):
+        if q % dh or kv % dh or (rope and dh % 2) or (q // dh) % (kv // dh):
+            continue
+        if not _has_head_dim(cfg) and dh * (q // dh) != cfg.hidden_size:
+            continue  # head_dim is hidden_size / n_heads in this family
+        out.append(HeadLayout(q // dh, kv // dh, dh))
+    if claimed not in out:
+        out.append(claimed)
+    return sorted(out, key=lambda layout: layout.n_heads)
+
+
+def read_state(model_dir: Path) -> dict[str, torch.Tensor]:
+    """All weight tensors of a directory (single or sharded safetensors, or pytorch_model.bin)."""
+    from safetensors.torch import load_file
+
+    files = sorted(model_dir.glob("model*.safetensors"))
+    if files:
+        return {k: v for f in files for k, v in load_file(str(f)).items()}
+    if (model_dir / "pytorch_model.bin").is_file():
+        return torch.load(model_dir / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise CheckpointError(f"{str(model_dir)!r} has a config.json but no model*.safetensors or pytorch_model.bin")
+
+
+def build(cfg: Any, layout: HeadLayout, state: dict[str, torch.Tensor]) -> Any | None:
+    """The model rebuilt by ``transformers`` with ``layout`` and the weights loaded (float32, eval), or
+    None when this layout cannot hold the weights."""
+    from transformers import AutoModelForCausalLM
+
+    c = cfg.__class__.from_dict(cfg.to_dict())
+    c.num_attention_heads = layout.n_heads
+    if hasattr(c, "num_key_value_heads"):
+        c.num_key_value_heads = layout.n_kv_heads
+    if _has_head_dim(c):
+        c.head_dim = layout.d_head
+    try:
+        model = AutoModelForCausalLM.from_config(c, attn_implementation="eager", dtype=torch.float32)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except (RuntimeError, ValueError):  # size mismatch, or a layout the family refuses
+        return None
+    tied = set(getattr(model, "_tied_weights_keys", None) or []) | {"lm_head.weight"}
+    if unexpected or [k for k in missing if k not in tied]:
+        return None
+    return model.eval()
+
+
+def evaluation_tokens(model_dir: Path, cfg: Any, n_rows: int, seq_len: int, seed: int,
+                      texts: list[str] | None) -> tuple[list[torch.Tensor], str]:
+    """Evaluation rows ``[(N_i, T_i)]`` and what they are (see the module docstring)."""
+    n_ctx = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or 2048)
+    bos = getattr(cfg, "bos_token_id", None)
+    if texts is not None:
+        tok = _tokenizer(model_dir)
+        rows = [tok(t)["input_ids"][:n_ctx] for t in texts if t.strip()]
+        rows = [r for r in rows if len(r) >= 2]
+        if not rows:
+            raise CheckpointError("the evaluation text is empty: give at least one line of text")
+        by_len: dict[int, list[list[int]]] = {}
+        for r in rows:
+            by_len.setdefault(len(r), []).append(r)
+        stacked = [torch.tensor(group) for _, group in sorted(by_len.items())]
+        return stacked, f"the given text ({len(rows)} rows, {sum(map(len, rows))} tokens)"
+    T = min(seq_len, n_ctx)
+    tok = _tokenizer(model_dir, required=False)
+    if tok is not None:
+        from headlens.doctor.checkpoint import _stdlib_text
+
+        tok.model_max_length = 1 << 30  # one long text, cut into rows below (no length warning)
+        ids = tok(_stdlib_text(n_rows * T * 2, seed), add_special_tokens=False)["input_ids"]
+        n = min(n_rows, len(ids) // (T - 1))
+        body = torch.tensor(ids[: n * (T - 1)]).view(n, T - 1)  # (N, T - 1)
+        first = torch.full((n, 1), int(bos) if bos is not None else int(ids[0]))
+        return [torch.cat([first, body], 1)], f"Python stdlib source ({n} x {T} tokens)"
+    special = {i for i in (bos, getattr(cfg, "eos_token_id", None), getattr(cfg, "pad_token_id", None))
+               if isinstance(i, int)}
+    ids = torch.tensor([i for i in range(int(cfg.vocab_size)) if i not in special])
+    gen = torch.Generator().manual_seed(seed)
+    seg = (T - 1) // 2 if bos is not None else T // 2
+    seg_ids = ids[torch.randint(0, len(ids), (n_rows, seg), generator=gen)]  # (N, seg)
+    head = [torch.full((n_rows, 1), int(bos))] if bos is not None else []
+    tokens = torch.cat([*head, seg_ids, seg_ids], dim=1)  # (N, [1 +] 2 seg)
+    return [tokens], f"repeated random segments over {len(ids)} token ids ({n_rows} x {tokens.shape[1]} tokens)"
+
+
+def _tokenizer(model_dir: Path, required: bool = True) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False, local_files_only=True)
+    except Exception:
+        if not required:
+            return None
+        raise CheckpointError(f"{str(model_dir)!r} has no tokenizer the doctor can read; cannot tokenize "
+                              f"--text (drop --text to use generated token ids)") from None
+
+
+@torch.inference_mode()
+def row_losses(model: Any, rows: list[torch.Tensor]) -> torch.Tensor:
+    """Mean next-token cross-entropy (nats) of each evaluation row."""
+    out = []
+    for tokens in rows:  # (N, T) each
+        logits = model(tokens[:, :-1]).logits.float()  # (N, T - 1, V)
+        ce = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten(), reduction="none")
+        out.append(ce.view(tokens.shape[0], -1).double().mean(dim=1))  # (N,)
+    return torch.cat(out)
+
+
+def check_family(model_dir: Path, n_heads: int | None, candidates: list[int] | None, margin: float, z_min: float,
+                 n_rows: int, seq_len: int, seed: int, texts: list[str] | None, t0: float) -> Any:
+    """:func:`headlens.doctor.check_checkpoint` for a non-GPT-2 Hugging Face directory."""
+    import time
+
+    from headlens.doctor.checkpoint import decide
+    from headlens.doctor.report import CheckpointReport, HeadCountEvidence
+
+    cfg = read_config(model_dir)
+    config = claimed_layout(cfg)
+    claimed = claimed_layout(cfg, n_heads)
+    state = read_state(model_dir)
+    layouts = [lay for lay in candidate_layouts(cfg, config)
+               if candidates is None or lay.n_heads in candidates or lay in (config, claimed)]
+    if claimed not in layouts:
+        layouts.append(claimed)
+    rows, description = evaluation_tokens(model_dir, cfg, n_rows, seq_len, seed, texts)
+    per_row, by_heads = {}, {}
+    for layout in layouts:
+        model = build(cfg, layout, state)
+        if model is None:
+            continue
+        per_row[layout.n_heads], by_heads[layout.n_heads] = row_losses(model, rows), layout
+        del model
+    if config.n_heads not in per_row:
+        raise CheckpointError(f"the weights in {str(model_dir)!r} do not load with their own config ({config})")
+    if claimed.n_heads not in per_row:
+        raise CheckpointError(f"the weights in {str(model_dir)!r} do not load as {claimed}")
+    v = decide(per_row, rows, claimed.n_heads, margin, z_min)
+    best = by_heads[v.inferred]
+    evidence = [HeadCountEvidence(h, by_heads[h].d_head, v.losses[h], v.losses[h] - v.losses[v.best], v.z[h],
+                                  by_heads[h].n_kv_heads) for h in sorted(per_row)]
+    warnings = []
+    if v.inferred != config.n_heads:
+        warnings.append(f"the config says {config} but the weights work best as {best} (loss "
+                        f"{v.losses[v.inferred]:.3f} vs {v.losses[config.n_heads]:.3f} nats): this checkpoint's "
+                        f"config is wrong")
+    if n_heads is not None and n_heads != v.inferred:
+        warnings.append(f"you asked for n_heads={n_heads} but the weights were trained as {best} "
+                        f"(loss {v.losses[v.inferred]:.3f} vs {v.losses[n_heads]:.3f} nats)")
+    if len(v.plausible) > 1:
+        warnings.append(f"weak evidence: n_heads={v.plausible} fit about equally well on this text; "
+                        f"give more or more typical text (--text) to separate them")
+    return CheckpointReport(
+        path=str(model_dir), format="huggingface", passed=v.inferred == config.n_heads == claimed.n_heads,
+        config_n_heads=config.n_heads, claimed_n_heads=claimed.n_heads, inferred_n_heads=v.inferred,
+        plausible_n_heads=v.plausible, d_model=int(cfg.hidden_size), evaluation=description, margin=margin,
+        evidence=evidence, warnings=warnings, seconds=time.perf_counter() - t0, family=str(cfg.model_type),
+        config_n_kv_heads=config.n_kv_heads, inferred_n_kv_heads=best.n_kv_heads,
+    )

@@ -1,0 +1,103 @@
+"""Re-create tests/data/doctor/<family>/: tiny byte-level causal LMs of several Hugging Face families, briefly trained.
+
+The doctor's head-count inference needs weights that were *trained* with a head layout (random
+weights have none to find). Each model here is trained for a few hundred steps on windows of the
+Python standard library's source (the ``code`` recipe's data), where bigram statistics and
+previous-token attention form within a few hundred steps, and saved as a Hugging Face directory
+(config.json, float16 model.safetensors, the byte-level tokenizer ``headlens export-hf`` writes).
+The periodic-repeat data of ``induction-2l`` was tried first: on random symbols nothing but the
+induction circuit lowers the loss, and it had not formed after 300 steps (loss still log 63), so those
+weights carried no head layout to find. Run from the repository root:
+
+    python tests/data/make_doctor_models.py [family ...]   # all families by default; ~1-2 min each on 1 core
+
+Deterministic for a given torch version (seeded data and init, one thread).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+BOS = 256  # byte ids 0..255, BOS 256 (headlens' byte-level tokenizer)
+SEQ_LEN = 63  # + BOS = 64 = max_position_embeddings
+OUT = Path(__file__).parent / "doctor"
+ROOT = Path(__file__).resolve().parents[2]
+COMMON = dict(vocab_size=BOS + 1, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+              max_position_embeddings=SEQ_LEN + 1, bos_token_id=BOS, eos_token_id=BOS, pad_token_id=BOS,
+              tie_word_embeddings=False)
+
+
+def configs() -> dict[str, object]:
+    """family -> config of the true layout (what the doctor must recover)."""
+    from transformers import GemmaConfig, GPTNeoXConfig, LlamaConfig, MistralConfig, Qwen2Config
+
+    return {
+        "llama": LlamaConfig(**COMMON, num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+        "qwen2": Qwen2Config(**COMMON, num_attention_heads=4, num_key_value_heads=2),
+        "mistral": MistralConfig(**COMMON, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                 sliding_window=32),
+        "gemma": GemmaConfig(**COMMON, num_attention_heads=4, num_key_value_heads=1, head_dim=32),
+        "gpt_neox": GPTNeoXConfig(**{**COMMON, "tie_word_embeddings": False}, num_attention_heads=4,
+                                  rotary_pct=0.5),
+    }
+
+
+def batch(gen: torch.Generator, n: int) -> torch.Tensor:
+    from headlens.zoo.data import stdlib_corpus, window_batch
+
+    return window_batch(gen, stdlib_corpus(4_000_000).train, n, SEQ_LEN, BOS)  # (n, 64)
+
+
+def heldout_loss(model) -> float:
+    """Mean next-byte loss on held-out stdlib windows."""
+    from headlens.zoo.data import stdlib_corpus, window_batch
+
+    x = window_batch(torch.Generator().manual_seed(1), stdlib_corpus(4_000_000).heldout, 64, SEQ_LEN, BOS)
+    with torch.no_grad():
+        return float(F.cross_entropy(model(x[:, :-1]).logits.flatten(0, 1), x[:, 1:].flatten()))
+
+
+def train(family: str, cfg, steps: int = 400, seed: int = 0, log_every: int = 100) -> None:
+    from gqa_models import save_tokenizer
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    cfg._attn_implementation = "eager"
+    model = AutoModelForCausalLM.from_config(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(seed)
+    t0 = time.time()
+    for step in range(steps):
+        x = batch(gen, 32)
+        loss = F.cross_entropy(model(x[:, :-1]).logits.flatten(0, 1), x[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if log_every and (step + 1) % log_every == 0:
+            held = heldout_loss(model.eval())
+            model.train()
+            print(f"  {family} step {step + 1}: loss {loss.item():.3f}, held-out {held:.3f}", flush=True)
+    model.eval()
+    out = OUT / family
+    model.to(torch.float16).save_pretrained(str(out))
+    save_tokenizer(out, SEQ_LEN + 1)
+    print(f"{family}: {steps} steps, train loss {loss.item():.3f}, held-out loss {heldout_loss(model.float()):.3f}, "
+          f"{time.time() - t0:.0f} s -> {out}")
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+    wanted = sys.argv[1:] or list(configs())
+    for family, cfg in configs().items():
+        if family in wanted:
+            train(family, cfg)
+
+
+if __name__ == "__main__":
+    main()
