@@ -2,7 +2,10 @@
 
 Serves ``headlens dashboard`` on a free port and drives Debian's chromium through Playwright:
 
-    python docs/make_screenshots.py --model code --ablation-model induction-2l --training-model induction-2l
+    python docs/make_screenshots.py --model code --ablation-model induction-2l --training-model induction-2l \
+        --learn-model induction-2l
+
+Writes docs/dashboard_*.png and one docs/learn_*.png per step of the Learn view.
 
 Needs chromium (``apt-get install -y chromium``; path from ``$HEADLENS_CHROMIUM``); never downloads a browser.
 """
@@ -74,11 +77,33 @@ def open_view(page, view: str) -> None:
     settle(page)
 
 
+LEARN_SHOTS = ("learn_1_split.png", "learn_2_bugs.png", "learn_3_head_count.png", "learn_4_specialise.png")
+
+
+def learn_shots(page, url: str) -> None:
+    """One full-page shot per Learn step, then the layer side by side and the Compare view."""
+    from headlens.app.views.learn import STEPS
+
+    open_app(page, url)
+    page.locator("[data-testid=stSelectbox]", has_text="Show").first.click()
+    page.get_by_role("option", name="all heads of layer 1").click()
+    settle(page)
+    page.screenshot(path=str(DOCS / "dashboard_patterns.png"), full_page=True)
+    open_view(page, "Learn")
+    for step, name in zip(STEPS, LEARN_SHOTS, strict=True):
+        page.get_by_text(step, exact=True).click()
+        settle(page)
+        page.screenshot(path=str(DOCS / name), full_page=True)
+    open_view(page, "Compare")
+    page.screenshot(path=str(DOCS / "dashboard_compare.png"), full_page=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="code")
     parser.add_argument("--ablation-model", default="induction-2l")
     parser.add_argument("--training-model", default="induction-2l")
+    parser.add_argument("--learn-model", default="induction-2l", help="model of the Learn and Compare shots")
     parser.add_argument("--heads", default="", help="heads to select for the ablation shot, e.g. L1H0,L1H2")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
@@ -113,8 +138,10 @@ def main() -> None:
             page.wait_for_selector("text=training loss", timeout=300_000)
             settle(page)
             page.screenshot(path=str(DOCS / "dashboard_training.png"))
+        with serve(args.learn_model) as url:
+            learn_shots(page, url)
         browser.close()
-    print("wrote", *sorted(p.name for p in DOCS.glob("dashboard_*.png")))
+    print("wrote", *sorted(p.name for p in DOCS.glob("*.png") if p.name.startswith(("dashboard_", "learn_"))))
 
 
 if __name__ == "__main__":
