@@ -84,18 +84,30 @@ def learn_shots(page, url: str) -> None:
     """One full-page shot per Learn step, then the layer side by side and the Compare view."""
     from headlens.app.views.learn import STEPS
 
+    page.set_viewport_size({"width": 1500, "height": 4000})  # Streamlit scrolls inside the page: a tall window
     open_app(page, url)
     page.locator("[data-testid=stSelectbox]", has_text="Show").first.click()
     page.get_by_role("option", name="all heads of layer 1").click()
     settle(page)
-    page.screenshot(path=str(DOCS / "dashboard_patterns.png"), full_page=True)
+    view_shot(page, "dashboard_patterns.png")
     open_view(page, "Learn")
     for step, name in zip(STEPS, LEARN_SHOTS, strict=True):
         page.get_by_text(step, exact=True).click()
         settle(page)
-        page.screenshot(path=str(DOCS / name), full_page=True)
+        view_shot(page, name)
     open_view(page, "Compare")
-    page.screenshot(path=str(DOCS / "dashboard_compare.png"), full_page=True)
+    view_shot(page, "dashboard_compare.png")
+    page.set_viewport_size({"width": 1500, "height": 1500})
+
+
+def view_shot(page, name: str) -> None:
+    """The text box and the view under it, down to the end of the page's content."""
+    box = page.locator("[data-testid=stTextArea]").first.bounding_box()
+    left, top, width = box["x"] - 20, box["y"] - 10, box["width"] + 40
+    bottom = page.evaluate("() => Math.max(...Array.from(document.querySelectorAll("
+                           "'[data-testid=stMainBlockContainer] [data-testid=stElementContainer]'))"
+                           ".map(e => e.getBoundingClientRect().bottom))") + 20
+    page.screenshot(path=str(DOCS / name), clip={"x": left, "y": top, "width": width, "height": min(bottom, 4000) - top})
 
 
 def main() -> None:
@@ -105,6 +117,7 @@ def main() -> None:
     parser.add_argument("--training-model", default="induction-2l")
     parser.add_argument("--learn-model", default="induction-2l", help="model of the Learn and Compare shots")
     parser.add_argument("--heads", default="", help="heads to select for the ablation shot, e.g. L1H0,L1H2")
+    parser.add_argument("--only-learn", action="store_true", help="only the Learn, patterns and Compare shots")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -112,6 +125,11 @@ def main() -> None:
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium, args=ARGS)
         page = browser.new_page(viewport={"width": 1500, "height": 1500})
+        if args.only_learn:
+            with serve(args.learn_model) as url:
+                learn_shots(page, url)
+            browser.close()
+            return
         with serve(args.model) as url:
             open_app(page, url)
             page.screenshot(path=str(DOCS / "dashboard_heads.png"))

@@ -237,7 +237,7 @@ def _label_grid(scores: pd.DataFrame, n_layers: int, n_heads: int, selected: Ite
         title=dict(text=title or "strongest label per head (colour: type, intensity: score)"),
         height=max(240, n_layers * (size + 18) + 140), margin=dict(l=50, r=20, t=50, b=40),
         clickmode="event+select", dragmode=False, plot_bgcolor="#ffffff",
-        legend=dict(orientation="h", y=-0.12, x=0, title=dict(text="label")),
+        legend=dict(title=dict(text="strongest label"), itemclick=False, itemdoubleclick=False),
     )
     fig.update_xaxes(title="head", tickmode="array", tickvals=list(range(n_heads)),
                      range=[-0.6, n_heads - 0.4], showgrid=False, zeroline=False)
@@ -337,6 +337,16 @@ def pattern_figure(
     return fig
 
 
+def panels_per_row(n_panels: int, n_tokens: int, width_px: int = 1200, px_per_token: int = 11) -> int:
+    """How many pattern panels fit side by side with every one of ``n_tokens`` tick labels legible.
+
+    >>> panels_per_row(4, 28), panels_per_row(4, 64), panels_per_row(2, 10)
+    (3, 1, 2)
+    """
+    fit = width_px // (n_tokens * px_per_token + 60)
+    return max(1, min(n_panels, fit))
+
+
 def patterns_figure(
     patterns: Sequence[np.ndarray],
     names: Sequence[str],
@@ -344,6 +354,7 @@ def patterns_figure(
     causal: bool = True,
     window: range | None = None,
     title: str = "",
+    per_row: int | None = None,
 ) -> go.Figure:
     """Several heads' patterns side by side on the same tokens (one panel each, shared colour scale).
 
@@ -352,23 +363,27 @@ def patterns_figure(
         names: panel titles, e.g. ``["L0H0", "L0H1"]``.
         str_tokens: the token strings, one per position.
         causal: blank out keys after the query.
-        window: positions shown (every token in it labelled); size it to the panel width.
+        window: positions shown (every token in it labelled).
         title: figure title.
+        per_row: panels per row (default: as many as fit with legible labels, :func:`panels_per_row`).
     """
     from plotly.subplots import make_subplots
 
-    n = len(patterns)
+    n = max(1, len(patterns))
     window = range(len(str_tokens)) if window is None else window
     cats, labels = _pattern_axes(str_tokens, window)
-    fig = make_subplots(rows=1, cols=max(1, n), subplot_titles=list(names), shared_yaxes=True,
-                        horizontal_spacing=0.02 if n > 1 else 0.1)
+    cols = per_row or panels_per_row(n, len(cats))
+    rows = math.ceil(n / cols)
+    panel_h = max(220, 12 * len(cats) + 90)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=list(names), horizontal_spacing=0.05 if cols > 1 else 0.1,
+                        vertical_spacing=min(0.3, 110 / (rows * panel_h + 100)) if rows > 1 else 0.1)
     for i, pattern in enumerate(patterns):
         if pattern.shape[-1] != len(str_tokens):
             raise ValueError(f"{len(str_tokens)} token labels for a pattern with {pattern.shape[-1]} key positions")
         fig.add_trace(_heatmap(pattern, cats, causal, window, showscale=i == 0, name=str(names[i]),
-                               colorbar=dict(title=dict(text="weight"), thickness=10)), row=1, col=i + 1)
-    fig.update_layout(title=dict(text=title), height=max(320, 12 * len(cats) + 190),
-                      margin=dict(l=60, r=20, t=70, b=60))
+                               colorbar=dict(title=dict(text="weight"), thickness=10)),
+                      row=i // cols + 1, col=i % cols + 1)
+    fig.update_layout(title=dict(text=title), height=rows * panel_h + 100, margin=dict(l=60, r=20, t=70, b=60))
     _label_every_token(fig, cats, labels)
     return fig
 

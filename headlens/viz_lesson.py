@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from headlens.viz import _label_every_token, _pattern_axes, display_token
+from headlens.viz import _label_every_token, _pattern_axes, display_token, patterns_figure
 
 if TYPE_CHECKING:
     import numpy as np
@@ -100,16 +100,15 @@ def bugged_pattern_figure(pattern: np.ndarray, str_tokens: Sequence[str], window
 
     A, S, _ = pattern.shape
     if S == len(str_tokens):  # a (H, T, T) pattern: panels are "heads", axes tokens
-        cats, labels = _pattern_axes(str_tokens, window)
-        z_of = [np.asarray(pattern[a], dtype=np.float32)[window.start:window.stop, window.start:window.stop]
-                for a in range(min(A, max_panels))]
-        names = [f"'head' {a}" for a in range(len(z_of))]
-    else:  # (T, H, H): for a few positions, the heads attending over heads
-        picks = [window.start + (i * max(1, len(window) - 1)) // max(1, max_panels - 1) for i in range(max_panels)]
-        picks = list(dict.fromkeys(min(p, A - 1) for p in picks))
-        cats = labels = [f"H{h}" for h in range(S)]
-        z_of = [np.asarray(pattern[p], dtype=np.float32) for p in picks]
-        names = [f"position #{p} {display_token(str_tokens[p])}" for p in picks]
+        return patterns_figure([pattern[a] for a in range(min(A, max_panels))],
+                               [f"'head' {a}" for a in range(min(A, max_panels))], str_tokens, causal=False,
+                               window=window, title=title)
+    # (T, H, H): for a few positions, the heads attending over heads
+    picks = [window.start + (i * max(1, len(window) - 1)) // max(1, max_panels - 1) for i in range(max_panels)]
+    picks = list(dict.fromkeys(min(p, A - 1) for p in picks))
+    cats = labels = [f"H{h}" for h in range(S)]
+    z_of = [np.asarray(pattern[p], dtype=np.float32) for p in picks]
+    names = [f"position #{p} {display_token(str_tokens[p])}" for p in picks]
     fig = make_subplots(rows=1, cols=len(z_of), shared_yaxes=True, horizontal_spacing=0.02, subplot_titles=names)
     for i, z in enumerate(z_of):
         fig.add_trace(go.Heatmap(z=z, x=cats, y=cats, colorscale="Oranges", zmin=0.0, zmax=1.0, showscale=i == 0,

@@ -26,7 +26,7 @@ BUG_TOGGLES = {  # toggle label -> bug name in headlens.doctor.inject.LESSON_BUG
     "Wrong view order": "wrong_view_order",
     "Merge without transpose": "missing_transpose_merge",
 }
-PANEL_PX = 1250  # width the side-by-side panels share in a wide layout
+SIDE_BY_SIDE_WINDOW = 40  # tokens per panel when several heads are drawn side by side
 NATIVE_NOTE = ("This step runs headlens' own attention code, which a model bridged through TransformerLens "
                "does not have; {what}")
 
@@ -49,8 +49,9 @@ def learn_view(ref: str, model: Any, text: str, scores: pd.DataFrame, n_prompts:
 
 
 def window_for(n_tokens: int, n_panels: int, key: str) -> range:
-    """The token window every panel shows with all its tokens labelled; a slider when the text is longer."""
-    width = max(12, min(viz.PATTERN_WINDOW, int(PANEL_PX / max(1, n_panels) / 10)))
+    """The token window every panel shows with all its tokens labelled; a slider when the text is longer.
+    Several panels wrap onto rows (``viz.panels_per_row``), so each keeps legible labels."""
+    width = viz.PATTERN_WINDOW if n_panels == 1 else SIDE_BY_SIDE_WINDOW
     if n_tokens <= width:
         return range(n_tokens)
     start = st.slider(f"Tokens shown ({width} of {n_tokens}, every one labelled): first position", 0,
@@ -140,16 +141,12 @@ def show_bug(model: Any, b: Any, layer: int) -> None:
     T, H = len(b.tokens), b.clean_patterns.shape[0]
     window = window_for(T, min(H, 4), f"learn_bug_window::{b.bug}")
     shown = list(range(min(H, 4)))
-    left, right = st.columns(2)
-    with left:
-        fig = viz.patterns_figure([b.clean_patterns[h] for h in shown], [hd.format_head(layer, h) for h in shown],
-                                  b.tokens, causal=model.is_causal, window=window,
-                                  title=f"clean: layer {layer}, (H, T, T)")
-        st.plotly_chart(fig, key=f"learn_clean::{b.bug}", config={"displayModeBar": False})
-    with right:
-        fig = viz_lesson.bugged_pattern_figure(b.bugged_patterns, b.tokens, window,
-                                               title=f"with the bug: {tuple(b.bugged_patterns.shape)}")
-        st.plotly_chart(fig, key=f"learn_bugged::{b.bug}", config={"displayModeBar": False})
+    fig = viz.patterns_figure([b.clean_patterns[h] for h in shown], [hd.format_head(layer, h) for h in shown],
+                              b.tokens, causal=model.is_causal, window=window, title=f"clean: layer {layer}, (H, T, T)")
+    st.plotly_chart(fig, key=f"learn_clean::{b.bug}", config={"displayModeBar": False})
+    fig = viz_lesson.bugged_pattern_figure(b.bugged_patterns, b.tokens, window,
+                                           title=f"with the bug: layer {layer}, {tuple(b.bugged_patterns.shape)}")
+    st.plotly_chart(fig, key=f"learn_bugged::{b.bug}", config={"displayModeBar": False})
     st.caption(f"With the bug the pattern is {b.pattern_axes}."
                + (" The split is right, so the first layer's patterns are unchanged; the scrambled output "
                   "reaches the layers above." if b.bug == "missing_transpose_merge" else ""))

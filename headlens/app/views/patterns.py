@@ -60,10 +60,10 @@ def layer_side_by_side(ref: str, model: Any, text: str, layer: int) -> None:
     if result is None:
         return
     tokens, patterns = result
-    per_row = min(len(heads), 4)
-    window = token_window(len(tokens), max(12, int(1250 / per_row / 10)))
-    for start in range(0, len(heads), per_row):
-        row = heads[start:start + per_row]
+    window = token_window(len(tokens), WIDE_WINDOW if len(heads) == 1 else HALF_WINDOW)
+    per_figure = 8  # heads per figure; panels wrap onto rows inside it (viz.panels_per_row)
+    for start in range(0, len(heads), per_figure):
+        row = heads[start:start + per_figure]
         fig = viz.patterns_figure([patterns[h] for h in row], [hd.format_head(*h) for h in row], tokens,
                                   causal=model.is_causal, window=window,
                                   title=f"layer {layer}, heads {row[0][1]}-{row[-1][1]} on the same tokens")
