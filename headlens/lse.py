@@ -21,11 +21,12 @@ the softmax the dense path reads to ~1e-7.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-BLOCK_BYTES = 64 * 2**20  # the largest scores block the LSE path holds at once
+BLOCK_BYTES = 16 * 2**20  # the largest scores block the LSE path holds at once
 
 
 @dataclass(frozen=True)
@@ -50,38 +51,93 @@ class AttentionSpec:
     softcap: float | None = None
 
 
+@dataclass
+class PackedTargets:
+    """One detector's targets on one batch, packed row by row (CSR): O(number of targets) memory.
+
+    Rows are ordered ``(query position, prompt)``, so the rows of a query block are contiguous.
+    The entries of row ``(q, b)`` are ``keys[row_ptr[q*B + b] : row_ptr[q*B + b + 1]]``.
+    """
+
+    keys: torch.Tensor  # (nnz,) int32 key positions
+    row_ptr: torch.Tensor  # (T*B + 1,) long
+    B: int
+    T: int
+
+    @classmethod
+    def pack(cls, windows: Iterable[torch.Tensor], B: int, T: int) -> PackedTargets:
+        """From ``(B, C, M)`` target windows covering rows ``0 .. T-1`` in order."""
+        keys, counts = [], []
+        for t in windows:
+            tt = t.transpose(0, 1)  # (C, B, M): row order (q, b)
+            has = tt >= 0
+            counts.append(has.sum(-1).reshape(-1))  # (C*B,)
+            keys.append(tt[has].to(torch.int32))
+        n = torch.cat(counts)
+        if len(n) != T * B:
+            raise ValueError(f"target windows cover {len(n) // max(B, 1)} rows, expected {T}")
+        row_ptr = torch.zeros(T * B + 1, dtype=torch.long, device=n.device)
+        row_ptr[1:] = n.cumsum(0)
+        return cls(torch.cat(keys), row_ptr, B, T)
+
+    def counts(self) -> torch.Tensor:
+        """``(B, T)`` long: targets per row."""
+        return self.row_ptr.diff().view(self.T, self.B).T
+
+    def entries(self, q0: int, q1: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(b, q - q0, k)`` long, one per target of the rows ``q0 .. q1-1``."""
+        B = self.B
+        lo, hi = int(self.row_ptr[q0 * B]), int(self.row_ptr[q1 * B])
+        n = self.row_ptr[q0 * B + 1: q1 * B + 1] - self.row_ptr[q0 * B: q1 * B]  # (C*B,)
+        row = torch.repeat_interleave(torch.arange(q0 * B, q1 * B, device=n.device), n)  # (nnz,)
+        return row % B, row // B - q0, self.keys[lo:hi].long()
+
+
+def gather_heads(x: torch.Tensor, b: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``x[b, :, q, k]`` for every entry: ``(B, H, C, K)`` -> ``(H, nnz)``."""
+    _, H, C, K = x.shape
+    base = (b * H * C + q) * K + k  # (nnz,): offset of head 0
+    offs = torch.arange(H, device=x.device)[:, None] * (C * K)  # (H, 1)
+    return x.contiguous().view(-1)[base[None, :] + offs]  # (H, nnz)
+
+
+def add_by_prompt(out: torch.Tensor, values: torch.Tensor, b: torch.Tensor, d: int) -> None:
+    """``out[b, :, d] += values[:, entry]`` summed per prompt: out ``(B, H, D)``, values ``(H, nnz)``."""
+    acc = torch.zeros(out.shape[1], out.shape[0], dtype=out.dtype, device=out.device)  # (H, B)
+    acc.index_add_(1, b, values.to(out.dtype))
+    out[:, :, d] += acc.T
+
+
 def heads_first(x: torch.Tensor, layout: str) -> torch.Tensor:
     """q or k in the spec's layout -> ``(B, H, T, d)``."""
     return x.transpose(1, 2) if layout == "BTHD" else x
 
 
-def block_rows(B: int, H: int, K: int, M: int, budget: int = BLOCK_BYTES) -> int:
-    """How many query rows a block may hold: scores ``(B, H, C, K)`` float32 plus ``(B, H, C, M)`` float64."""
-    return max(1, budget // max(1, B * H * (4 * K + 16 * M)))
+def block_rows(B: int, H: int, K: int, budget: int = BLOCK_BYTES) -> int:
+    """How many query rows a block of ``(B, H, C, K)`` float32 scores may hold."""
+    return max(1, budget // max(1, 4 * B * H * K))
 
 
-def target_mass(q: torch.Tensor, k: torch.Tensor, spec: AttentionSpec, targets: torch.Tensor,
+def target_mass(q: torch.Tensor, k: torch.Tensor, spec: AttentionSpec, targets: Sequence[PackedTargets],
                 key_valid: torch.Tensor | None, budget: int = BLOCK_BYTES) -> torch.Tensor:
-    """Attention mass of every head on every target column, summed over query rows.
+    """Attention mass of every head on every detector's targets, summed over query rows.
 
     Args:
         q: ``(B, H, T, d)`` queries; k: ``(B, H_kv, T, d)`` keys (``H_kv`` divides ``H``: GQA).
         spec: how the scores are made.
-        targets: ``(B, Q, M)`` long key indices, ``-1`` = none.
+        targets: one :class:`PackedTargets` per detector.
         key_valid: ``(B, T)`` bool, False at keys the model masks out (padding); None: all real.
         budget: bytes a block of scores may take.
 
     Returns:
-        ``(B, H, M)`` float64: ``sum_q p(q -> targets[b, q, m])`` for every column m.
+        ``(B, H, D)`` float64: ``sum_q sum_{k in T_d(q)} p(q -> k)`` per prompt, head, detector.
     """
     B, H, T, d = q.shape
     if k.shape[1] != H:  # grouped-query attention: each KV head serves H / H_kv query heads
         k = k.repeat_interleave(H // k.shape[1], dim=1)  # (B, H, T, d)
-    M = targets.shape[2]
     scale = spec.scale if spec.scale is not None else 1.0 / math.sqrt(d)
-    has = targets >= 0  # (B, Q, M)
-    out = torch.zeros(B, H, M, dtype=torch.float64, device=q.device)
-    rows = block_rows(B, H, T, M, budget)
+    out = torch.zeros(B, H, len(targets), dtype=torch.float64, device=q.device)
+    rows = block_rows(B, H, T, budget)
     keys = torch.arange(T, device=q.device)
     for q0 in range(0, T, rows):
         q1 = min(T, q0 + rows)
@@ -98,12 +154,14 @@ def target_mass(q: torch.Tensor, k: torch.Tensor, spec: AttentionSpec, targets: 
         hidden = hidden[None, None]  # (1, 1, C, K')
         if key_valid is not None:
             hidden = hidden | ~key_valid[:, None, None, :kend]  # (B, 1, C, K')
-        s = s.masked_fill(hidden, float("-inf"))
+        s = s.masked_fill_(hidden, float("-inf"))
         lse = torch.logsumexp(s, dim=-1, keepdim=True)  # (B, H, C, 1)
-        tg = targets[:, None, q0:q1].clamp(0, kend - 1).expand(B, H, -1, -1)  # (B, H, C, M)
-        g = s.gather(3, tg)  # (B, H, C, M): the target scores
+        for i, tg in enumerate(targets):
+            b, qr, kk = tg.entries(q0, q1)
+            if not len(kk):
+                continue
+            g = gather_heads(s, b, qr, kk).double()  # (H, nnz): the target scores
+            p = torch.exp(g - gather_heads(lse, b, qr, torch.zeros_like(kk)).double())  # (H, nnz)
+            add_by_prompt(out, p.nan_to_num(0.0), b, i)
         del s
-        p = torch.exp(g.double() - lse.double())  # (B, H, C, M)
-        p = torch.where(has[:, None, q0:q1], p, torch.zeros((), dtype=p.dtype, device=p.device))
-        out += p.nan_to_num(0.0).sum(2)
     return out

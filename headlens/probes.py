@@ -21,6 +21,7 @@ Model calls: none, apart from tokenization.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +68,8 @@ class ProbeBatch:
         special: ``(B, T)`` True at special-token positions (BOS/CLS/SEP) and pads.
         causal: whether position q sees only keys ``k <= q``.
         annotations: name -> ``(B, T)`` long, ``-1`` where absent or padded.
+        rows: ``(r0, r1)``: the query rows a *windowed* detector is asked for (its targets are then
+            ``(B, r1 - r0, M)``); None means all rows. Keys are always the whole prompt.
     """
 
     tokens: torch.Tensor
@@ -75,6 +78,16 @@ class ProbeBatch:
     special: torch.Tensor
     causal: bool
     annotations: dict[str, torch.Tensor] = field(default_factory=dict)
+    rows: tuple[int, int] | None = None
+
+    @property
+    def row_range(self) -> tuple[int, int]:
+        """``(r0, r1)``: the query rows asked for (all of them unless ``rows`` is set)."""
+        return self.rows if self.rows is not None else (0, self.tokens.shape[1])
+
+    def window(self, r0: int, r1: int) -> ProbeBatch:
+        """The same batch, asking a windowed detector for query rows ``r0 .. r1-1`` only."""
+        return dataclasses.replace(self, rows=(r0, r1))
 
     @property
     def query_ok(self) -> torch.Tensor:

@@ -3,8 +3,10 @@
 Why it looks like this:
 
 * **Sparse targets** (``headlens.detectors.base``): every detector gives ``(B, Q, M)`` key
-  indices, ``-1`` padded. The targets of a batch are built once, before the forward pass, stacked
-  into one ``(B, Q, M_total)`` tensor with a column -> detector map, and shared by all layers.
+  indices, ``-1`` padded. The targets of a batch are built once, before the forward pass, packed
+  row by row (:class:`headlens.lse.PackedTargets`, O(number of targets)), and shared by all
+  layers. ``windowed`` detectors are asked for a few rows at a time, so even duplicate-token
+  targets on 32k tokens of byte-level text (thousands per row) never sit in one padded tensor.
 * **Two ways to read the attention**, same numbers (tests compare them to 1e-6):
 
   - ``"dense"``: one hook per layer on ``blocks.{l}.attn.hook_pattern``; the ``(B, H, Q, K)``
@@ -26,7 +28,7 @@ Why it looks like this:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +36,7 @@ import torch
 
 from headlens.detectors.base import Detector, as_targets
 from headlens.errors import DetectorError, HeadlensError
-from headlens.lse import AttentionSpec, heads_first, target_mass
+from headlens.lse import AttentionSpec, PackedTargets, add_by_prompt, gather_heads, heads_first, target_mass
 from headlens.probes import Probe, ProbeBatch, collate
 from headlens.vocab import vocab
 
@@ -63,37 +65,44 @@ class _ScanDone(Exception):
     """Raised after the last layer has been reduced: the rest of the forward is waste."""
 
 
-@dataclass
-class _BatchTargets:
-    idx: torch.Tensor  # (B, Q, M) long: every detector's targets side by side, -1 = none
-    column: torch.Tensor  # (M, D) float64: one-hot, which detector owns each target column
+WINDOW_BYTES = 16 * 2**20  # a windowed detector is asked for this many bytes of (B, C, T) targets at a time
 
 
-def _targets(batch: ProbeBatch, dets: Sequence[Detector]) -> tuple[_BatchTargets, torch.Tensor, torch.Tensor]:
+def _windows(det: Detector, batch: ProbeBatch) -> Iterator[torch.Tensor]:
+    """The detector's ``(B, C, M)`` targets, row window by row window (one window unless ``windowed``)."""
+    B, T = batch.tokens.shape
+    if not det.windowed:
+        yield as_targets(det.targets(batch), batch)
+        return
+    rows = max(1, WINDOW_BYTES // (8 * B * T))
+    for r0 in range(0, T, rows):
+        t = det.targets(batch.window(r0, min(T, r0 + rows)))
+        yield t if t.dtype != torch.bool else as_targets(t, batch)[:, r0:r0 + rows]
+
+
+def _targets(batch: ProbeBatch, dets: Sequence[Detector]) -> tuple[list[PackedTargets], torch.Tensor, torch.Tensor]:
+    """Every detector's targets, packed, with per-prompt row counts and uniform baselines ``(B, D)``."""
+    B, T = batch.tokens.shape
     visible = batch.n_visible.to(batch.tokens.device)  # (B, Q)
-    parts, owner, counts, base = [], [], [], []
-    for i, d in enumerate(dets):
-        t = as_targets(d.targets(batch), batch)  # (B, Q, M_d)
-        n = (t >= 0).sum(-1)  # (B, Q): |T(q)|
+    packed, counts, base = [], [], []
+    for d in dets:
+        tg = PackedTargets.pack(_windows(d, batch), B, T)
+        n = tg.counts()  # (B, Q): |T(q)|
         counts.append((n > 0).sum(-1).double())  # (B,)
         base.append((n / visible).sum(-1))  # (B,)
-        parts.append(t)
-        owner += [i] * t.shape[2]
-    idx = torch.cat(parts, dim=2)  # (B, Q, M)
-    column = torch.nn.functional.one_hot(torch.tensor(owner), len(dets)).double().to(idx.device)  # (M, D)
-    return _BatchTargets(idx, column), torch.stack(counts, 1), torch.stack(base, 1)
+        packed.append(tg)
+    return packed, torch.stack(counts, 1), torch.stack(base, 1)
 
 
-def _reduce_pattern(pattern: torch.Tensor, tg: _BatchTargets) -> torch.Tensor:
+def _reduce_pattern(pattern: torch.Tensor, targets: Sequence[PackedTargets]) -> torch.Tensor:
     """``(B, H, Q, K)`` pattern -> ``(B, H, D)`` float64 per-prompt target mass (the dense path)."""
-    B, H, Q, K = pattern.shape
-    M = tg.idx.shape[2]
-    q = torch.arange(Q, device=pattern.device)[None, :, None]  # (1, Q, 1)
-    flat_idx = (q * K + tg.idx.clamp_min(0)).reshape(B, Q * M)  # (B, Q*M): row-major (query, key)
-    g = pattern.reshape(B, H, Q * K).gather(2, flat_idx[:, None, :].expand(B, H, -1))  # (B, H, Q*M)
-    g = g.view(B, H, Q, M).double()  # (B, H, Q, M): mass on each target
-    g = torch.where((tg.idx >= 0)[:, None], g, torch.zeros((), dtype=g.dtype, device=g.device))
-    return g.sum(2) @ tg.column  # (B, H, D)
+    B, H, Q, _ = pattern.shape
+    out = torch.zeros(B, H, len(targets), dtype=torch.float64, device=pattern.device)
+    for i, tg in enumerate(targets):
+        b, q, k = tg.entries(0, Q)
+        if len(k):
+            add_by_prompt(out, gather_heads(pattern, b, q, k), b, i)
+    return out
 
 
 def attention_specs(model: Any) -> list[AttentionSpec] | None:
@@ -169,8 +178,7 @@ def scan(
             state[which] = heads_first(x, spec.layout)  # (B, H, T, d)
             if "q" in state and "k" in state:
                 q, k = state.pop("q"), state.pop("k")
-                state["out"][:, layer] = target_mass(q, k, spec, state["targets"].idx, state["key_valid"]) \
-                    @ state["targets"].column  # (B, H, D)
+                state["out"][:, layer] = target_mass(q, k, spec, state["targets"], state["key_valid"])
                 if layer == L - 1:
                     raise _ScanDone
 

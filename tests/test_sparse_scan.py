@@ -17,7 +17,7 @@ from headlens.probes import (
     stdlib_windows,
     text_prompts,
 )
-from headlens.scan import _BatchTargets, _reduce_pattern, choose_path, scan
+from headlens.scan import _reduce_pattern, _targets, choose_path, scan
 from tests.conftest import make_gpt
 
 PATTERN = [d for d in DETECTORS.values() if d.kind not in ("weights", "annotated")]  # annotated: headlens.annotated
@@ -60,6 +60,8 @@ def test_set_targets_equal_the_old_masks_without_building_them(causal):
         assert torch.equal(targets_to_mask(idx, 40), old(b)), det
         kept = idx[idx >= 0]
         assert len(kept) and (idx >= -1).all()
+        windows = [DETECTORS[det].targets(b.window(r0, min(40, r0 + 7))) for r0 in range(0, 40, 7)]
+        assert torch.equal(torch.cat([targets_to_mask(w, 40) for w in windows], 1), old(b)), det
     m = _old_induction(b)
     assert torch.equal(targets_to_mask(mask_to_targets(m), 40), m)
 
@@ -90,12 +92,11 @@ def test_target_mass_equals_the_dense_pattern(causal, window, softcap, kv):
     q, k = torch.randn(B, H, T, d, generator=g) * 2, torch.randn(B, kv, T, d, generator=g) * 2
     x = torch.randint(1, 5, (B, T), generator=g)
     b = _batch(x, [T, 15], causal)
-    idx = torch.cat([DETECTORS[n].targets(b) for n in ("previous_token", "duplicate_token", "induction")], 2)
+    packed, _, _ = _targets(b, [DETECTORS[n] for n in ("previous_token", "duplicate_token", "induction")])
     spec = AttentionSpec("q", "k", "BHTD", 0.3, causal, window, softcap)
-    column = torch.eye(idx.shape[2], dtype=torch.float64)
-    dense = _reduce_pattern(_dense_reference(q, k, spec, b.valid), _BatchTargets(idx, column))
+    dense = _reduce_pattern(_dense_reference(q, k, spec, b.valid), packed)
     for budget in (1, 10_000, 10**9):  # one row per block, a few rows, everything at once
-        sparse = target_mass(q, k, spec, idx, b.valid, budget=budget)
+        sparse = target_mass(q, k, spec, packed, b.valid, budget=budget)
         torch.testing.assert_close(sparse, dense, atol=1e-6, rtol=0)
 
 
@@ -107,7 +108,8 @@ def _scan_both(model, probe, dets, **kw):
     return dense, sparse
 
 
-def test_native_sparse_scan_equals_dense_on_every_detector_with_padding(model):
+def test_native_sparse_scan_equals_dense_on_every_detector_with_padding(model, monkeypatch):
+    monkeypatch.setattr("headlens.scan.WINDOW_BYTES", 20_000)  # set detectors asked for a few rows at a time
     texts = ["def f(x): return [x, (x)]", "a", "import os", "{'k': [1, 2]} (", "aaaa bbbb aaaa bbbb", "x = y"]
     dets = [d for d in PATTERN if not d.bidirectional_only]
     for probe in (text_prompts(model, texts),

@@ -55,6 +55,9 @@ class Detector:
         weights_fn: ``model -> (n_layers, n_heads)`` float64 scores, for ``kind == "weights"``.
         params: the settings this instance was built with (recorded in the provenance).
         factory: ``**params -> Detector``, for detectors with settings (None otherwise).
+        windowed: True when ``targets`` honours ``batch.rows`` (returns ``(B, r1 - r0, M)``), so the
+            scan can ask for a window of rows at a time: set detectors whose rows grow with T
+            (duplicate token, induction) stay O(window x M) in memory at long context.
     """
 
     name: str
@@ -66,6 +69,7 @@ class Detector:
     weights_fn: Callable[[Any], torch.Tensor] | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
     factory: Callable[..., Detector] | None = None
+    windowed: bool = False
 
 
 def as_targets(t: torch.Tensor, batch: ProbeBatch) -> torch.Tensor:
@@ -105,10 +109,14 @@ def targets_to_mask(idx: torch.Tensor, K: int) -> torch.Tensor:
 
 
 def finish_targets(idx: torch.Tensor, batch: ProbeBatch) -> torch.Tensor:
-    """``(B, Q, M)``: set ``-1`` where the row must not count or the key is not a visible real key."""
+    """``(B, Q, M)``: set ``-1`` where the row must not count or the key is not a visible real key.
+
+    ``Q`` is the batch's row window (``batch.row_range``) when ``idx`` has that many rows.
+    """
     T = batch.tokens.shape[1]
-    q = torch.arange(T, device=idx.device)[None, :, None]  # (1, Q, 1)
-    ok = batch.query_ok[:, :, None] & (idx >= 0) & (idx < batch.lengths[:, None, None])
+    r0, r1 = batch.row_range if idx.shape[1] != T else (0, T)
+    q = torch.arange(r0, r1, device=idx.device)[None, :, None]  # (1, Q, 1)
+    ok = batch.query_ok[:, r0:r1, None] & (idx >= 0) & (idx < batch.lengths[:, None, None])
     if batch.causal:
         ok &= idx <= q
     return torch.where(ok, idx, torch.full_like(idx, -1))
@@ -141,35 +149,38 @@ def same_token_targets(keys: torch.Tensor, queries: torch.Tensor, key_ok: torch.
             ``j != q``.
 
     Never builds the ``(Q, K)`` comparison: per prompt, the key positions are sorted by
-    ``(value, position)`` and each row reads the run of its value, so memory is O(T·M).
+    ``(value, position)`` and each row reads the run of its value, so memory is O(T + Q·M) for
+    the ``Q`` rows of ``batch.row_range``.
     """
     B, T = keys.shape
+    r0, r1 = batch.row_range
     dev = keys.device
+    rows = torch.arange(r0, r1, device=dev)  # (Q,)
     out = []
     for b in range(B):
         pos = torch.nonzero(key_ok[b]).reshape(-1)  # (N,) candidate key positions, ascending
         code = keys[b, pos] * (T + 1) + pos  # (N,) sort key: value, then position
         code, order = code.sort()
         spos = pos[order]  # (N,) key positions grouped by value
-        qv = queries[b] * (T + 1)  # (T,)
-        lo = torch.searchsorted(code, qv)  # (T,) start of the row's value group
+        qv = queries[b, r0:r1] * (T + 1)  # (Q,)
+        lo = torch.searchsorted(code, qv)  # (Q,) start of the row's value group
         if max_key_offset is None:
-            hi = torch.searchsorted(code, qv + T + 1)  # (T,) end of the group (self removed below)
+            hi = torch.searchsorted(code, qv + T + 1)  # (Q,) end of the group (self removed below)
         else:
-            last = torch.arange(T, device=dev) + max_key_offset  # (T,) the largest allowed j
+            last = rows + max_key_offset  # (Q,) the largest allowed j
             hi = torch.searchsorted(code, qv + last.clamp_min(-1), right=True)
             hi = torch.maximum(hi, lo)
-        n = hi - lo  # (T,)
-        M = max(int(n.max()) if T else 0, 1)
-        slot = lo[:, None] + torch.arange(M, device=dev)[None, :]  # (T, M)
+        n = hi - lo  # (Q,)
+        M = max(int(n.max()) if len(n) else 0, 1)
+        slot = lo[:, None] + torch.arange(M, device=dev)[None, :]  # (Q, M)
         ok = torch.arange(M, device=dev)[None, :] < n[:, None]
         j = spos[slot.clamp_max(max(len(spos) - 1, 0))] if len(spos) else torch.zeros_like(slot)
-        j = torch.where(ok, j, torch.full_like(j, -1))  # (T, M)
+        j = torch.where(ok, j, torch.full_like(j, -1))  # (Q, M)
         if max_key_offset is None:
-            j = torch.where(j == torch.arange(T, device=dev)[:, None], torch.full_like(j, -1), j)
+            j = torch.where(j == rows[:, None], torch.full_like(j, -1), j)
         out.append(j)
     M = max(o.shape[1] for o in out)
-    idx = torch.full((B, T, M), -1, dtype=torch.long, device=dev)
+    idx = torch.full((B, r1 - r0, M), -1, dtype=torch.long, device=dev)
     for b, o in enumerate(out):
         idx[b, :, : o.shape[1]] = o
     return finish_targets(idx, batch)

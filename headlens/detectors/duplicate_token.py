@@ -21,4 +21,4 @@ def targets(batch: ProbeBatch) -> torch.Tensor:
 
 
 DETECTOR = Detector("duplicate_token", "mask", targets, "repeated_segments",
-                    "attends to earlier copies of the current token")
+                    "attends to earlier copies of the current token", windowed=True)

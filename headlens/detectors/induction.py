@@ -6,6 +6,8 @@ target, so "count only rows inside a repeat" follows from the definition.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from headlens.detectors.base import Detector, finish_targets, same_token_targets
@@ -29,8 +31,9 @@ def targets(batch: ProbeBatch) -> torch.Tensor:
 
 
 def _as_causal(batch: ProbeBatch) -> ProbeBatch:
-    return ProbeBatch(batch.tokens, batch.lengths, batch.valid, batch.special, True, batch.annotations)
+    return dataclasses.replace(batch, causal=True)
 
 
 DETECTOR = Detector("induction", "mask", targets, "repeated_segments",
-                    "attends to the token after an earlier copy of the current token")
+                    "attends to the token after an earlier copy of the current token",
+                    windowed=True)

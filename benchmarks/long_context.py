@@ -1,0 +1,190 @@
+"""Long-context head scores: dense pattern vs the sparse LSE scan, memory and time against T (issue 13).
+
+    python benchmarks/long_context.py                      # 1k .. 32k, memory + time, figure
+    python benchmarks/long_context.py --lengths 1024 8192  # a subset
+    python benchmarks/long_context.py --figure docs/long_context.png
+
+The run: a random 4-layer x 8-head, d_model 256 native GPT (byte-level; n_ctx 8,192 up to 8k
+tokens, 32,768 beyond), ``headlens.classify(model, corpus="stdlib", batch_size=1, n_prompts=2,
+detectors=[previous_token, first_token, duplicate_token, induction], seq_len=T, scan_path=P)``,
+which is ``headlens classify --corpus stdlib --batch-size 1 --n-prompts 2 --seq-len T --scan-path P``.
+
+(a) memory: each (T, path) in a fresh subprocess; peak RSS (``ru_maxrss``) of the whole process,
+    import and model included. The longest sparse run also runs under a 6 GB address-space limit
+    (``RLIMIT_AS``), as the issue asks. Dense is skipped where its pattern cannot fit.
+(b) time: per T, one subprocess runs dense and sparse alternately (``--repeats`` each, median),
+    so both see the same machine load; the ratio sparse / dense is what to read.
+(c) agreement: the largest |score_sparse - score_dense| over every head and detector.
+
+Nothing is asserted; a table is printed and, with ``--figure``, a two-panel plot is written
+(``.html``, or ``.png`` through the headless Chromium the dashboard screenshots use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DETECTORS = ["previous_token", "first_token", "duplicate_token", "induction"]
+DENSE_MAX = 8192  # dense needs 4 * 8 heads * T^2 bytes per layer pattern and more: 16k is > 8 GB
+
+
+def build_model(T: int):
+    import torch
+
+    import headlens
+
+    torch.manual_seed(0)
+    n_ctx = 8192 if T <= 8192 else max(32768, T)
+    cfg = headlens.ModelConfig(n_layers=4, n_heads=8, d_model=256, n_ctx=n_ctx, d_vocab=257)
+    return headlens.GPT(cfg, name=f"random-4x8-d256-ctx{n_ctx}").eval()
+
+
+def classify(model, T: int, path: str):
+    import headlens
+
+    return headlens.classify(model, detectors=DETECTORS, corpus="stdlib", batch_size=1, n_prompts=2,
+                             seq_len=T, scan_path=path, n_boot=100)
+
+
+def worker(T: int, paths: list[str], repeats: int) -> dict:
+    """Runs inside the subprocess: classify once per path (memory) or alternately (time)."""
+    import torch
+
+    torch.set_num_threads(1)
+    model = build_model(T)
+    times: dict[str, list[float]] = {p: [] for p in paths}
+    scores = {}
+    for _ in range(repeats):
+        for p in paths:
+            t0 = time.perf_counter()
+            df = classify(model, T, p)
+            times[p].append(time.perf_counter() - t0)
+            scores[p] = df.sort_values(["detector", "layer", "head"]).score.tolist()
+            assert df.attrs["scan_path"] == p, df.attrs["scan_path"]
+    diff = None
+    if len(paths) == 2:
+        diff = max(abs(a - b) for a, b in zip(scores[paths[0]], scores[paths[1]], strict=True))
+    return {"T": T, "paths": paths, "time_s": {p: statistics.median(v) for p, v in times.items()},
+            "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "max_abs_diff": diff}
+
+
+def run_worker(T: int, paths: list[str], repeats: int, as_limit_gb: float | None = None) -> dict:
+    def limit() -> None:
+        if as_limit_gb:
+            cap = int(as_limit_gb * 2**30)
+            resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+    cmd = [sys.executable, __file__, "--worker", str(T), "--paths", *paths, "--repeats", str(repeats)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=limit, env=env)
+    if out.returncode != 0:
+        tail = (out.stderr.strip().splitlines() or ["?"])[-1]
+        return {"T": T, "paths": paths, "error": tail, "wall_s": time.perf_counter() - t0}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def figure(rows: list[dict], path: Path) -> None:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("peak memory (RSS, MiB)", "classify time (s)"))
+    for name, color in (("dense", "#d62728"), ("sparse", "#1f77b4")):
+        mem = [(r["T"], r["mem"][name]) for r in rows if r["mem"].get(name)]
+        tim = [(r["T"], r["time"][name]) for r in rows if r["time"].get(name)]
+        for col, pts in ((1, mem), (2, tim)):
+            if pts:
+                fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers",
+                                         name=name, line={"color": color}, showlegend=col == 1), row=1, col=col)
+    fig.update_xaxes(type="log", title_text="tokens per prompt (T)", tickvals=[r["T"] for r in rows])
+    fig.update_yaxes(type="log")
+    fig.update_layout(width=1000, height=420, template="plotly_white", margin={"t": 60},
+                      title="headlens classify, random 4x8 d256 GPT, stdlib, 2 prompts: dense pattern vs sparse LSE scan")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".html":
+        fig.write_html(str(path), include_plotlyjs=True)
+        return
+    html = path.with_suffix(".tmp.html")
+    fig.write_html(str(html), include_plotlyjs=True)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1020, "height": 440})
+        page.goto(html.resolve().as_uri())
+        page.wait_for_timeout(1500)
+        page.screenshot(path=str(path))
+        browser.close()
+    html.unlink()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384, 32768])
+    ap.add_argument("--repeats", type=int, default=3, help="timing repeats per path (median)")
+    ap.add_argument("--as-limit-gb", type=float, default=6.0, help="address-space cap for the longest sparse run")
+    ap.add_argument("--figure", type=Path, default=None)
+    ap.add_argument("--json", type=Path, default=None, help="write the measurements here")
+    ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--paths", nargs="+", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker is not None:
+        print(json.dumps(worker(args.worker, args.paths, args.repeats)))
+        return
+    print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; 1 thread per run", flush=True)
+    rows = []
+    for T in args.lengths:
+        dense_ok = T <= DENSE_MAX
+        row = {"T": T, "mem": {}, "time": {}, "diff": None, "errors": {}}
+        for p in (["dense"] if dense_ok else []) + ["sparse"]:
+            cap = args.as_limit_gb if (p == "sparse" and T == max(args.lengths)) else None
+            r = run_worker(T, [p], 1, cap)
+            if "error" in r:
+                row["errors"][p] = r["error"]
+            else:
+                row["mem"][p] = r["maxrss_mib"]
+                row["as_limit_gb"] = cap
+        if dense_ok:
+            r = run_worker(T, ["dense", "sparse"], args.repeats)
+            if "error" in r:
+                row["errors"]["time"] = r["error"]
+            else:
+                row["time"], row["diff"] = r["time_s"], r["max_abs_diff"]
+        else:
+            r = run_worker(T, ["sparse"], 1)
+            row["time"] = r.get("time_s", {})
+        rows.append(row)
+        _print_row(row, rows[0])
+    print(f"load average at end: {os.getloadavg()[0]:.1f}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    if args.figure:
+        figure(rows, args.figure)
+        print(f"wrote {args.figure}")
+
+
+def _print_row(row: dict, first: dict) -> None:
+    def f(x: float | None, fmt: str) -> str:
+        return format(x, fmt) if x is not None else "-"
+
+    m, t = row["mem"], row["time"]
+    cap_note = " (under RLIMIT_AS {:.0f} GB)".format(row["as_limit_gb"]) if row.get("as_limit_gb") else ""
+    ratio_mem = {p: m[p] / first["mem"][p] for p in m if first["mem"].get(p)}
+    print(f"T={row['T']:>6}  peak MiB dense {f(m.get('dense'), '8.0f')} sparse {f(m.get('sparse'), '7.0f')}"
+          f"{cap_note}"
+          f"  vs T0: dense {f(ratio_mem.get('dense'), '5.2f')}x sparse {f(ratio_mem.get('sparse'), '5.2f')}x"
+          f"  |  time s dense {f(t.get('dense'), '7.2f')} sparse {f(t.get('sparse'), '7.2f')}"
+          f"  sparse/dense {f(t['sparse'] / t['dense'] if t.get('dense') else None, '5.2f')}"
+          f"  max|diff| {f(row['diff'], '.1e')}  {row['errors'] or ''}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
