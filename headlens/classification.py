@@ -245,7 +245,7 @@ def classify(
     groups = _probes(model, dets, texts, n_prompts, seq_len, seed, truncate, corpus)
     jobs = _annotated_jobs(model, dets, user_types, annotated_rows, texts is not None or corpus is not None,
                            n_prompts, seed, truncate)
-    notes: list[str] = []
+    notes: list[str] = [why for pr, _ in groups if (why := P.short_of(pr, seq_len))]
     if groups and groups[0][0].name == "prompts" and groups[0][0].settings.get("n_truncated"):
         notes.append(f"{groups[0][0].settings['n_truncated']} prompt(s) were longer than the context "
                      f"and were truncated to n_ctx={model.cfg.n_ctx}")

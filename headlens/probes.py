@@ -4,10 +4,15 @@ A probe is a list of prompts (1-D token id tensors with the model's specials aro
 plus per-position annotations (bracket matches). Which detector reads which probe:
 
 * ``random_tokens``: ordinary ids drawn **without replacement** (no accidental repeats, no
-  special tokens): previous/next/current/first token.
+  special tokens): previous/next/current/first token. Longer than the vocabulary, they fill
+  ``seq_len`` with replacement, repeats at least half the vocabulary apart (``draw_tokens``).
 * ``repeated_segments``: ``[BOS] p + r + r`` with p and r drawn jointly without replacement,
   the repeat length and the offset ``len(p)`` varying per prompt (so a fixed-offset head cannot
-  pass as an induction head): duplicate token, induction.
+  pass as an induction head): duplicate token, induction. Past twice the vocabulary, r is up to
+  half of ``seq_len``, drawn with replacement the same way.
+
+Every generated probe fills ``seq_len`` and says how it drew its tokens in ``settings``;
+:func:`short_of` names a probe that could not (``classify`` warns once).
 * ``brackets``: balanced strings over every bracket pair the tokenizer keeps as one token each,
   with filler; matches are computed on the *token* sequence, so they are right whatever the
   tokenizer did: bracket matching (and its hard subset).
@@ -132,33 +137,76 @@ def _body_budget(v: Vocab, seq_len: int) -> int:
     return budget
 
 
+def draw_tokens(pool: torch.Tensor, n: int, gen: torch.Generator) -> torch.Tensor:
+    """``n`` ids from ``pool``: without replacement while ``n <= len(pool)`` (no repeats at all);
+    beyond that, a chain of permutations in which every id comes back no sooner than
+    ``len(pool) // 2 + 1`` positions later (each next permutation shuffles the previous one's
+    first half among its first half and its second half among its second half).
+
+    >>> ids = draw_tokens(torch.arange(10), 50, torch.Generator().manual_seed(0))
+    >>> gaps = [int(d) for v in range(10) for d in (ids == v).nonzero().reshape(-1).diff()]
+    >>> len(ids), min(gaps) >= 6
+    (50, True)
+    """
+    V = len(pool)
+    perm = pool[torch.randperm(V, generator=gen)]
+    if n <= V:
+        return perm[:n]
+    h = V // 2
+    parts = [perm]
+    while sum(len(p) for p in parts) < n:
+        last = parts[-1]
+        parts.append(torch.cat([last[:h][torch.randperm(h, generator=gen)],
+                                last[h:][torch.randperm(V - h, generator=gen)]]))
+    return torch.cat(parts)[:n]
+
+
+def _draw_note(n: int, pool: int) -> str:
+    return ("without replacement" if n <= pool else
+            f"with replacement: permutations of the {pool} ordinary ids chained so a repeat is >= {pool // 2 + 1} apart")
+
+
 def random_tokens(model: Any, n_prompts: int, seq_len: int, gen: torch.Generator) -> Probe:
-    """Ordinary tokens drawn without replacement (lengths capped by the vocabulary size)."""
+    """Ordinary tokens filling ``seq_len``: without replacement up to the vocabulary size, then
+    with replacement, repeats kept at least half the vocabulary apart (:func:`draw_tokens`)."""
     v = vocab(model)
     pool = torch.tensor(v.ordinary, dtype=torch.long)
-    body = min(_body_budget(v, seq_len), len(pool))
-    prompts = [torch.tensor(v.wrap(pool[torch.randperm(len(pool), generator=gen)[:body]].tolist()))
-               for _ in range(n_prompts)]
-    return Probe("random_tokens", prompts, settings={"seq_len": seq_len, "body_len": body})
+    body = _body_budget(v, seq_len)
+    prompts = [torch.tensor(v.wrap(draw_tokens(pool, body, gen).tolist())) for _ in range(n_prompts)]
+    return Probe("random_tokens", prompts,
+                 settings={"seq_len": seq_len, "body_len": body, "draw": _draw_note(body, len(pool))})
 
 
 def repeated_segments(model: Any, n_prompts: int, seq_len: int, gen: torch.Generator) -> Probe:
-    """``p + r + r`` with repeat length and offset ``len(p)`` drawn per prompt, no repeats inside."""
+    """``p + r + r`` with repeat length and offset ``len(p)`` drawn per prompt.
+
+    Up to twice the vocabulary, p and r are drawn jointly without replacement (no repeat but the
+    planted one). Longer prompts fill ``seq_len``: r is up to half the body, drawn with replacement
+    by :func:`draw_tokens` (the planted copy lies ``len(r)`` tokens back; accidental repeats inside
+    p + r are at least half the vocabulary apart and count as induction targets by definition), and
+    ``len(p) = seq_len - 2 len(r)`` fills the length.
+    """
     v = vocab(model)
     pool = torch.tensor(v.ordinary, dtype=torch.long)
     budget = _body_budget(v, seq_len)
-    max_r = min(budget // 2, len(pool))
+    long = budget // 2 > len(pool)
+    max_r = budget // 2 if long else min(budget // 2, len(pool))
     min_r = max(2, max_r // 3)
     prompts = []
     for _ in range(n_prompts):
         r_len = int(torch.randint(min_r, max_r + 1, (1,), generator=gen))
-        max_off = min(budget - 2 * r_len, len(pool) - r_len)
-        offset = int(torch.randint(0, max_off + 1, (1,), generator=gen))
-        draw = pool[torch.randperm(len(pool), generator=gen)[: offset + r_len]]
+        if long:  # fill seq_len: the offset varies with r_len
+            offset = budget - 2 * r_len
+        else:
+            max_off = min(budget - 2 * r_len, len(pool) - r_len)
+            offset = int(torch.randint(0, max_off + 1, (1,), generator=gen))
+        draw = draw_tokens(pool, offset + r_len, gen) if long else \
+            pool[torch.randperm(len(pool), generator=gen)[: offset + r_len]]
         r = draw[offset:].tolist()
         prompts.append(torch.tensor(v.wrap(draw[:offset].tolist() + r + r)))
     return Probe("repeated_segments", prompts,
-                 settings={"seq_len": seq_len, "repeat_len": [min_r, max_r], "n_repeats": 2})
+                 settings={"seq_len": seq_len, "repeat_len": [min_r, max_r], "n_repeats": 2,
+                           "max_len": seq_len, "draw": _draw_note(budget if long else 0, len(pool))})
 
 
 def _dyck_units(n_units: int, n_pairs: int, filler_p: float, max_depth: int,
@@ -261,6 +309,15 @@ def brackets(model: Any, n_prompts: int, seq_len: int, gen: torch.Generator,
                  settings={"seq_len": seq_len, "pairs": pairs, "filler_p": filler_p, "max_depth": max_depth})
 
 
+def short_of(probe: Probe, seq_len: int) -> str | None:
+    """One line when ``probe``'s longest prompt is shorter than ``seq_len``, else None."""
+    longest = int(probe.settings.get("max_len", max((len(p) for p in probe.prompts), default=0)))
+    if probe.name == "prompts" or longest >= seq_len:
+        return None
+    return (f"the {probe.name} probe reached {longest} of the {seq_len} tokens asked for "
+            f"({probe.settings.get('why_short', 'the source ran out')})")
+
+
 # -- the user's texts ---------------------------------------------------------------------------
 def read_prompts(path: str | Path) -> list[str]:
     """Texts from a file: one prompt per line, or JSONL objects with a ``"text"`` field.
@@ -334,7 +391,7 @@ def stdlib_windows(model: Any, n_prompts: int, seq_len: int, gen: torch.Generato
     strings = token_strings(model)
     pairs = tuple(p for p in v.brackets if strings[p[0]] + strings[p[1]] in PYTHON_PAIRS)
     stream = data.stdlib_corpus().heldout  # (N,) uint8: held-out files joined by blank lines
-    span = 8 * budget  # bytes enough for ``budget`` tokens under any tokenizer
+    span = min(8 * budget, len(stream) // 2 - 1)  # bytes enough for ``budget`` tokens (if the corpus has them)
     prompts, matches, hards = [], [], []
     starts = torch.randint(0, len(stream) - 2 * span, (n_prompts,), generator=gen).tolist()
     for start in starts:
@@ -351,4 +408,5 @@ def stdlib_windows(model: Any, n_prompts: int, seq_len: int, gen: torch.Generato
         hards.append(torch.tensor(h))
     return Probe("stdlib", prompts, {"bracket_match": matches, "bracket_hard": hards},
                  settings={"seq_len": seq_len, "source": "held-out Python standard library files",
+                           "why_short": f"the held-out stdlib text is {len(stream)} bytes",
                            "pairs": ["".join(strings[i] for i in p) for p in pairs]})
