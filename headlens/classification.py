@@ -24,7 +24,7 @@ from headlens import probes as P
 from headlens import spans as A
 from headlens.annotated import measure
 from headlens.annotated import summaries as target_summaries
-from headlens.detectors import DETECTORS, get_detector
+from headlens.detectors import DETECTORS, get_detector, split_names
 from headlens.detectors.base import Detector
 from headlens.detectors.copying import ov_weights
 from headlens.detectors.tl_compat import TL_DETECTORS, TL_NORM
@@ -75,7 +75,7 @@ def select_detectors(model: Any, names: Sequence[str] | str | None, tl_compatibl
                      ) -> tuple[list[Detector], dict[str, str], bool]:
     """The detectors to run, the default ones skipped (name -> why), and whether names were explicit."""
     if isinstance(names, str):
-        names = [n.strip() for n in names.split(",") if n.strip()]
+        names = split_names(names)
     explicit = bool(names)
     pool = TL_DETECTORS if tl_compatible else DETECTORS
     if tl_compatible and explicit:
@@ -242,6 +242,8 @@ def classify(
     builtin, user_types = _requested(detectors, annotated_rows)
     taus = _thresholds(threshold, user_types)
     dets, skipped, explicit = select_detectors(model, builtin, tl_compatible) if builtin != [] else ([], {}, True)
+    for d in dets:  # a variant with settings, "streaming(w=128)", takes its base detector's threshold
+        taus.setdefault(d.name, taus.get(d.name.split("(")[0], DEFAULT_THRESHOLD))
     groups = _probes(model, dets, texts, n_prompts, seq_len, seed, truncate, corpus)
     jobs = _annotated_jobs(model, dets, user_types, annotated_rows, texts is not None or corpus is not None,
                            n_prompts, seed, truncate)
@@ -353,7 +355,7 @@ def _read_rows(prompts: Any) -> tuple[list[str] | None, dict[str, list[tuple[int
 def _requested(detectors: Sequence[str] | str | None, annotated: dict[str, Any]) -> tuple[list[str] | None, list[str]]:
     """The built-in detectors asked for (None: every one) and the user's annotated head types to score."""
     if isinstance(detectors, str):
-        detectors = [n.strip() for n in detectors.split(",") if n.strip()]
+        detectors = split_names(detectors)
     if not detectors:
         return None, [n for n in annotated if n not in DETECTORS]
     user = [n for n in detectors if n in annotated and n not in DETECTORS]

@@ -92,7 +92,8 @@ class ProbeBatch:
 
     def window(self, r0: int, r1: int) -> ProbeBatch:
         """The same batch, asking a windowed detector for query rows ``r0 .. r1-1`` only."""
-        return dataclasses.replace(self, rows=(r0, r1))
+        T = self.tokens.shape[1]
+        return dataclasses.replace(self, rows=(min(r0, T), min(r1, T)))
 
     @property
     def query_ok(self) -> torch.Tensor:

@@ -21,7 +21,7 @@ The old forms are still accepted from user-written target functions and converte
 :func:`as_targets`: ``(B, Q)`` long (one index per row) and ``(B, Q, K)`` bool masks.
 
 Detectors with settings (``streaming``: s sinks and a window of w) carry ``params`` and a
-``factory`` that builds a variant: ``get_detector("streaming:s=8,w=128")``.
+``factory`` that builds a variant: ``get_detector("streaming(s=8,w=128)")``.
 
 Every target function already drops the rows a detector must not count (pads, special
 tokens, rows outside the definition).
