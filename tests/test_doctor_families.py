@@ -40,7 +40,7 @@ LIES = {  # family -> config fields of layouts that load without a shape error
     "gpt_neox": [{"num_attention_heads": 8}],
 }
 FAMILIES = [f for f in TRUE if (DATA / f / "config.json").is_file()]
-KW = dict(n_rows=16, seq_len=64)
+KW = dict(n_rows=8, seq_len=64)
 
 
 def _lying_copy(family: str, fields: dict, tmp_path: Path) -> Path:
@@ -94,7 +94,7 @@ def test_cli_exits_8_on_a_lie_and_0_on_the_honest_directory(tmp_path):
     if "llama" not in FAMILIES:
         pytest.skip("no trained llama fixture")
     runner = CliRunner()
-    args = ["--rows", "16", "--seq-len", "64"]
+    args = ["--rows", "8", "--seq-len", "64"]
     ok = runner.invoke(app, ["doctor", str(DATA / "llama"), *args])
     assert ok.exit_code == 0, ok.output
     assert "family          : llama" in ok.output and "PASSED" in ok.output

@@ -108,23 +108,13 @@ def candidate_layouts(cfg: Any, claimed: HeadLayout) -> list[HeadLayout]:
     return sorted(out, key=lambda layout: layout.n_heads)
 
 
-def read_state(model_dir: Path) -> dict[str, torch.Tensor]:
-    """All weight tensors of a directory (single or sharded safetensors, or pytorch_model.bin)."""
-    from safetensors.torch import load_file
-
-    files = sorted(model_dir.glob("model*.safetensors"))
-    if files:
-        return {k: v for f in files for k, v in load_file(str(f)).items()}
-    if (model_dir / "pytorch_model.bin").is_file():
-        return torch.load(model_dir / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    raise CheckpointError(f"{str(model_dir)!r} has a config.json but no model*.safetensors or pytorch_model.bin")
-
-
-def build(cfg: Any, layout: HeadLayout, state: dict[str, torch.Tensor]) -> Any | None:
-    """The model rebuilt by ``transformers`` with ``layout`` and the weights loaded (float32, eval), or
-    None when this layout cannot hold the weights."""
+def build(model_dir: Path, cfg: Any, layout: HeadLayout) -> Any | None:
+    """The directory's weights loaded by ``transformers`` into the model rebuilt with ``layout``
+    (float32, eval, its own key renames and tying), or None when this layout cannot hold them."""
+    import transformers
     from transformers import AutoModelForCausalLM
 
+    transformers.utils.logging.disable_progress_bar()
     c = cfg.__class__.from_dict(cfg.to_dict())
     c.num_attention_heads = layout.n_heads
     if hasattr(c, "num_key_value_heads"):
@@ -132,12 +122,12 @@ def build(cfg: Any, layout: HeadLayout, state: dict[str, torch.Tensor]) -> Any |
     if _has_head_dim(c):
         c.head_dim = layout.d_head
     try:
-        model = AutoModelForCausalLM.from_config(c, attn_implementation="eager", dtype=torch.float32)
-        missing, unexpected = model.load_state_dict(state, strict=False)
-    except (RuntimeError, ValueError):  # size mismatch, or a layout the family refuses
+        model, info = AutoModelForCausalLM.from_pretrained(
+            str(model_dir), config=c, attn_implementation="eager", dtype=torch.float32, local_files_only=True,
+            trust_remote_code=False, output_loading_info=True)
+    except (RuntimeError, ValueError, OSError):  # size mismatch, or a layout the family refuses
         return None
-    tied = set(getattr(model, "_tied_weights_keys", None) or []) | {"lm_head.weight"}
-    if unexpected or [k for k in missing if k not in tied]:
+    if info.get("missing_keys") or info.get("unexpected_keys") or info.get("mismatched_keys"):
         return None
     return model.eval()
 
@@ -214,7 +204,6 @@ def check_family(model_dir: Path, n_heads: int | None, candidates: list[int] | N
     cfg = read_config(model_dir)
     config = claimed_layout(cfg)
     claimed = claimed_layout(cfg, n_heads)
-    state = read_state(model_dir)
     layouts = [lay for lay in candidate_layouts(cfg, config)
                if candidates is None or lay.n_heads in candidates or lay in (config, claimed)]
     if claimed not in layouts:
@@ -222,7 +211,7 @@ def check_family(model_dir: Path, n_heads: int | None, candidates: list[int] | N
     rows, description = evaluation_tokens(model_dir, cfg, n_rows, seq_len, seed, texts)
     per_row, by_heads = {}, {}
     for layout in layouts:
-        model = build(cfg, layout, state)
+        model = build(model_dir, cfg, layout)
         if model is None:
             continue
         per_row[layout.n_heads], by_heads[layout.n_heads] = row_losses(model, rows), layout
