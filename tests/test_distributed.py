@@ -8,6 +8,7 @@ compare its files with the same calls made here in one process.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -38,6 +39,7 @@ import headlens
 from headlens.cli import app
 from headlens.distributed import current
 from headlens.sweep import sweep
+from headlens.table import write_table
 
 out, classify_args, sweep_kw, series, traj_kw = sys.argv[1], *map(json.loads, sys.argv[2:])
 app(["classify", *classify_args, "-o", f"{out}/classify.csv", "--resume", f"{out}/resume"], standalone_mode=False)
@@ -45,7 +47,7 @@ swept = sweep(headlens.load("induction-2l"), **sweep_kw)
 traj = headlens.trajectory(series, **traj_kw)
 if current().is_main:
     swept.to_json(f"{out}/sweep.json")
-    traj.to_json(f"{out}/trajectory.json")
+    write_table(traj, f"{out}/trajectory.csv")
 else:
     assert swept is None and traj is None
 """
@@ -80,8 +82,6 @@ def _torchrun(script: Path, *args: str, timeout: float = 240, **env: str) -> sub
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
-    import json
-
     out = tmp_path_factory.mktemp("dist")
     (out / "job.py").write_text(textwrap.dedent(JOB))
     res = _torchrun(out / "job.py", str(out), json.dumps(CLASSIFY), json.dumps(SWEEP), json.dumps(SERIES),
@@ -128,10 +128,38 @@ def test_sweep_on_two_ranks_equals_one_process(two_ranks):
 def test_trajectory_on_two_ranks_equals_one_process(two_ranks):
     out, _ = two_ranks
     one = headlens.trajectory(SERIES, **TRAJ)
-    two = pd.read_json(out / "trajectory.json")
+    two = read_table(out / "trajectory.csv")
+    assert two.attrs["world_size"] == 2 and [c["step"] for c in two.attrs["checkpoints"]] == [700, 3500, 4900]
     assert list(two["step"]) == list(one["step"]) and list(two["checkpoint"]) == list(one["checkpoint"])
     np.testing.assert_allclose(two["score"], one["score"], atol=1e-9, rtol=0)
     np.testing.assert_allclose(two["ci_low"], one["ci_low"], atol=1e-9, rtol=0)
+
+
+def test_dashboard_training_view_reads_a_trajectory_table(two_ranks, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from headlens.app import helpers as hd
+
+    out, _ = two_ranks
+    monkeypatch.setenv(hd.MODEL_ENV, str(ROOT / "headlens" / "zoo" / "weights" / "dyck.safetensors"))
+    at = AppTest.from_file(str(ROOT / "apps" / "dashboard.py"), default_timeout=300)
+    at.run()
+    at.segmented_control(key="view").set_value("Training").run()
+    at.text_input(key="trajectory_table").set_value(str(out / "trajectory.csv")).run()
+    assert not at.exception and not at.error
+    figs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    (fig,) = [f for f in figs if f["data"] and f["data"][0].get("name") == "loss"]
+    steps = [700, 3500, 4900]
+    assert _values(fig["data"][0]["x"]) == steps  # the snapshots' own losses
+    assert {t["name"] for t in fig["data"][1:]} == {f"L{la}H{h}" for la in range(2) for h in range(4)}
+
+
+def _values(v):
+    if isinstance(v, dict) and "bdata" in v:
+        import base64
+
+        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=v["dtype"]).tolist()
+    return list(v)
 
 
 def test_an_error_on_one_rank_ends_every_rank(tmp_path):

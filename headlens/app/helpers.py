@@ -335,6 +335,20 @@ def find_snapshots(ref: str) -> list[Path]:
     return sorted(folder.glob("*.safetensors"), key=_snapshot_step)
 
 
+def read_trajectory(path: str) -> pd.DataFrame:
+    """A table written by ``headlens trajectory --out`` (scores with ``checkpoint`` and ``step`` columns)."""
+    from headlens.table import read_table
+
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise HeadlensError(f"no trajectory table at {path!r}")
+    table = read_table(p)
+    if "step" not in table.columns:
+        raise HeadlensError(f"{path!r} is a scores table without a 'step' column; write one with "
+                            f"`headlens trajectory --out`")
+    return table
+
+
 def _snapshot_step(path: Path) -> int:
     digits = re.findall(r"\d+", path.stem)
     return int(digits[-1]) if digits else 0
