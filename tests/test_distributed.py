@@ -31,7 +31,7 @@ SERIES = [str(SNAPS[i]) for i in (0, 4, 6)]  # steps 700, 3500, 4900: before, du
 CLASSIFY = ["-m", "induction-2l", "-d", "previous_token,induction", "--n-prompts", "10", "--batch-size", "3",
             "--seq-len", "32"]
 SWEEP = dict(n_prompts=6, n_control=2, n_boot=50, seed=0)
-TRAJ = dict(detectors="induction,previous_token", n_prompts=10, seq_len=32, n_boot=50)
+TRAJ = dict(detectors="induction,previous_token", n_prompts=10, seq_len=64, n_boot=50)
 
 JOB = """
 import json, sys
@@ -133,6 +133,11 @@ def test_trajectory_on_two_ranks_equals_one_process(two_ranks):
     assert list(two["step"]) == list(one["step"]) and list(two["checkpoint"]) == list(one["checkpoint"])
     np.testing.assert_allclose(two["score"], one["score"], atol=1e-9, rtol=0)
     np.testing.assert_allclose(two["ci_low"], one["ci_low"], atol=1e-9, rtol=0)
+    # the phase change: L1H1 is no induction head at step 700 and is one, clearly, at step 4900
+    l1h1 = two[(two["layer"] == 1) & (two["head"] == 1) & (two["detector"] == "induction")].set_index("step")
+    assert l1h1.loc[700, "score"] < 0.1 and not l1h1.loc[700, "label"]
+    assert l1h1.loc[4900, "score"] > 0.4 and l1h1.loc[4900, "label"]
+    assert l1h1["loss"].is_monotonic_decreasing  # the snapshots carry their training loss
 
 
 def test_dashboard_training_view_reads_a_trajectory_table(two_ranks, monkeypatch):
@@ -251,3 +256,28 @@ def test_device_map_options_are_checked():
     assert res.exit_code == 2 and "need an 'hf:' model" in res.stderr
     res = runner.invoke(app, ["classify", "--device-map", "auto", "--max-memory", "cpu"])
     assert res.exit_code == 2 and "'cpu' is not DEVICE=SIZE" in res.stderr
+
+
+def test_trajectory_cli_writes_table_and_figure(tmp_path):
+    from typer.testing import CliRunner
+
+    from headlens.cli import app
+    from headlens.series import checkpoints
+
+    folder = str(SNAPS[0].parent)
+    assert [c.step for c in checkpoints(folder)] == [700 * (i + 1) for i in range(20)]
+    assert [c.step for c in checkpoints(f"{folder}/step_0[0-1]*.safetensors")] == [700, 1400]
+    assert [(c.name, c.step) for c in checkpoints("hf:EleutherAI/pythia-70m@step3000,step1000")] == [
+        ("step1000", 1000), ("step3000", 3000)]
+    assert checkpoints([SERIES[2], SERIES[0]])[0].loss == pytest.approx(4.04, abs=0.1)  # metadata, step order
+    res = CliRunner().invoke(app, ["trajectory", "--models", SERIES[0], "--models", SERIES[2], "-d", "induction",
+                                   "--n-prompts", "10", "-q", "-o", str(tmp_path / "t.csv"),
+                                   "--figure", str(tmp_path / "t.html")])
+    assert res.exit_code == 0, res.output
+    assert "L1H1 induction" in res.stdout and "4900" in res.stdout and "4.106" in res.stdout  # head, step, loss
+    table = read_table(tmp_path / "t.csv")
+    assert sorted(set(table["step"])) == [700, 4900] and len(table) == 2 * 8
+    html = (tmp_path / "t.html").read_text()
+    assert "plotly" in html and "induction score per head" in html and "training loss" in html
+    res = CliRunner().invoke(app, ["trajectory", "--models", str(tmp_path / "nothing_*.safetensors")])
+    assert res.exit_code == 4 and "no checkpoints match" in res.stderr

@@ -1,6 +1,6 @@
 """``headlens trajectory``: score every checkpoint of a training run; a thin layer over ``headlens.trajectory``.
 
-stdout: each labelled head's score at every checkpoint (one column per step). ``--out`` writes the
+stdout: one row per checkpoint (step, loss) with the score of every head labelled at any checkpoint. ``--out`` writes the
 long table (``checkpoint``, ``step``, ``loss`` columns added), ``--figure`` an HTML page with each
 head's score over training under the loss. Under torchrun the checkpoints are shared out to the
 ranks and rank 0 writes.
@@ -20,28 +20,28 @@ from headlens.errors import HeadlensError, OutputError
 
 
 def print_series(df: Any, console: Any) -> None:
-    """Heads labelled at any checkpoint: score per step, one row per (head, detector)."""
+    """One row per checkpoint: step, loss, and the score of every head labelled at any checkpoint."""
     from rich.table import Table
 
-    labelled = df.groupby(["layer", "head", "detector"])["label"].transform("any")
-    shown = df[labelled]
-    steps = sorted(df["step"].unique())
-    table = Table(title=f"{df.attrs.get('model', '?')}: scores over training ({len(steps)} checkpoints)")
-    table.add_column("head")
-    table.add_column("detector")
-    for step in steps:
-        table.add_column(str(step), justify="right")
-    for (layer, head, det), g in shown.groupby(["layer", "head", "detector"], sort=True):
-        by_step = dict(zip(g["step"], zip(g["score"], g["label"], strict=True), strict=True))
-        cells = [f"[bold]{by_step[s][0]:.2f}[/bold]" if by_step.get(s, (0, False))[1] else
-                 (f"{by_step[s][0]:.2f}" if s in by_step else "-") for s in steps]
-        table.add_row(f"L{layer}H{head}", det, *cells)
-    if not len(shown):
-        table.add_row("-", "no head is labelled at any checkpoint", *[""] * len(steps))
+    labelled = df[df.groupby(["layer", "head", "detector"])["label"].transform("any")]
+    columns = sorted({(int(r.layer), int(r.head), str(r.detector)) for r in labelled.itertuples()})
+    table = Table(title=f"{df.attrs.get('model', '?')}: scores over training "
+                        f"({df['step'].nunique()} checkpoints; bold = labelled)")
+    for col in ("step", "checkpoint", "loss"):
+        table.add_column(col, justify="right" if col != "checkpoint" else "left")
+    for layer, head, det in columns:
+        table.add_column(f"L{layer}H{head} {det}", justify="right")
+    cells = {(int(r.step), int(r.layer), int(r.head), str(r.detector)): (r.score, r.label) for r in df.itertuples()}
+    for step, g in df.groupby("step", sort=True):
+        loss = g["loss"].iloc[0] if "loss" in g.columns else float("nan")
+        row = [str(step), str(g["checkpoint"].iloc[0]), "-" if loss != loss else f"{loss:.3f}"]
+        for key in columns:
+            score, lab = cells.get((int(step), *key), (float("nan"), False))
+            row.append("-" if score != score else (f"[bold]{score:.2f}[/bold]" if lab else f"{score:.2f}"))
+        table.add_row(*row)
     console.print(table)
-    if "loss" in df.columns and df["loss"].notna().any():
-        loss = df.drop_duplicates("step").set_index("step")["loss"]
-        console.print("loss: " + "  ".join(f"{s}: {loss[s]:.3f}" for s in steps if loss[s] == loss[s]))
+    if not columns:
+        console.print("no head is labelled at any checkpoint")
 
 
 def register(app: typer.Typer) -> None:
