@@ -20,9 +20,23 @@ else, each rank pays its own imports and model copy (memory grows ~linearly with
 scan of a small model is a few hundred milliseconds, so a second of process start-up dwarfs it.
 The numbers below say how much of the ideal 2x survives, not what a GPU node would get.
 
-Measured 2026-11-30 15:40 UTC on the shared 2-core CPU (load average ~15-18 from other jobs),
-zoo 'code' (3 x 4 heads, d128), 128 prompts per probe, seq 128, batch 16, 3 repeats:
-(see the report printed by the script; the figures are copied into the README's section)
+Measured 2026-11-30 15:37-15:48 UTC on the shared 2-core CPU (load average 18.7 from other jobs),
+``python benchmarks/scale_out.py --repeats 3``: zoo 'code' (3 layers x 4 heads, d128), 128 prompts
+per probe (3 probes), seq 128, batch 16; medians of 3:
+
+  (a)                     scan s per rank   table ready s    peak RSS MiB per rank   launcher wall s
+      1 rank x 1 thread         7.33         7.40 (1.00x)           349                  30.1
+      2 ranks x 1 thread    4.18 / 4.25      4.34 (1.70x)        360 / 345               26.1
+      1 rank x 2 threads       43.58        44.02 (0.17x)           343                  69.5
+  (b) no store 5.49 s; filling a store 5.38 s (0.98x: hashing the weights and probes and writing 24
+      shards is within the noise); every shard present 0.56 s (0.10x: only the statistics are left).
+
+Reading: two single-thread ranks scanned their halves in parallel (1.70x), each with its own copy of
+torch and the model (peak RSS per rank about the same as one process: the model is tiny, the memory is
+torch itself); the launcher's wall time hardly moves, because start-up (imports, model load, warm-up
+on every rank) is ~20 s of the ~30 s. One process with two threads was 6x slower than with one: on a
+machine this oversubscribed, OpenMP's threads wait for each other at every barrier. Timings under this
+load vary by +-30 % run to run (the same "1 rank x 1 thread" took 7.40 s in (a) and 5.49 s in (b)).
 """
 
 from __future__ import annotations
