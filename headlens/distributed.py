@@ -85,10 +85,14 @@ class Rank:
         return range(min(first.start * batch_size, n), min(first.stop * batch_size, n))
 
     def device(self, device: str) -> str:
-        """``cuda`` means this rank's own GPU, ``cuda:LOCAL_RANK``, when there are several ranks."""
-        if self.world_size > 1 and str(device) == "cuda":
-            return f"cuda:{self.local_rank}"
-        return str(device)
+        """``cuda`` (and ``auto`` on a CUDA machine) means this rank's own GPU, ``cuda:LOCAL_RANK``,
+        when there are several ranks."""
+        name = str(device)
+        if self.world_size > 1 and name == "auto":
+            import torch
+
+            name = "cuda" if torch.cuda.is_available() else name
+        return f"cuda:{self.local_rank}" if self.world_size > 1 and name == "cuda" else name
 
 
 def _timeout() -> datetime.timedelta:
