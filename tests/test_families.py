@@ -1,0 +1,190 @@
+"""The architecture matrix: every family headlens claims, as a tiny random model built in-process.
+
+For each family of ``hf_families.FAMILIES`` (GPT-2, GPT-NeoX, GPT-J, OPT, Llama-GQA, Mistral with a
+sliding window, Qwen2 with q/k/v biases, Gemma multi-query with ``head_dim != d_model / n_heads``,
+Phi-3 with a fused qkv, BERT, RoBERTa) the directory is booted through ``headlens.load("hf:...")``
+and checked against ``transformers`` alone:
+
+* every ``blocks.{l}.attn.hook_pattern`` equals the eager attention weights (<= 1e-5, float32) on
+  prompts longer than Mistral's window;
+* the hook shapes are TransformerLens' (``hook_k``/``hook_v`` per key/value head, the rest per query head);
+* ablating heads through ``hook_z`` (zero, mean, resample) gives the logits of an independent
+  ablation: a forward pre-hook on the output projection that rewrites those heads' slices of its input;
+* ``classify`` runs every applicable detector, ``sweep`` ablates with each method, and the
+  dashboard loads the model (AppTest).
+
+Each model is built once per module and only when a test asks for it (``-k gemma`` builds one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hf_families import FAMILIES, N_HEADS, N_LAYERS, SLIDING_WINDOW, build, load_eager, out_proj
+
+import headlens
+from headlens.ablation import Replacement
+from headlens.vocab import vocab
+
+TOL = 1e-5
+T = 40  # > SLIDING_WINDOW: Mistral's window must bite
+HEADS = [(0, 3), (1, 1)]  # one per layer; under GQA L1H1 shares its key/value head with L1H0
+FAMS = list(FAMILIES)
+
+
+class Built:
+    def __init__(self, family: str, path: Path) -> None:
+        self.family, self.path = family, path
+        self.model = headlens.load(f"hf:{path}")
+        self.hf = load_eager(path, family)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Built]:
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    root, cache = tmp_path_factory.mktemp("families"), {}
+
+    def get(family: str) -> Built:
+        if family not in cache:
+            cache[family] = Built(family, build(family, root / family))
+        return cache[family]
+
+    return get
+
+
+def _tokens(model: Any, n: int, seed: int, length: int = T) -> torch.Tensor:
+    """``n`` prompts of ``length`` tokens: ordinary ids inside the model's own specials."""
+    v = vocab(model)
+    gen = torch.Generator().manual_seed(seed)
+    pool = torch.tensor(v.ordinary)
+    body = length - v.n_special_positions
+    return torch.tensor([v.wrap(pool[torch.randint(len(pool), (body,), generator=gen)].tolist()) for _ in range(n)])
+
+
+@pytest.mark.parametrize("family", FAMS)
+def test_patterns_equal_transformers_eager(built, family):
+    b = built(family)
+    tokens = _tokens(b.model, 2, seed=1)
+    _, cache = b.model.run_with_cache(tokens, names_filter=lambda n: n.endswith("attn.hook_pattern"))
+    with torch.no_grad():
+        ref = b.hf(tokens, output_attentions=True).attentions
+    diff = max(float((cache[f"blocks.{layer}.attn.hook_pattern"] - ref[layer]).abs().max()) for layer in range(N_LAYERS))
+    assert diff <= TOL, f"{family}: max |pattern - eager| = {diff:.2e}"
+    pattern = cache["blocks.1.attn.hook_pattern"]  # (B, H, Q, K)
+    if FAMILIES[family].causal:
+        assert float(pattern.triu(1).abs().max()) == 0
+    if family == "mistral":  # the window bites: the last query sees exactly SLIDING_WINDOW keys
+        seen = (pattern[:, :, -1] > 0).sum(-1)  # (B, H)
+        assert bool((seen == SLIDING_WINDOW).all()) and T > SLIDING_WINDOW
+
+
+@pytest.mark.parametrize("family", FAMS)
+def test_hook_shapes(built, family):
+    b, fam = built(family), FAMILIES[family]
+    tokens = _tokens(b.model, 2, seed=2, length=11)
+    assert (b.model.n_layers, b.model.n_heads, b.model.cfg.d_head) == (N_LAYERS, N_HEADS, fam.d_head)
+    assert b.model.is_causal is fam.causal
+    _, cache = b.model.run_with_cache(tokens, names_filter=lambda n: n.startswith("blocks.1.attn.hook_"))
+    shape = {k.rsplit(".", 1)[1]: tuple(v.shape) for k, v in cache.items()}
+    assert shape["hook_pattern"] == shape["hook_attn_scores"] == (2, N_HEADS, 11, 11)
+    assert shape["hook_q"] == shape["hook_z"] == (2, 11, N_HEADS, fam.d_head)
+    assert shape["hook_k"] == shape["hook_v"] == (2, 11, fam.n_kv_heads, fam.d_head)
+    assert b.model.active_hooks() == []
+
+
+def _independent_ablation(b: Built, tokens: torch.Tensor, method: str, reference: torch.Tensor) -> torch.Tensor:
+    """Logits with ``HEADS`` removed by pre-hooks on the output projections of plain ``transformers``."""
+    d, layers = FAMILIES[b.family].d_head, sorted({layer for layer, _ in HEADS})
+    captured: dict[int, torch.Tensor] = {}
+    handles = [out_proj(b.hf, b.family, layer).register_forward_pre_hook(
+        lambda mod, args, layer=layer: captured.__setitem__(layer, args[0].detach())) for layer in layers]
+    try:
+        with torch.no_grad():
+            b.hf(reference)  # clean reference: every head's z, concatenated (R, T, H * d_head)
+    finally:
+        for h in handles:
+            h.remove()
+    rows = Replacement(method, {}, seed=0).rows(len(tokens), len(reference))
+
+    def rewrite(layer: int) -> Any:
+        def pre_hook(mod: Any, args: tuple) -> tuple:
+            x = args[0].clone()  # (B, T, H * d_head): head h owns columns h*d .. (h+1)*d
+            for hl, h in HEADS:
+                cols = slice(h * d, (h + 1) * d)
+                if hl != layer:
+                    continue
+                if method == "zero":
+                    x[..., cols] = 0
+                elif method == "mean":
+                    x[..., cols] = captured[layer].mean(0)[: x.shape[1], cols]
+                else:
+                    x[..., cols] = captured[layer][rows][:, : x.shape[1], cols]
+            return (x, *args[1:])
+
+        return pre_hook
+
+    handles = [out_proj(b.hf, b.family, layer).register_forward_pre_hook(rewrite(layer)) for layer in layers]
+    try:
+        with torch.no_grad():
+            return b.hf(tokens).logits
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@pytest.mark.parametrize("method", ["zero", "mean", "resample"])
+@pytest.mark.parametrize("family", FAMS)
+def test_ablation_equals_an_output_projection_pre_hook(built, family, method):
+    b = built(family)
+    tokens, reference = _tokens(b.model, 2, seed=3), _tokens(b.model, 3, seed=4)
+    with torch.no_grad(), headlens.ablate(b.model, HEADS, method=method, reference=reference, seed=0):
+        ours = b.model(tokens)
+    ref = _independent_ablation(b, tokens, method, reference)
+    with torch.no_grad():
+        clean = b.hf(tokens).logits
+    assert float((ref - clean).abs().max()) > 1e-3  # the ablation does something
+    diff = float((ours - ref).abs().max())
+    assert diff <= TOL, f"{family}/{method}: max |logits - pre-hook reference| = {diff:.2e}"
+
+
+@pytest.mark.parametrize("family", FAMS)
+def test_classify_and_sweep(built, family):
+    from headlens.classification import select_detectors
+    from headlens.sweep import sweep
+
+    b, fam = built(family), FAMILIES[family]
+    dets, skipped, _ = select_detectors(b.model, None)
+    df = headlens.classify(b.model, n_prompts=10, seq_len=24, n_boot=100)
+    ran = set(df.detector)
+    assert ran == {d.name for d in dets} - set(df.attrs["skipped"]), (ran, df.attrs["skipped"])
+    assert len(df) == len(ran) * N_LAYERS * N_HEADS and df.score.notna().all()
+    assert {"copying", "previous_token", "first_token"} <= ran
+    assert ("next_token" in ran) is (not fam.causal) and "bracket_matching" in ran
+    group = N_HEADS // fam.n_kv_heads
+    if "kv_head" in df.columns:
+        assert (df.kv_head == df["head"] // group).all()
+    metrics, prompts = (["repeated_loss"], None) if fam.causal else (["kl"], ["def f(x):", "return [x]"])
+    for method in ("zero", "mean", "resample"):
+        res = sweep(b.model, groups=[HEADS], method=method, metrics=metrics, prompts=prompts, n_prompts=4,
+                    n_control=0, n_boot=50, attribution=False)
+        assert len(res) == 1 and res.delta.notna().all() and abs(float(res.delta.iloc[0])) > 0, (method, res)
+
+
+@pytest.mark.parametrize("family", FAMS)
+def test_dashboard_loads_it(built, family, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from headlens.app import helpers as hd
+
+    b = built(family)
+    monkeypatch.setattr(hd, "DEFAULT_N_PROMPTS", 4)
+    monkeypatch.setenv(hd.MODEL_ENV, f"hf:{b.path}")
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "apps" / "dashboard.py"), default_timeout=300)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    assert any(b.path.name in c.value for c in at.caption), [c.value for c in at.caption]
