@@ -74,3 +74,13 @@ def test_cli_classify_and_ablate_run_with_one_warning(bare, monkeypatch, capsys,
     code, out, err = _cli(monkeypatch, capsys, "classify", "--model", bare, "--prompts", str(prompts), "-q")
     errors = [line for line in err.splitlines() if line.startswith("headlens: error:")]
     assert code == 5 and len(errors) == 1 and "tokenizer.json" in errors[0], err
+
+
+def test_gpt2_without_tokenizer(tmp_path):
+    """The case that crashed in probes.py: transformers builds GPT-2 an empty tokenizer from nothing."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = headlens.load(f"hf:{build('gpt2', tmp_path / 'gpt2', tokenizer=False)}")
+    assert model.tokenizer is None and len(vocab(model).ordinary) == VOCAB - 3
+    df = headlens.classify(model, n_prompts=10, seq_len=24, detectors=["previous_token", "induction"])
+    assert len(df) == 2 * 2 * N_HEADS

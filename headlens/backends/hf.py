@@ -41,19 +41,23 @@ def _load_tokenizer(src: HFSource, trust_remote_code: bool) -> Any:
     from transformer_lens.utilities.hf_utils import autotokenizer_with_special_token_compat, get_hf_token
     from transformers import AutoTokenizer
 
+    if not src.is_hub and not src.tokenizer_files():
+        return None  # transformers would build an empty tokenizer for some families (GPT-2): no vocabulary
     kwargs = dict(use_fast=True, token=get_hf_token(), trust_remote_code=trust_remote_code, revision=src.revision)
     try:
         try:
-            return autotokenizer_with_special_token_compat(
+            tokenizer = autotokenizer_with_special_token_compat(
                 src.source, auto_tokenizer=AutoTokenizer, add_bos_token=True, **kwargs)
         except ValueError:
-            return AutoTokenizer.from_pretrained(src.source, **kwargs)
+            tokenizer = AutoTokenizer.from_pretrained(src.source, **kwargs)
     except Exception as err:  # transformers raises OSError, ValueError, TypeError ... here
         if not src.tokenizer_files():
             return None
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise ModelReferenceError(f"{src.name!r}: its tokenizer files ({', '.join(src.tokenizer_files())}) "
                                   f"do not load: {first}") from None
+    # a hub repository's tokenizer files land in the same snapshot as its config.json
+    return tokenizer if src.tokenizer_files() and len(tokenizer) > 0 else None
 
 
 def _stand_in_tokenizer() -> Any:
