@@ -165,3 +165,22 @@ def target_mass(q: torch.Tensor, k: torch.Tensor, spec: AttentionSpec, targets: 
             add_by_prompt(out, p.nan_to_num(0.0), b, i)
         del s
     return out
+
+
+def implied_pattern(q: torch.Tensor, k: torch.Tensor, spec: AttentionSpec,
+                    key_valid: torch.Tensor | None = None) -> torch.Tensor:
+    """The ``(B, H, Q, K)`` pattern a spec implies, built the O(T²) way: a reference for tests and
+    for checking a backend's :class:`AttentionSpec` against its real attention."""
+    B, H, T, d = q.shape
+    k = k.repeat_interleave(H // k.shape[1], dim=1)  # (B, H, T, d)
+    s = (q @ k.transpose(-2, -1)) * (spec.scale if spec.scale is not None else 1.0 / math.sqrt(d))
+    if spec.softcap is not None:
+        s = spec.softcap * torch.tanh(s / spec.softcap)
+    gap = torch.arange(T, device=q.device)[:, None] - torch.arange(T, device=q.device)[None, :]  # (Q, K)
+    hidden = torch.zeros(T, T, dtype=torch.bool, device=q.device)
+    if spec.causal:
+        hidden |= gap < 0
+    if spec.window is not None:
+        hidden |= gap >= spec.window
+    hidden = hidden[None, None] if key_valid is None else hidden[None, None] | ~key_valid[:, None, None, :]
+    return s.masked_fill(hidden, float("-inf")).softmax(-1)

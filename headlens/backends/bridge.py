@@ -174,6 +174,18 @@ class BridgeModel:
             )
         return self.tokenizer
 
+    def attention_specs(self) -> list[Any] | None:
+        """Per layer, how the LSE scan redoes this model's attention scores (``headlens.lse``).
+
+        q and k come from ``hook_rot_q``/``hook_rot_k`` (after the rotary embedding) where the bridge
+        has them, else ``hook_q``/``hook_k``; ``(B, T, H, d)`` with unrepeated KV heads under GQA. The
+        scale is the Hugging Face module's own ``scaling`` (``1/sqrt(d_head)`` where it has none),
+        the sliding window and logit soft-capping come from the HF config (per layer where
+        ``layer_types`` says so). Tests check the patterns this implies against ``transformers``'
+        eager attentions. None when a layer lacks q/k hooks: the scan then reads the pattern.
+        """
+        return _attention_specs(self.bridge, self.is_causal)
+
     @property
     def hook_dict(self) -> dict[str, Any]:
         return self.bridge.hook_dict
@@ -403,3 +415,37 @@ def _n_kv_heads(bridge: Any) -> int:
 from headlens.backends.hf import load_bridge, load_minilm, minilm_dir  # noqa: E402
 
 __all__ = ["BridgeConfig", "BridgeModel", "load_bridge", "load_minilm", "minilm_dir"]
+
+
+def _attention_specs(bridge: Any, causal: bool) -> list[Any] | None:
+    from headlens.lse import AttentionSpec
+
+    hf = getattr(getattr(bridge, "original_model", None), "config", None)
+    hf = getattr(hf, "text_config", None) or hf
+    specs = []
+    for layer in range(int(bridge.cfg.n_layers)):
+        pre = f"blocks.{layer}.attn."
+        rot = pre + "hook_rot_q" in bridge.hook_dict
+        q_hook, k_hook = (pre + "hook_rot_q", pre + "hook_rot_k") if rot else (pre + "hook_q", pre + "hook_k")
+        if q_hook not in bridge.hook_dict or k_hook not in bridge.hook_dict:
+            return None
+        module = getattr(bridge.blocks[layer].attn, "original_component", None)
+        scale = getattr(module, "scaling", None)
+        scale = float(scale) if isinstance(scale, int | float) else 1.0 / float(bridge.cfg.d_head) ** 0.5
+        if getattr(hf, "scale_attn_by_inverse_layer_idx", False):
+            scale /= layer + 1
+        softcap = getattr(hf, "attn_logit_softcapping", None)
+        specs.append(AttentionSpec(q_hook, k_hook, "BTHD", scale, causal, _window(hf, layer),
+                                   float(softcap) if softcap else None))
+    return specs
+
+
+def _window(hf: Any, layer: int) -> int | None:
+    """The sliding window of ``layer`` (key k visible from q when ``q - k < window``), or None."""
+    window = getattr(hf, "sliding_window", None)
+    if not window or getattr(hf, "use_sliding_window", True) is False:
+        return None
+    types = getattr(hf, "layer_types", None)
+    if types is not None and layer < len(types) and types[layer] != "sliding_attention":
+        return None
+    return int(window)
