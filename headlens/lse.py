@@ -171,7 +171,7 @@ def implied_pattern(q: torch.Tensor, k: torch.Tensor, spec: AttentionSpec,
                     key_valid: torch.Tensor | None = None) -> torch.Tensor:
     """The ``(B, H, Q, K)`` pattern a spec implies, built the O(T²) way: a reference for tests and
     for checking a backend's :class:`AttentionSpec` against its real attention."""
-    B, H, T, d = q.shape
+    _, H, T, d = q.shape
     k = k.repeat_interleave(H // k.shape[1], dim=1)  # (B, H, T, d)
     s = (q @ k.transpose(-2, -1)) * (spec.scale if spec.scale is not None else 1.0 / math.sqrt(d))
     if spec.softcap is not None:

@@ -55,7 +55,7 @@ def test_implied_patterns_equal_eager_attention(family):
 
 
 def test_bridge_sparse_scan_equals_dense(family):
-    name, model, _ = family
+    _, model, _ = family
     dets = [d for d in DETECTORS.values() if d.kind not in ("weights", "annotated")
             and (not d.bidirectional_only or not model.is_causal) and d.targets is not None]
     probe = text_prompts(model, TEXTS)
