@@ -11,6 +11,7 @@ Exit codes: 0 ok; 1 generic headlens error; 2 bad config or usage; 3 checkpoint;
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import warnings
 
@@ -56,6 +57,8 @@ for _name in _COMMAND_MODULES:
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    if os.environ.get("RANK", "0") not in ("", "0"):  # under torchrun only rank 0 talks to the user
+        return
     print(f"headlens: warning: {message}", file=sys.stderr)
 
 
