@@ -281,3 +281,27 @@ def test_trajectory_cli_writes_table_and_figure(tmp_path):
     assert "plotly" in html and "induction score per head" in html and "training loss" in html
     res = CliRunner().invoke(app, ["trajectory", "--models", str(tmp_path / "nothing_*.safetensors")])
     assert res.exit_code == 4 and "no checkpoints match" in res.stderr
+
+
+def test_sweep_and_trajectory_resume_from_their_shards(tmp_path, monkeypatch):
+    import headlens.sweep as sw
+
+    model = headlens.load("induction-2l")
+    kw = dict(n_prompts=6, n_control=2, n_boot=50)
+    fresh = sw.sweep(model, **kw)
+    first = sw.sweep(model, **kw, resume=tmp_path)
+    assert len(list((tmp_path / "sweep").glob("*.safetensors"))) >= 1
+    monkeypatch.setattr(sw.ResumeRunner, "run_unit", lambda *a: pytest.fail("a stored unit was recomputed"))
+    again = sw.sweep(model, **kw, resume=tmp_path)
+    monkeypatch.undo()
+    pd.testing.assert_frame_equal(first, fresh)
+    pd.testing.assert_frame_equal(again, fresh)
+
+    tkw = dict(detectors="induction", n_prompts=10, n_boot=50)
+    series = headlens.trajectory(SERIES[:2], **tkw, resume=tmp_path)
+    assert len(list((tmp_path / "trajectory").glob("*.json"))) == 2
+    from headlens import classification
+
+    monkeypatch.setattr(classification, "classify", lambda *a, **k: pytest.fail("a checkpoint was rescored"))
+    again = headlens.trajectory(SERIES[:2], **tkw, resume=tmp_path)
+    pd.testing.assert_frame_equal(again, series, check_dtype=False)
