@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from headlens.viz import _label_every_token, _pattern_axes, display_token, patterns_figure
+from headlens.viz_patterns import _label_every_token, _pattern_axes, display_token, patterns_figure
 
 if TYPE_CHECKING:
     import numpy as np
