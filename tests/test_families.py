@@ -157,7 +157,7 @@ def test_classify_and_sweep(built, family):
     from headlens.sweep import sweep
 
     b, fam = built(family), FAMILIES[family]
-    dets, skipped, _ = select_detectors(b.model, None)
+    dets, _, _ = select_detectors(b.model, None)
     df = headlens.classify(b.model, n_prompts=10, seq_len=24, n_boot=100)
     ran = set(df.detector)
     assert ran == {d.name for d in dets} - set(df.attrs["skipped"]), (ran, df.attrs["skipped"])

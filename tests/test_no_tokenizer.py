@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -84,3 +85,17 @@ def test_gpt2_without_tokenizer(tmp_path):
     assert model.tokenizer is None and len(vocab(model).ordinary) == VOCAB - 3
     df = headlens.classify(model, n_prompts=10, seq_len=24, detectors=["previous_token", "induction"])
     assert len(df) == 2 * 2 * N_HEADS
+
+
+def test_dashboard_says_in_one_line_why_there_is_no_text_box(bare, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from headlens.app import helpers as hd
+
+    monkeypatch.setattr(hd, "DEFAULT_N_PROMPTS", 4)
+    monkeypatch.setenv(hd.MODEL_ENV, bare)
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "apps" / "dashboard.py"), default_timeout=300)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert [e.value for e in at.error] == [e.value for e in at.error if "has no tokenizer" in e.value] != []
+    assert len(at.error) == 1 and "tokenizer.json" in at.error[0].value and not at.text_area

@@ -82,3 +82,24 @@ def test_an_unavailable_device_is_one_line_and_exit_2():
         assert result.exit_code == 2, result.output
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("headlens: error:") and text in lines[0], lines
+
+
+def test_dashboard_sidebar_runs_the_model_in_bfloat16(planted_qwen2, monkeypatch):
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    from headlens.app import DTYPE_ENV, cache
+    from headlens.app import helpers as hd
+
+    monkeypatch.setattr(hd, "DEFAULT_N_PROMPTS", 4)
+    monkeypatch.setenv(hd.MODEL_ENV, planted_qwen2)
+    monkeypatch.setenv(DTYPE_ENV, "bfloat16")  # what `headlens dashboard --dtype bfloat16` hands over
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "apps" / "dashboard.py"), default_timeout=300)
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+    assert at.selectbox(key="dtype").value == "bfloat16" and at.selectbox(key="device").value == "cpu"
+    assert cache.get_model(planted_qwen2, ("bfloat16", "cpu")).dtype == torch.bfloat16
+    at.selectbox(key="dtype").set_value("float32").run()
+    assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+    assert cache.get_model(planted_qwen2, ("float32", "cpu")).dtype == torch.float32

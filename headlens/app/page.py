@@ -136,14 +136,22 @@ def text_and_views(ref: str, model: Any, scores: pd.DataFrame, detector: str, co
                    selected: list[tuple[int, int]], n_prompts: int, seed: int, corpus: str | None) -> None:
     """The text box and the views under it; a fragment, so editing the text reruns only this part."""
     text_key = f"text::{ref}"
-    if text_key not in st.session_state:
-        st.session_state[text_key] = attempt("Could not build an example text", hd.example_text, model) or ""
-    text = st.text_area("Your text", key=text_key, height=110,
-                        help="Attention patterns and per-token losses are computed on this text.")
+    if getattr(model, "tokenizer", "") is None:  # a checkpoint without a tokenizer reads no text
+        try:
+            model.to_tokens("")
+        except HeadlensError as err:
+            st.error(f"Your text: {err}")
+        text = ""
+    else:
+        if text_key not in st.session_state:
+            st.session_state[text_key] = attempt("Could not build an example text", hd.example_text, model) or ""
+        text = st.text_area("Your text", key=text_key, height=110,
+                            help="Attention patterns and per-token losses are computed on this text.")
     view = st.segmented_control("View", VIEWS, default=VIEWS[0], required=True, key="view",
                                 label_visibility="collapsed")
     if view == "Patterns":
-        patterns.patterns_view(ref, model, text, selected)
+        if getattr(model, "tokenizer", "") is not None:  # else the line above said why there is no text
+            patterns.patterns_view(ref, model, text, selected)
     elif view == "Learn":
         learn.learn_view(ref, model, text, scores, n_prompts, seed, corpus)
     elif view == "Compare":
