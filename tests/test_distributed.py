@@ -96,6 +96,8 @@ def test_blocks_cover_the_rows_in_order():
         assert [i for b in blocks for i in b] == list(range(n))
         assert all(b.start % bs == 0 for b in blocks if len(b))  # every batch whole, on one rank
         assert [i for r in range(world) for i in Rank(r, world).block(n)] == list(range(n))
+    assert Rank(3, 4, local_rank=1).device("cuda") == "cuda:1"  # each GPU rank on its own device
+    assert Rank(0, 1).device("cuda") == "cuda" and Rank(1, 2, 1).device("cpu") == "cpu"
 
 
 def test_classify_on_two_ranks_equals_one_process(two_ranks):
