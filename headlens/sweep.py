@@ -229,7 +229,8 @@ def sweep(
         seed: seeds the probes, the control draws, resampling and the bootstrap.
         fast: use the cached resume path on native models (same numbers as ``fast=False``).
         attribution: add attribution-patching estimates for single-head groups.
-        progress: called as ``progress(done, total)`` after each evaluated group.
+        progress: called as ``progress(done, total)`` after each evaluated group (``total`` is None
+            under torchrun: the count is this rank's share).
         resume: a folder for finished blocks of head groups (:mod:`headlens.resume`).
 
     Under ``torchrun`` the head groups (and their controls) are shared out to the ranks in contiguous
@@ -265,7 +266,8 @@ def sweep(
         store = sweep_store(resume, model, tasks, todo, reference, method=method, n_control=n_control,
                             seed=seed, fast=fast)
     done = iter(range(1, len(todo) * len(probes) + 1))
-    tick = (lambda: progress(next(done), len(todo) * len(probes))) if progress is not None else (lambda: None)
+    total = len(todo) * len(probes) if rank.world_size == 1 else None  # a rank's share is known only later
+    tick = (lambda: progress(next(done), total)) if progress is not None else (lambda: None)
     for names in probes:
         ref = tasks[names[0]].tokens if reference is None else reference
         replacement = Replacement.build(model, range(L), method, ref, seed)
@@ -288,6 +290,7 @@ def sweep(
         m: spearman(df.loc[singles & (df.metric == m), "attribution"], df.loc[singles & (df.metric == m), "delta"])
         for m in metrics
     } if attribution else {}
+    df.attrs["world_size"] = rank.world_size
     return df
 
 
