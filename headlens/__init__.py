@@ -26,6 +26,7 @@ _LAZY = {
     "load_checkpoint": "headlens.checkpoint",
     "save_checkpoint": "headlens.checkpoint",
     "classify": "headlens.classification",
+    "induction_curve": "headlens.induction_distance",
     "trajectory": "headlens.series",
     "ablate": "headlens.ablation",
     "doctor": "headlens.doctor",
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from headlens.checkpoint import load_checkpoint, save_checkpoint
     from headlens.classification import classify
     from headlens.config import ModelConfig
+    from headlens.induction_distance import induction_curve
     from headlens.errors import (
         CheckpointError,
         ConfigError,
@@ -85,6 +87,7 @@ __all__ = [
     "ablate",
     "classify",
     "doctor",
+    "induction_curve",
     "load",
     "load_checkpoint",
     "save_checkpoint",

@@ -457,6 +457,37 @@ def trajectory_figure(table: pd.DataFrame, detectors: Sequence[str] | None = Non
     return fig
 
 
+def induction_distance_figure(curve: pd.DataFrame, heads: Sequence[tuple[int, int]] | None = None,
+                              top: int = 6) -> go.Figure:
+    """Induction score against the gap between the copies, one line per head, with 95 % CIs.
+
+    Args:
+        curve: the table of :func:`headlens.induction_distance.induction_curve`.
+        heads: ``(layer, head)`` pairs to draw; default the ``top`` heads by their best score.
+        top: how many heads when ``heads`` is None.
+    """
+    import plotly.graph_objects as go
+
+    if heads is None:
+        best = curve.groupby(["layer", "head"])["score"].max().sort_values(ascending=False)
+        heads = list(best.index[:top])
+    fig = go.Figure()
+    for layer, head in heads:
+        c = curve[(curve.layer == layer) & (curve["head"] == head)].sort_values("gap")
+        fig.add_trace(go.Scatter(
+            x=c.gap, y=c.score, mode="lines+markers", name=head_name(layer, head),
+            error_y=dict(type="data", symmetric=False, array=c.ci_high - c.score, arrayminus=c.score - c.ci_low),
+            hovertemplate="gap %{x}: %{y:.3f}<extra>" + head_name(layer, head) + "</extra>"))
+    base = curve.groupby("gap")["baseline"].first().sort_index()
+    fig.add_trace(go.Scatter(x=base.index, y=base.values, mode="lines", name="uniform",
+                             line=dict(dash="dot", color="#777777")))
+    fig.update_xaxes(type="log", title_text="gap between the two copies (tokens)", tickvals=list(base.index))
+    fig.update_yaxes(range=[0, 1], title_text="attention on the token after the earlier copy")
+    fig.update_layout(height=380, margin=dict(l=60, r=20, t=50, b=50), template="plotly_white",
+                      title=dict(text="induction by distance", x=0.01))
+    return fig
+
+
 def figure_html(fig: go.Figure) -> str:
     """A standalone HTML page of ``fig`` (plotly.js inlined, so it opens offline)."""
     return fig.to_html(include_plotlyjs=True, full_html=True)

@@ -1,0 +1,47 @@
+"""Issue 13: induction by distance, a known answer on the planted induction head and the curve table."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from headlens.detectors import DETECTORS
+from headlens.induction_distance import detector, gap_probe, gaps, induction_curve
+from headlens.probes import collate
+from headlens.scan import scan
+from headlens.testing import planted_model
+from headlens.vocab import vocab
+
+
+@pytest.fixture(scope="module")
+def model():
+    return planted_model(n_ctx=200)
+
+
+def test_planted_head_splits_its_mass_over_every_earlier_copy(model):
+    """L1H0 attends to every token after an earlier x_q alike: on a row with n such tokens the planted
+    copy gets exactly 1/n, so the score at gap g is the mean of 1/n over the rows inside the copy."""
+    g = 96
+    probe = gap_probe(model, 3, g, torch.Generator().manual_seed(0))
+    assert {len(p) for p in probe.prompts} == {1 + 16 + g + 32}
+    out = scan(model, probe, [detector(g)], batch_size=3, path="sparse")[f"induction@{g}"]
+    v = vocab(model)
+    batch = collate(probe, range(3), True, v.special, v.ordinary[0])
+    rows = detector(g).targets(batch)[..., 0] >= 0  # (B, Q)
+    n = (DETECTORS["induction"].targets(batch) >= 0).sum(-1)  # (B, Q): tokens after earlier copies of x_q
+    expected = (1.0 / n[rows].double()).mean()
+    assert int(rows.sum()) == 3 * 31  # every row of the second copy but its first
+    assert float(out.sums[:, 1, 0].sum() / out.counts.sum()) == pytest.approx(float(expected), abs=1e-6)
+
+
+def test_curve_table_and_figure(model):
+    from headlens.viz import induction_distance_figure
+
+    assert gaps(200) == [64, 128] and gaps(40_000)[-1] == 32768
+    curve = induction_curve(model, n_prompts=3, n_boot=50)
+    assert list(curve.gap.unique()) == [64, 128] and len(curve) == 2 * model.n_layers * model.n_heads
+    top = curve[(curve.layer == 1) & (curve["head"] == 0)]
+    assert (top.ci_low > 5 * top.baseline).all()  # far above uniform at both gaps
+    assert set(curve.attrs["scan_path"].values()) <= {"dense", "sparse"}
+    fig = induction_distance_figure(curve, top=2)
+    assert fig.data[0].name == "L1H0"
