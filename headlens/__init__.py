@@ -42,7 +42,6 @@ if TYPE_CHECKING:
     from headlens.checkpoint import load_checkpoint, save_checkpoint
     from headlens.classification import classify
     from headlens.config import ModelConfig
-    from headlens.induction_distance import induction_curve
     from headlens.errors import (
         CheckpointError,
         ConfigError,
@@ -52,6 +51,7 @@ if TYPE_CHECKING:
         OutputError,
         ProbeError,
     )
+    from headlens.induction_distance import induction_curve
     from headlens.loading import load
     from headlens.model import GPT
     from headlens.report import write_report

@@ -50,7 +50,7 @@ def gaps(n_ctx: int, start: int = 64, stop: int = MAX_GAP) -> list[int]:
 def gap_targets(batch: ProbeBatch, g: int) -> torch.Tensor:
     """``(B, Q, 1)``: ``q - g + 1`` at rows inside a copy of the context that lies g tokens back."""
     x = batch.tokens
-    B, T = x.shape
+    B = x.shape[0]
     r0, r1 = batch.row_range
     q = torch.arange(r0, r1, device=x.device)  # (Q,)
     ok = (q - g - 1 >= 0)[None, :].expand(B, -1).clone()  # (B, Q)
