@@ -98,11 +98,15 @@ def gather_heads(x: torch.Tensor, b: torch.Tensor, q: torch.Tensor, k: torch.Ten
     _, H, C, K = x.shape
     base = (b * H * C + q) * K + k  # (nnz,): offset of head 0
     offs = torch.arange(H, device=x.device)[:, None] * (C * K)  # (H, 1)
-    return x.contiguous().view(-1)[base[None, :] + offs]  # (H, nnz)
+    flat = (base[None, :] + offs).reshape(-1)  # (H*nnz,)
+    return x.contiguous().view(-1).index_select(0, flat).view(H, -1)  # (H, nnz)
 
 
 def add_by_prompt(out: torch.Tensor, values: torch.Tensor, b: torch.Tensor, d: int) -> None:
     """``out[b, :, d] += values[:, entry]`` summed per prompt: out ``(B, H, D)``, values ``(H, nnz)``."""
+    if out.shape[0] == 1:
+        out[0, :, d] += values.sum(1, dtype=out.dtype)
+        return
     acc = torch.zeros(out.shape[1], out.shape[0], dtype=out.dtype, device=out.device)  # (H, B)
     acc.index_add_(1, b, values.to(out.dtype))
     out[:, :, d] += acc.T
@@ -145,16 +149,17 @@ def target_mass(q: torch.Tensor, k: torch.Tensor, spec: AttentionSpec, targets: 
         s = (q[:, :, q0:q1] @ k[:, :, :kend].transpose(-2, -1)) * scale  # (B, H, C, K')
         if spec.softcap is not None:
             s = spec.softcap * torch.tanh(s / spec.softcap)
-        gap = torch.arange(q0, q1, device=q.device)[:, None] - keys[None, :kend]  # (C, K'): q - k
+        k0 = q0 if spec.causal and spec.window is None and key_valid is None else 0  # keys < k0: all visible
+        gap = torch.arange(q0, q1, device=q.device)[:, None] - keys[None, k0:kend]  # (C, K'-k0): q - k
         hidden = torch.zeros_like(gap, dtype=torch.bool)
         if spec.causal:
             hidden |= gap < 0
         if spec.window is not None:
             hidden |= gap >= spec.window
-        hidden = hidden[None, None]  # (1, 1, C, K')
+        hidden = hidden[None, None]  # (1, 1, C, K'-k0)
         if key_valid is not None:
             hidden = hidden | ~key_valid[:, None, None, :kend]  # (B, 1, C, K')
-        s = s.masked_fill_(hidden, float("-inf"))
+        s[..., k0:].masked_fill_(hidden, float("-inf"))
         lse = torch.logsumexp(s, dim=-1, keepdim=True)  # (B, H, C, 1)
         for i, tg in enumerate(targets):
             b, qr, kk = tg.entries(q0, q1)

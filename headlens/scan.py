@@ -43,7 +43,7 @@ from headlens.vocab import vocab
 Progress = Callable[[int], None]  # called with the number of prompts just scanned
 SCAN_PATHS = ("auto", "dense", "sparse")
 DENSE_BYTES = 256 * 2**20  # auto: above this many bytes of one layer's dense pattern, go sparse
-DENSE_MAX_T = 2048  # auto: from this many positions on, go sparse (measured crossover, README)
+DENSE_MAX_T = 512  # auto: from this many positions on, go sparse (measured crossover 256..512, README)
 
 
 @dataclass
