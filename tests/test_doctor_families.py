@@ -124,3 +124,28 @@ def test_encoders_and_unreadable_directories_are_one_line_errors(tmp_path):
     (tmp_path / "odd" / "config.json").write_text(json.dumps({"model_type": "no-such-family"}))
     with pytest.raises(CheckpointError, match="transformers cannot read"):
         read_config(tmp_path / "odd")
+
+
+def _random_family(name: str):
+    from transformers import AutoModelForCausalLM, GPTJConfig, OPTConfig, Phi3Config
+
+    common = dict(vocab_size=257, bos_token_id=256, eos_token_id=256, pad_token_id=256)
+    cfg = {
+        "gptj": GPTJConfig(n_embd=64, n_layer=1, n_head=4, rotary_dim=8, n_positions=64, **common),
+        "opt": OPTConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, ffn_dim=64,
+                         max_position_embeddings=64, word_embed_proj_dim=64, **common),
+        "phi3": Phi3Config(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                           intermediate_size=64, max_position_embeddings=64, **common),
+    }[name]
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg).eval()
+
+
+@pytest.mark.parametrize("name,layouts", [("gptj", 4), ("opt", 7), ("phi3", 5)])
+def test_other_families_load_under_every_layout_without_false_alarm(name, layouts, tmp_path):
+    """GPT-J (rotary_dim 8: narrower heads cannot run), OPT (no RoPE: odd widths too), Phi-3 (fused
+    qkv with GQA), random weights: every layout the shapes allow is scored and the claim stands."""
+    from tests.gqa_models import save_model
+
+    report = check_checkpoint(save_model(_random_family(name), tmp_path / name), n_rows=4, seq_len=32)
+    assert report.passed and len(report.evidence) == layouts, str(report)

@@ -14,7 +14,8 @@ loads the weights into each, and compares their losses on the same evaluation te
 Layouts: ``head_dim`` runs over the common divisors of ``Q`` and ``KV`` (even ones only when the
 family rotates with RoPE), ``n_heads = Q / head_dim``, ``n_kv_heads = KV / head_dim``; families
 whose config has no ``head_dim`` (GPT-NeoX, Qwen2 ...) tie it to ``d_model / n_heads``, so only
-those layouts are tried. A layout ``transformers`` refuses to build or load is not a candidate.
+those layouts are tried. A layout ``transformers`` refuses to build, load or run (GPT-J's fixed
+``rotary_dim`` wider than the head) is not a candidate.
 
 Evaluation text: the user's (``texts``, tokenized with the directory's tokenizer); else Python
 standard-library source tokenized with the directory's tokenizer; else, for a directory without one,
@@ -214,8 +215,13 @@ def check_family(model_dir: Path, n_heads: int | None, candidates: list[int] | N
         model = build(model_dir, cfg, layout)
         if model is None:
             continue
-        per_row[layout.n_heads], by_heads[layout.n_heads] = row_losses(model, rows), layout
-        del model
+        try:
+            per_row[layout.n_heads] = row_losses(model, rows)
+        except (RuntimeError, ValueError, IndexError):  # e.g. GPT-J's rotary_dim wider than this head
+            continue
+        finally:
+            del model
+        by_heads[layout.n_heads] = layout
     if config.n_heads not in per_row:
         raise CheckpointError(f"the weights in {str(model_dir)!r} do not load with their own config ({config})")
     if claimed.n_heads not in per_row:
