@@ -65,16 +65,27 @@ def by_kind(model: Any, n: int, seed: int) -> Any:
     return table.sort_values(["detector", "score"], ascending=[True, False]).groupby("detector").head(6)[cols]
 
 
-def drops(clean: dict[str, torch.Tensor], ablated: dict[str, torch.Tensor], heads: str, kind: str) -> list[dict]:
+def _subsets(examples: list[Any]) -> dict[str, torch.Tensor]:
+    kinds = [e.kind for e in examples]
+    out = {"all": torch.ones(len(kinds), dtype=torch.bool)}
+    out.update({k: torch.tensor([x == k for x in kinds]) for k in sorted(set(kinds))})
+    return out
+
+
+def drops(clean: dict[str, torch.Tensor], ablated: dict[str, torch.Tensor], heads: str, kind: str,
+          subsets: dict[str, torch.Tensor]) -> list[dict]:
+    """One row per metric and sentence subset: mean drop (clean - ablated) with its 95 % CI."""
     from headlens.metrics import bootstrap_ci
 
     out = []
     for metric, c in clean.items():
-        d = (c - ablated[metric]).numpy()
-        lo, hi = bootstrap_ci(d)
-        out.append({"heads": heads, "kind": kind, "metric": metric, "drop": float(d.mean()), "ci_low": lo,
-                    "ci_high": hi, "ablated_mean": float(ablated[metric].mean()),
-                    "ablated_correct": float((ablated[metric] > 0).double().mean())})
+        for name, sel in subsets.items():
+            d = (c - ablated[metric])[sel].numpy()
+            lo, hi = bootstrap_ci(d)
+            a = ablated[metric][sel]
+            out.append({"heads": heads, "kind": kind, "sentences": name, "metric": metric, "drop": float(d.mean()),
+                        "ci_low": lo, "ci_high": hi, "ablated_mean": float(a.mean()),
+                        "ablated_correct": float((a > 0).double().mean())})
     return out
 
 
@@ -87,32 +98,35 @@ def causal_check(model: Any, table: Any, n_test: int, ks: list[int], n_random: i
     from headlens.metrics import bootstrap_ci, coreference_margins
 
     examples = C.examples(model, n_test, seed=seed + 1)  # held out: not the census sentences
+    subsets = _subsets(examples)
     reference = None if method == "zero" else [e.text for e in examples]  # mean: over these sentences
     clean = coreference_margins(model, examples)
-    rows = [{"heads": "none (clean)", "kind": "clean", "metric": m, "drop": 0.0, "ci_low": 0.0, "ci_high": 0.0,
-             "ablated_mean": float(v.mean()), "ablated_correct": float((v > 0).double().mean())}
-            for m, v in clean.items()]
+    rows = [{"heads": "none (clean)", "kind": "clean", "sentences": name, "metric": m, "drop": 0.0, "ci_low": 0.0,
+             "ci_high": 0.0, "ablated_mean": float(v[sel].mean()), "ablated_correct": float((v[sel] > 0).double().mean())}
+            for m, v in clean.items() for name, sel in subsets.items()]
     ranked = table.sort_values("score", ascending=False)
     order = [f"L{r.layer}H{r.head}" for r in ranked.itertuples()]
     gen = torch.Generator().manual_seed(seed)
     for k in ks:
         top = order[:k]
         with headlens.ablate(model, ",".join(top), method=method, reference=reference):
-            rows += drops(clean, coreference_margins(model, examples), "+".join(top), f"top-{k}")
+            rows += drops(clean, coreference_margins(model, examples), "+".join(top), f"top-{k}", subsets)
         pool = order[k:]
         per_set = {m: [] for m in clean}
         for _ in range(n_random):
             pick = [pool[i] for i in torch.randperm(len(pool), generator=gen)[:k].tolist()]
             with headlens.ablate(model, ",".join(pick), method=method, reference=reference):
                 ablated = coreference_margins(model, examples)
-            rows += drops(clean, ablated, "+".join(pick), f"random-{k}")
+            rows += drops(clean, ablated, "+".join(pick), f"random-{k}", subsets)
             for m in clean:
                 per_set[m].append(clean[m] - ablated[m])
         for m in clean:  # random heads pooled: per sentence, the mean drop over the random sets
-            d = torch.stack(per_set[m]).mean(0).numpy()
-            lo, hi = bootstrap_ci(d)
-            rows.append({"heads": f"{n_random} random sets", "kind": f"random-{k} (pooled)", "metric": m,
-                         "drop": float(d.mean()), "ci_low": lo, "ci_high": hi})
+            d_all = torch.stack(per_set[m]).mean(0)
+            for name, sel in subsets.items():
+                d = d_all[sel].numpy()
+                lo, hi = bootstrap_ci(d)
+                rows.append({"heads": f"{n_random} random sets", "kind": f"random-{k} (pooled)", "sentences": name,
+                             "metric": m, "drop": float(d.mean()), "ci_low": lo, "ci_high": hi})
     return pd.DataFrame(rows)
 
 
@@ -120,6 +134,8 @@ def effects_figure(effects: Any, method: str = "zero") -> Any:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
+    if "sentences" in effects:
+        effects = effects[effects["sentences"] == "all"]
     shown = effects[effects["kind"].str.startswith("top") | effects["kind"].str.endswith("(pooled)")]
     metrics = list(dict.fromkeys(shown["metric"]))
     fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=[f"{m} margin: drop when ablated" for m in metrics])

@@ -110,6 +110,30 @@ def view_shot(page, name: str) -> None:
     page.screenshot(path=str(DOCS / name), clip={"x": left, "y": top, "width": width, "height": min(bottom, 4000) - top})
 
 
+
+
+def coreference_shot(page, url: str, heads: list[str]) -> None:
+    """Pick the coreference detector, select ``heads`` (their patterns on the example sentence)."""
+    open_app(page, url)
+    page.locator("[data-testid=stSidebar] [data-testid=stSelectbox]", has_text="Colour heads by").click()
+    page.get_by_role("option", name="coreference", exact=True).click()
+    settle(page)
+    box = page.locator("[data-testid=stMultiSelect] input").first
+    tags = page.locator("[data-testid=stMultiSelect] [data-baseweb=tag]")
+    for _ in range(tags.count()):  # drop the heads selected by default (each tag's close icon)
+        tags.first.locator("[role=presentation]").last.click()
+        settle(page)
+    for head in heads:
+        box.fill(head)
+        box.press("Enter")
+        settle(page)
+    box.press("Escape")
+    page.set_viewport_size({"width": 1500, "height": 2300})
+    settle(page)
+    page.screenshot(path=str(DOCS / "dashboard_coreference.png"))
+    page.set_viewport_size({"width": 1500, "height": 1500})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="code")
@@ -118,6 +142,9 @@ def main() -> None:
     parser.add_argument("--learn-model", default="induction-2l", help="model of the Learn and Compare shots")
     parser.add_argument("--heads", default="", help="heads to select for the ablation shot, e.g. L1H0,L1H2")
     parser.add_argument("--only-learn", action="store_true", help="only the Learn, patterns and Compare shots")
+    parser.add_argument("--coreference-model", default="", help="also shoot the coreference ranking and a "
+                        "pattern on the example sentence (dashboard_coreference.png), e.g. minilm")
+    parser.add_argument("--coreference-heads", default="L1H3,L3H1")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -158,6 +185,9 @@ def main() -> None:
             page.screenshot(path=str(DOCS / "dashboard_training.png"))
         with serve(args.learn_model) as url:
             learn_shots(page, url)
+        if args.coreference_model:
+            with serve(args.coreference_model) as url:
+                coreference_shot(page, url, args.coreference_heads.split(","))
         browser.close()
     print("wrote", *sorted(p.name for p in DOCS.glob("*.png") if p.name.startswith(("dashboard_", "learn_"))))
 

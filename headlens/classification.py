@@ -191,7 +191,11 @@ def classify(
             ``minilm``); None for the bundled default model.
         detectors: names (list or comma-separated); None for every detector this model supports.
         prompts: the user's texts (a list of strings, or a path to a file with one prompt per
-            line or JSONL with a ``"text"`` field); None for the generated probes.
+            line or JSONL with a ``"text"`` field); None for the generated probes. Dicts (or JSONL
+            rows) with ``"targets"`` (character spans, :mod:`headlens.spans`) define head types from
+            data, named by their ``"detector"`` field (default ``"annotated"``); they are scored when
+            named in ``detectors`` or when ``detectors`` is None, with ``preference`` columns when
+            they carry ``"distractors"`` (:mod:`headlens.annotated`).
         n_prompts: prompts per generated probe (>= 10 for a meaningful interval).
         seq_len: generated prompt length in tokens, specials included (capped by the context).
         batch_size: prompts per forward pass; scores do not depend on it.

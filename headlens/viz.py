@@ -331,17 +331,16 @@ def ranking_figure(scores: pd.DataFrame, detector: str, top: int = 12, threshold
     base = float(rows["baseline"].iloc[0]) if len(rows) else float("nan")
     fig.add_vline(x=threshold, line_dash="dash", line_color="#c0392b", row=1, col=1)
     fig.add_vline(x=base, line_dash="dot", line_color="#777777", row=1, col=1)
-    fig.update_xaxes(range=[0, 1], title_text=f"score (95% CI) · dashed: τ = {threshold} · dotted: uniform",
-                     row=1, col=1)
+    fig.update_xaxes(range=[0, 1], title_text="score (95% CI)", row=1, col=1)
     if has_pref:
         bars("preference", "preference_ci_low", "preference_ci_high", "#2e8b57", 2)
         chance = (scores.attrs.get("probes", {}).get(f"annotated:{detector}", {}).get("preference_chance")
                   or 0.5)
         fig.add_vline(x=chance, line_dash="dot", line_color="#777777", row=1, col=2)
-        fig.update_xaxes(range=[0, 1], title_text="target beats the distractors (95% CI) · dotted: chance",
-                         row=1, col=2)
+        fig.update_xaxes(range=[0, 1], title_text="target beats distractors (95% CI)", row=1, col=2)
     fig.update_layout(height=120 + 26 * len(rows), margin=dict(l=70, r=20, t=50, b=50),
-                      title=dict(text=f"{detector}: top {len(rows)} heads (✓ = labelled)", x=0.01))
+                      title=dict(text=f"{detector}: top {len(rows)} heads (✓ labelled) · dashed τ = {threshold}, "
+                                      f"dotted: uniform / chance", x=0.01, font=dict(size=14)))
     return fig
 
 

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 import headlens
 from headlens import coreference as C
+from headlens import viz
 from headlens.cli import app
 from headlens.errors import ProbeError
 from headlens.spans import annotated_probe, body_offsets, check_row, span_tokens
@@ -163,9 +164,12 @@ def test_cli_annotated_jsonl(tmp_path, monkeypatch):
     out = tmp_path / "t.csv"
     res = CliRunner().invoke(app, ["classify", "--prompts", str(good), "--detectors", "prev", "-o", str(out), "-q"])
     assert res.exit_code == 0, res.output
+    assert "prev: top 2 heads by score (1 labelled)" in res.output  # the ranking, labelled or not
     table = read_table(out)
     assert list(table.columns[-3:]) == ["preference", "preference_ci_low", "preference_ci_high"]
     assert table.set_index("head").loc[0, "score"] == pytest.approx(1.0)
+    fig = viz.ranking_figure(table, "prev")
+    assert [t.type for t in fig.data] == ["bar", "bar"] and list(fig.data[1].x) == [0.5, 1.0]
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"text": "abc", "targets": [{"query": [0, 1], "keys": [[5, 6]]}]}) + "\n")
     res = CliRunner().invoke(app, ["classify", "--prompts", str(bad)])
