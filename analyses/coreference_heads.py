@@ -131,29 +131,33 @@ def causal_check(model: Any, table: Any, n_test: int, ks: list[int], n_random: i
 
 
 def effects_figure(effects: Any, method: str = "zero") -> Any:
+    """Drop of each margin for the top-k heads and pooled random k heads, grouped by sentence kind."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    if "sentences" in effects:
-        effects = effects[effects["sentences"] == "all"]
+    if "sentences" not in effects:
+        effects = effects.assign(sentences="all")
     shown = effects[effects["kind"].str.startswith("top") | effects["kind"].str.endswith("(pooled)")]
     metrics = list(dict.fromkeys(shown["metric"]))
+    colors = {"all": "#3b6fb6", "gender": "#e07b39", "number": "#2e8b57"}
     fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=[f"{m} margin: drop when ablated" for m in metrics])
     for c, m in enumerate(metrics, 1):
-        r = shown[shown["metric"] == m]
-        labels = [k.replace(" (pooled)", "") for k in r["kind"]]
-        fig.add_trace(go.Bar(x=labels, y=r["drop"], showlegend=False, hovertext=r["heads"],
-                             marker_color=["#3b6fb6" if k.startswith("top") else "#999999" for k in r["kind"]],
-                             error_y=dict(type="data", symmetric=False, array=r["ci_high"] - r["drop"],
-                                          arrayminus=r["drop"] - r["ci_low"])), row=1, col=c)
+        for subset, r in shown[shown["metric"] == m].groupby("sentences", sort=False):
+            fig.add_trace(go.Bar(
+                x=[k.replace(" (pooled)", "") for k in r["kind"]], y=r["drop"], hovertext=r["heads"],
+                name=f"{subset} sentences", legendgroup=subset, showlegend=c == 1,
+                marker_color=colors.get(subset, "#999999"),
+                error_y=dict(type="data", symmetric=False, array=r["ci_high"] - r["drop"],
+                             arrayminus=r["drop"] - r["ci_low"])), row=1, col=c)
         fig.update_yaxes(title_text="clean - ablated (95% CI)" if c == 1 else None, row=1, col=c)
     top = shown[shown["kind"].str.startswith("top")]["heads"]
     biggest = max(top, key=len) if len(top) else ""
-    fig.update_layout(height=380, margin=dict(l=60, r=20, t=60, b=70),
+    fig.update_layout(height=430, barmode="group", margin=dict(l=60, r=20, t=100, b=80),
+                      legend=dict(orientation="h", y=1.2, x=1, xanchor="right"),
                       title=dict(text=f"MiniLM: {method}-ablating the top coreference heads vs random heads", x=0.01))
-    fig.add_annotation(text=f"top heads by score: {biggest.replace('+', ', ')}; random: pooled over sets of the "
-                            f"same size; 95% CIs over sentences", xref="paper", yref="paper", x=0, y=-0.22,
-                       showarrow=False, xanchor="left", font=dict(size=11))
+    fig.add_annotation(text=f"top heads by score: {biggest.replace('+', ', ')}; random: pooled over 10 sets of the "
+                            f"same size; positive = ablation hurt resolution", xref="paper", yref="paper", x=0,
+                       y=-0.2, showarrow=False, xanchor="left", font=dict(size=11))
     return fig
 
 
