@@ -110,8 +110,6 @@ def view_shot(page, name: str) -> None:
     page.screenshot(path=str(DOCS / name), clip={"x": left, "y": top, "width": width, "height": min(bottom, 4000) - top})
 
 
-
-
 def coreference_shot(page, url: str, heads: list[str]) -> None:
     """Pick the coreference detector, select ``heads`` (their patterns on the example sentence)."""
     open_app(page, url)
