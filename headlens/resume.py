@@ -49,9 +49,21 @@ def tensor_hash(tensors: Any) -> str:
 
 
 def weights_hash(model: Any) -> str:
-    """sha256 of a loaded model's weights (native ``GPT`` or a bridge's underlying module)."""
+    """sha256 of a loaded model's weights (native ``GPT`` or a bridge's underlying module).
+
+    Weights a device map left on disk are not in memory (``meta`` tensors): their checkpoint files
+    (the Hugging Face directory the model was loaded from) are hashed instead.
+    """
     module = getattr(model, "bridge", model)
-    return tensor_hash(sorted(module.state_dict().items()))
+    items = sorted(module.state_dict().items())
+    if not any(t.device.type == "meta" for _, t in items):
+        return tensor_hash(items)
+    source = Path(str(getattr(getattr(module, "original_model", None), "name_or_path", "") or ""))
+    files = sorted(p for pattern in ("*.safetensors", "*.bin") for p in source.glob(pattern)) if source.is_dir() else []
+    if not files:
+        warnings.warn("the weights are offloaded and their files were not found: resume shards are keyed by "
+                      "the weights' names and shapes only", stacklevel=2)
+    return digest(tensor_hash(items), [(p.name, file_hash(p)) for p in files])
 
 
 def file_hash(path: str | os.PathLike) -> str:

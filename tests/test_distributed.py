@@ -240,6 +240,11 @@ def test_device_map_split_over_cpu_and_disk_scores_like_the_whole_model(tmp_path
     placed = split.bridge.original_model.hf_device_map
     assert set(placed.values()) == {"cpu", "disk"} and placed["transformer.h.3"] == "disk", placed
     got = headlens.classify(split, **kw)
+    from headlens.resume import file_hash, weights_hash
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the offloaded weights are fingerprinted by their files, silently
+        assert file_hash(hf / "model.safetensors") != weights_hash(split) != weights_hash(headlens.load(f"hf:{hf}"))
     for col in ("score", "ci_low", "ci_high"):
         np.testing.assert_allclose(got[col], whole[col], atol=1e-9, rtol=0)
 
