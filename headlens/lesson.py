@@ -36,6 +36,11 @@ def _native(model: Any, what: str) -> None:
                           f"{type(model).__name__} (bridged through TransformerLens)")
 
 
+def _np(t: torch.Tensor) -> np.ndarray:
+    """A float32 numpy copy of ``t`` from any dtype (bfloat16 has no numpy type) and device."""
+    return t.detach().float().cpu().numpy()
+
+
 def _tokens(model: Any, text: str) -> torch.Tensor:
     if not text or not text.strip():
         raise ProbeError("the text is empty; type something for the model to read")
@@ -83,8 +88,8 @@ def split_step(model: Any, text: str, layer: int = 0) -> SplitStep:
     q = attn.c_attn(x).split(D, dim=2)[0]  # (B, T, d_model)
     q_split = q.view(B, T, attn.n_heads, attn.d_head)  # (B, T, H, d_head): axis 2 is the head
     q_heads = q_split.transpose(1, 2)  # (B, H, T, d_head): each head attends on its own
-    return SplitStep(layer, model.to_str_tokens(tokens), q[0].numpy(), q_split[0].numpy(),
-                     q_heads[0].numpy(), cache[names[1]][0].float().numpy())
+    return SplitStep(layer, model.to_str_tokens(tokens), _np(q[0]), _np(q_split[0]), _np(q_heads[0]),
+                     _np(cache[names[1]][0]))
 
 
 # -- step 2: the silent bugs ------------------------------------------------------------------
@@ -132,8 +137,8 @@ def bug_step(model: Any, text: str, bug: str, layer: int = 0) -> BugStep:
     return BugStep(
         bug=bug, looks_like=LESSON_BUGS[bug][0], tokens=model.to_str_tokens(tokens),
         clean_loss=float(clean_loss.mean()), bugged_loss=float(bugged_loss.mean()),
-        token_diff=bugged_loss - clean_loss, clean_patterns=clean[name][0].float().numpy(),
-        bugged_patterns=bugged[name][0].float().numpy(),
+        token_diff=bugged_loss - clean_loss, clean_patterns=_np(clean[name][0]),
+        bugged_patterns=_np(bugged[name][0]),
         pattern_axes=_AXES[broken.transformer.h[layer].attn.recipe.split], diagnosis=report.diagnosis,
         verdict=verdict, report=str(report), doctor=report.to_dict(),
     )
@@ -161,24 +166,35 @@ def checkpoint_source(ref: str) -> Path | None:
 
 
 @torch.inference_mode()
-def head_count_step(source: str | Path, text: str, layer: int = 0) -> tuple[list[str], list[HeadCountRow]]:
+def head_count_step(source: str | Path, text: str, layer: int = 0,
+                    model: Any = None) -> tuple[list[str], list[HeadCountRow]]:
     """The checkpoint at ``source`` split into every divisor of ``d_model`` heads, on ``text``.
 
+    ``model``, the model loaded from ``source`` (native or bridged), tokenizes the text when given:
+    a Hugging Face directory's own tokenizer then reads it, whatever tokenizer the doctor finds.
     Returns the text's tokens and one row per head count (ascending).
     """
     from headlens.doctor.bugs import divisors
     from headlens.doctor.checkpoint import model_with_heads, read_weights, text_tokens
 
     w = read_weights(source)
-    (tokens,) = text_tokens(w, [text])[:1]  # (1, T), BOS first
+    if model is not None:
+        tokens = _tokens(model, text)[:, : w.config.n_ctx].cpu()  # (1, T), BOS first
+    else:
+        (tokens,) = text_tokens(w, [text])[:1]  # (1, T), BOS first
     name = f"blocks.{layer}.attn.hook_pattern"
     rows = []
     for h in divisors(w.config.d_model):
         model = model_with_heads(w, h)
         _, cache = model.run_with_cache(tokens, names_filter=name)
         loss = float(text_loss(model, tokens).mean())
-        rows.append(HeadCountRow(h, w.config.d_model // h, loss, cache[name][0].float().numpy()))
-    str_tokens = [w.tokenizer.str_token(int(i)) for i in tokens[0]] if w.tokenizer else [str(int(i)) for i in tokens[0]]
+        rows.append(HeadCountRow(h, w.config.d_model // h, loss, _np(cache[name][0])))
+    if model is not None:
+        str_tokens = model.to_str_tokens(tokens)
+    elif w.tokenizer is not None:
+        str_tokens = [w.tokenizer.str_token(int(i)) for i in tokens[0]]
+    else:
+        str_tokens = [str(int(i)) for i in tokens[0]]
     return str_tokens, rows
 
 

@@ -133,3 +133,15 @@ def test_compare_shows_both_grids_and_the_change_of_every_heads_score(monkeypatc
     assert table["diff"].abs().is_monotonic_decreasing
     at.selectbox(key=f"compare::{REF}").set_value("dyck").run()  # same shape: 2 layers x 4 heads
     assert not at.exception and not at.error
+
+
+def test_learn_runs_in_bfloat16_on_the_model_the_page_shows(monkeypatch):
+    at = learn(monkeypatch)
+    at.selectbox(key="dtype").set_value("bfloat16").run()
+    assert not at.exception
+    for step in ("1 · The split", "2 · Silent bugs", "4 · Heads specialise"):
+        at.radio(key="learn_step").set_value(step).run()
+        assert not at.exception and not [e for e in at.error if "Could not" in e.value], step
+    model = cache.get_model(REF, ("bfloat16", "cpu"))
+    split = cache.get_split(REF, at.text_area(key=f"text::{REF}").value, 0, ("bfloat16", "cpu"))
+    assert str(next(model.parameters()).dtype) == "torch.bfloat16" and split.q.dtype.name == "float32"

@@ -132,29 +132,29 @@ def app_script() -> Path:
 
 # -- the Learn view ---------------------------------------------------------------------------
 @st.cache_data(max_entries=16, show_spinner=False)
-def _split(ref: str, key: str, text: str, layer: int) -> Any:
+def _split(ref: str, key: str, text: str, layer: int, placement: Placement = DEFAULT_PLACEMENT) -> Any:
     from headlens import lesson
 
-    with exclusive(get_model(ref)) as model:
+    with exclusive(get_model(ref, placement)) as model:
         return lesson.split_step(model, text, layer)
 
 
-def get_split(ref: str, text: str, layer: int) -> Any:
+def get_split(ref: str, text: str, layer: int, placement: Placement = DEFAULT_PLACEMENT) -> Any:
     """:func:`headlens.lesson.split_step` on the cached model (cached)."""
-    return _split(ref, hd.fingerprint(ref), text, int(layer))
+    return _split(ref, hd.fingerprint(ref), text, int(layer), tuple(placement))
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
-def _bug(ref: str, key: str, text: str, bug: str, layer: int) -> Any:
+def _bug(ref: str, key: str, text: str, bug: str, layer: int, placement: Placement = DEFAULT_PLACEMENT) -> Any:
     from headlens import lesson
 
-    with exclusive(get_model(ref)) as model:
+    with exclusive(get_model(ref, placement)) as model:
         return lesson.bug_step(model, text, bug, layer)
 
 
-def get_bug(ref: str, text: str, bug: str, layer: int) -> Any:
+def get_bug(ref: str, text: str, bug: str, layer: int, placement: Placement = DEFAULT_PLACEMENT) -> Any:
     """:func:`headlens.lesson.bug_step`: ``bug`` planted in a copy of the cached model (cached)."""
-    return _bug(ref, hd.fingerprint(ref), text, bug, int(layer))
+    return _bug(ref, hd.fingerprint(ref), text, bug, int(layer), tuple(placement))
 
 
 def _source(ref: str) -> Path:
@@ -168,15 +168,16 @@ def _source(ref: str) -> Path:
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
-def _head_count(ref: str, key: str, text: str, layer: int) -> Any:
+def _head_count(ref: str, key: str, text: str, layer: int, placement: Placement = DEFAULT_PLACEMENT) -> Any:
     from headlens import lesson
 
-    return lesson.head_count_step(_source(ref), text, layer)
+    source = _source(ref)  # the weights are read back in float32 on the CPU; the model only tokenizes
+    return lesson.head_count_step(source, text, layer, model=get_model(ref, placement))
 
 
-def get_head_count(ref: str, text: str, layer: int) -> Any:
+def get_head_count(ref: str, text: str, layer: int, placement: Placement = DEFAULT_PLACEMENT) -> Any:
     """:func:`headlens.lesson.head_count_step` on ``ref``'s checkpoint (cached)."""
-    return _head_count(ref, hd.fingerprint(ref), text, int(layer))
+    return _head_count(ref, hd.fingerprint(ref), text, int(layer), tuple(placement))
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
@@ -193,15 +194,16 @@ def get_checkpoint_report(ref: str) -> tuple[str, dict[str, Any]]:
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
-def _examples(ref: str, key: str, text: str, n_prompts: int, seed: int, corpus: str | None) -> Any:
+def _examples(ref: str, key: str, text: str, n_prompts: int, seed: int, corpus: str | None,
+              placement: Placement = DEFAULT_PLACEMENT) -> Any:
     from headlens import lesson
 
-    scores = get_scores(ref, n_prompts, seed, corpus)
-    with exclusive(get_model(ref)) as model:
+    scores = get_scores(ref, n_prompts, seed, corpus, placement)
+    with exclusive(get_model(ref, placement)) as model:
         return lesson.head_examples(model, text, scores)
 
 
 def get_examples(ref: str, text: str, n_prompts: int = hd.DEFAULT_N_PROMPTS, seed: int = 0,
-                 corpus: str | None = None) -> Any:
+                 corpus: str | None = None, placement: Placement = DEFAULT_PLACEMENT) -> Any:
     """:func:`headlens.lesson.head_examples` with the scores the grid shows (cached)."""
-    return _examples(ref, hd.fingerprint(ref), text, int(n_prompts), int(seed), corpus)
+    return _examples(ref, hd.fingerprint(ref), text, int(n_prompts), int(seed), corpus, tuple(placement))

@@ -10,7 +10,7 @@ import streamlit as st
 from headlens import viz, viz_compare
 from headlens.app import cache
 from headlens.app import helpers as hd
-from headlens.app.ui import attempt, html_download
+from headlens.app.ui import attempt, current_placement, html_download
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -30,8 +30,9 @@ def compare_view(ref: str, model: Any, scores: pd.DataFrame, detector: str, colo
         st.caption("Type the second model's checkpoint path or hf:<dir>.")
         return
     with st.spinner(f"Loading and scoring {other}..."):
-        second = attempt(f"Could not load {other!r}", cache.get_model, other)
-        theirs = attempt(f"Could not score {other!r}", cache.get_scores, other, n_prompts, seed, corpus) \
+        placed = current_placement()
+        second = attempt(f"Could not load {other!r}", cache.get_model, other, placed)
+        theirs = attempt(f"Could not score {other!r}", cache.get_scores, other, n_prompts, seed, corpus, placed) \
             if second is not None else None
     if second is None or theirs is None:
         return

@@ -14,7 +14,7 @@ import streamlit as st
 from headlens import viz, viz_lesson
 from headlens.app import cache
 from headlens.app import helpers as hd
-from headlens.app.ui import attempt, html_download
+from headlens.app.ui import attempt, current_placement, html_download
 from headlens.tokenview import attention_row_html
 
 if TYPE_CHECKING:
@@ -73,7 +73,8 @@ def split_step(ref: str, model: Any, text: str, layer: int, native: bool) -> Non
     if not native:
         st.info(NATIVE_NOTE.format(what="here are the heads' patterns on your text, side by side."))
         heads = [(layer, h) for h in range(H)]
-        result = attempt("Could not compute the attention patterns", cache.get_patterns, ref, text, heads)
+        result = attempt("Could not compute the attention patterns", cache.get_patterns, ref, text, heads,
+                         placement=current_placement())
         if result is not None:
             tokens, pats = result
             window = window_for(len(tokens), H, "learn_window")
@@ -82,7 +83,7 @@ def split_step(ref: str, model: Any, text: str, layer: int, native: bool) -> Non
             st.plotly_chart(fig, key="learn_patterns", config={"displayModeBar": False})
         return
     with st.spinner("Splitting the heads..."):
-        split = attempt("Could not compute the split", cache.get_split, ref, text, layer)
+        split = attempt("Could not compute the split", cache.get_split, ref, text, layer, current_placement())
     if split is None:
         return
     T = len(split.tokens)
@@ -123,7 +124,7 @@ def bugs_step(ref: str, model: Any, text: str, layer: int, native: bool) -> None
         st.caption("Switch a bug on to plant it.")
     for bug in chosen:
         with st.spinner(f"Planting {bug} and running the doctor..."):
-            result = attempt(f"Could not plant {bug}", cache.get_bug, ref, text, bug, layer)
+            result = attempt(f"Could not plant {bug}", cache.get_bug, ref, text, bug, layer, current_placement())
         if result is not None:
             show_bug(model, result, layer)
 
@@ -162,7 +163,8 @@ def head_count_step(ref: str, model: Any, text: str, layer: int) -> None:
         f"complaint. Here the checkpoint is read back with **every divisor of d_model** as `n_heads`: only the "
         f"count it was trained with ({H}) predicts your text well.")
     with st.spinner("Reading the checkpoint back with every head count..."):
-        result = attempt("Cannot read the checkpoint back", cache.get_head_count, ref, text, layer, _show=st.info)
+        result = attempt("Cannot read the checkpoint back", cache.get_head_count, ref, text, layer, current_placement(),
+                         _show=st.info)
     if result is None:
         return
     tokens, rows = result
@@ -204,7 +206,8 @@ def specialise_step(ref: str, model: Any, text: str, scores: pd.DataFrame, n_pro
         st.info("No scores for this model, so no labelled heads to show.")
         return
     with st.spinner("Finding an example for each labelled head..."):
-        result = attempt("Could not find examples", cache.get_examples, ref, text, n_prompts, seed, corpus)
+        result = attempt("Could not find examples", cache.get_examples, ref, text, n_prompts, seed, corpus,
+                         current_placement())
     if result is None:
         return
     tokens, examples = result
