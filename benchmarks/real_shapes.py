@@ -9,12 +9,14 @@ Models (random weights, float32 on disk, no tokenizer: the probes draw ids from 
 * ``llama-3.2-1b``: Llama-3.2-1B's shape (d_model 2048, 32 query heads over 8 key/value heads,
   d_head 64, MLP 8192, vocab 128256, tied embeddings, RoPE theta 500000) with fewer layers.
 
-For each model and dtype, in fresh processes (so each peak memory is its own):
-``classify`` = ``headlens.classify`` with every default detector (generated probes) through
+For each model and dtype, in one fresh process that holds all three contenders, timed round-robin
+(median of ``--repeats``, after a warm-up) so that a noisy shared CPU slows every contender alike:
+``classify`` = ``headlens.classify`` with every default *pattern* detector (generated probes) through
 TransformerBridge; ``hf eager`` / ``hf sdpa`` = ``AutoModelForCausalLM`` forwards over exactly the
-token batches the scan ran (collated the same way, same batch size); ``copying`` (inside classify)
-is timed on its own as well because its ``W_U W_E`` product grows with the vocabulary. Prints
-times, the classify / hf ratios and peak memory (RSS on the CPU, ``max_memory_allocated`` on a GPU).
+token batches the scan ran (same probes, collation and batch size). The weight-based ``copying``
+detector reads no tokens; it is timed once on its own (its ``W_U W_E`` product grows with the
+vocabulary). Memory: the process's resident size once everything is loaded, and each contender's
+peak *working* memory on top of it (RSS sampled every 5 ms on the CPU, ``max_memory_allocated`` on a GPU).
 No assertions: timings are reported, not tested.
 """
 
@@ -23,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -60,73 +61,105 @@ def build(shape: str, root: Path, llama_layers: int) -> Path:
     return path
 
 
-def _peak_mb(device: str) -> float:
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _timed(fn: Any, device: str) -> tuple[float, float]:
+    """(seconds, peak working MB above the memory in use when ``fn`` started)."""
+    import threading
+
     import torch
 
-    if device.startswith("cuda"):
-        return torch.cuda.max_memory_allocated() / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kB
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        base = _rss_mb()
+    peak = [base]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.005):
+            peak[0] = max(peak[0], _rss_mb())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    if not cuda:
+        sampler.start()
+    t0 = time.perf_counter()
+    fn()
+    if cuda:
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t0
+    stop.set()
+    if cuda:
+        return elapsed, (torch.cuda.max_memory_allocated() - base) / 2**20
+    sampler.join()
+    return elapsed, max(peak[0], _rss_mb()) - base
 
 
-def _batches(model: Any, n_prompts: int, seq_len: int, batch_size: int) -> list[Any]:
+def _batches(model: Any, dets: Any, n_prompts: int, seq_len: int, batch_size: int) -> list[Any]:
     """The token batches ``classify`` scans (same probes, seeds and collation)."""
-    from headlens.classification import _probes, select_detectors
+    from headlens.classification import _probes
     from headlens.probes import collate
     from headlens.vocab import vocab
 
-    dets, _, _ = select_detectors(model, None)
     v = vocab(model)
-    pad = v.ordinary[0]
     out = []
     for probe, _served in _probes(model, dets, None, n_prompts, seq_len, 0, False):
         for start in range(0, len(probe), batch_size):
             rows = range(start, min(start + batch_size, len(probe)))
-            out.append(collate(probe, rows, model.is_causal, v.special, pad).tokens)
+            out.append(collate(probe, rows, model.is_causal, v.special, v.ordinary[0]).tokens)
     return out
 
 
 def worker(args: argparse.Namespace) -> dict[str, Any]:
-    """One contender in this (fresh) process: load, warm up once, time one full run."""
+    """Every contender of one model and dtype in this (fresh) process, timed round-robin."""
+    import statistics
+
     import torch
+    from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")
     import headlens
+    from headlens.classification import select_detectors
+    from headlens.detectors.copying import scores as copying
     from headlens.placement import resolve_device, resolve_dtype
 
     device, dtype = resolve_device(args.device), resolve_dtype(args.dtype)
-    t0 = time.perf_counter()
     model = headlens.load(f"hf:{args.path}", device=device, dtype=dtype)
-    result: dict[str, Any] = {"load_s": time.perf_counter() - t0}
-    batches = _batches(model, args.n_prompts, args.seq_len, args.batch_size)
-    result["tokens"] = int(sum(b.numel() for b in batches))
-    if args.contender == "classify":
-        def run() -> None:
-            headlens.classify(model, n_prompts=args.n_prompts, seq_len=args.seq_len, batch_size=args.batch_size)
-        from headlens.detectors.copying import scores as copying
-        t0 = time.perf_counter()
-        copying(model)
-        result["copying_s"] = time.perf_counter() - t0
-    else:
-        from transformers import AutoModelForCausalLM
+    kw = dict(n_prompts=args.n_prompts, seq_len=args.seq_len, batch_size=args.batch_size)
+    ran = set(headlens.classify(model, **kw).detector)  # the default detectors that have targets here
+    pattern = [d for d in select_detectors(model, None)[0] if d.kind != "weights" and d.name in ran]
+    batches = _batches(model, pattern, args.n_prompts, args.seq_len, args.batch_size)
+    hf = {impl: AutoModelForCausalLM.from_pretrained(args.path, attn_implementation=impl, dtype=dtype).to(device).eval()
+          for impl in ("eager", "sdpa")}
 
-        del model
-        hf = AutoModelForCausalLM.from_pretrained(args.path, attn_implementation=args.contender.split()[-1],
-                                                  dtype=dtype).to(device).eval()
-
+    def forward(impl: str) -> Any:
         def run() -> None:
             with torch.inference_mode():
                 for tokens in batches:
-                    hf(tokens.to(device))
-    run()  # warm-up
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    run()
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    result["run_s"] = time.perf_counter() - t0
-    result["peak_mb"] = _peak_mb(device)
+                    hf[impl](tokens.to(device))
+        return run
+
+    contenders = {
+        "classify": lambda: headlens.classify(model, detectors=[d.name for d in pattern], **kw),
+        "hf eager": forward("eager"), "hf sdpa": forward("sdpa"),
+    }
+    result: dict[str, Any] = {"tokens": int(sum(b.numel() for b in batches)), "loaded_mb": _rss_mb(),
+                              "copying_s": _timed(lambda: copying(model), device)[0]}
+    for fn in contenders.values():
+        fn()  # warm-up
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in contenders}
+    for _ in range(args.repeats):
+        for name, fn in contenders.items():
+            runs[name].append(_timed(fn, device))
+    for name, values in runs.items():
+        result[name] = {"s": statistics.median(t for t, _ in values), "peak_mb": max(m for _, m in values)}
     return result
 
 
@@ -141,40 +174,36 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--root", default=None, help="folder for the generated models (default: a temp folder)")
-    parser.add_argument("--worker", nargs=3, metavar=("PATH", "CONTENDER", "DTYPE"), help=argparse.SUPPRESS)
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds after the warm-up (median)")
+    parser.add_argument("--worker", nargs=2, metavar=("PATH", "DTYPE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        args.path, args.contender, args.dtype = args.worker
+        args.path, args.dtype = args.worker
         print(json.dumps(worker(args)))
         return
     root = Path(args.root or tempfile.mkdtemp(prefix="headlens-real-shapes-"))
     print(f"device {args.device}, {args.threads} threads, {args.n_prompts} prompts x {args.seq_len} tokens per "
           f"probe, batch {args.batch_size}; models in {root}")
-    header = (f"{'model':<14}{'dtype':<10}{'contender':<10}{'tokens':>8}{'time s':>9}{'tok/s':>9}"
-              f"{'vs hf eager':>12}{'vs hf sdpa':>11}{'peak MB':>10}")
-    print(header)
+    print(f"{'model':<14}{'dtype':<10}{'contender':<10}{'tokens':>7}{'time s':>9}{'tok/s':>8}"
+          f"{'vs hf eager':>12}{'vs hf sdpa':>11}{'working MB':>11}")
     for shape in args.shapes.split(","):
         path = build(shape, root, args.llama_layers)
         for dtype in args.dtypes.split(","):
-            rows = {}
-            for contender in ("classify", "hf eager", "hf sdpa"):
-                cmd = [sys.executable, __file__, "--worker", str(path), contender, dtype, "--device", args.device,
-                       "--n-prompts", str(args.n_prompts), "--seq-len", str(args.seq_len),
-                       "--batch-size", str(args.batch_size), "--threads", str(args.threads)]
-                env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-                done = subprocess.run(cmd, capture_output=True, text=True, env=env)
-                if done.returncode:
-                    print(f"{shape:<14}{dtype:<10}{contender:<10} failed: {done.stderr.strip().splitlines()[-1:]}")
-                    continue
-                rows[contender] = json.loads(done.stdout.strip().splitlines()[-1])
-            for contender, r in rows.items():
-                ratio = {k: (r["run_s"] / rows[k]["run_s"] if k in rows else float("nan")) for k in ("hf eager", "hf sdpa")}
-                print(f"{shape:<14}{dtype:<10}{contender:<10}{r['tokens']:>8}{r['run_s']:>9.2f}"
-                      f"{r['tokens'] / r['run_s']:>9.0f}{ratio['hf eager']:>11.2f}x{ratio['hf sdpa']:>10.2f}x"
-                      f"{r['peak_mb']:>10.0f}")
-            if "classify" in rows:
-                print(f"{'':<24}(classify includes copying: {rows['classify']['copying_s']:.2f} s; "
-                      f"bridge load {rows['classify']['load_s']:.1f} s)")
+            cmd = [sys.executable, __file__, "--worker", str(path), dtype, "--device", args.device,
+                   "--n-prompts", str(args.n_prompts), "--seq-len", str(args.seq_len), "--repeats", str(args.repeats),
+                   "--batch-size", str(args.batch_size), "--threads", str(args.threads)]
+            env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+            done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            if done.returncode:
+                print(f"{shape:<14}{dtype:<10}failed: {done.stderr.strip().splitlines()[-1:]}")
+                continue
+            r = json.loads(done.stdout.strip().splitlines()[-1])
+            for name in ("classify", "hf eager", "hf sdpa"):
+                c = r[name]
+                print(f"{shape:<14}{dtype:<10}{name:<10}{r['tokens']:>7}{c['s']:>9.2f}{r['tokens'] / c['s']:>8.0f}"
+                      f"{c['s'] / r['hf eager']['s']:>11.2f}x{c['s'] / r['hf sdpa']['s']:>10.2f}x{c['peak_mb']:>11.0f}")
+            print(f"{'':<24}process with the bridge and both HF models loaded: {r['loaded_mb']:.0f} MB; "
+                  f"copying (weights only): {r['copying_s']:.2f} s", flush=True)
 
 
 if __name__ == "__main__":

@@ -138,7 +138,8 @@ def _hub_config(repo: str, revision: str | None) -> Path:
         ) from None
     except RepositoryNotFoundError:
         raise ModelReferenceError(
-            f"hub repository {repo!r} not found (a private one needs a login: hf auth login)"
+            f"hub repository {repo!r} not found (a private one needs a login: hf auth login), "
+            f"and there is no local directory {repo!r}"
         ) from None
     except RevisionNotFoundError:
         raise ModelReferenceError(f"hub repository {repo!r} has no revision {revision!r}") from None
@@ -158,7 +159,8 @@ def _cache_miss(repo: str, revision: str | None, cache: str, offline: bool) -> s
     why = "HF_HUB_OFFLINE=1 is set" if offline else "the hub cannot be reached"
     rev = revision or "main"
     if not folder.is_dir():
-        return f"hub model {repo!r} is not in the Hugging Face cache ({cache}) and {why}"
+        return (f"hub model {repo!r} is not in the Hugging Face cache ({cache}) and {why}; "
+                f"there is no local directory {repo!r} either")
     known = sorted(p.name for p in (folder / "refs").glob("*")) if (folder / "refs").is_dir() else []
     if not re.fullmatch(r"[0-9a-f]{40}", rev) and rev not in known:
         return (f"revision {rev!r} of {repo!r} is not in the Hugging Face cache ({why}); "
