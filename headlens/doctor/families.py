@@ -194,6 +194,40 @@ def row_losses(model: Any, rows: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(out)
 
 
+def score_layouts(model_dir: Path, cfg: Any, layouts: list[HeadLayout], rows: list[torch.Tensor]
+                  ) -> tuple[dict[int, torch.Tensor], dict[int, HeadLayout]]:
+    """Per-row losses of every layout ``transformers`` can load and run, keyed by n_heads (unique per layout:
+    the widths are fixed), and the layouts by the same key."""
+    per_row, by_heads = {}, {}
+    for layout in layouts:
+        model = build(model_dir, cfg, layout)
+        if model is None:
+            continue
+        try:
+            per_row[layout.n_heads] = row_losses(model, rows)
+        except (RuntimeError, ValueError, IndexError):  # e.g. GPT-J's rotary_dim wider than this head
+            continue
+        finally:
+            del model
+        by_heads[layout.n_heads] = layout
+    return per_row, by_heads
+
+
+def _warnings(config: HeadLayout, best: HeadLayout, v: Any, n_heads: int | None) -> list[str]:
+    out = []
+    if v.inferred != config.n_heads:
+        out.append(f"the config says {config} but the weights work best as {best} (loss "
+                   f"{v.losses[v.inferred]:.3f} vs {v.losses[config.n_heads]:.3f} nats): this checkpoint's "
+                   f"config is wrong")
+    if n_heads is not None and n_heads != v.inferred:
+        out.append(f"you asked for n_heads={n_heads} but the weights were trained as {best} "
+                   f"(loss {v.losses[v.inferred]:.3f} vs {v.losses[n_heads]:.3f} nats)")
+    if len(v.plausible) > 1:
+        out.append(f"weak evidence: n_heads={v.plausible} fit about equally well on this text; "
+                   f"give more or more typical text (--text) to separate them")
+    return out
+
+
 def check_family(model_dir: Path, n_heads: int | None, candidates: list[int] | None, margin: float, z_min: float,
                  n_rows: int, seq_len: int, seed: int, texts: list[str] | None, t0: float) -> Any:
     """:func:`headlens.doctor.check_checkpoint` for a non-GPT-2 Hugging Face directory."""
@@ -210,18 +244,7 @@ def check_family(model_dir: Path, n_heads: int | None, candidates: list[int] | N
     if claimed not in layouts:
         layouts.append(claimed)
     rows, description = evaluation_tokens(model_dir, cfg, n_rows, seq_len, seed, texts)
-    per_row, by_heads = {}, {}
-    for layout in layouts:
-        model = build(model_dir, cfg, layout)
-        if model is None:
-            continue
-        try:
-            per_row[layout.n_heads] = row_losses(model, rows)
-        except (RuntimeError, ValueError, IndexError):  # e.g. GPT-J's rotary_dim wider than this head
-            continue
-        finally:
-            del model
-        by_heads[layout.n_heads] = layout
+    per_row, by_heads = score_layouts(model_dir, cfg, layouts, rows)
     if config.n_heads not in per_row:
         raise CheckpointError(f"the weights in {str(model_dir)!r} do not load with their own config ({config})")
     if claimed.n_heads not in per_row:
@@ -230,21 +253,10 @@ def check_family(model_dir: Path, n_heads: int | None, candidates: list[int] | N
     best = by_heads[v.inferred]
     evidence = [HeadCountEvidence(h, by_heads[h].d_head, v.losses[h], v.losses[h] - v.losses[v.best], v.z[h],
                                   by_heads[h].n_kv_heads) for h in sorted(per_row)]
-    warnings = []
-    if v.inferred != config.n_heads:
-        warnings.append(f"the config says {config} but the weights work best as {best} (loss "
-                        f"{v.losses[v.inferred]:.3f} vs {v.losses[config.n_heads]:.3f} nats): this checkpoint's "
-                        f"config is wrong")
-    if n_heads is not None and n_heads != v.inferred:
-        warnings.append(f"you asked for n_heads={n_heads} but the weights were trained as {best} "
-                        f"(loss {v.losses[v.inferred]:.3f} vs {v.losses[n_heads]:.3f} nats)")
-    if len(v.plausible) > 1:
-        warnings.append(f"weak evidence: n_heads={v.plausible} fit about equally well on this text; "
-                        f"give more or more typical text (--text) to separate them")
     return CheckpointReport(
         path=str(model_dir), format="huggingface", passed=v.inferred == config.n_heads == claimed.n_heads,
         config_n_heads=config.n_heads, claimed_n_heads=claimed.n_heads, inferred_n_heads=v.inferred,
         plausible_n_heads=v.plausible, d_model=int(cfg.hidden_size), evaluation=description, margin=margin,
-        evidence=evidence, warnings=warnings, seconds=time.perf_counter() - t0, family=str(cfg.model_type),
+        evidence=evidence, warnings=_warnings(config, best, v, n_heads), seconds=time.perf_counter() - t0, family=str(cfg.model_type),
         config_n_kv_heads=config.n_kv_heads, inferred_n_kv_heads=best.n_kv_heads,
     )
