@@ -137,6 +137,8 @@ def target_mass(q: torch.Tensor, k: torch.Tensor, spec: AttentionSpec, targets: 
         ``(B, H, D)`` float64: ``sum_q sum_{k in T_d(q)} p(q -> k)`` per prompt, head, detector.
     """
     B, H, T, d = q.shape
+    if q.dtype in (torch.float16, torch.bfloat16):  # a half-precision model: scores and LSE in float32
+        q, k = q.float(), k.float()
     if k.shape[1] != H:  # grouped-query attention: each KV head serves H / H_kv query heads
         k = k.repeat_interleave(H // k.shape[1], dim=1)  # (B, H, T, d)
     scale = spec.scale if spec.scale is not None else 1.0 / math.sqrt(d)

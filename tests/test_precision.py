@@ -54,6 +54,17 @@ def test_bfloat16_labels_the_planted_gqa_heads_like_float32(planted_qwen2):
     assert diff <= 0.02, f"max |score(bf16) - score(fp32)| = {diff:.4f}"
 
 
+def test_bfloat16_on_the_sparse_scan_path(planted_qwen2):
+    """The log-sum-exp path reads q and k, not the pattern: in bfloat16 it must still score within 0.02
+    (scores and LSE are formed in float32; in bfloat16 they were off by 0.04)."""
+    kw = dict(n_prompts=16, seq_len=48, detectors=DETECTORS)
+    full = headlens.classify(planted_qwen2, scan_path="dense", **kw)
+    half = headlens.classify(planted_qwen2, dtype="bfloat16", scan_path="sparse", **kw)
+    assert half.attrs["scan_path"] == "sparse" and _labels(full) == _labels(half) == PLANTED
+    diff = float((full.score - half.score).abs().max())
+    assert diff <= 0.02, f"max |score(bf16, sparse) - score(fp32, dense)| = {diff:.4f}"
+
+
 @pytest.mark.skipif(not ZOO["induction-2l"].available, reason="induction-2l weights not installed")
 def test_bfloat16_on_the_native_zoo_model():
     model = headlens.load("induction-2l", dtype="bfloat16")
