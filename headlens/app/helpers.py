@@ -137,7 +137,7 @@ def fingerprint(ref: str) -> str:
     from headlens.zoo import ZOO
 
     if ref in ZOO:
-        path: Path | None = ZOO[ref].path
+        path: Path | None = ZOO[ref].weights_file
     elif ref.startswith("hf:"):
         path = Path(ref[3:]).expanduser() / "config.json"
     elif ref == "minilm":

@@ -25,7 +25,9 @@ def register(app: typer.Typer) -> None:
         table.add_column("size")
         table.add_column("what it is / heads it is known to contain")
         for name, entry in ZOO.items():
-            size = f"{entry.path.stat().st_size / 1e6:.1f} MB" if entry.available else "missing"
+            size = f"{entry.size_bytes / 1e6:.1f} MB" if entry.available else "missing"
+            if entry.format == "hf":
+                size += "\nHugging Face dir"
             if entry.snapshot_files:
                 size += f"\n+{len(entry.snapshot_files)} training snapshots"
             heads = "; ".join(f"{det}: {', '.join(h)}" for det, h in entry.known_heads.items())

@@ -11,7 +11,7 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command("train")
     def train_cmd(
-        recipe: Annotated[str, typer.Argument(help="recipe name: induction-2l, code or dyck")],
+        recipe: Annotated[str, typer.Argument(help="recipe name: induction-2l, llama-induction, code or dyck")],
         out: Annotated[Path | None, typer.Option("--out", help="output folder (default: ./runs/RECIPE)")] = None,
         steps: Annotated[int | None, typer.Option("--steps", help="optimiser steps (default: the recipe's)")] = None,
         seed: Annotated[int | None, typer.Option("--seed", help="seed of weights and data (default: the recipe's)")] = None,
@@ -19,7 +19,8 @@ def register(app: typer.Typer) -> None:
         threads: Annotated[int, typer.Option("--threads", help="CPU threads (1 is reproducible bit for bit)")] = 1,
         evaluate: Annotated[bool, typer.Option("--evaluate/--no-evaluate", help="measure the card's numbers")] = True,
     ) -> None:
-        """Train RECIPE from scratch: checkpoint, snapshots, JSON loss log and a card.json."""
+        """Train RECIPE from scratch: checkpoint (a Hugging Face directory for llama-induction), snapshots,
+        JSON loss log and a card.json."""
         import json
 
         import torch
@@ -53,10 +54,10 @@ def register(app: typer.Typer) -> None:
         console.print(f"loss log:   {result.log}")
         console.print(f"final train loss {result.final_loss:.4f} in {result.wall_time_s:.0f} s")
         if evaluate:
-            from headlens.checkpoint import load_checkpoint
             from headlens.zoo.evaluate import EVALUATORS
+            from headlens.zoo.train import load_trained
 
-            card = EVALUATORS[recipe](load_checkpoint(result.checkpoint))
+            card = EVALUATORS[recipe](load_trained(result.checkpoint, name=recipe))
             card_path = Path(out_dir) / "card.json"
             card_path.write_text(json.dumps(card, indent=1))
             summary = {k: v for k, v in card.items() if k not in ("scores", "probe")}

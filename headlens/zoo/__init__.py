@@ -1,7 +1,11 @@
 """The model zoo: small models trained by headlens' own recipes, shipped in the package.
 
-Each entry names a safetensors checkpoint under ``headlens/zoo/weights/`` and the
-heads its model card says it contains. ``headlens.load(name)`` resolves these names.
+Each entry names its weights under ``headlens/zoo/weights/`` and the heads its model card says
+it contains. ``headlens.load(name)`` resolves these names. Two formats:
+
+* ``headlens``: a native checkpoint ``<name>.safetensors`` (the GPT-2-style models);
+* ``hf``: a Hugging Face directory ``<name>/`` (config.json, model.safetensors, tokenizer files),
+  booted through TransformerBridge like any ``hf:<dir>`` (the Llama-architecture model).
 """
 
 from __future__ import annotations
@@ -9,6 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Literal
+
+HF_WEIGHTS = "model.safetensors"  # the weights file of an "hf" entry's directory
 
 
 @dataclass(frozen=True)
@@ -16,20 +23,36 @@ class ZooEntry:
     """One bundled model."""
 
     name: str  # the reference users type: headlens.load("induction-2l")
-    file: str  # checkpoint file name under headlens/zoo/weights/
+    file: str  # checkpoint file (format "headlens") or directory (format "hf") under headlens/zoo/weights/
     description: str  # one line for `headlens models`
     known_heads: dict[str, list[str]] = field(default_factory=dict)  # detector -> ["L1H2", ...]
     # heads classify labels on real Python source (corpus="stdlib", seq_len=STDLIB_SEQ_LEN), for code models
     stdlib_heads: dict[str, list[str]] = field(default_factory=dict)
     snapshots: str = ""  # folder of training snapshots under weights/, if shipped
+    format: Literal["headlens", "hf"] = "headlens"  # native checkpoint, or Hugging Face directory
 
     @property
     def path(self) -> Path:
+        """The checkpoint file, or for an ``hf`` entry its directory (what ``hf:<dir>`` would name)."""
         return weights_dir() / self.file
 
     @property
+    def weights_file(self) -> Path:
+        """The one file holding the weights (the checkpoint, or the directory's model.safetensors)."""
+        return self.path / HF_WEIGHTS if self.format == "hf" else self.path
+
+    @property
     def available(self) -> bool:
+        if self.format == "hf":
+            return (self.path / "config.json").is_file() and self.weights_file.is_file()
         return self.path.is_file()
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes on disk (every file of an ``hf`` directory)."""
+        if self.format == "hf":
+            return sum(f.stat().st_size for f in self.path.iterdir() if f.is_file())
+        return self.path.stat().st_size
 
     @property
     def snapshot_files(self) -> list[Path]:
@@ -60,6 +83,15 @@ ZOO: dict[str, ZooEntry] = {
             "circuit: previous-token head L0H0 feeds induction head L1H1 (repeated half 0.72 vs 4.15 nats)",
             known_heads={"previous_token": ["L0H0"], "induction": ["L1H1"]},
             snapshots="induction-2l-snapshots",
+        ),
+        ZooEntry(
+            name="llama-induction",
+            file="llama-induction",
+            format="hf",
+            description="Hugging Face LlamaForCausalLM (2 layers, 4 query / 2 key-value heads, RoPE, RMSNorm, "
+            "SwiGLU), byte-level, loaded through TransformerBridge; the same induction circuit in a modern "
+            "architecture: TODO",
+            known_heads={"previous_token": ["TODO"], "induction": ["TODO"]},
         ),
         ZooEntry(
             name="code",

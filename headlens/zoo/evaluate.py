@@ -31,7 +31,8 @@ def evaluate_induction(model, seg_lens: tuple[int, ...] = (8, 16, 24, 30), n_pro
     length (its min over lengths), which rules out a fixed-offset head posing as induction.
     """
     gen = torch.Generator().manual_seed(PROBE_SEED)
-    n_sym, bos = model.tokenizer.n_symbols, model.bos_token_id
+    tok = getattr(model, "native_tokenizer", None) or model.tokenizer  # a bridged zoo model carries its own
+    n_sym, bos = tok.n_symbols, model.bos_token_id
     first, second = [], []
     ind_by_len, shifted_by_len = [], []
     prev = []
@@ -207,4 +208,4 @@ def evaluate_dyck(model, n_strings: int = 256, seq_len: int = 64, max_depth: int
     }
 
 
-EVALUATORS = {"induction-2l": evaluate_induction, "code": evaluate_code, "dyck": evaluate_dyck}
+EVALUATORS = {"induction-2l": evaluate_induction, "llama-induction": evaluate_induction, "code": evaluate_code, "dyck": evaluate_dyck}

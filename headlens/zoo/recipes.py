@@ -16,6 +16,7 @@ from headlens.config import ModelConfig
 from headlens.errors import ConfigError
 from headlens.tokenizer import Tokenizer
 from headlens.zoo import data
+from headlens.zoo.llama import LlamaLM, LlamaSpec
 
 Sampler = Callable[[torch.Generator, int], torch.Tensor]  # (generator, batch) -> (B, T) tokens
 
@@ -26,7 +27,7 @@ class Recipe:
 
     name: str
     summary: str  # one line: what the model learns
-    config: ModelConfig
+    config: ModelConfig | LlamaSpec  # a native GPT, or a Hugging Face Llama (shipped as a directory)
     tokenizer: Tokenizer
     seq_len: int  # tokens per training row after BOS (row length seq_len + 1 <= n_ctx)
     steps: int  # default number of optimiser steps
@@ -44,6 +45,19 @@ class Recipe:
     def sampler(self) -> Sampler:
         """The training-batch sampler for this recipe."""
         return _SAMPLERS[self.name](self)
+
+    @property
+    def is_hf(self) -> bool:
+        """True when the recipe trains a ``transformers`` model (saved as a Hugging Face directory)."""
+        return isinstance(self.config, LlamaSpec)
+
+    def build_model(self) -> torch.nn.Module:
+        """A freshly initialised model (weights from torch's global generator): ``forward(tokens)`` -> logits."""
+        if isinstance(self.config, LlamaSpec):
+            return LlamaLM(self.config, self.tokenizer, self.name)
+        from headlens.model import GPT
+
+        return GPT(self.config, tokenizer=self.tokenizer, name=self.name)
 
     def loss_weights(self) -> torch.Tensor | None:
         """``(d_vocab,)`` weight of each target token in the training loss, or None when all are 1."""
@@ -90,6 +104,7 @@ def _dyck_sampler(r: Recipe) -> Sampler:
 
 _SAMPLERS: dict[str, Callable[[Recipe], Sampler]] = {
     "induction-2l": _induction_sampler,
+    "llama-induction": _induction_sampler,
     "code": _code_sampler,
     "dyck": _dyck_sampler,
 }
@@ -106,6 +121,19 @@ def _induction_recipe() -> Recipe:
         summary="attention-only 2-layer model on random letters with a segment repeating at a random period",
         config=cfg, tokenizer=tok, seq_len=64, steps=14000, batch_size=32, lr=2e-3,
         warmup=200, seed=0, snapshots=20,
+        extra={"min_repeat": 5, "max_repeat": 25},
+    )
+
+
+def _llama_induction_recipe() -> Recipe:
+    tok = Tokenizer.byte_level()  # all 256 bytes repeat: a bridge probe may draw any of them
+    spec = LlamaSpec(n_layers=2, n_heads=4, n_kv_heads=2, d_model=64, n_ctx=128, d_vocab=tok.d_vocab)
+    return Recipe(
+        name="llama-induction",
+        summary="2-layer Llama (RoPE, RMSNorm, SwiGLU, 4 query / 2 key-value heads) on random bytes "
+                "with a segment repeating at a random period",
+        config=spec, tokenizer=tok, seq_len=64, steps=3000, batch_size=32, lr=2e-3,
+        warmup=100, seed=0, snapshots=10,
         extra={"min_repeat": 5, "max_repeat": 25},
     )
 
@@ -141,6 +169,7 @@ def _dyck_recipe() -> Recipe:
 
 RECIPES: dict[str, Callable[[], Recipe]] = {
     "induction-2l": _induction_recipe,
+    "llama-induction": _llama_induction_recipe,
     "code": _code_recipe,
     "dyck": _dyck_recipe,
 }

@@ -38,7 +38,7 @@ def _sha256(path: Path) -> str:
 
 
 def _key(name: str, n_prompts: int, seed: int) -> dict[str, Any]:
-    return {"format": FORMAT, "weights_sha256": _sha256(ZOO[name].path), "n_prompts": int(n_prompts),
+    return {"format": FORMAT, "weights_sha256": _sha256(ZOO[name].weights_file), "n_prompts": int(n_prompts),
             "seed": int(seed)}
 
 

@@ -1,7 +1,7 @@
 """Ship a finished training run into the package: weights, snapshots and model card.
 
 ``python -m headlens.zoo.ship RUN_DIR [--notes TEXT]`` copies the run's checkpoint into
-``headlens/zoo/weights/`` as float16 (after checking that every head score moves by
+``headlens/zoo/weights/`` (a Hugging Face directory for HF recipes) as float16 (after checking that every head score moves by
 less than 0.01), its snapshots into ``weights/<name>-snapshots/``, and writes
 ``cards/<name>.json`` and ``cards/<name>.md``.
 """
@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from headlens.checkpoint import load_checkpoint, load_metadata, save_checkpoint
-from headlens.zoo import weights_dir
+from headlens.zoo import llama, weights_dir
 from headlens.zoo.evaluate import EVALUATORS
-from headlens.zoo.recipes import get_recipe
+from headlens.zoo.recipes import Recipe, get_recipe
+from headlens.zoo.train import load_trained
 
 CARDS_DIR = Path(__file__).parent / "cards"
 HALF_TOLERANCE = 0.01
@@ -28,6 +29,24 @@ def _max_score_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
     if isinstance(a, dict):
         return max((_max_score_diff(a[k], b[k]) for k in a), default=0.0)
     return abs(float(a) - float(b))
+
+
+def _read_metadata(ckpt: Path) -> dict[str, Any]:
+    """Training metadata of a headlens checkpoint, or of an HF recipe's snapshot file or directory."""
+    if ckpt.is_dir() or llama.is_snapshot(ckpt):
+        return llama.read_metadata(ckpt)
+    return load_metadata(ckpt)
+
+
+def _write_weights(recipe: Recipe, ckpt: Path, meta: dict[str, Any], half: bool) -> Path:
+    """Copy ``ckpt`` into ``weights/``: ``<name>.safetensors``, or the directory ``<name>/`` for HF recipes."""
+    if recipe.is_hf:
+        dest = weights_dir() / recipe.name
+        shutil.rmtree(dest, ignore_errors=True)
+        return llama.save_dir(llama.load_snapshot(ckpt), dest, metadata=meta, half=half)
+    dest = weights_dir() / f"{recipe.name}.safetensors"
+    save_checkpoint(load_checkpoint(ckpt, name=recipe.name), dest, metadata=meta, half=half)
+    return dest
 
 
 def ship(run_dir: str | Path, notes: str = "", snapshot: str = "", wall_time_s: float = 0.0,
@@ -48,11 +67,11 @@ def ship(run_dir: str | Path, notes: str = "", snapshot: str = "", wall_time_s: 
     log_path = run / "log.json"
     if snapshot:
         ckpt = run / "snapshots" / snapshot
-        meta = load_metadata(ckpt)
+        meta = _read_metadata(ckpt)
         name = meta["recipe"]
     else:
         name = json.loads(log_path.read_text())["recipe"]
-        ckpt = run / f"{name}.safetensors"
+        ckpt = run / name if get_recipe(name).is_hf else run / f"{name}.safetensors"
     recipe = get_recipe(name)
     if log_path.is_file():
         log = json.loads(log_path.read_text())
@@ -69,15 +88,15 @@ def ship(run_dir: str | Path, notes: str = "", snapshot: str = "", wall_time_s: 
     if snapshot:
         reproduce += f" (then take snapshots/{snapshot})"
     evaluate = EVALUATORS[name]
-    full = evaluate(load_checkpoint(ckpt))
-    dest = weights_dir() / f"{name}.safetensors"
-    src_meta = {**load_metadata(ckpt), "shipped_from": snapshot or "final"}
-    save_checkpoint(load_checkpoint(ckpt, name=name), dest, metadata=src_meta, half=True)
-    half = evaluate(load_checkpoint(dest))
+    src_meta = {**_read_metadata(ckpt), "shipped_from": snapshot or "final"}
+    full = evaluate(load_trained(ckpt, name=name))
+    dest = _write_weights(recipe, ckpt, src_meta, half=True)
+    half = evaluate(load_trained(dest, name=name))
     diff = _max_score_diff(full["scores"], half["scores"])
     if diff >= HALF_TOLERANCE:  # keep float32 when half precision moves a score
-        save_checkpoint(load_checkpoint(ckpt, name=name), dest, metadata=src_meta, half=False)
+        dest = _write_weights(recipe, ckpt, src_meta, half=False)
         half = full
+    size = sum(f.stat().st_size for f in dest.iterdir()) if dest.is_dir() else dest.stat().st_size
     snaps = sorted((run / "snapshots").glob("step_*.safetensors"))
     if snapshot or not with_snapshots:
         snaps = []
@@ -104,8 +123,9 @@ def ship(run_dir: str | Path, notes: str = "", snapshot: str = "", wall_time_s: 
         "wall_time_s": log["wall_time_s"],
         "threads": log["threads"],
         "final_train_loss": final_loss,
-        "weights": {"file": dest.name, "dtype": "float32" if half is full else "float16",
-                    "bytes": dest.stat().st_size, "max_score_change_vs_float32": round(diff, 5)},
+        "weights": {"file": dest.name, "format": "hf" if recipe.is_hf else "headlens",
+                    "dtype": "float32" if half is full else "float16",
+                    "bytes": size, "max_score_change_vs_float32": round(diff, 5)},
         "snapshots": [s.name for s in snaps],
         "evaluation": half,
         "notes": notes,
@@ -125,6 +145,17 @@ def score_key(detector: str, scores: dict[str, Any]) -> str:
     return detector if detector in scores else f"{detector}_min_over_lengths"
 
 
+def _config_line(cfg: dict[str, Any]) -> str:
+    if cfg.get("architecture") == "llama":
+        return (f"- config: LlamaForCausalLM, {cfg['n_layers']} layers, {cfg['n_heads']} query heads / "
+                f"{cfg['n_kv_heads']} key-value heads (GQA), d_head {cfg['d_head']}, d_model {cfg['d_model']}, "
+                f"SwiGLU d_mlp {cfg['d_mlp']}, RMSNorm, RoPE (theta {cfg['rope_theta']:g}), "
+                f"n_ctx {cfg['n_ctx']}, d_vocab {cfg['d_vocab']}")
+    return (f"- config: {cfg['n_layers']} layers, {cfg['n_heads']} heads, d_model {cfg['d_model']}, "
+            f"n_ctx {cfg['n_ctx']}, d_vocab {cfg['d_vocab']}, attn_only={cfg['attn_only']}, "
+            f"normalization={cfg['normalization']}")
+
+
 def render_markdown(card: dict[str, Any]) -> str:
     """A human-readable model card."""
     ev = card["evaluation"]
@@ -137,16 +168,14 @@ def render_markdown(card: dict[str, Any]) -> str:
            f" ({card['threads']} threads; other thread counts reproduce it within float noise, not bit for bit)."),
         "",
         "## Training", "",
-        f"- config: {cfg['n_layers']} layers, {cfg['n_heads']} heads, d_model {cfg['d_model']}, "
-        f"n_ctx {cfg['n_ctx']}, d_vocab {cfg['d_vocab']}, attn_only={cfg['attn_only']}, "
-        f"normalization={cfg['normalization']}",
+        _config_line(cfg),
         f"- tokenizer: {card['tokenizer']['kind']}"
         + (f" over {card['tokenizer']['alphabet']!r}" if card["tokenizer"]["alphabet"] else ""),
         f"- seed {card['seed']}, {card['trained_steps']} steps (of a {card['steps']}-step schedule) x batch {card['batch_size']} x {card['seq_len']} tokens "
         f"({card['tokens_seen']:,} tokens), AdamW lr {card['lr']}",
         f"- wall time {card['wall_time_s']:.0f} s on {card['threads']} thread(s) of a shared 2-core CPU",
         f"- final training loss (mean of last 50 steps): {card['final_train_loss']:.4f}",
-        f"- weights: `{card['weights']['file']}` ({card['weights']['dtype']}, "
+        f"- weights: `{card['weights']['file']}`{'/ (Hugging Face directory)' if card['weights'].get('format') == 'hf' else ''} ({card['weights']['dtype']}, "
         f"{card['weights']['bytes'] / 1e6:.2f} MB; largest head-score change vs float32 "
         f"{card['weights']['max_score_change_vs_float32']})",
         f"- snapshots: {len(card['snapshots'])}", "",

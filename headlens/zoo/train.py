@@ -5,6 +5,10 @@ Writes, under ``out_dir``::
     <name>.safetensors             final headlens checkpoint (config + tokenizer + card metadata)
     snapshots/step_XXXXX.safetensors   K intermediate checkpoints (float16, step and loss in metadata)
     log.json                       loss curve, tokens/s, wall time, snapshot list
+
+A recipe that trains a ``transformers`` model (``recipe.is_hf``: the Llama zoo model) writes a
+Hugging Face directory ``<name>/`` instead of ``<name>.safetensors``; its snapshots hold the
+HF-named weights (``headlens.zoo.llama.load_snapshot`` reads them back).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import torch.nn.functional as F
 
 from headlens.checkpoint import save_checkpoint
 from headlens.errors import ConfigError
-from headlens.model import GPT
+from headlens.zoo import llama
 from headlens.zoo.recipes import Recipe
 
 # on_step(step, total_steps, loss, tokens_per_second)
@@ -33,7 +37,7 @@ StepCallback = Callable[[int, int, float, float], None]
 class TrainResult:
     """Where a training run wrote its outputs, and its headline numbers."""
 
-    checkpoint: Path
+    checkpoint: Path  # <name>.safetensors, or the Hugging Face directory <name>/ of an HF recipe
     snapshots: list[Path]
     log: Path
     final_loss: float  # mean training loss over the last 50 steps
@@ -57,7 +61,7 @@ def lr_at(step: int, recipe: Recipe, steps: int) -> float:
     return floor + (recipe.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def _optimizer(model: GPT, recipe: Recipe) -> torch.optim.Optimizer:
+def _optimizer(model: torch.nn.Module, recipe: Recipe) -> torch.optim.Optimizer:
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     groups = [
@@ -65,6 +69,26 @@ def _optimizer(model: GPT, recipe: Recipe) -> torch.optim.Optimizer:
         {"params": no_decay, "weight_decay": 0.0},
     ]
     return torch.optim.AdamW(groups, lr=recipe.lr, betas=(0.9, 0.95), foreach=False)
+
+
+def _save(recipe: Recipe, model: torch.nn.Module, path: Path, meta: dict[str, Any], half: bool) -> None:
+    if recipe.is_hf:
+        llama.save_state(model, path, metadata=meta, half=half)
+    else:
+        save_checkpoint(model, path, metadata=meta, half=half)
+
+
+def load_trained(path: str | Path, name: str | None = None) -> Any:
+    """A trained model from ``train``'s outputs: a headlens checkpoint, an HF recipe's directory
+    (booted through the bridge, as ``headlens.load`` does) or an HF recipe's snapshot file."""
+    from headlens.checkpoint import load_checkpoint
+
+    path = Path(path)
+    if path.is_dir():
+        return llama.load_run(path, name=name)
+    if llama.is_snapshot(path):
+        return llama.load_snapshot_run(path, name=name)
+    return load_checkpoint(path, name=name)
 
 
 def train(
@@ -101,7 +125,7 @@ def train(
     out.mkdir(parents=True, exist_ok=True)
 
     torch.manual_seed(seed)
-    model = GPT(recipe.config, tokenizer=recipe.tokenizer, name=recipe.name)
+    model = recipe.build_model()
     model.train()
     gen = torch.Generator().manual_seed(seed + 1_000_003)
     sample = recipe.sampler()
@@ -145,7 +169,7 @@ def train(
             path = out / "snapshots" / f"step_{step:05d}.safetensors"
             meta = {"recipe": recipe.name, "seed": seed, "step": step,
                     "loss": round(sum(recent) / len(recent), 5)}
-            save_checkpoint(model, path, metadata=meta, half=True)
+            _save(recipe, model, path, meta, half=True)
             snap_paths.append(path)
         if on_step is not None:
             on_step(step, steps, value, n_tokens / max(elapsed, 1e-9))
@@ -156,7 +180,10 @@ def train(
     meta = {"recipe": recipe.name, "seed": seed, "steps": steps, "batch_size": recipe.batch_size,
             "seq_len": recipe.seq_len, "final_train_loss": round(final_loss, 5),
             "wall_time_s": round(wall, 1), "threads": torch.get_num_threads()}
-    ckpt = save_checkpoint(model, out / f"{recipe.name}.safetensors", metadata=meta)
+    if recipe.is_hf:
+        ckpt = llama.save_dir(model, out / recipe.name, metadata=meta)
+    else:
+        ckpt = save_checkpoint(model, out / f"{recipe.name}.safetensors", metadata=meta)
     log_path = out / "log.json"
     log_path.write_text(json.dumps(
         {**meta, "config": recipe.config.to_dict(), "lr": recipe.lr, "log": log,
