@@ -89,9 +89,10 @@ ZOO: dict[str, ZooEntry] = {
             file="llama-induction",
             format="hf",
             description="Hugging Face LlamaForCausalLM (2 layers, 4 query / 2 key-value heads, RoPE, RMSNorm, "
-            "SwiGLU), byte-level, loaded through TransformerBridge; the same induction circuit in a modern "
-            "architecture: TODO",
-            known_heads={"previous_token": ["TODO"], "induction": ["TODO"]},
+            "SwiGLU), byte-level, booted through TransformerBridge: induction heads in all of layer 1 fed by "
+            "the previous-token pair L0H0+L0H1 (key-value group 0; 0.38/0.40, under the label bar); "
+            "repeated half 1.72 vs 5.59 nats",
+            known_heads={"induction": ["L1H0", "L1H1", "L1H2", "L1H3"]},
         ),
         ZooEntry(
             name="code",

@@ -46,6 +46,7 @@ class LlamaSpec:
     n_ctx: int  # max_position_embeddings (RoPE has no learned positions; this bounds the probes)
     d_vocab: int  # token ids, BOS included
     d_mlp: int = 0  # SwiGLU hidden width; 0 means 4 * d_model
+    d_head: int = 0  # per-head width; 0 means d_model // n_heads (Llama allows others, like Gemma)
     rope_theta: float = 10000.0  # RoPE base
     rms_norm_eps: float = 1e-5
     init_range: float = 0.02  # std of the normal init (HF's initializer_range)
@@ -57,19 +58,17 @@ class LlamaSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"LlamaSpec.{name} must be a positive int, got {value!r}")
-        if self.d_model % self.n_heads:
-            raise ConfigError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        if self.d_head == 0:
+            if self.d_model % self.n_heads:
+                raise ConfigError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+            object.__setattr__(self, "d_head", self.d_model // self.n_heads)
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
         if self.d_mlp == 0:
             object.__setattr__(self, "d_mlp", 4 * self.d_model)
 
-    @property
-    def d_head(self) -> int:
-        return self.d_model // self.n_heads
-
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "d_head": self.d_head}
+        return dataclasses.asdict(self)
 
     def hf_config(self, bos_token_id: int) -> dict[str, Any]:
         """``config.json`` fields of the equivalent ``LlamaConfig``."""
@@ -149,6 +148,7 @@ def save_state(model: LlamaLM, path: str | os.PathLike, metadata: dict[str, Any]
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     os.close(fd)
     save_file(tensors, tmp, metadata=header)
+    os.chmod(tmp, 0o644)  # mkstemp makes it 0600; a shipped file must be readable by every user
     os.replace(tmp, path)
     return path
 
@@ -164,7 +164,7 @@ def save_dir(model: LlamaLM, out_dir: str | os.PathLike, metadata: dict[str, Any
     out.mkdir(parents=True, exist_ok=True)
     config = {
         **model.spec.hf_config(model.tokenizer.bos_token_id),
-        "torch_dtype": "float16" if half else "float32",
+        "torch_dtype": "float32",  # runs in float32 even when stored as float16 (to keep the package small)
         "headlens": _header(model, metadata),
     }
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")

@@ -8,7 +8,7 @@ scores as usual, so a stale file can cost time but never show wrong numbers.
 ``tests/test_zoo.py`` recomputes every shipped table and fails when one is out of date;
 regenerate them with::
 
-    python -m headlens.zoo.scores
+    python -m headlens.zoo.scores [NAME ...]     # every zoo model, or the ones named
 
 Model calls: none when reading; :func:`main` loads and scores every zoo model.
 """
@@ -72,15 +72,21 @@ def write(name: str, table: pd.DataFrame, n_prompts: int, seed: int) -> Path:
     return path
 
 
-def main() -> None:
+def main(names: list[str] | None = None) -> None:
+    import sys
+
     import torch
 
     from headlens.app import helpers as hd
     from headlens.loading import load
 
+    names = names if names is not None else sys.argv[1:]
+    unknown = [n for n in names if n not in ZOO]
+    if unknown:
+        raise SystemExit(f"unknown zoo model(s) {', '.join(unknown)}; known: {', '.join(ZOO)}")
     torch.set_num_threads(1)
     for name, entry in ZOO.items():
-        if not entry.available:
+        if not entry.available or (names and name not in names):
             continue
         table = hd.compute_scores(load(name), n_prompts=hd.DEFAULT_N_PROMPTS, seed=0)
         print(f"{write(name, table, hd.DEFAULT_N_PROMPTS, 0)}: {len(table)} rows")
