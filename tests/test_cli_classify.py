@@ -107,3 +107,12 @@ def test_corpus_stdlib_reads_real_python(tmp_path):
 
 def test_unknown_corpus_is_a_probe_error():
     _one_error_line(_run("--model", "code", "--corpus", "wiki", "-q"), 5, "unknown corpus 'wiki'")
+
+
+def test_scan_path_flag_runs_sparse_and_rejects_unknown_paths(ckpt, tmp_path):
+    out = tmp_path / "sparse.json"
+    result = _run("--model", ckpt, "--n-prompts", "10", "--seq-len", "32", "--detectors",
+                  "previous_token,streaming(s=1,w=8)", "--scan-path", "sparse", "--out", str(out), "--quiet")
+    assert result.exit_code == 0, result.output
+    assert "sparse" in out.read_text() and "streaming(s=1,w=8)" in out.read_text()
+    _one_error_line(_run("--model", ckpt, "--scan-path", "fast", "--quiet"), 1, "unknown scan path 'fast'")
