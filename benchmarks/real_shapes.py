@@ -12,8 +12,9 @@ Models (random weights, float32 on disk, no tokenizer: the probes draw ids from 
 For each model and dtype, in one fresh process that holds all three contenders, timed round-robin
 (median of ``--repeats``, after a warm-up) so that a noisy shared CPU slows every contender alike:
 ``classify`` = ``headlens.classify`` with every default *pattern* detector (generated probes) through
-TransformerBridge; ``hf eager`` / ``hf sdpa`` = ``AutoModelForCausalLM`` forwards over exactly the
-token batches the scan ran (same probes, collation and batch size). The weight-based ``copying``
+TransformerBridge; ``bridge fwd`` = the bridge's plain forwards over exactly the token batches the scan
+ran (same probes, collation and batch size), no hooks; ``hf eager`` / ``hf sdpa`` = ``AutoModelForCausalLM``
+forwards over the same batches. The weight-based ``copying``
 detector reads no tokens; it is timed once on its own (its ``W_U W_E`` product grows with the
 vocabulary). Memory: the process's resident size once everything is loaded, and each contender's
 peak *working* memory on top of it (RSS sampled every 5 ms on the CPU, ``max_memory_allocated`` on a GPU).
@@ -146,9 +147,14 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
                     hf[impl](tokens.to(device))
         return run
 
+    def bridge_forward() -> None:  # the same forwards through TransformerBridge, no hook, no statistics
+        with torch.inference_mode():
+            for tokens in batches:
+                model(tokens.to(device))
+
     contenders = {
         "classify": lambda: headlens.classify(model, detectors=[d.name for d in pattern], **kw),
-        "hf eager": forward("eager"), "hf sdpa": forward("sdpa"),
+        "bridge fwd": bridge_forward, "hf eager": forward("eager"), "hf sdpa": forward("sdpa"),
     }
     result: dict[str, Any] = {"tokens": int(sum(b.numel() for b in batches)), "loaded_mb": _rss_mb(),
                               "copying_s": _timed(lambda: copying(model), device)[0]}
@@ -198,7 +204,7 @@ def main() -> None:
                 print(f"{shape:<14}{dtype:<10}failed: {done.stderr.strip().splitlines()[-1:]}")
                 continue
             r = json.loads(done.stdout.strip().splitlines()[-1])
-            for name in ("classify", "hf eager", "hf sdpa"):
+            for name in ("classify", "bridge fwd", "hf eager", "hf sdpa"):
                 c = r[name]
                 print(f"{shape:<14}{dtype:<10}{name:<10}{r['tokens']:>7}{c['s']:>9.2f}{r['tokens'] / c['s']:>8.0f}"
                       f"{c['s'] / r['hf eager']['s']:>11.2f}x{c['s'] / r['hf sdpa']['s']:>10.2f}x{c['peak_mb']:>11.0f}")
