@@ -172,6 +172,19 @@ def test_cli_train_writes_checkpoint_snapshots_and_log(tmp_path):
     assert json.loads((tmp_path / "log.json").read_text())["steps"] == 2
 
 
+def test_cli_train_llama_writes_a_hugging_face_directory_and_evaluates_it_through_the_bridge(tmp_path):
+    from typer.testing import CliRunner
+
+    from headlens.cli import app
+
+    result = CliRunner().invoke(app, ["train", "llama-induction", "--steps", "2", "--snapshots", "1", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "llama-induction" / "config.json").is_file()
+    assert llama.read_metadata(tmp_path / "snapshots" / "step_00002.safetensors")["step"] == 2
+    card = json.loads((tmp_path / "card.json").read_text())
+    assert set(card["scores"]["previous_token"]) == {f"L{i}H{h}" for i in range(2) for h in range(4)}
+
+
 def test_cli_models_lists_the_zoo_minilm_and_local_directories():
     from typer.testing import CliRunner
 
