@@ -186,3 +186,15 @@ def test_every_zoo_model_exports_exactly_through_the_bridge(tmp_path, name):
     assert set(ref_cache) == set(cache) and len(cache) == model.n_layers
     assert _max_diff(ref_logits, logits) <= 1e-4
     assert max(_max_diff(ref_cache[n], cache[n]) for n in cache) <= TOL
+
+
+def test_the_doctor_passes_an_exported_zoo_model(tmp_path):
+    """The widened export (d_model + n_heads, one zero dim per head) is judged on its recipe's data,
+    as its .safetensors original is, and keeps its true head count (it once read as 1 head, exit 8)."""
+    import headlens
+    from headlens.doctor.checkpoint import check_checkpoint
+
+    out = export_hf(headlens.load("induction-2l"), tmp_path / "ind")
+    report = check_checkpoint(out)
+    assert report.passed and report.inferred_n_heads == report.config_n_heads == 4, report
+    assert "induction-2l" in report.evaluation

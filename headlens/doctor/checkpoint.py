@@ -102,8 +102,11 @@ def _read_hf(d: Path) -> Weights:
         )
     except (KeyError, ConfigError) as err:
         raise CheckpointError(f"{str(d / 'config.json')!r} is not a usable GPT-2 config: {err}") from None
-    spec = (hf.get("headlens") or {}).get("tokenizer")
-    return Weights(tensors, cfg, Tokenizer.from_spec(spec) if spec else None, "huggingface", {})
+    exported = hf.get("headlens") or {}  # set by `headlens export-hf`: the native model's tokenizer and name
+    spec = exported.get("tokenizer")
+    # an exported zoo model is judged on its own recipe's data, as its .safetensors original is
+    meta = {"recipe": exported["name"]} if isinstance(exported.get("name"), str) else {}
+    return Weights(tensors, cfg, Tokenizer.from_spec(spec) if spec else None, "huggingface", meta)
 
 
 def read_weights(path: str | Path) -> Weights:
