@@ -263,3 +263,68 @@ def match_brackets(text: str | bytes, pairs: list[str] | None = None) -> dict[in
             else:
                 stack.clear()  # mismatch: start over rather than guess
     return matches
+
+
+# ---------------------------------------------------------------- needle (long-context retrieval)
+
+# printable ASCII: users can paste text into the dashboard, and needles can be long without repeats
+NEEDLE_ALPHABET = string.ascii_letters + string.digits + string.punctuation + " "
+
+
+def needle_row(gen: torch.Generator, seq_len: int, n_symbols: int, n_needles: int = 2,
+               min_len: int = 8, max_len: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """One haystack row with ``n_needles`` needles, each inserted once and copied later.
+
+    Needles hold distinct symbols, disjoint across needles; the haystack is drawn *with*
+    replacement from the symbols no needle uses, so inside a row each needle token occurs
+    only in its needle and its copy. Needle, copy and haystack gaps are placed at random
+    (a copy always after its needle), so the copy distance ranges from a few tokens to the
+    whole row: only a content-addressed head (previous token -> "where did this token occur,
+    what followed it") predicts a copy.
+
+    Returns:
+        ``(tokens, copy)``: ``(seq_len,)`` ids (no BOS) and ``(seq_len,)`` bool, True at each
+        copy step (the position holds N[i] of a copy and the next position holds N[i+1]).
+    """
+    lens = torch.randint(min_len, max_len + 1, (n_needles,), generator=gen).tolist()
+    perm = torch.randperm(n_symbols, generator=gen)
+    needles = [perm[sum(lens[:j]):sum(lens[:j + 1])] for j in range(n_needles)]
+    hay_pool = perm[sum(lens):]
+    free = seq_len - 2 * sum(lens)
+    if free < 0 or len(hay_pool) == 0:
+        raise ValueError(f"{n_needles} needles of up to {max_len} tokens do not fit {seq_len} tokens "
+                         f"over {n_symbols} symbols")
+    order = [j for j in range(n_needles) for _ in (0, 1)]  # each needle twice: first its original, then its copy
+    order = [order[i] for i in torch.randperm(len(order), generator=gen).tolist()]
+    cuts = torch.sort(torch.randint(0, free + 1, (len(order),), generator=gen)).values.tolist()  # gap ends
+    x = hay_pool[torch.randint(0, len(hay_pool), (seq_len,), generator=gen)]
+    copy = torch.zeros(seq_len, dtype=torch.bool)
+    seen: set[int] = set()
+    pos, used = 0, 0
+    for j, cut in zip(order, cuts, strict=True):
+        pos += cut - used  # haystack gap before this span
+        used = cut
+        n = needles[j]
+        x[pos:pos + len(n)] = n
+        if j in seen:
+            copy[pos:pos + len(n) - 1] = True  # N[i] at pos + i predicts N[i+1]
+        seen.add(j)
+        pos += len(n)
+    return x, copy
+
+
+def needle_batch(gen: torch.Generator, batch: int, seq_len: int, n_symbols: int, bos: int, n_needles: int = 2,
+                 min_len: int = 8, max_len: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """``batch`` rows of :func:`needle_row` after a BOS.
+
+    Returns:
+        ``(tokens, weights)``: ``(batch, seq_len + 1)`` ids, and ``(batch, seq_len)`` float, 1 where
+        the target ``tokens[:, t + 1]`` is a copy step's (the positions the training loss reads).
+    """
+    rows = [needle_row(gen, seq_len, n_symbols, n_needles, min_len, max_len) for _ in range(batch)]
+    x = torch.stack([r[0] for r in rows])  # (B, T)
+    copy = torch.stack([r[1] for r in rows])  # (B, T): position t holds N[i] of a copy
+    bos_col = torch.full((batch, 1), bos, dtype=torch.long)
+    tokens = torch.cat([bos_col, x], dim=1)  # (B, T + 1)
+    weights = torch.cat([torch.zeros(batch, 1, dtype=torch.bool), copy[:, :-1]], dim=1)  # (B, T): input t+1 ↔ x_t
+    return tokens, weights.float()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -18,7 +19,23 @@ from headlens.tokenizer import Tokenizer
 from headlens.zoo import data
 from headlens.zoo.llama import LlamaLM, LlamaSpec
 
-Sampler = Callable[[torch.Generator, int], torch.Tensor]  # (generator, batch) -> (B, T) tokens
+
+class TrainBatch(NamedTuple):
+    """What a sampler may return instead of bare ``(B, T + 1)`` tokens.
+
+    Attributes:
+        tokens: ``(B, T + 1)`` ids, BOS first.
+        weights: ``(B, T)`` float loss weight of each target ``tokens[:, t + 1]`` (None: all 1).
+        pos_offset: the rows sit at positions ``pos_offset .. pos_offset + T - 1`` of the context, so
+            that short rows train every learned position embedding up to ``n_ctx``.
+    """
+
+    tokens: torch.Tensor
+    weights: torch.Tensor | None = None
+    pos_offset: int = 0
+
+
+Sampler = Callable[[torch.Generator, int], torch.Tensor | TrainBatch]  # (generator, batch) -> (B, T + 1) tokens
 
 
 @dataclass(frozen=True)
@@ -102,11 +119,29 @@ def _dyck_sampler(r: Recipe) -> Sampler:
     return sample
 
 
+def _needle_sampler(r: Recipe) -> Sampler:
+    e, n_ctx = r.extra, r.config.n_ctx
+
+    def sample(gen: torch.Generator, batch: int) -> TrainBatch:
+        n_sym, bos = r.tokenizer.n_symbols, r.tokenizer.bos_token_id
+        if float(torch.rand((), generator=gen)) < e["long_frac"]:  # full-context rows: far copies, 2k keys
+            tokens, w = data.needle_batch(gen, max(1, batch * e["short_len"] // n_ctx), n_ctx - 1, n_sym, bos,
+                                          e["long_needles"], e["min_needle"], e["max_needle"])
+            return TrainBatch(tokens, w)
+        tokens, w = data.needle_batch(gen, batch, e["short_len"] - 1, n_sym, bos, e["short_needles"],
+                                      e["min_needle"], e["max_needle"])
+        offset = int(torch.randint(0, n_ctx - e["short_len"] + 1, (1,), generator=gen))
+        return TrainBatch(tokens, w, offset)  # short rows anywhere in the context: every position trains
+
+    return sample
+
+
 _SAMPLERS: dict[str, Callable[[Recipe], Sampler]] = {
     "induction-2l": _induction_sampler,
     "llama-induction": _induction_sampler,
     "code": _code_sampler,
     "dyck": _dyck_sampler,
+    "needle-2k": _needle_sampler,
 }
 
 
@@ -167,11 +202,34 @@ def _dyck_recipe() -> Recipe:
     )
 
 
+def _needle_recipe() -> Recipe:
+    tok = Tokenizer.char_level(data.NEEDLE_ALPHABET)
+    cfg = ModelConfig(
+        n_layers=2, n_heads=4, d_model=64, n_ctx=2048, d_vocab=tok.d_vocab,
+        attn_only=True, normalization="none",
+    )
+    # The loss reads only the copy steps (haystack tokens are noise by construction). Most steps are
+    # 256-token rows placed at a random offset (cheap; they teach previous-token -> copy and train
+    # every position embedding); a quarter are full 2,048-token rows, where a copy must be found
+    # among up to 2k keys, up to 2k tokens back. Position embeddings start as sinusoids, so that
+    # a previous-token head need not be learned position by position over 2,048 positions.
+    return Recipe(
+        name="needle-2k",
+        summary="attention-only 2-layer model, n_ctx 2048, copying needles of random symbols out of "
+                "random-symbol haystacks (the needle-in-a-haystack task retrieval heads solve)",
+        config=cfg, tokenizer=tok, seq_len=256, steps=6000, batch_size=16, lr=2e-3,
+        warmup=200, seed=0, snapshots=6,
+        extra={"short_len": 256, "short_needles": 3, "long_needles": 3, "min_needle": 8, "max_needle": 16,
+               "long_frac": 0.25, "wpe_init": "sinusoidal", "wpe_scale": 0.05},
+    )
+
+
 RECIPES: dict[str, Callable[[], Recipe]] = {
     "induction-2l": _induction_recipe,
     "llama-induction": _llama_induction_recipe,
     "code": _code_recipe,
     "dyck": _dyck_recipe,
+    "needle-2k": _needle_recipe,
 }
 
 

@@ -13,6 +13,7 @@ HF-named weights (``headlens.zoo.llama.load_snapshot`` reads them back).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 from headlens.checkpoint import save_checkpoint
 from headlens.errors import ConfigError
 from headlens.zoo import llama
-from headlens.zoo.recipes import Recipe
+from headlens.zoo.recipes import Recipe, TrainBatch
 
 # on_step(step, total_steps, loss, tokens_per_second)
 StepCallback = Callable[[int, int, float, float], None]
@@ -91,6 +92,34 @@ def load_trained(path: str | Path, name: str | None = None) -> Any:
     return load_checkpoint(path, name=name)
 
 
+def sinusoidal_(weight: torch.Tensor, scale: float) -> torch.Tensor:
+    """Initialise learned position embeddings ``(n_ctx, d_model)`` with Vaswani et al.'s sinusoids.
+
+    Still learned afterwards; but "the previous position" starts as one fixed rotation of every
+    position's embedding, so a previous-token head learned at some positions works at all of them
+    (with a random init each of ``n_ctx`` positions would have to be taught separately).
+    """
+    n_ctx, d = weight.shape
+    pos = torch.arange(n_ctx, dtype=torch.float64)[:, None]  # (n_ctx, 1)
+    freq = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # (d/2,)
+    angle = pos * freq  # (n_ctx, d/2)
+    table = torch.stack([angle.sin(), angle.cos()], dim=-1).reshape(n_ctx, d)  # (n_ctx, d): sin, cos interleaved
+    with torch.no_grad():
+        weight.copy_(scale * table)
+    return weight
+
+
+def _offset_hook(model: Any, offset: int) -> list[tuple[str, Any]]:
+    """Hooks that shift a native GPT's learned positions of a batch by ``offset``."""
+
+    def shift(pos_embed: torch.Tensor, hook: Any) -> torch.Tensor:  # (B, T, D)
+        B, T, _ = pos_embed.shape
+        pos = torch.arange(offset, offset + T, device=pos_embed.device)
+        return model.transformer.wpe(pos).expand(B, T, -1)  # (B, T, D)
+
+    return [("hook_pos_embed", shift)]
+
+
 def train(
     recipe: Recipe,
     out_dir: str | Path,
@@ -126,6 +155,8 @@ def train(
 
     torch.manual_seed(seed)
     model = recipe.build_model()
+    if recipe.extra.get("wpe_init") == "sinusoidal":
+        sinusoidal_(model.transformer.wpe.weight, recipe.extra.get("wpe_scale", 0.05))
     model.train()
     gen = torch.Generator().manual_seed(seed + 1_000_003)
     sample = recipe.sampler()
@@ -142,12 +173,20 @@ def train(
     for step in range(1, steps + 1):
         for group in opt.param_groups:
             group["lr"] = lr_at(step - 1, recipe, steps)
-        tokens = sample(gen, recipe.batch_size)  # (B, T + 1)
-        logits = model(tokens[:, :-1])  # (B, T, V)
+        batch = sample(gen, recipe.batch_size)
+        batch = batch if isinstance(batch, TrainBatch) else TrainBatch(batch)
+        tokens = batch.tokens  # (B, T + 1)
+        shifted = model.hooks(_offset_hook(model, batch.pos_offset)) if batch.pos_offset else contextlib.nullcontext()
+        with shifted:  # native GPT only: an offset batch sits further into the context
+            logits = model(tokens[:, :-1])  # (B, T, V)
         targets = tokens[:, 1:].reshape(-1)  # (B*T,)
         per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets, reduction="none")
-        loss = per_token.mean()  # what the log and the card report
-        objective = loss if weights is None else (per_token * weights[targets]).sum() / weights[targets].sum()
+        if batch.weights is not None:  # the loss reads only the weighted targets; so does the log
+            w = batch.weights.reshape(-1)  # (B*T,)
+            loss = objective = (per_token * w).sum() / w.sum().clamp_min(1)
+        else:
+            loss = per_token.mean()  # what the log and the card report
+            objective = loss if weights is None else (per_token * weights[targets]).sum() / weights[targets].sum()
         opt.zero_grad(set_to_none=True)
         objective.backward()
         if recipe.grad_clip > 0:
