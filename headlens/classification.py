@@ -27,9 +27,11 @@ from headlens.annotated import summaries as target_summaries
 from headlens.detectors import DETECTORS, get_detector, split_names
 from headlens.detectors.base import Detector
 from headlens.detectors.copying import ov_weights
+from headlens.detectors.retrieval import WU_THRESHOLD
 from headlens.detectors.tl_compat import TL_DETECTORS, TL_NORM
 from headlens.distributed import current, scan_blocks
 from headlens.errors import DetectorError, ModelReferenceError, ProbeError
+from headlens.haystack import needle_haystack
 from headlens.scan import DetectorStats, choose_path
 from headlens.stats import COPYING_THRESHOLD, DEFAULT_THRESHOLD, MIN_LIFT, N_BOOT, Summary, label, summarize
 from headlens.vocab import vocab
@@ -92,6 +94,9 @@ def select_detectors(model: Any, names: Sequence[str] | str | None, tl_compatibl
             why = f"{d.name} needs a bidirectional model; {getattr(model, 'name', 'this model')!r} is causal"
         elif d.kind == "weights" and ov_weights(model) is None:
             why = f"{d.name} needs the embedding and unembedding, which this backend does not expose"
+        elif d.kind == "top1" and not model.is_causal:
+            why = f"{d.name} scores copy steps of a causal model; {getattr(model, 'name', 'this model')!r} " \
+                  f"is bidirectional"
         elif d.probe == "brackets" and not vocab(model).brackets:
             why = (f"{d.name}: the tokenizer keeps no bracket pair as single tokens" if model.tokenizer is not None
                    else f"{d.name} needs a tokenizer to find brackets; this model has none")
@@ -117,12 +122,18 @@ def _probes(model: Any, dets: list[Detector], prompts: Any, n_prompts: int, seq_
     if corpus is not None:
         if corpus not in P.CORPORA:
             raise ProbeError(f"unknown corpus {corpus!r}; expected one of {', '.join(P.CORPORA)}")
-        return [(P.stdlib_windows(model, n_prompts, seq_len, torch.Generator().manual_seed(seed * 1009 + 7)),
-                 pattern)]
+        needles = [d for d in pattern if d.probe == "needle"]  # needles hidden in stdlib haystacks
+        windows = [d for d in pattern if d.probe != "needle"]
+        groups = [(P.stdlib_windows(model, n_prompts, seq_len, torch.Generator().manual_seed(seed * 1009 + 7)),
+                   windows)] if windows else []
+        if needles:
+            gen = torch.Generator().manual_seed(seed * 1009 + 8)
+            groups.append((needle_haystack(model, n_prompts, seq_len, gen, haystack=corpus), needles))
+        return groups
     if prompts is not None:
         return [(P.text_prompts(model, prompts, truncate=truncate), pattern)]
     builders = {"random_tokens": P.random_tokens, "repeated_segments": P.repeated_segments,
-                "brackets": P.brackets}
+                "brackets": P.brackets, "needle": needle_haystack}
     groups = []
     for k, name in enumerate(builders):
         served = [d for d in pattern if d.probe == name]
@@ -334,6 +345,10 @@ def classify(
         "skipped": skipped, "warnings": notes, "batch_size": batch_size, "world_size": rank.world_size,
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "device": str(model.device),
     })
+    if "retrieval" in set(df["detector"]):  # Wu et al.'s own rule next to ours
+        r = df[(df["detector"] == "retrieval") & (df["score"] > WU_THRESHOLD)].sort_values("score", ascending=False)
+        df.attrs["retrieval_wu_2024"] = {"threshold": WU_THRESHOLD, "rule": "score > 0.1 (Wu et al. 2024)",
+                                         "heads": [f"L{a}H{b}" for a, b in zip(r["layer"], r["head"], strict=True)]}
     return validate(df)
 
 

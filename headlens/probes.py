@@ -37,7 +37,7 @@ import torch
 from headlens.errors import ProbeError
 from headlens.vocab import Vocab, encode_body, token_strings, vocab
 
-PROBE_NAMES = ("random_tokens", "repeated_segments", "brackets", "prompts", "stdlib")
+PROBE_NAMES = ("random_tokens", "repeated_segments", "brackets", "prompts", "stdlib", "needle")
 CORPORA = ("stdlib",)  # real text every machine has, for ``classify(corpus=...)``
 PYTHON_PAIRS = ("()", "[]", "{}")
 

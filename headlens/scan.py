@@ -152,6 +152,8 @@ def scan(
     if spanned := [d.name for d in detectors if d.targets is None]:
         raise DetectorError(f"{spanned} have no token targets for the scan (weight scores, or annotated "
                             f"spans scored by headlens.annotated)")
+    if any(d.kind == "top1" for d in detectors):  # scored by the top-1 engine (retrieval heads)
+        return _with_top1(model, probe, detectors, batch_size, progress, path, info)
     L, H, P, D = model.n_layers, model.n_heads, len(probe), len(detectors)
     sums = torch.zeros(P, L, H, D, dtype=torch.float64)
     counts = torch.zeros(P, D, dtype=torch.float64)
@@ -212,6 +214,23 @@ def scan(
     if info is not None:
         info["scan_path"] = "+".join(sorted(set(paths))) or "none"
     return {d.name: DetectorStats(sums[..., i], counts[:, i], base[:, i]) for i, d in enumerate(detectors)}
+
+
+def _with_top1(model: Any, probe: Probe, detectors: Sequence[Detector], batch_size: int, progress: Progress | None,
+               path: str, info: dict[str, Any] | None) -> dict[str, DetectorStats]:
+    """``"top1"`` detectors through :func:`headlens.retrieval.scan_top1`, the others through :func:`scan`."""
+    from headlens.retrieval import scan_top1
+
+    top1 = [d for d in detectors if d.kind == "top1"]
+    mass = [d for d in detectors if d.kind != "top1"]
+    i1: dict[str, Any] = {}
+    i2: dict[str, Any] = {"scan_path": "none"}
+    out = scan_top1(model, probe, top1, batch_size, None if mass else progress, path, i1)
+    if mass:
+        out.update(scan(model, probe, mass, batch_size, progress, path, i2))
+    if info is not None:
+        info["scan_path"] = "+".join(sorted({*i1["scan_path"].split("+"), *i2["scan_path"].split("+")} - {"none"}))
+    return {d.name: out[d.name] for d in detectors}
 
 
 def n_batches(n_prompts: int, batch_size: int) -> int:

@@ -25,6 +25,7 @@ from headlens.detectors import (
     induction,
     next_token,
     previous_token,
+    retrieval,
     sink,
     streaming,
 )
@@ -48,6 +49,7 @@ DETECTORS: dict[str, Detector] = {
         coreference.DETECTOR,
         sink.DETECTOR,
         streaming.DETECTOR,
+        retrieval.DETECTOR,
     )
 }
 _CALL = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*\((.*)\)\s*$")

@@ -16,6 +16,8 @@ keys and the row's log-sum-exp, without ever building the ``(Q, K)`` pattern (``
 * ``"weights"``: no probe at all; a score per head from the model's weights (copying).
 * ``"annotated"``: targets given as character spans of the probe's texts (coreference, and
   the user's own head types from annotated prompts); scored by :mod:`headlens.annotated`.
+* ``"top1"``: at most one target per row, scored by whether the row's *largest* attention weight
+  falls on a target (retrieval heads), by :mod:`headlens.retrieval` rather than the mass scan.
 
 The old forms are still accepted from user-written target functions and converted by
 :func:`as_targets`: ``(B, Q)`` long (one index per row) and ``(B, Q, K)`` bool masks.
@@ -46,7 +48,7 @@ class Detector:
 
     Attributes:
         name: registry key, also the ``detector`` column of the scores table.
-        kind: ``"index"``, ``"mask"``, ``"weights"`` or ``"annotated"`` (see the module docstring).
+        kind: ``"index"``, ``"mask"``, ``"weights"``, ``"annotated"`` or ``"top1"`` (see the module docstring).
         targets: ``ProbeBatch -> (B, Q, M)`` long key indices, ``-1`` padded; None for weight and
             annotated kinds.
         probe: the generated probe that exercises it (``None`` for weight scores).
@@ -61,7 +63,7 @@ class Detector:
     """
 
     name: str
-    kind: Literal["index", "mask", "weights", "annotated"]
+    kind: Literal["index", "mask", "weights", "annotated", "top1"]
     targets: TargetFn | None
     probe: str | None
     description: str

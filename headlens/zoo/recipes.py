@@ -125,13 +125,13 @@ def _needle_sampler(r: Recipe) -> Sampler:
     def sample(gen: torch.Generator, batch: int) -> TrainBatch:
         n_sym, bos = r.tokenizer.n_symbols, r.tokenizer.bos_token_id
         if float(torch.rand((), generator=gen)) < e["long_frac"]:  # full-context rows: far copies, 2k keys
-            tokens, w = data.needle_batch(gen, max(1, batch * e["short_len"] // n_ctx), n_ctx - 1, n_sym, bos,
-                                          e["long_needles"], e["min_needle"], e["max_needle"])
+            tokens, w = data.needle_batch(gen, e["long_batch"], n_ctx - 1, n_sym, bos, e["long_needles"],
+                                          e["min_needle"], e["max_needle"])
             return TrainBatch(tokens, w)
-        tokens, w = data.needle_batch(gen, batch, e["short_len"] - 1, n_sym, bos, e["short_needles"],
-                                      e["min_needle"], e["max_needle"])
+        tokens = data.periodic_repeat_batch(gen, batch, e["short_len"], n_sym, bos,
+                                            min_len=e["min_repeat"], max_len=e["max_repeat"])
         offset = int(torch.randint(0, n_ctx - e["short_len"] + 1, (1,), generator=gen))
-        return TrainBatch(tokens, w, offset)  # short rows anywhere in the context: every position trains
+        return TrainBatch(tokens, None, offset)  # short rows anywhere in the context: every position trains
 
     return sample
 
@@ -208,19 +208,20 @@ def _needle_recipe() -> Recipe:
         n_layers=2, n_heads=4, d_model=64, n_ctx=2048, d_vocab=tok.d_vocab,
         attn_only=True, normalization="none",
     )
-    # The loss reads only the copy steps (haystack tokens are noise by construction). Most steps are
-    # 256-token rows placed at a random offset (cheap; they teach previous-token -> copy and train
-    # every position embedding); a quarter are full 2,048-token rows, where a copy must be found
-    # among up to 2k keys, up to 2k tokens back. Position embeddings start as sinusoids, so that
-    # a previous-token head need not be learned position by position over 2,048 positions.
+    # Two kinds of step. 19 in 20 are induction-2l's data (a random segment repeating at a random
+    # period, 64 tokens) placed at a random offset of the context: the cheap, dense copying signal
+    # that grows a previous-token -> induction circuit, at every position. One in 20 is a full
+    # 2,048-token haystack row with needles and their far copies, the loss on the copy steps only:
+    # there the copy must be found among up to 2k keys. Position embeddings start as sinusoids, so a
+    # previous-token head need not be learned position by position over 2,048 positions.
     return Recipe(
         name="needle-2k",
-        summary="attention-only 2-layer model, n_ctx 2048, copying needles of random symbols out of "
-                "random-symbol haystacks (the needle-in-a-haystack task retrieval heads solve)",
-        config=cfg, tokenizer=tok, seq_len=256, steps=6000, batch_size=16, lr=2e-3,
-        warmup=200, seed=0, snapshots=6,
-        extra={"short_len": 256, "short_needles": 3, "long_needles": 3, "min_needle": 8, "max_needle": 16,
-               "long_frac": 0.25, "wpe_init": "sinusoidal", "wpe_scale": 0.05},
+        summary="attention-only 2-layer model, n_ctx 2048: periodic repeats at random offsets, and needles "
+                "copied out of 2k-token random haystacks (the task retrieval heads solve)",
+        config=cfg, tokenizer=tok, seq_len=64, steps=8000, batch_size=32, lr=3e-3,
+        warmup=200, seed=0, snapshots=16,
+        extra={"short_len": 64, "min_repeat": 5, "max_repeat": 25, "long_frac": 0.05, "long_batch": 1,
+               "long_needles": 3, "min_needle": 8, "max_needle": 16, "wpe_init": "sinusoidal", "wpe_scale": 0.05},
     )
 
 
