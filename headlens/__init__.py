@@ -27,6 +27,8 @@ _LAZY = {
     "save_checkpoint": "headlens.checkpoint",
     "classify": "headlens.classification",
     "induction_curve": "headlens.induction_distance",
+    "Detector": "headlens.detectors.base",
+    "register_detector": "headlens.detectors",
     "trajectory": "headlens.series",
     "ablate": "headlens.ablation",
     "doctor": "headlens.doctor",
@@ -42,6 +44,8 @@ if TYPE_CHECKING:
     from headlens.checkpoint import load_checkpoint, save_checkpoint
     from headlens.classification import classify
     from headlens.config import ModelConfig
+    from headlens.detectors import register_detector
+    from headlens.detectors.base import Detector
     from headlens.errors import (
         CheckpointError,
         ConfigError,
@@ -76,6 +80,7 @@ __all__ = [
     "GPT",
     "CheckpointError",
     "ConfigError",
+    "Detector",
     "DetectorError",
     "HeadlensError",
     "ModelConfig",
@@ -90,6 +95,7 @@ __all__ = [
     "induction_curve",
     "load",
     "load_checkpoint",
+    "register_detector",
     "save_checkpoint",
     "trajectory",
     "write_report",

@@ -24,7 +24,7 @@ from headlens import probes as P
 from headlens import spans as A
 from headlens.annotated import measure
 from headlens.annotated import summaries as target_summaries
-from headlens.detectors import DETECTORS, get_detector, split_names
+from headlens.detectors import DETECTORS, all_detectors, get_detector, split_names
 from headlens.detectors.base import Detector
 from headlens.detectors.copying import ov_weights
 from headlens.detectors.retrieval import WU_THRESHOLD
@@ -60,16 +60,18 @@ def resolve_model(model_or_ref: Any, device: str = "cpu", **load_options: Any) -
     return load(others[0], device=device, **load_options)
 
 
-def _thresholds(threshold: float | dict[str, float] | None, annotated: Sequence[str] = ()) -> dict[str, float]:
-    out = {name: (COPYING_THRESHOLD if d.kind == "weights" else DEFAULT_THRESHOLD) for name, d in DETECTORS.items()}
+def _thresholds(threshold: float | dict[str, float] | None, annotated: Sequence[str] = (),
+                dets: Sequence[Detector] = ()) -> dict[str, float]:
+    pool = {**all_detectors(), **{d.name: d for d in dets}}  # Detector objects passed in need not be registered
+    out = {name: (COPYING_THRESHOLD if d.kind == "weights" else DEFAULT_THRESHOLD) for name, d in pool.items()}
     out.update({name: DEFAULT_THRESHOLD for name in annotated})
     if isinstance(threshold, dict):
         for name, tau in threshold.items():
-            if name not in annotated:
+            if name not in annotated and name not in pool:
                 get_detector(name)
             out[name] = float(tau)
     elif threshold is not None:
-        out.update({n: float(threshold) for n in out if n not in DETECTORS or DETECTORS[n].kind != "weights"})
+        out.update({n: float(threshold) for n in out if n not in pool or pool[n].kind != "weights"})
     return out
 
 
@@ -79,13 +81,14 @@ def select_detectors(model: Any, names: Sequence[str] | str | None, tl_compatibl
     if isinstance(names, str):
         names = split_names(names)
     explicit = bool(names)
-    pool = TL_DETECTORS if tl_compatible else DETECTORS
+    pool = TL_DETECTORS if tl_compatible else all_detectors()
     if tl_compatible and explicit:
-        bad = [n for n in names if n not in TL_DETECTORS]
+        bad = [getattr(n, "name", n) for n in names if getattr(n, "name", n) not in TL_DETECTORS]
         if bad:
             raise DetectorError(f"detector(s) {bad} have no TransformerLens equivalent; tl_compatible "
                                 f"mode scores {', '.join(TL_DETECTORS)}")
-    chosen = [pool[n] if tl_compatible else get_detector(n) for n in names] if explicit else list(pool.values())
+    chosen = [pool[getattr(n, "name", n)] if tl_compatible else get_detector(n) for n in names] if explicit \
+        else list(pool.values())
     skipped: dict[str, str] = {}
     keep = []
     for d in chosen:
@@ -174,7 +177,7 @@ def _summaries(stats: dict[str, DetectorStats], tl_compatible: bool, seed: int,
 
 def classify(
     model_or_ref: Any = None,
-    detectors: Sequence[str] | str | None = None,
+    detectors: Sequence[str | Detector] | str | None = None,
     prompts: Sequence[str] | str | os.PathLike | None = None,
     n_prompts: int = 64,
     seq_len: int = 64,
@@ -200,7 +203,9 @@ def classify(
     Args:
         model_or_ref: a loaded model or a reference (zoo name, ``.safetensors`` path, ``hf:<dir>``,
             ``minilm``); None for the bundled default model.
-        detectors: names (list or comma-separated); None for every detector this model supports.
+        detectors: names (list or comma-separated), ``module:attribute`` references, or
+            :class:`headlens.Detector` objects (your own head types); None for every registered
+            detector this model supports (``headlens.detectors`` entry points included).
         prompts: the user's texts (a list of strings, or a path to a file with one prompt per
             line or JSONL with a ``"text"`` field); None for the generated probes. Dicts (or JSONL
             rows) with ``"targets"`` (character spans, :mod:`headlens.spans`) define head types from
@@ -255,8 +260,8 @@ def classify(
         raise ProbeError("pass either prompts or a corpus, not both")
     texts, annotated_rows = _read_rows(prompts)
     builtin, user_types = _requested(detectors, annotated_rows)
-    taus = _thresholds(threshold, user_types)
     dets, skipped, explicit = select_detectors(model, builtin, tl_compatible) if builtin != [] else ([], {}, True)
+    taus = _thresholds(threshold, user_types, dets)
     for d in dets:  # a variant with settings, "streaming(w=128)", takes its base detector's threshold
         taus.setdefault(d.name, taus.get(d.name.split("(")[0], DEFAULT_THRESHOLD))
     groups = _probes(model, dets, texts, n_prompts, seq_len, seed, truncate, corpus)
@@ -375,10 +380,11 @@ def _requested(detectors: Sequence[str] | str | None, annotated: dict[str, Any])
     """The built-in detectors asked for (None: every one) and the user's annotated head types to score."""
     if isinstance(detectors, str):
         detectors = split_names(detectors)
+    known = all_detectors()  # entry-point plugins included
     if not detectors:
-        return None, [n for n in annotated if n not in DETECTORS]
-    user = [n for n in detectors if n in annotated and n not in DETECTORS]
-    return [n for n in detectors if n not in user], user
+        return None, [n for n in annotated if n not in known]
+    user = [n for n in detectors if isinstance(n, str) and n in annotated and n not in known]
+    return [n for n in detectors if not isinstance(n, str) or n not in user], user
 
 
 def _annotated_jobs(model: Any, dets: list[Detector], user_types: list[str], rows: dict[str, Any],

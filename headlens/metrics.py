@@ -10,6 +10,7 @@ that count). Logits at position ``t`` predict token ``t + 1``.
 | ``bracket_accuracy`` | balanced bracket strings with filler | fraction of closing brackets whose type is the argmax among the closers' logits |
 | ``lm_loss`` | the user's prompts (stdlib source for byte-level models if none) | mean next-token loss |
 | ``kl`` | the user's prompts (else the repeated probe) | mean KL(clean ‖ ablated) of the next-token distribution |
+| ``needle_recall`` | needle-in-a-haystack prompts (``headlens.haystack``) | fraction of the needle's copy steps whose argmax is the next needle token |
 
 ``r`` is drawn without replacement from the model's ordinary tokens (no accidental repeats).
 """
@@ -109,6 +110,16 @@ def _kl_from_clean(logits: torch.Tensor, task: Task, clean: torch.Tensor | None)
     return (logq.exp() * (logq - logp)).sum(-1)  # (B, T): KL(clean || ablated)
 
 
+def _next_correct(logits: torch.Tensor, task: Task, clean: torch.Tensor | None = None) -> torch.Tensor:
+    hit = logits[:, :-1].argmax(-1) == task.tokens[:, 1:]  # (B, T-1): greedy prediction is the next token
+    return F.pad(hit.float(), (0, 1))  # (B, T)
+
+
+def _next_token_prob(logits: torch.Tensor, task: Task, clean: torch.Tensor | None = None) -> torch.Tensor:
+    """Smooth surrogate of needle recall: the probability of the right next token."""
+    return (-_next_token_loss(logits, task)).exp()  # (B, T)
+
+
 METRICS: dict[str, Metric] = {
     "repeated_loss": Metric(
         "repeated_loss", "repeated", _next_token_loss, True, "next-token loss on the repeated half of BOS+r+r"
@@ -122,8 +133,12 @@ METRICS: dict[str, Metric] = {
     ),
     "lm_loss": Metric("lm_loss", "prompts", _next_token_loss, True, "next-token loss on the prompts"),
     "kl": Metric("kl", "prompts", _kl_from_clean, True, "KL(clean || ablated) of next-token predictions", True),
+    "needle_recall": Metric(
+        "needle_recall", "needle", _next_correct, False,
+        "greedy recall of a needle's tokens copied out of a long haystack (teacher-forced)", differentiable=False,
+    ),
 }
-SURROGATES = {"bracket_accuracy": _closer_soft}
+SURROGATES = {"bracket_accuracy": _closer_soft, "needle_recall": _next_token_prob}
 
 
 def get_metric(name: str) -> Metric:
@@ -267,13 +282,28 @@ def _stdlib_snippets(model: Any, n: int, seq_len: int, seed: int) -> list[str]:
     return [text[s : s + length] for s in starts]
 
 
+def needle_task(model: Any, n_prompts: int = 32, seq_len: int | None = None, seed: int = 0,
+                haystack: str = "random") -> Task:
+    """Needle-in-a-haystack prompts of one length (default ``min(n_ctx, 2048)``), the needle at depths
+    0.1 .. 0.9 in turn; the positions read are the copy steps (``headlens.haystack``)."""
+    from headlens.haystack import DEPTHS, NEEDLE_LEN, needle_prompt
+
+    seq_len = min(model.cfg.n_ctx, 2048) if seq_len is None else seq_len
+    gen = torch.Generator().manual_seed(seed)
+    n = min(NEEDLE_LEN, len(ordinary_tokens(model)) // 2, (seq_len - 1) // 4)
+    rows = [needle_prompt(model, seq_len, DEPTHS[i % len(DEPTHS)], n, haystack, gen) for i in range(n_prompts)]
+    tokens = torch.tensor([ids for ids, _ in rows], dtype=torch.long, device=model.device)  # (N, T)
+    positions = torch.tensor([nxt for _, nxt in rows], device=model.device) >= 0  # (N, T): copy steps
+    return Task(tokens, positions, probe="needle")
+
+
 def make_task(model: Any, metric: str, prompts: Sequence[str] | None = None, n_prompts: int = 32,
               seed: int = 0) -> Task:
     """The task ``metric`` is measured on (for ``kl``: the prompts if given, else the repeated probe)."""
     m = get_metric(metric)
     if getattr(model, "output_kind", "logits") != "logits":
         raise ProbeError(f"metric {metric!r} reads logits; {model.name!r} has no output head (it returns hidden states)")
-    if m.probe in ("repeated", "brackets") or metric == "lm_loss":
+    if m.probe in ("repeated", "brackets", "needle") or metric == "lm_loss":
         if not model.is_causal:
             raise ProbeError(f"metric {metric!r} scores next-token predictions; this model is bidirectional")
     if m.probe == "repeated" or (metric == "kl" and prompts is None and model.is_causal):
@@ -281,6 +311,8 @@ def make_task(model: Any, metric: str, prompts: Sequence[str] | None = None, n_p
         return task.with_positions(first_half_positions(task)) if metric == "first_half_loss" else task
     if m.probe == "brackets":
         return bracket_task(model, n_prompts, seed=seed)
+    if m.probe == "needle":
+        return needle_task(model, n_prompts, seed=seed)
     task = prompts_task(model, prompts, n_prompts, seed=seed)
     if metric == "kl" and task.attention_mask is not None:  # every real position counts for kl
         task = task.with_positions(task.attention_mask.bool())

@@ -36,32 +36,39 @@ from headlens.vocab import vocab
 KEY_BLOCK = 4096  # keys per block of the running max
 
 
-def top1_keys(q: torch.Tensor, k: torch.Tensor, spec: AttentionSpec, rows: torch.Tensor,
-              key_valid: torch.Tensor | None = None, block: int = KEY_BLOCK) -> torch.Tensor:
-    """Each head's top-1 key at the query positions ``rows``, by a running max over key blocks.
+def top1_share(q: torch.Tensor, k: torch.Tensor, spec: AttentionSpec, rows: torch.Tensor, targets: torch.Tensor,
+               key_valid: torch.Tensor | None = None, block: int = KEY_BLOCK) -> torch.Tensor:
+    """Whether each head's top-1 key at the query positions ``rows`` is a target, by a running max over key blocks.
+
+    Ties are split evenly (the expectation under random tie-breaking): a target among ``n`` keys that
+    share the row's largest score counts ``1 / n``, so a head with exactly uniform attention scores
+    exactly the uniform baseline.
 
     Args:
         q: ``(B, H, T, d)`` queries; k: ``(B, H_kv, T, d)`` keys (``H_kv`` divides ``H``: GQA).
         spec: how the layer makes its scores (scale, causal, window, soft-capping).
-        rows: ``(B, R)`` long query positions (``-1``: padding, its answer is meaningless).
+        rows: ``(B, R)`` long query positions (``-1``: padding).
+        targets: ``(B, R, M)`` long target keys of those rows (``-1``: none).
         key_valid: ``(B, T)`` bool, False at masked (pad) keys; None: all real.
         block: keys per block.
 
     Returns:
-        ``(B, H, R)`` long key positions.
+        ``(B, H, R, M)`` float64: 1 where the target is the row's unique top-1 key, ``1 / n`` on an n-way tie.
 
     >>> q = torch.tensor([[[[1.0], [1.0], [-1.0]]]]); k = torch.tensor([[[[0.0], [2.0], [1.0]]]])
-    >>> top1_keys(q, k, AttentionSpec("q", "k", "BHTD"), torch.tensor([[1, 2]])).tolist()
-    [[[1, 0]]]
+    >>> top1_share(q, k, AttentionSpec("q", "k", "BHTD"), torch.tensor([[1, 2]]), torch.tensor([[[1], [1]]])).tolist()
+    [[[[1.0], [0.0]]]]
     """
     B, H, T, d = q.shape
     if k.shape[1] != H:
         k = k.repeat_interleave(H // k.shape[1], dim=1)  # (B, H, T, d): each KV head serves its query group
     scale = spec.scale if spec.scale is not None else 1.0 / math.sqrt(d)
     r = rows.clamp_min(0)  # (B, R)
+    R, M = r.shape[1], targets.shape[2]
     qr = q.gather(2, r[:, None, :, None].expand(B, H, -1, d))  # (B, H, R, d): only the counted rows
-    best = torch.full((B, H, r.shape[1]), float("-inf"), device=q.device)
-    arg = torch.zeros(B, H, r.shape[1], dtype=torch.long, device=q.device)
+    best = torch.full((B, H, R), float("-inf"), device=q.device)
+    n_best = torch.zeros(B, H, R, device=q.device)
+    at = torch.full((B, H, R, M), float("nan"), device=q.device)  # each target's score (NaN: no target)
     for k0 in range(0, T, block):
         k1 = min(T, k0 + block)
         s = (qr @ k[:, :, k0:k1].transpose(-2, -1)) * scale  # (B, H, R, kb)
@@ -76,11 +83,24 @@ def top1_keys(q: torch.Tensor, k: torch.Tensor, spec: AttentionSpec, rows: torch
         if key_valid is not None:
             hidden |= ~key_valid[:, None, k0:k1]
         s = s.masked_fill(hidden[:, None], float("-inf"))
-        val, idx = s.max(dim=-1)  # (B, H, R): this block's best key
-        better = val > best  # strict: an earlier block keeps a tie
-        best = torch.where(better, val, best)
-        arg = torch.where(better, idx + k0, arg)
-    return arg
+        inside = (targets >= k0) & (targets < k1)  # (B, R, M): targets in this block
+        g = s.gather(3, (targets - k0).clamp(0, k1 - k0 - 1)[:, None].expand(B, H, -1, -1))  # (B, H, R, M)
+        at = torch.where(inside[:, None], g, at)
+        top = s.amax(-1)  # (B, H, R)
+        n_top = (s == top[..., None]).sum(-1).float()  # (B, H, R)
+        n_best = torch.where(top > best, n_top, torch.where(top == best, n_best + n_top, n_best))
+        best = torch.maximum(best, top)
+    return (at == best[..., None]).double() / n_best[..., None].clamp_min(1).double()  # (B, H, R, M)
+
+
+def _share_from_pattern(pattern: torch.Tensor, rows: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """:func:`top1_share` read off the attention pattern ``(B, H, Q, K)`` (the dense path)."""
+    B, H, _, K = pattern.shape
+    p = pattern.gather(2, rows.clamp_min(0)[:, None, :, None].expand(B, H, -1, K))  # (B, H, R, K)
+    top = p.amax(-1, keepdim=True)  # (B, H, R, 1)
+    n_top = (p == top).sum(-1, keepdim=True)  # (B, H, R, 1)
+    at = p.gather(3, targets.clamp_min(0)[:, None].expand(B, H, -1, -1))  # (B, H, R, M)
+    return ((at == top) & (targets >= 0)[:, None]).double() / n_top.double()
 
 
 def _rows(targets: torch.Tensor) -> torch.Tensor:
@@ -94,22 +114,21 @@ def _rows(targets: torch.Tensor) -> torch.Tensor:
 
 
 def _stack(parts: list[torch.Tensor]) -> torch.Tensor:
-    """``D x (B, Q, M_d)`` -> ``(B, D, Q, max M_d)``, ``-1`` padded."""
+    """``D x (B, Q, M_d)`` -> ``(B, Q, D * M)`` (``M = max M_d``), ``-1`` padded: detector d owns columns d*M.."""
     M = max(t.shape[2] for t in parts)
-    return torch.stack([torch.nn.functional.pad(t, (0, M - t.shape[2]), value=-1) for t in parts], 1)
+    return torch.cat([torch.nn.functional.pad(t, (0, M - t.shape[2]), value=-1) for t in parts], 2)
 
 
-def _hits(top: torch.Tensor, rows: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """``(B, H, D)`` float64: per detector, how many counted rows have their top-1 key on a target.
+def _at_rows(targets: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``(B, Q, C)`` targets -> ``(B, R, C)`` at the query positions ``rows`` (``-1`` on padding rows)."""
+    at = targets.gather(1, rows.clamp_min(0)[:, :, None].expand(-1, -1, targets.shape[2]))  # (B, R, C)
+    return torch.where((rows >= 0)[:, :, None], at, torch.full_like(at, -1))
 
-    Args:
-        top: ``(B, H, R)`` top-1 keys at ``rows`` ``(B, R)``; targets: ``(B, D, Q, M)``.
-    """
-    B, D, _, M = targets.shape
-    at = targets.gather(2, rows.clamp_min(0)[:, None, :, None].expand(B, D, -1, M))  # (B, D, R, M)
-    at = torch.where((rows >= 0)[:, None, :, None], at, torch.full_like(at, -1))
-    hit = (top[:, :, None, :, None] == at[:, None]) & (at[:, None] >= 0)  # (B, H, D, R, M)
-    return hit.any(-1).sum(-1).double()  # (B, H, D)
+
+def _per_detector(share: torch.Tensor, D: int) -> torch.Tensor:
+    """``(B, H, R, D*M)`` shares -> ``(B, H, D)`` float64 hits per prompt (rows and targets summed)."""
+    B, H, R, C = share.shape
+    return share.view(B, H, R, D, C // D).sum((2, 4))  # (B, H, D)
 
 
 def scan_top1(model: Any, probe: Probe, detectors: Sequence[Detector], batch_size: int = 8,
@@ -139,10 +158,8 @@ def scan_top1(model: Any, probe: Probe, detectors: Sequence[Detector], batch_siz
 
     def dense_hook(layer: int) -> Callable[..., None]:
         def reduce_layer(pattern: torch.Tensor, hook: Any) -> None:  # (B, H, Q, K)
-            rows = state["rows"]
-            B, Hh, _, K = pattern.shape
-            at = pattern.gather(2, rows.clamp_min(0)[:, None, :, None].expand(B, Hh, -1, K))  # (B, H, R, K)
-            state["out"][:, layer] = _hits(at.argmax(-1), rows, state["targets"])
+            share = _share_from_pattern(pattern, state["rows"], state["targets"])  # (B, H, R, D*M)
+            state["out"][:, layer] = _per_detector(share, len(detectors))
             if layer == L - 1:
                 raise _ScanDone
 
@@ -154,8 +171,9 @@ def scan_top1(model: Any, probe: Probe, detectors: Sequence[Detector], batch_siz
         def capture(x: torch.Tensor, hook: Any) -> None:
             state[which] = heads_first(x, spec.layout)  # (B, H, T, d)
             if "q" in state and "k" in state:
-                top = top1_keys(state.pop("q"), state.pop("k"), spec, state["rows"], state["key_valid"])
-                state["out"][:, layer] = _hits(top, state["rows"], state["targets"])
+                share = top1_share(state.pop("q"), state.pop("k"), spec, state["rows"], state["targets"],
+                                   state["key_valid"])  # (B, H, R, D*M)
+                state["out"][:, layer] = _per_detector(share, len(detectors))
                 if layer == L - 1:
                     raise _ScanDone
 
@@ -171,9 +189,10 @@ def scan_top1(model: Any, probe: Probe, detectors: Sequence[Detector], batch_siz
             batch = collate(probe, rows, model.is_causal, v.special, pad_id, model.device)
             chosen = choose_path(path, model, tuple(batch.tokens.shape))
             paths.append(chosen)
-            tg = _stack([as_targets(d.targets(batch), batch) for d in detectors])  # (B, D, Q, M)
-            n = (tg >= 0).any(-1).double()  # (B, D, Q): rows that count
-            state.update(targets=tg, rows=_rows(tg.amax(1)), key_valid=None if model.is_causal else batch.valid,
+            tg = _stack([as_targets(d.targets(batch), batch) for d in detectors])  # (B, Q, D*M)
+            n = (tg.view(*tg.shape[:2], D, -1) >= 0).any(-1).double().transpose(1, 2)  # (B, D, Q): rows that count
+            rows_ = _rows(tg)
+            state.update(targets=_at_rows(tg, rows_), rows=rows_, key_valid=None if model.is_causal else batch.valid,
                          out=torch.zeros(len(rows), L, H, D, dtype=torch.float64, device=batch.tokens.device))
             mask = None if model.is_causal else batch.valid.long()
             try:

@@ -7,7 +7,8 @@ char-level alphabet whose weights are set by hand so that
   one-hot position j+1, so it attends from p to p-1; its OV circuit copies the token it
   reads into a "previous token" subspace of the residual stream;
 * **L1H0 is an induction head**: its query is the current token, its key the "previous
-  token" subspace, so it attends from q to every k with x_{k-1} = x_q;
+  token" subspace, so it attends from q to every k with x_{k-1} = x_q (and so it is a
+  retrieval head too: on a needle prompt its top-1 key is the needle token being copied);
 * every other head has zero weights, hence uniform attention (exactly the baseline).
 
 The residual stream is ``[token one-hot | position one-hot | previous-token one-hot | 0...]``.
@@ -33,7 +34,9 @@ from headlens.model import GPT
 from headlens.tokenizer import Tokenizer
 
 PLANTED_ALPHABET = "abcdefghijklmnop()[]"
-PLANTED_HEADS: dict[str, list[tuple[int, int]]] = {"previous_token": [(0, 0)], "induction": [(1, 0)]}
+# the induction head is also a retrieval head: on a needle prompt it attends to the needle token being copied
+PLANTED_HEADS: dict[str, list[tuple[int, int]]] = {"previous_token": [(0, 0)], "induction": [(1, 0)],
+                                                   "retrieval": [(1, 0)]}
 
 
 def planted_model(sharpness: float = 30.0, n_ctx: int = 32, alphabet: str = PLANTED_ALPHABET) -> GPT:

@@ -8,7 +8,7 @@ import torch
 import headlens
 from headlens.haystack import lengths_for, needle_haystack
 from headlens.lse import AttentionSpec
-from headlens.retrieval import top1_keys
+from headlens.retrieval import top1_share
 from headlens.testing import planted_model
 
 torch.set_num_threads(1)
@@ -36,7 +36,7 @@ def test_needle_probe_points_copy_steps_at_the_needle(haystack):
             assert all(int((ids == t).sum()) == 2 for t in needle)
 
 
-def test_top1_keys_equal_the_argmax_of_the_full_scores():
+def test_top1_share_equals_the_argmax_of_the_full_scores():
     g = torch.Generator().manual_seed(0)
     B, H, H_kv, T, d = 2, 4, 2, 37, 8
     q, k = torch.randn(B, H, T, d, generator=g), torch.randn(B, H_kv, T, d, generator=g)
@@ -54,15 +54,29 @@ def test_top1_keys_equal_the_argmax_of_the_full_scores():
         if spec.window:
             hidden |= gap >= spec.window
         s = s.masked_fill(hidden | ~valid[:, None, None, :], float("-inf"))
-        want = s.argmax(-1).gather(2, rows.clamp_min(0)[:, None].expand(B, H, -1))  # (B, H, R)
-        got = top1_keys(q, k, spec, rows, valid, block=5)  # blocks smaller than T
-        assert torch.equal(got[..., :3], want[..., :3]) and torch.equal(got[1], want[1])
+        best = s.argmax(-1).gather(2, rows.clamp_min(0)[:, None].expand(B, H, -1))  # (B, H, R)
+        # targets: head 0's top-1 key, and key 0; each head scores 1 exactly where its own top-1 is there
+        targets = torch.stack([best[:, 0], torch.zeros_like(best[:, 0])], -1)  # (B, R, 2)
+        got = top1_share(q, k, spec, rows, targets, valid, block=5)  # (B, H, R, 2), blocks smaller than T
+        want = (best[..., None] == targets[:, None]).double()
+        real = (rows >= 0)[:, None, :, None].expand_as(got)
+        assert torch.equal(got[real], want[real])
+        assert (got[:, 0, :, 0][rows >= 0] == 1).all()
+
+
+def test_ties_are_split_so_uniform_attention_scores_its_baseline():
+    q, k = torch.zeros(1, 1, 6, 2), torch.randn(1, 1, 6, 2)  # every score 0: all visible keys tie
+    rows = torch.tensor([[1, 3, 5]])
+    share = top1_share(q, k, AttentionSpec("q", "k", "BHTD"), rows, torch.tensor([[[0], [2], [5]]]), block=4)
+    assert share.flatten().tolist() == [1 / 2, 1 / 4, 1 / 6]
 
 
 def test_planted_induction_head_is_the_one_retrieval_head(planted):
     df = headlens.classify(planted, detectors=["retrieval"], n_prompts=12, seq_len=32)
     score = {(r.layer, r.head): r.score for r in df.itertuples()}
-    assert score.pop((1, 0)) == 1.0 and max(score.values()) == 0.0
+    assert score.pop((1, 0)) == 1.0 and score.pop((0, 0)) == 0.0  # the previous-token head looks elsewhere
+    base = df.baseline.iloc[0]
+    assert all(abs(v - base) < 1e-9 for v in score.values())  # uniform heads: ties split, exactly the baseline
     assert df[df.label][["layer", "head"]].values.tolist() == [[1, 0]]
     assert 1 / 32 < df.baseline.iloc[0] < 1 / 16  # 1 / visible keys at copy rows 17..30 of 32
     assert df.n_positions.iloc[0] == 12 * df.attrs["probes"]["needle"]["copy_steps_per_prompt"]

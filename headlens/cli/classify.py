@@ -180,7 +180,8 @@ def register(app: typer.Typer) -> None:
         model: Annotated[str | None, typer.Option("--model", "-m", help="zoo name, .safetensors path, "
                          "hf:<dir>, hf:ORG/NAME[@REVISION] or minilm (default: the bundled default model)")] = None,
         detectors: Annotated[str | None, typer.Option("--detectors", "-d", help="comma-separated detector "
-                             "names (default: every detector the model supports)")] = None,
+                             "names or module:attribute references to your own headlens.Detector (default: every "
+                             "registered detector the model supports, headlens.detectors entry points included)")] = None,
         prompts: Annotated[Path | None, typer.Option("--prompts", "-p", help="your texts: one per line, or "
                            "JSONL with a 'text' field; JSONL rows with 'targets' (character spans) define "
                            "head types from data (see README) (default: generated probes)")] = None,

@@ -1,0 +1,106 @@
+"""Your own head types: headlens.Detector, register_detector, entry points, module:attribute references."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import headlens
+from headlens import detectors as registry
+from headlens.table import read_table
+from headlens.testing import planted_model
+from tests.plugin_detectors import ONE_BACK, TWO_BACK
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture
+def clean_registry(monkeypatch):
+    """Registry changes made by a test are undone after it."""
+    monkeypatch.setattr(registry, "DETECTORS", dict(registry.DETECTORS))
+    monkeypatch.setattr(registry, "_plugins_loaded", False)
+    monkeypatch.setattr(registry, "_entry_points", lambda: [])
+    yield registry.DETECTORS
+
+
+def two_back_model():
+    """headlens.testing's planted model with L0H1 made to attend two tokens back (one-hot positions)."""
+    model = planted_model()
+    n_ctx, D, dh = model.cfg.n_ctx, model.cfg.d_model, model.cfg.d_head
+    POS = model.cfg.d_vocab  # the position one-hots follow the token one-hots
+    w = model.transformer.h[0].attn.c_attn.weight  # (3D, D): rows dh..2dh-1 of q and of k are head 1
+    with torch.no_grad():
+        for i in range(n_ctx):
+            w[dh + i, POS + i] = 30.0 * dh ** 0.5  # q: position p -> e_p
+            if i + 2 < n_ctx:
+                w[D + dh + i + 2, POS + i] = 1.0  # k: position j -> e_{j+2}
+    return model
+
+
+def test_a_planted_two_back_head_scores_one(clean_registry):
+    df = headlens.classify(two_back_model(), detectors=[TWO_BACK], n_prompts=12, seq_len=24, n_boot=100)
+    score = {(int(r.layer), int(r.head)): r.score for r in df.itertuples()}
+    assert score[0, 1] == pytest.approx(1.0) and score[0, 0] == pytest.approx(0.0)  # L0H0 looks one back
+    assert score[1, 2] == pytest.approx(df.baseline.iloc[0])  # a uniform head sits at its baseline
+    assert df[df.label][["layer", "head"]].values.tolist() == [[0, 1]]
+    assert df.attrs["thresholds"]["two_back"] == 0.4
+    assert "two_back" not in clean_registry  # passing the object does not register it
+
+
+def test_registered_by_function_call_then_by_name(clean_registry):
+    assert headlens.register_detector(TWO_BACK) is TWO_BACK
+    df = headlens.classify(two_back_model(), detectors="two_back,previous_token", n_prompts=12, seq_len=24,
+                           n_boot=100, threshold={"two_back": 0.9})
+    labelled = {(r.layer, r.head, r.detector) for r in df[df.label].itertuples()}
+    assert labelled == {(0, 1, "two_back"), (0, 0, "previous_token")}
+    assert "two_back" in set(headlens.classify(two_back_model(), n_prompts=12, seq_len=24, n_boot=50).detector)
+
+
+@pytest.mark.parametrize(("bad", "match"), [
+    ("not a detector", "expects a headlens.Detector"),
+    (headlens.Detector("previous_token", "index", len, "random_tokens", "x"), "already registered"),
+    (headlens.Detector("x y", "index", len, "random_tokens", "x"), "without"),
+    (headlens.Detector("odd", "pairs", len, "random_tokens", "x"), "kind 'pairs'"),
+    (headlens.Detector("odd", "index", len, "my_probe", "x"), "probe 'my_probe'"),
+])
+def test_register_refuses_bad_detectors(clean_registry, bad, match):
+    with pytest.raises(headlens.DetectorError, match=match):
+        headlens.register_detector(bad)
+
+
+def test_entry_points_load_lazily_and_a_broken_one_warns(clean_registry, monkeypatch):
+    class EP:
+        def __init__(self, name, value, obj):
+            self.name, self.value, self._obj = name, value, obj
+
+        def load(self):
+            if isinstance(self._obj, Exception):
+                raise self._obj
+            return self._obj
+
+    eps = [EP("two_back", "tests.plugin_detectors:TWO_BACK", TWO_BACK),
+           EP("both", "pkg:make", lambda: [ONE_BACK]), EP("broken", "pkg:gone", ImportError("no module pkg"))]
+    monkeypatch.setattr(registry, "_entry_points", lambda: eps)
+    assert "two_back" not in clean_registry  # nothing loaded yet
+    with pytest.warns(UserWarning, match="skipped detector plugin 'broken'"):
+        det = registry.get_detector("two_back")
+    assert det is TWO_BACK and "one_back" in clean_registry
+
+
+def test_module_attribute_reference_from_the_cli(tmp_path):
+    """The CLI scores a user detector named module:attribute (here a copy of previous_token)."""
+    ckpt = tmp_path / "planted.safetensors"
+    headlens.save_checkpoint(planted_model(), ckpt)
+    out = tmp_path / "scores.csv"
+    root = Path(__file__).parents[1]
+    env = {"PYTHONPATH": f"{root}", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "headlens", "classify", "--model", str(ckpt), "--detectors",
+                           "tests.plugin_detectors:ONE_BACK", "--n-prompts", "12", "--seq-len", "24", "--out",
+                           str(out)], capture_output=True, text=True, env=env, cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    df = read_table(out)
+    assert set(df.detector) == {"one_back"} and df[df.label][["layer", "head"]].values.tolist() == [[0, 0]]
