@@ -44,11 +44,17 @@ def _key(name: str, n_prompts: int, seed: int) -> dict[str, Any]:
 
 def read(name: str, n_prompts: int, seed: int) -> pd.DataFrame | None:
     """The shipped scores of zoo model ``name`` for this scan, or None (not a zoo model, no file,
-    or a key that does not match these weights and settings)."""
+    a key that does not match these weights and settings, or a registered detector, e.g. a
+    ``headlens.detectors`` plugin, that the stored table neither scored nor skipped)."""
     if name not in ZOO or not ZOO[name].available or not scores_path(name).is_file():
         return None
     stored = json.loads(scores_path(name).read_text())
     if stored.get("key") != _key(name, n_prompts, seed):
+        return None
+    from headlens.detectors import all_detectors
+
+    covered = set(stored["columns"].get("detector", [])) | set(stored["attrs"].get("skipped", {}))
+    if set(all_detectors()) - covered:
         return None
     import pandas as pd
 
