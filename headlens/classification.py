@@ -119,7 +119,7 @@ def select_detectors(model: Any, names: Sequence[str] | str | None, tl_compatibl
 def _probes(model: Any, dets: list[Detector], prompts: Any, n_prompts: int, seq_len: int, seed: int,
             truncate: bool, corpus: str | None = None) -> list[tuple[P.Probe, list[Detector]]]:
     """Group pattern detectors by the probe they read (the user's texts, or a corpus, serve every detector)."""
-    pattern = [d for d in dets if d.kind in ("index", "mask")]
+    pattern = [d for d in dets if d.kind in ("index", "mask", "top1")]
     if not pattern:
         return []
     if corpus is not None:
@@ -307,8 +307,9 @@ def classify(
     L, H, H_kv = model.n_layers, model.n_heads, n_kv_heads(model)
     kv = kv_heads(H, H_kv)
     rows = []
+    by_name = {d.name: d for d in dets}  # Detector objects passed in need not be registered
     for name in [d.name for d in dets] + user_types:
-        d = DETECTORS.get(name)
+        d = by_name.get(name) or DETECTORS.get(name)
         if d is not None and d.kind == "weights":
             sc = d.weights_fn(model).reshape(-1)
             s = Summary(sc, sc, sc, 0.0, 0, 0)

@@ -108,7 +108,7 @@ def test_module_attribute_reference_from_the_cli(tmp_path):
 
 def test_readme_example_runs(clean_registry):
     text = (Path(__file__).parents[1] / "README.md").read_text()
-    block = text.split("### Your own head types", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    block = text.split("## Your own head types", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     scope: dict = {}
     exec(compile(block, "README.md", "exec"), scope)
     table = scope["table"]
