@@ -492,3 +492,25 @@ def test_the_dashboard_reads_shipped_scores_without_scoring(monkeypatch):
     cache._scores.clear()
     table = cache.get_scores(SHIPPED[0])
     assert len(table) > 0 and set(hd.SCORE_COLUMNS) <= set(table.columns)
+
+
+def test_needle_rows_hold_each_needle_twice_and_mark_its_copy_steps():
+    gen = torch.Generator().manual_seed(0)
+    tokens, weights = data.needle_batch(gen, 4, 200, 95, 95, n_needles=3, min_len=8, max_len=16)  # (4, 201), (4, 200)
+    assert tokens.shape == (4, 201) and weights.shape == (4, 200) and (tokens[:, 0] == 95).all()
+    for row, w in zip(tokens, weights, strict=True):
+        t = (w > 0).nonzero().flatten()  # input t predicts tokens[t + 1], a copied needle token
+        assert len(t) >= 3 * 7
+        for q in t.tolist():  # the predicted token occurred exactly once before: in its needle
+            assert int((row[: q + 1] == row[q + 1]).sum()) == 1
+
+
+def test_position_offsets_and_sinusoidal_init_train_every_position():
+    from headlens.zoo.train import sinusoidal_
+
+    w = sinusoidal_(torch.empty(2048, 64), 0.05)
+    assert (w[0, 0::2] == 0).all() and torch.allclose(w[0, 1::2], torch.full((32,), 0.05))  # sin 0, cos 0
+    assert float(w.abs().max()) <= 0.05 + 1e-6 and torch.allclose(w[7, 0], torch.tensor(0.05 * torch.sin(torch.tensor(7.0))))
+    recipe = _tiny("needle-2k")
+    batch = recipe.sampler()(torch.Generator().manual_seed(3), 2)
+    assert batch.pos_offset + batch.tokens.shape[1] - 1 <= recipe.config.n_ctx
