@@ -208,6 +208,12 @@ def _needle_recipe() -> Recipe:
         n_layers=2, n_heads=4, d_model=64, n_ctx=2048, d_vocab=tok.d_vocab,
         attn_only=True, normalization="none",
     )
+    # Experimental, not shipped: the one full run (seed 0, 8,000 steps, 54 min on 1 thread of a shared,
+    # heavily loaded 2-core CPU) grew no previous-token, induction or retrieval head (needle recall 0.00
+    # at 256 and 2,048 tokens; repeated-half loss 4.36 vs 4.55 uniform). Two shorter attempts before it
+    # (needle rows only, copy-step loss, 256-token rows at offsets: random then sinusoidal positions)
+    # stayed at the uniform loss for 750 and 1,400 steps. Budget more steps (induction-2l's phase
+    # change alone needs 5,000-7,000) before shipping it.
     # Two kinds of step. 19 in 20 are induction-2l's data (a random segment repeating at a random
     # period, 64 tokens) placed at a random offset of the context: the cheap, dense copying signal
     # that grows a previous-token -> induction circuit, at every position. One in 20 is a full
