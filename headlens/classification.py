@@ -88,7 +88,7 @@ def select_detectors(model: Any, names: Sequence[str] | str | None, tl_compatibl
             raise DetectorError(f"detector(s) {bad} have no TransformerLens equivalent; tl_compatible "
                                 f"mode scores {', '.join(TL_DETECTORS)}")
     chosen = [pool[getattr(n, "name", n)] if tl_compatible else get_detector(n) for n in names] if explicit \
-        else list(pool.values())
+        else [d for d in pool.values() if d.default]  # opt-in detectors (retrieval) only by name
     skipped: dict[str, str] = {}
     keep = []
     for d in chosen:

@@ -234,7 +234,10 @@ def head_examples(model: Any, text: str, scores: Any, max_heads: int = 12) -> tu
     batch = collate(probe, [0], model.is_causal, v.special, int(pad_id) if pad_id is not None else v.ordinary[0],
                     model.device)
     best: dict[tuple[int, int], Any] = {}
-    for row in labelled_heads(scores).itertuples():
+    rows = list(labelled_heads(scores).itertuples())
+    # a top-1 label (retrieval) reads needle prompts, not this text: a head's other labels come first
+    on_text = [r for r in rows if _kind(str(r.detector)) != "top1"]
+    for row in on_text + [r for r in rows if _kind(str(r.detector)) == "top1"]:
         best.setdefault((int(row.layer), int(row.head)), row)
     chosen = list(best.values())[:max_heads]
     layers = sorted({int(r.layer) for r in chosen})
@@ -253,6 +256,16 @@ def head_examples(model: Any, text: str, scores: Any, max_heads: int = 12) -> tu
                                float(r.ci_high), query, keys, weight,
                                pattern[query].numpy() if query is not None else None))
     return model.to_str_tokens(batch.tokens), out
+
+
+def _kind(name: str) -> str:
+    from headlens.detectors import get_detector
+    from headlens.errors import DetectorError
+
+    try:
+        return get_detector(name).kind
+    except DetectorError:  # an annotated head type of the user's own
+        return "annotated"
 
 
 def _best_target(pattern: torch.Tensor, target: torch.Tensor,

@@ -34,9 +34,7 @@ from headlens.model import GPT
 from headlens.tokenizer import Tokenizer
 
 PLANTED_ALPHABET = "abcdefghijklmnop()[]"
-# the induction head is also a retrieval head: on a needle prompt it attends to the needle token being copied
-PLANTED_HEADS: dict[str, list[tuple[int, int]]] = {"previous_token": [(0, 0)], "induction": [(1, 0)],
-                                                   "retrieval": [(1, 0)]}
+PLANTED_HEADS: dict[str, list[tuple[int, int]]] = {"previous_token": [(0, 0)], "induction": [(1, 0)]}
 
 
 def planted_model(sharpness: float = 30.0, n_ctx: int = 32, alphabet: str = PLANTED_ALPHABET) -> GPT:

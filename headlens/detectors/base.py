@@ -57,6 +57,8 @@ class Detector:
         weights_fn: ``model -> (n_layers, n_heads)`` float64 scores, for ``kind == "weights"``.
         params: the settings this instance was built with (recorded in the provenance).
         factory: ``**params -> Detector``, for detectors with settings (None otherwise).
+        default: False for a detector scored only when asked for by name (``retrieval``: its long
+            needle probe, and a top-1 lift on another scale than the mass detectors').
         windowed: True when ``targets`` honours ``batch.rows`` (returns ``(B, r1 - r0, M)``), so the
             scan can ask for a window of rows at a time: set detectors whose rows grow with T
             (duplicate token, induction) stay O(window x M) in memory at long context.
@@ -72,6 +74,7 @@ class Detector:
     params: Mapping[str, Any] = field(default_factory=dict)
     factory: Callable[..., Detector] | None = None
     windowed: bool = False
+    default: bool = True
 
 
 def as_targets(t: torch.Tensor, batch: ProbeBatch) -> torch.Tensor:

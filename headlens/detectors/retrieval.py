@@ -11,7 +11,9 @@ picks the target with probability ``1 / (keys visible from q)``: the baseline.
 
 Wu et al. call a head a retrieval head at score > 0.1 (with greedy decoding, counting only trials
 whose answer is recalled); headlens labels with its own rule (CI low >= τ and lift >= 3) and
-reports heads above 0.1 next to it (``attrs["retrieval_wu_2024"]``).
+reports heads above 0.1 next to it (``attrs["retrieval_wu_2024"]``). Scored when asked for by name
+(``detectors=["retrieval"]``): its probe is long, and a top-1 lift (baseline ``1 / visible keys``) is on
+another scale than the mass detectors', so it would top every induction head's "strongest label".
 """
 
 from __future__ import annotations
@@ -40,4 +42,4 @@ def targets(batch: ProbeBatch) -> torch.Tensor:
 
 
 DETECTOR = Detector("retrieval", "top1", targets, "needle",
-                    "top-1 attention on the needle token being copied (Wu et al. 2024)")
+                    "top-1 attention on the needle token being copied (Wu et al. 2024)", default=False)

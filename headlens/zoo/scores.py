@@ -54,7 +54,7 @@ def read(name: str, n_prompts: int, seed: int) -> pd.DataFrame | None:
     from headlens.detectors import all_detectors
 
     covered = set(stored["columns"].get("detector", [])) | set(stored["attrs"].get("skipped", {}))
-    if set(all_detectors()) - covered:
+    if {n for n, d in all_detectors().items() if d.default} - covered:
         return None
     import pandas as pd
 
