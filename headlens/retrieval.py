@@ -15,8 +15,8 @@ Why it looks like this:
   and argmax: memory O(R·block) per head, never a full ``(T, T)`` pattern nor even a full row.
   ``"dense"`` (backends without q/k specs, short prompts): the row maxima of ``hook_pattern``.
   Both give the same top-1 up to exact ties (tests compare them).
-* **Ties** go to the earliest key (``argmax``); a head with exactly uniform attention therefore
-  "attends" to the first key, never to a copy target further right.
+* **Ties** are split evenly (the expectation under random tie-breaking), so a head with exactly
+  uniform attention scores its uniform baseline, like every other detector.
 """
 
 from __future__ import annotations
@@ -28,10 +28,9 @@ from typing import Any
 import torch
 
 from headlens.detectors.base import Detector, as_targets
-from headlens.lse import AttentionSpec, heads_first
-from headlens.probes import Probe, collate
-from headlens.scan import DetectorStats, _ScanDone, attention_specs, choose_path
-from headlens.vocab import vocab
+from headlens.lse import AttentionSpec
+from headlens.probes import Probe, ProbeBatch
+from headlens.scan import DetectorStats, Reducer, run_batches
 
 KEY_BLOCK = 4096  # keys per block of the running max
 
@@ -145,68 +144,20 @@ def scan_top1(model: Any, probe: Probe, detectors: Sequence[Detector], batch_siz
         path: ``"auto"``, ``"dense"`` or ``"sparse"`` (how the row maxima are read; module docstring).
         info: filled with ``{"scan_path": ...}``.
     """
-    L, H, P, D = model.n_layers, model.n_heads, len(probe), len(detectors)
-    sums = torch.zeros(P, L, H, D, dtype=torch.float64)
-    counts = torch.zeros(P, D, dtype=torch.float64)
-    base = torch.zeros(P, D, dtype=torch.float64)
-    v = vocab(model)
-    pad_id = getattr(model.tokenizer, "pad_token_id", None)
-    pad_id = int(pad_id) if pad_id is not None else v.ordinary[0]
-    specs = attention_specs(model)
-    state: dict[str, Any] = {}
-    paths: list[str] = []
+    D = len(detectors)
 
-    def dense_hook(layer: int) -> Callable[..., None]:
-        def reduce_layer(pattern: torch.Tensor, hook: Any) -> None:  # (B, H, Q, K)
-            share = _share_from_pattern(pattern, state["rows"], state["targets"])  # (B, H, R, D*M)
-            state["out"][:, layer] = _per_detector(share, len(detectors))
-            if layer == L - 1:
-                raise _ScanDone
+    def prepare(batch: ProbeBatch) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
+        tg = _stack([as_targets(d.targets(batch), batch) for d in detectors])  # (B, Q, D*M)
+        n = (tg.view(*tg.shape[:2], D, -1) >= 0).any(-1).double().transpose(1, 2)  # (B, D, Q): rows that count
+        rows = _rows(tg)  # (B, R): the query positions with a target
+        visible = batch.n_visible.to(n.device)  # (B, Q)
+        return {"targets": _at_rows(tg, rows), "rows": rows}, n.sum(-1), (n / visible[:, None]).sum(-1)
 
-        return reduce_layer
+    def from_pattern(pattern: torch.Tensor, st: dict[str, Any]) -> torch.Tensor:  # (B, H, Q, K) -> (B, H, D)
+        return _per_detector(_share_from_pattern(pattern, st["rows"], st["targets"]), D)
 
-    def sparse_hook(layer: int, which: str) -> Callable[..., None]:
-        spec = specs[layer]
+    def from_qk(q: torch.Tensor, k: torch.Tensor, spec: AttentionSpec, st: dict[str, Any]) -> torch.Tensor:
+        return _per_detector(top1_share(q, k, spec, st["rows"], st["targets"], st["key_valid"]), D)
 
-        def capture(x: torch.Tensor, hook: Any) -> None:
-            state[which] = heads_first(x, spec.layout)  # (B, H, T, d)
-            if "q" in state and "k" in state:
-                share = top1_share(state.pop("q"), state.pop("k"), spec, state["rows"], state["targets"],
-                                   state["key_valid"])  # (B, H, R, D*M)
-                state["out"][:, layer] = _per_detector(share, len(detectors))
-                if layer == L - 1:
-                    raise _ScanDone
-
-        return capture
-
-    dense_hooks = [(f"blocks.{layer}.attn.hook_pattern", dense_hook(layer)) for layer in range(L)]
-    sparse_hooks = [] if specs is None else [
-        (name, sparse_hook(layer, which)) for layer, s in enumerate(specs)
-        for name, which in ((s.q_hook, "q"), (s.k_hook, "k"))]
-    with torch.inference_mode():
-        for start in range(0, P, batch_size):
-            rows = range(start, min(start + batch_size, P))
-            batch = collate(probe, rows, model.is_causal, v.special, pad_id, model.device)
-            chosen = choose_path(path, model, tuple(batch.tokens.shape))
-            paths.append(chosen)
-            tg = _stack([as_targets(d.targets(batch), batch) for d in detectors])  # (B, Q, D*M)
-            n = (tg.view(*tg.shape[:2], D, -1) >= 0).any(-1).double().transpose(1, 2)  # (B, D, Q): rows that count
-            rows_ = _rows(tg)
-            state.update(targets=_at_rows(tg, rows_), rows=rows_, key_valid=None if model.is_causal else batch.valid,
-                         out=torch.zeros(len(rows), L, H, D, dtype=torch.float64, device=batch.tokens.device))
-            mask = None if model.is_causal else batch.valid.long()
-            try:
-                with model.hooks(sparse_hooks if chosen == "sparse" else dense_hooks):
-                    model.forward(batch.tokens, attention_mask=mask)
-            except _ScanDone:
-                pass
-            visible = batch.n_visible.to(n.device)  # (B, Q)
-            sums[start:start + len(rows)] = state["out"].cpu()
-            counts[start:start + len(rows)] = n.sum(-1).cpu()
-            base[start:start + len(rows)] = (n / visible[:, None]).sum(-1).cpu()
-            state.clear()
-            if progress is not None:
-                progress(len(rows))
-    if info is not None:
-        info["scan_path"] = "+".join(sorted(set(paths))) or "none"
-    return {d.name: DetectorStats(sums[..., i], counts[:, i], base[:, i]) for i, d in enumerate(detectors)}
+    top1 = Reducer(prepare, from_pattern, from_qk)
+    return run_batches(model, probe, detectors, top1, batch_size, progress, path, info)

@@ -18,6 +18,9 @@ Why it looks like this:
   - ``"auto"`` (default): sparse when the backend supports it and the dense pattern of a batch
     would be large (:func:`choose_path`), dense otherwise. Which path ran goes into the provenance.
 * **Reduce inside the hook.** What survives a layer is ``(B, H, D)`` float64.
+* **One driver, two statistics.** :func:`run_batches` owns batching, hooks, paths and the early
+  stop; a :class:`Reducer` says what to compute: attention mass here, the top-1 key in
+  :mod:`headlens.retrieval`.
 * **Per-prompt sums**, not just totals, are kept (``P x L x H x D`` float64, tiny) so that
   statistics can bootstrap over prompts, and so a scan can be split and summed.
 * **Right padding, uneven lengths.** Targets never point at pads and pad rows have no target;
@@ -126,6 +129,86 @@ def choose_path(path: str, model: Any, batch_shape: tuple[int, int]) -> str:
     return "sparse" if supported and (T >= DENSE_MAX_T or dense_bytes > DENSE_BYTES) else "dense"
 
 
+@dataclass(frozen=True)
+class Reducer:
+    """What one engine computes from a batch; :func:`run_batches` drives the forward passes.
+
+    Attributes:
+        prepare: ``batch -> (state, counts (B, D), baseline (B, D))``; ``state`` (the batch's targets)
+            is shared by every layer's reduction.
+        from_pattern: ``(pattern (B, H, Q, K), state) -> (B, H, D)`` float64, the dense path.
+        from_qk: ``(q (B, H, T, d), k (B, H_kv, T, d), spec, state) -> (B, H, D)`` float64, the sparse path.
+    """
+
+    prepare: Callable[[ProbeBatch], tuple[dict[str, Any], torch.Tensor, torch.Tensor]]
+    from_pattern: Callable[[torch.Tensor, dict[str, Any]], torch.Tensor]
+    from_qk: Callable[[torch.Tensor, torch.Tensor, AttentionSpec, dict[str, Any]], torch.Tensor]
+
+
+def run_batches(model: Any, probe: Probe, detectors: Sequence[Detector], reducer: Reducer, batch_size: int,
+                progress: Progress | None, path: str, info: dict[str, Any] | None) -> dict[str, DetectorStats]:
+    """Run ``probe`` batch by batch, reduce every layer with ``reducer`` inside its hook, keep per-prompt sums."""
+    L, H, P, D = model.n_layers, model.n_heads, len(probe), len(detectors)
+    sums = torch.zeros(P, L, H, D, dtype=torch.float64)
+    counts = torch.zeros(P, D, dtype=torch.float64)
+    base = torch.zeros(P, D, dtype=torch.float64)
+    v = vocab(model)
+    pad_id = getattr(model.tokenizer, "pad_token_id", None)
+    pad_id = int(pad_id) if pad_id is not None else v.ordinary[0]
+    specs = attention_specs(model)
+    state: dict[str, Any] = {}
+    paths: list[str] = []
+
+    def dense_hook(layer: int) -> Callable[..., None]:
+        def reduce_layer(pattern: torch.Tensor, hook: Any) -> None:  # (B, H, Q, K)
+            state["out"][:, layer] = reducer.from_pattern(pattern, state)
+            if layer == L - 1:
+                raise _ScanDone
+
+        return reduce_layer
+
+    def sparse_hook(layer: int, which: str) -> Callable[..., None]:
+        spec = specs[layer]
+
+        def capture(x: torch.Tensor, hook: Any) -> None:
+            state[which] = heads_first(x, spec.layout)  # (B, H, T, d)
+            if "q" in state and "k" in state:
+                state["out"][:, layer] = reducer.from_qk(state.pop("q"), state.pop("k"), spec, state)
+                if layer == L - 1:
+                    raise _ScanDone
+
+        return capture
+
+    dense_hooks = [(f"blocks.{layer}.attn.hook_pattern", dense_hook(layer)) for layer in range(L)]
+    sparse_hooks = [] if specs is None else [
+        (name, sparse_hook(layer, which)) for layer, s in enumerate(specs)
+        for name, which in ((s.q_hook, "q"), (s.k_hook, "k"))]
+    with torch.inference_mode():
+        for start in range(0, P, batch_size):
+            rows = range(start, min(start + batch_size, P))
+            batch = collate(probe, rows, model.is_causal, v.special, pad_id, model.device)
+            chosen = choose_path(path, model, tuple(batch.tokens.shape))
+            paths.append(chosen)
+            batch_state, c, b = reducer.prepare(batch)
+            state.update(batch_state, key_valid=None if model.is_causal else batch.valid,
+                         out=torch.zeros(len(rows), L, H, D, dtype=torch.float64, device=batch.tokens.device))
+            mask = None if model.is_causal else batch.valid.long()
+            try:
+                with model.hooks(sparse_hooks if chosen == "sparse" else dense_hooks):
+                    model.forward(batch.tokens, attention_mask=mask)
+            except _ScanDone:
+                pass
+            sums[start:start + len(rows)] = state["out"].cpu()
+            counts[start:start + len(rows)] = c.cpu()
+            base[start:start + len(rows)] = b.cpu()
+            state.clear()  # drop this batch's targets before the next one is built
+            if progress is not None:
+                progress(len(rows))
+    if info is not None:
+        info["scan_path"] = "+".join(sorted(set(paths))) or "none"
+    return {d.name: DetectorStats(sums[..., i], counts[:, i], base[:, i]) for i, d in enumerate(detectors)}
+
+
 def scan(
     model: Any,
     probe: Probe,
@@ -154,66 +237,14 @@ def scan(
                             f"spans scored by headlens.annotated)")
     if any(d.kind == "top1" for d in detectors):  # scored by the top-1 engine (retrieval heads)
         return _with_top1(model, probe, detectors, batch_size, progress, path, info)
-    L, H, P, D = model.n_layers, model.n_heads, len(probe), len(detectors)
-    sums = torch.zeros(P, L, H, D, dtype=torch.float64)
-    counts = torch.zeros(P, D, dtype=torch.float64)
-    base = torch.zeros(P, D, dtype=torch.float64)
-    v = vocab(model)
-    pad_id = getattr(model.tokenizer, "pad_token_id", None)
-    pad_id = int(pad_id) if pad_id is not None else v.ordinary[0]
-    specs = attention_specs(model)
-    state: dict[str, Any] = {}
-    paths: list[str] = []
 
-    def dense_hook(layer: int) -> Callable[..., None]:
-        def reduce_layer(pattern: torch.Tensor, hook: Any) -> None:
-            state["out"][:, layer] = _reduce_pattern(pattern, state["targets"])
-            if layer == L - 1:
-                raise _ScanDone
+    def prepare(batch: ProbeBatch) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
+        packed, c, b = _targets(batch, detectors)
+        return {"targets": packed}, c, b
 
-        return reduce_layer
-
-    def sparse_hook(layer: int, which: str) -> Callable[..., None]:
-        spec = specs[layer]
-
-        def capture(x: torch.Tensor, hook: Any) -> None:
-            state[which] = heads_first(x, spec.layout)  # (B, H, T, d)
-            if "q" in state and "k" in state:
-                q, k = state.pop("q"), state.pop("k")
-                state["out"][:, layer] = target_mass(q, k, spec, state["targets"], state["key_valid"])
-                if layer == L - 1:
-                    raise _ScanDone
-
-        return capture
-
-    dense_hooks = [(f"blocks.{layer}.attn.hook_pattern", dense_hook(layer)) for layer in range(L)]
-    sparse_hooks = [] if specs is None else [
-        (name, sparse_hook(layer, which)) for layer, s in enumerate(specs)
-        for name, which in ((s.q_hook, "q"), (s.k_hook, "k"))]
-    with torch.inference_mode():
-        for start in range(0, P, batch_size):
-            rows = range(start, min(start + batch_size, P))
-            batch = collate(probe, rows, model.is_causal, v.special, pad_id, model.device)
-            chosen = choose_path(path, model, tuple(batch.tokens.shape))
-            paths.append(chosen)
-            tg, c, b = _targets(batch, detectors)
-            state.update(targets=tg, key_valid=None if model.is_causal else batch.valid,
-                         out=torch.zeros(len(rows), L, H, D, dtype=torch.float64, device=batch.tokens.device))
-            mask = None if model.is_causal else batch.valid.long()
-            try:
-                with model.hooks(sparse_hooks if chosen == "sparse" else dense_hooks):
-                    model.forward(batch.tokens, attention_mask=mask)
-            except _ScanDone:
-                pass
-            sums[start:start + len(rows)] = state["out"].cpu()
-            counts[start:start + len(rows)] = c.cpu()
-            base[start:start + len(rows)] = b.cpu()
-            state.clear()  # drop this batch's targets before the next one is built
-            if progress is not None:
-                progress(len(rows))
-    if info is not None:
-        info["scan_path"] = "+".join(sorted(set(paths))) or "none"
-    return {d.name: DetectorStats(sums[..., i], counts[:, i], base[:, i]) for i, d in enumerate(detectors)}
+    mass = Reducer(prepare, lambda pattern, st: _reduce_pattern(pattern, st["targets"]),
+                   lambda q, k, spec, st: target_mass(q, k, spec, st["targets"], st["key_valid"]))
+    return run_batches(model, probe, detectors, mass, batch_size, progress, path, info)
 
 
 def _with_top1(model: Any, probe: Probe, detectors: Sequence[Detector], batch_size: int, progress: Progress | None,
