@@ -3,6 +3,7 @@
     python benchmarks/long_context.py                      # 1k .. 32k, memory + time, figure
     python benchmarks/long_context.py --lengths 1024 8192  # a subset
     python benchmarks/long_context.py --figure docs/long_context.png
+    python benchmarks/long_context.py --family llama --lengths 1024 8192 --paths sparse-unfused sparse
 
 The run: a random 4-layer x 8-head, d_model 256 native GPT (byte-level; n_ctx 8,192 up to 8k
 tokens, 32,768 beyond), ``headlens.classify(model, corpus="stdlib", batch_size=1, n_prompts=2,
@@ -16,6 +17,12 @@ which is ``headlens classify --corpus stdlib --batch-size 1 --n-prompts 2 --seq-
     tokens, once beyond; median), so both see the same machine load; the ratio sparse / dense is
     what to read. Where dense cannot run, the time is the sparse memory run's.
 (c) agreement: the largest |score_sparse - score_dense| over every head and detector.
+
+``--family llama`` measures a Hugging Face model through the bridge instead: a random 2-layer Llama,
+d_model 64, 4 heads / 2 KV heads, n_ctx 8,192, written without a tokenizer to a temporary directory,
+scored on the generated probes (``corpus=None``). Its memory paths: ``sparse`` (the fused SDPA
+attention of ``headlens.backends.fused``), ``sparse-unfused`` (the bridge's own attention, which builds
+the pattern: the sparse scan before fusing) and ``dense``; ``--paths`` picks them (memory only).
 
 Nothing is asserted; a table is printed and, with ``--figure``, a two-panel plot is written
 (``.html``, or ``.png`` through the headless Chromium the dashboard screenshots use).
@@ -34,6 +41,7 @@ import time
 from pathlib import Path
 
 DETECTORS = ["previous_token", "first_token", "duplicate_token", "induction"]
+FAMILY = "gpt"  # --family
 DENSE_MAX = 8192  # dense needs 4 * 8 heads * T^2 bytes per layer pattern and more: 16k is > 8 GB
 
 
@@ -48,10 +56,32 @@ def build_model(T: int):
     return headlens.GPT(cfg, name=f"random-4x8-d256-ctx{n_ctx}").eval()
 
 
+def build_llama(T: int):
+    """A random 2-layer, d_model 64, 4-head / 2-KV Llama through the bridge (no tokenizer)."""
+    import tempfile
+
+    import torch
+    import transformers
+
+    from headlens.backends.bridge import load_bridge
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=max(8192, T), vocab_size=257,
+                                   bos_token_id=0, eos_token_id=1, pad_token_id=2, tie_word_embeddings=False)
+    path = Path(tempfile.mkdtemp(prefix="headlens-llama-"))
+    transformers.LlamaForCausalLM(cfg).eval().save_pretrained(path)
+    return load_bridge(str(path))
+
+
 def classify(model, T: int, path: str):
     import headlens
 
-    return headlens.classify(model, detectors=DETECTORS, corpus="stdlib", batch_size=1, n_prompts=2,
+    if path == "sparse-unfused":  # the bridge's own attention (pattern and all), as before fusing
+        model.fused_attention = None
+        path = "sparse"
+    corpus = None if FAMILY == "llama" else "stdlib"
+    return headlens.classify(model, detectors=DETECTORS, corpus=corpus, batch_size=1, n_prompts=2,
                              seq_len=T, scan_path=path, n_boot=100)
 
 
@@ -60,7 +90,7 @@ def worker(T: int, paths: list[str], repeats: int) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    model = build_model(T)
+    model = build_llama(T) if FAMILY == "llama" else build_model(T)
     times: dict[str, list[float]] = {p: [] for p in paths}
     scores = {}
     for _ in range(repeats):
@@ -69,7 +99,7 @@ def worker(T: int, paths: list[str], repeats: int) -> dict:
             df = classify(model, T, p)
             times[p].append(time.perf_counter() - t0)
             scores[p] = df.sort_values(["detector", "layer", "head"]).score.tolist()
-            assert df.attrs["scan_path"] == p, df.attrs["scan_path"]
+            assert df.attrs["scan_path"] == p.removesuffix("-unfused"), df.attrs["scan_path"]
     diff = None
     if len(paths) == 2:
         diff = max(abs(a - b) for a, b in zip(scores[paths[0]], scores[paths[1]], strict=True))
@@ -83,7 +113,8 @@ def run_worker(T: int, paths: list[str], repeats: int, as_limit_gb: float | None
             cap = int(as_limit_gb * 2**30)
             resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
-    cmd = [sys.executable, __file__, "--worker", str(T), "--paths", *paths, "--repeats", str(repeats)]
+    cmd = [sys.executable, __file__, "--worker", str(T), "--paths", *paths, "--repeats", str(repeats),
+           "--family", FAMILY]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     t0 = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=limit, env=env)
@@ -136,10 +167,20 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="write the measurements here")
     ap.add_argument("--figure-only", action="store_true", help="redraw the figure from --json, measure nothing")
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--paths", nargs="+", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--paths", nargs="+", default=None, help="memory only, these paths (--family llama: sparse-unfused sparse)")
+    ap.add_argument("--family", choices=["gpt", "llama"], default="gpt", help="native GPT or a bridged HF Llama")
     args = ap.parse_args()
+    global FAMILY
+    FAMILY = args.family
     if args.worker is not None:
         print(json.dumps(worker(args.worker, args.paths, args.repeats)))
+        return
+    if args.family == "llama" or args.paths:  # memory only, one fresh process per (T, path)
+        for T in args.lengths:
+            for p in args.paths or ["sparse-unfused", "sparse"]:
+                r = run_worker(T, [p], 1)
+                print(f"{args.family} T={T:>6} {p:>14}: " + (r.get("error") or
+                      f"peak RSS {r['maxrss_mib']:.0f} MiB, {r['time_s'][p]:.1f} s"), flush=True)
         return
     if args.figure_only:
         figure(json.loads(args.json.read_text()), args.figure)

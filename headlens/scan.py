@@ -30,6 +30,7 @@ Why it looks like this:
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -129,6 +130,12 @@ def choose_path(path: str, model: Any, batch_shape: tuple[int, int]) -> str:
     return "sparse" if supported and (T >= DENSE_MAX_T or dense_bytes > DENSE_BYTES) else "dense"
 
 
+def _fused(model: Any, chosen: str) -> contextlib.AbstractContextManager[Any]:
+    """The backend's fused-attention mode for a sparse batch (bridged HF models), else nothing to do."""
+    fused = getattr(model, "fused_attention", None)
+    return fused() if chosen == "sparse" and callable(fused) else contextlib.nullcontext()
+
+
 @dataclass(frozen=True)
 class Reducer:
     """What one engine computes from a batch; :func:`run_batches` drives the forward passes.
@@ -194,7 +201,7 @@ def run_batches(model: Any, probe: Probe, detectors: Sequence[Detector], reducer
                          out=torch.zeros(len(rows), L, H, D, dtype=torch.float64, device=batch.tokens.device))
             mask = None if model.is_causal else batch.valid.long()
             try:
-                with model.hooks(sparse_hooks if chosen == "sparse" else dense_hooks):
+                with _fused(model, chosen), model.hooks(sparse_hooks if chosen == "sparse" else dense_hooks):
                     model.forward(batch.tokens, attention_mask=mask)
             except _ScanDone:
                 pass

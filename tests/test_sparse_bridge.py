@@ -67,3 +67,24 @@ def test_bridge_sparse_scan_equals_dense(family):
         n = dense[det].counts.clamp_min(1)[:, None, None]
         torch.testing.assert_close(sparse[det].sums / n, dense[det].sums / n, atol=1e-6, rtol=0)
     assert model.active_hooks() == []
+
+
+def test_fused_attention_skips_the_pattern_on_rotary_models(family):
+    """Sparse scans run the HF attention fused (no pattern); q/k hooks still fire, logits unchanged."""
+    name, model, _ = family
+    tokens = torch.randint(10, 250, (2, 40), generator=torch.Generator().manual_seed(1))
+    specs = model.attention_specs()
+    fired: list[str] = []
+    hooks = [(n, lambda x, hook: fired.append(hook.name)) for s in specs for n in (s.q_hook, s.k_hook)]
+    hooks += [(f"blocks.{layer}.attn.hook_pattern", lambda x, hook: fired.append("pattern"))
+              for layer in range(model.n_layers)]
+    with torch.no_grad():
+        ref = model(tokens)
+        with model.fused_attention() as fused, model.hooks(hooks):
+            out = model(tokens)
+    assert fused == (name in ("llama", "qwen2", "mistral", "gemma"))
+    assert ("pattern" in fired) != fused
+    assert len([n for n in fired if n != "pattern"]) == 2 * model.n_layers
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    assert model.active_hooks() == []
+    assert model.bridge.original_model.config._attn_implementation == "eager"

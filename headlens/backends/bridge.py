@@ -186,6 +186,14 @@ class BridgeModel:
         """
         return _attention_specs(self.bridge, self.is_causal)
 
+    def fused_attention(self) -> contextlib.AbstractContextManager[bool]:
+        """For a sparse scan: inside the block, attention runs fused (SDPA, no ``(B, H, T, T)`` pattern)
+        and still shows q and k to the hooks named by ``attention_specs``; yields whether it could
+        (:mod:`headlens.backends.fused`). ``hook_pattern`` and ``hook_z`` do not fire inside."""
+        from headlens.backends.fused import fused_attention
+
+        return fused_attention(self.bridge)
+
     @property
     def hook_dict(self) -> dict[str, Any]:
         return self.bridge.hook_dict
