@@ -13,7 +13,8 @@ bridge's own attention reimplementation do not fire inside; a sparse scan never 
 
 Masks come from transformers' ``sdpa_mask``: none at all for causal prompts without padding
 (``is_causal``), else a ``(B, 1, T, T)`` bool mask (1 byte per entry, shared by all layers and
-heads; a sliding window always needs one).
+heads; a sliding window always needs one). SDPA on the CPU copies a mask to float, so with a mask
+the queries go through in blocks of at most ``MASK_BLOCK_BYTES`` of mask each.
 
 Layers this cannot take over (no rotary hooks, soft-capping, attention sinks: GPT-2, BERT,
 Gemma-2 ...) keep the bridge forward; the scan is exact either way.
@@ -28,6 +29,7 @@ from typing import Any
 import torch
 
 IMPL = "headlens_sdpa"
+MASK_BLOCK_BYTES = 16 * 2**20  # with an explicit mask, SDPA gets query blocks whose float mask fits this
 _OWNERS: dict[int, Any] = {}  # id(HF attention module) -> its bridge component, while a swap is active
 _registered = False
 
@@ -40,7 +42,14 @@ def _attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
     owner = _OWNERS.get(id(module))
     if owner is not None:
         query, key = owner.hook_rot_q(query), owner.hook_rot_k(key)
-    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    B, _, Q, _ = query.shape
+    rows = max(1, MASK_BLOCK_BYTES // (4 * B * key.shape[2]))
+    if attention_mask is None or attention_mask.ndim != 4 or attention_mask.shape[2] != Q or rows >= Q:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    # an explicit mask (sliding window, padding): query blocks, so SDPA's float copy of it stays small
+    blocks = [sdpa_attention_forward(module, query[:, :, i:i + rows], key, value, attention_mask[:, :, i:i + rows],
+                                     **kwargs)[0] for i in range(0, Q, rows)]  # each (B, rows, H, d)
+    return torch.cat(blocks, dim=1), None
 
 
 def _register() -> None:
