@@ -168,6 +168,24 @@ def _peer_error(status: tuple[str, str, str, int]) -> Exception:
     return HeadlensError(f"rank {rank} failed: {qualname}: {message}")
 
 
+def settle_before_exit(timeout_s: float = 10.0) -> None:
+    """Before a rank exits on an error, wait briefly until every rank has got there too.
+
+    torchrun ends the other workers as soon as one exits non-zero; without this, a loaded machine
+    can kill a peer before it has printed the same error. A gloo barrier with a timeout, so a
+    rank whose peers never arrive still exits; a no-op outside a process group.
+    """
+    import sys
+
+    if "torch.distributed" not in sys.modules:  # never import torch just to exit
+        return
+    import torch.distributed as dist
+
+    with contextlib.suppress(Exception):
+        if dist.is_initialized() and "gloo" in str(dist.get_backend()):
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout_s))
+
+
 def run_everywhere(rank: Rank, fn: Callable[..., T], *args: Any) -> T:
     """Run ``fn(*args)`` on every rank; if it raises on any rank, raise on every rank.
 

@@ -68,7 +68,10 @@ def main() -> None:
     try:
         app()
     except HeadlensError as err:
-        print(f"headlens: error: {err}", file=sys.stderr)
+        print(f"headlens: error: {err}", file=sys.stderr, flush=True)
+        from headlens.distributed import settle_before_exit
+
+        settle_before_exit()  # under torchrun: every rank prints its line before any exits
         sys.exit(err.exit_code)
     except KeyboardInterrupt:
         print("headlens: interrupted", file=sys.stderr)
