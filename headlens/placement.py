@@ -27,13 +27,24 @@ def resolve_dtype(dtype: Any) -> Any:
         return torch.float32
     if isinstance(dtype, torch.dtype):
         name = str(dtype).removeprefix("torch.")
-    else:
-        name = str(dtype).strip().lower().removeprefix("torch.")
-        name = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}.get(
-            name, name)
+        if name not in DTYPES:
+            raise ConfigError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
+        return dtype
+    return getattr(torch, dtype_name(dtype))
+
+
+def dtype_name(dtype: str) -> str:
+    """The canonical name (one of ``DTYPES``) of a dtype given by name, without importing torch.
+
+    >>> dtype_name("bf16")
+    'bfloat16'
+    """
+    name = str(dtype).strip().lower().removeprefix("torch.")
+    name = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}.get(
+        name, name)
     if name not in DTYPES:
         raise ConfigError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
-    return getattr(torch, name)
+    return name
 
 
 def resolve_device(device: Any) -> str:

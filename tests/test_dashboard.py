@@ -241,3 +241,34 @@ def test_the_page_waits_for_the_warm_up_imports_it_shares():
         SHARED_IMPORTS.set()
     src = cache.app_script().read_text()
     assert src.index("SHARED_IMPORTS.wait(") < src.index("pick_model()", src.index("def main"))
+
+
+def test_cli_starts_the_server_before_torch_is_imported():
+    """Importing torch (1-2 s) before ``streamlit run`` held the server's start back by that much: on
+    the CPU the command checks --dtype/--device by name and leaves torch to the warm-up thread."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:  # a free port
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    probe = (
+        "import sys\n"
+        "from streamlit.web import cli\n"
+        "cli.main = lambda **kw: print('torch' in sys.modules)\n"
+        "from headlens.cli import app\n"
+        f"app(['dashboard', '--no-warm', '--port', '{port}', '--dtype', 'bf16'], standalone_mode=False)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_dtype_names_are_checked_without_torch():
+    from headlens.errors import ConfigError
+    from headlens.placement import dtype_name
+
+    assert dtype_name("bf16") == "bfloat16" and dtype_name(" Float32 ") == "float32"
+    with pytest.raises(ConfigError, match="unknown dtype 'int8'"):
+        dtype_name("int8")

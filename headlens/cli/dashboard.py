@@ -133,12 +133,16 @@ def register(app: typer.Typer) -> None:
         from streamlit.web import cli as streamlit_cli
 
         from headlens.app import DEVICE_ENV, DTYPE_ENV, MODEL_ENV, SHARED_IMPORTS
-        from headlens.placement import resolve_device, resolve_dtype
+        from headlens.placement import dtype_name, resolve_device
 
         if model:
             _check_reference(model.strip())
             os.environ[MODEL_ENV] = model.strip()
-        resolve_dtype(dtype), resolve_device(device)  # refuse a bad or unavailable one before serving
+        # refuse a bad or unavailable one before serving, but import no torch for the CPU: imported here, torch
+        # held the server's start back by the second or two it takes (the warm-up thread imports it beside)
+        dtype_name(dtype)
+        if device.strip().lower() != "cpu":
+            resolve_device(device)
         os.environ[DTYPE_ENV], os.environ[DEVICE_ENV] = dtype, device
         _check_port(port)
         typer.echo(f"headlens dashboard on http://{HOST}:{port}  (Ctrl+C to stop)", err=True)
