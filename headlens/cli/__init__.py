@@ -62,13 +62,23 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     print(f"headlens: warning: {message}", file=sys.stderr)
 
 
+def say(line: str) -> None:
+    """One line on stderr in one write: under torchrun every rank shares the stream, and a line
+    written in pieces interleaves with another rank's."""
+    sys.stderr.flush()
+    try:
+        os.write(sys.stderr.fileno(), f"{line}\n".encode(errors="replace"))
+    except (AttributeError, OSError, ValueError):  # a captured stream (tests) has no file descriptor
+        print(line, file=sys.stderr, flush=True)
+
+
 def main() -> None:
     """Console-script entry point: warnings as one line each, HeadlensError as one line + exit code."""
     warnings.showwarning = _show_warning
     try:
         app()
     except HeadlensError as err:
-        print(f"headlens: error: {err}", file=sys.stderr, flush=True)
+        say(f"headlens: error: {err}")
         from headlens.distributed import settle_before_exit
 
         settle_before_exit()  # under torchrun: every rank prints its line before any exits
