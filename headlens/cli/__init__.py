@@ -62,27 +62,15 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     print(f"headlens: warning: {message}", file=sys.stderr)
 
 
-def say(line: str) -> None:
-    """One line on stderr in one write: under torchrun every rank shares the stream, and a line
-    written in pieces interleaves with another rank's."""
-    sys.stderr.flush()
-    try:
-        os.write(sys.stderr.fileno(), f"{line}\n".encode(errors="replace"))
-    except (AttributeError, OSError, ValueError):  # a captured stream (tests) has no file descriptor
-        print(line, file=sys.stderr, flush=True)
-
-
 def main() -> None:
     """Console-script entry point: warnings as one line each, HeadlensError as one line + exit code."""
     warnings.showwarning = _show_warning
     try:
         app()
     except HeadlensError as err:
-        say(f"headlens: error: {err}")
-        from headlens.distributed import settle_before_exit
+        from headlens.cli.failure import fail
 
-        settle_before_exit()  # under torchrun: every rank prints its line before any exits
-        sys.exit(err.exit_code)
+        sys.exit(fail(err).exit_code)
     except KeyboardInterrupt:
         print("headlens: interrupted", file=sys.stderr)
         sys.exit(130)

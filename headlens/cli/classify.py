@@ -26,6 +26,7 @@ from typing import Annotated, Any
 import typer
 
 from headlens.cli import options as opt
+from headlens.cli.failure import fail
 from headlens.errors import HeadlensError, ProbeError
 
 SHORT = {  # overview cell for each label
@@ -227,5 +228,4 @@ def register(app: typer.Typer) -> None:
                          {**opt.load_options(device_map, max_memory, offload_folder), "dtype": dtype,
                           "trust_remote_code": trust_remote_code}, report)
         except HeadlensError as e:  # one line and the class's exit code, also under CliRunner
-            print(f"headlens: error: {e}", file=sys.stderr)
-            raise typer.Exit(e.exit_code) from None
+            raise fail(e) from None

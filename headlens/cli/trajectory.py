@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from headlens.cli import options as opt
+from headlens.cli.failure import fail
 from headlens.errors import HeadlensError, OutputError
 
 
@@ -70,8 +71,7 @@ def register(app: typer.Typer) -> None:
             run_trajectory(models, detectors, n_prompts, seq_len, batch_size, seed, out, figure, quiet, resume,
                            device, opt.load_options(device_map, max_memory, offload_folder))
         except HeadlensError as e:
-            print(f"headlens: error: {e}", file=sys.stderr)
-            raise typer.Exit(e.exit_code) from None
+            raise fail(e) from None
 
 
 def run_trajectory(models: list[str], detectors: str | None, n_prompts: int, seq_len: int, batch_size: int,
