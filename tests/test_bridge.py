@@ -19,12 +19,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 @pytest.fixture(scope="module")
-def minilm():
-    torch.set_num_threads(min(2, torch.get_num_threads()))
-    return headlens.load("minilm")
-
-
-@pytest.fixture(scope="module")
 def batch(minilm):
     return minilm.to_tokens(["the cat sat on the mat", "hello world"])
 

