@@ -281,17 +281,8 @@ def check_checkpoint(
     per_row = {h: row_losses(w, h, rows) for h in heads}
     v = decide(per_row, rows, claimed, margin, z_min)
     evidence = [HeadCountEvidence(h, d_model // h, v.losses[h], v.losses[h] - v.losses[v.best], v.z[h]) for h in heads]
-    warnings = []
-    if v.inferred != config_heads:
-        warnings.append(f"the config says n_heads={config_heads} but the weights work best split into "
-                        f"{v.inferred} heads (loss {v.losses[v.inferred]:.3f} vs {v.losses[config_heads]:.3f} nats): "
-                        f"this checkpoint's config is wrong")
-    if n_heads is not None and n_heads != v.inferred:
-        warnings.append(f"you asked for n_heads={n_heads} but the weights were trained with {v.inferred} "
-                        f"(loss {v.losses[v.inferred]:.3f} vs {v.losses[n_heads]:.3f} nats)")
-    if len(v.plausible) > 1:
-        warnings.append(f"weak evidence: n_heads={v.plausible} fit about equally well on this text; "
-                        f"give more or more typical text (--text) to separate them")
+    warnings = head_count_warnings(v, config_heads, n_heads, said=f"n_heads={config_heads}",
+                                   best=f"split into {v.inferred} heads", trained=f"with {v.inferred}")
     return CheckpointReport(
         path=str(path), format=w.format, passed=v.inferred == config_heads == claimed,
         config_n_heads=config_heads, claimed_n_heads=claimed, inferred_n_heads=v.inferred,
@@ -310,6 +301,27 @@ class Verdict:
     best: int  # lowest loss
     plausible: list[int]  # within ``margin`` nats or ``z_min`` standard errors of the best
     inferred: int  # the claim when it is plausible, else the best
+
+
+def head_count_warnings(v: Any, config_heads: int, n_heads: int | None, said: str, best: str,
+                        trained: str) -> list[str]:
+    """The doctor's warnings for verdict ``v`` (from :func:`decide`), every family worded alike.
+
+    ``said`` is what the config claims, ``best`` how the weights work best ("split into 2 heads"),
+    ``trained`` what they were trained with ("with 2"); ``n_heads`` the count the user asked about.
+    """
+    out = []
+    if v.inferred != config_heads:
+        out.append(f"the config says {said} but the weights work best {best} (loss "
+                   f"{v.losses[v.inferred]:.3f} vs {v.losses[config_heads]:.3f} nats): this checkpoint's "
+                   f"config is wrong")
+    if n_heads is not None and n_heads != v.inferred:
+        out.append(f"you asked for n_heads={n_heads} but the weights were trained {trained} "
+                   f"(loss {v.losses[v.inferred]:.3f} vs {v.losses[n_heads]:.3f} nats)")
+    if len(v.plausible) > 1:
+        out.append(f"weak evidence: n_heads={v.plausible} fit about equally well on this text; "
+                   f"give more or more typical text (--text) to separate them")
+    return out
 
 
 def decide(per_row: dict[int, torch.Tensor], rows: list[torch.Tensor], claimed: int, margin: float,

@@ -213,27 +213,12 @@ def score_layouts(model_dir: Path, cfg: Any, layouts: list[HeadLayout], rows: li
     return per_row, by_heads
 
 
-def _warnings(config: HeadLayout, best: HeadLayout, v: Any, n_heads: int | None) -> list[str]:
-    out = []
-    if v.inferred != config.n_heads:
-        out.append(f"the config says {config} but the weights work best as {best} (loss "
-                   f"{v.losses[v.inferred]:.3f} vs {v.losses[config.n_heads]:.3f} nats): this checkpoint's "
-                   f"config is wrong")
-    if n_heads is not None and n_heads != v.inferred:
-        out.append(f"you asked for n_heads={n_heads} but the weights were trained as {best} "
-                   f"(loss {v.losses[v.inferred]:.3f} vs {v.losses[n_heads]:.3f} nats)")
-    if len(v.plausible) > 1:
-        out.append(f"weak evidence: n_heads={v.plausible} fit about equally well on this text; "
-                   f"give more or more typical text (--text) to separate them")
-    return out
-
-
 def check_family(model_dir: Path, n_heads: int | None, candidates: list[int] | None, margin: float, z_min: float,
                  n_rows: int, seq_len: int, seed: int, texts: list[str] | None, t0: float) -> Any:
     """:func:`headlens.doctor.check_checkpoint` for a non-GPT-2 Hugging Face directory."""
     import time
 
-    from headlens.doctor.checkpoint import decide
+    from headlens.doctor.checkpoint import decide, head_count_warnings
     from headlens.doctor.report import CheckpointReport, HeadCountEvidence
 
     cfg = read_config(model_dir)
@@ -257,6 +242,7 @@ def check_family(model_dir: Path, n_heads: int | None, candidates: list[int] | N
         path=str(model_dir), format="huggingface", passed=v.inferred == config.n_heads == claimed.n_heads,
         config_n_heads=config.n_heads, claimed_n_heads=claimed.n_heads, inferred_n_heads=v.inferred,
         plausible_n_heads=v.plausible, d_model=int(cfg.hidden_size), evaluation=description, margin=margin,
-        evidence=evidence, warnings=_warnings(config, best, v, n_heads), seconds=time.perf_counter() - t0, family=str(cfg.model_type),
+        evidence=evidence, warnings=head_count_warnings(v, config.n_heads, n_heads, said=str(config), best=f"as {best}",
+                                     trained=f"as {best}"), seconds=time.perf_counter() - t0, family=str(cfg.model_type),
         config_n_kv_heads=config.n_kv_heads, inferred_n_kv_heads=best.n_kv_heads,
     )
