@@ -205,6 +205,10 @@ def run_batches(model: Any, probe: Probe, detectors: Sequence[Detector], reducer
                     model.forward(batch.tokens, attention_mask=mask)
             except _ScanDone:
                 pass
+            else:  # a hook never fired: the scores would be silent zeros
+                last = dense_hooks[-1][0] if chosen == "dense" else " / ".join(n for n, _ in sparse_hooks[-2:])
+                raise HeadlensError(f"the forward pass of {getattr(model, 'name', '?')!r} never fired {last}; "
+                                    f"its backend cannot give the {chosen} scan what it reads")
             sums[start:start + len(rows)] = state["out"].cpu()
             counts[start:start + len(rows)] = c.cpu()
             base[start:start + len(rows)] = b.cpu()

@@ -1,8 +1,10 @@
 """Issue 13 on Hugging Face models: the LSE scan's q/k/scale/mask equal transformers' eager attention.
 
-Tiny random-weight families from ``tests/hf_families.py`` (nothing downloads): GPT-2 (no rotary),
-Llama and Qwen2 (RoPE, GQA), Mistral (GQA + a sliding window of 16 < the prompt), Gemma (multi-query,
-its own scaling), BERT (bidirectional, padded).
+Every family of the architecture matrix (``tests/hf_families.py``, tiny random weights, nothing
+downloads): GPT-2 (no rotary, fused qkv), GPT-NeoX (partial rotary), GPT-J (interleaved rotary), OPT
+(query pre-scaled), Llama and Qwen2 (RoPE, GQA), Mistral (GQA + a sliding window of 16 < the prompt),
+Gemma (multi-query, its own scaling), Phi-3 (fused qkv), BERT and RoBERTa (bidirectional, padded).
+Sparse scans run the HF attention fused (``headlens.backends.fused``) on all of them.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from headlens.probes import text_prompts
 from headlens.scan import scan
 from tests.hf_families import FAMILIES, build, load_eager
 
-FAMS = ["gpt2", "llama", "qwen2", "mistral", "gemma", "bert"]
+FAMS = list(FAMILIES)
+# the bridge (TL 4.3) has hook_rot_q/k on these but never fires them: only the fused path shows q and k
+SILENT_ROT = ("gpt_neox", "gptj", "phi3")
 TEXTS = ["def f(x):\n    return [x, (x)] + f(x)", "import os", "x = {'k': [1, 2]} ( y ) x = {'k'",
          "for i in range(10):\n    print(i, i, i)"]
 
@@ -43,7 +47,8 @@ def test_implied_patterns_equal_eager_attention(family):
         valid[1, 25:] = False
         mask = valid.long()
     names = [h for s in specs for h in (s.q_hook, s.k_hook)]
-    _, cache = model.run_with_cache(tokens, names_filter=names, attention_mask=mask)
+    with model.fused_attention():  # the q and k a sparse scan reads
+        _, cache = model.run_with_cache(tokens, names_filter=names, attention_mask=mask)
     with torch.no_grad():
         ref = eager(tokens, attention_mask=mask, output_attentions=True).attentions
     for layer, spec in enumerate(specs):
@@ -69,25 +74,51 @@ def test_bridge_sparse_scan_equals_dense(family):
     assert model.active_hooks() == []
 
 
-def test_fused_attention_skips_the_pattern_on_rotary_models(family, monkeypatch):
-    """Sparse scans run the HF attention fused (no pattern); q/k hooks still fire, logits unchanged."""
+def test_fused_attention_skips_the_pattern(family, monkeypatch):
+    """Sparse scans run the HF attention fused (no pattern) on every family; q/k hooks see what the bridge
+    shows them, logits unchanged. Mistral's window mask and BERT's padding mask go through in query blocks."""
     from headlens.backends import fused as fused_mod
 
-    monkeypatch.setattr(fused_mod, "MASK_BLOCK_BYTES", 4 * 2 * 40 * 7)  # Mistral's window mask: blocks of 7 queries
+    monkeypatch.setattr(fused_mod, "MASK_BLOCK_BYTES", 4 * 2 * 40 * 7)  # an explicit mask: blocks of 7 queries
     name, model, _ = family
     tokens = torch.randint(10, 250, (2, 40), generator=torch.Generator().manual_seed(1))
+    mask = None
+    if not model.is_causal:  # a padded second prompt
+        mask = torch.ones(2, 40, dtype=torch.long)
+        mask[1, 25:] = 0
     specs = model.attention_specs()
-    fired: list[str] = []
-    hooks = [(n, lambda x, hook: fired.append(hook.name)) for s in specs for n in (s.q_hook, s.k_hook)]
-    hooks += [(f"blocks.{layer}.attn.hook_pattern", lambda x, hook: fired.append("pattern"))
+    names = [n for s in specs for n in (s.q_hook, s.k_hook)]
+    seen: dict[str, list[torch.Tensor]] = {}
+    hooks = [(n, lambda x, hook: seen.setdefault(hook.name, []).append(x.clone())) for n in names]
+    hooks += [(f"blocks.{layer}.attn.hook_pattern", lambda x, hook: seen.setdefault("pattern", []).append(x))
               for layer in range(model.n_layers)]
     with torch.no_grad():
-        ref = model(tokens)
+        _, ref_cache = model.run_with_cache(tokens, names_filter=names, attention_mask=mask)
+        ref = model(tokens, attention_mask=mask)
         with model.fused_attention() as fused, model.hooks(hooks):
-            out = model(tokens)
-    assert fused == (name in ("llama", "qwen2", "mistral", "gemma"))
-    assert ("pattern" in fired) != fused
-    assert len([n for n in fired if n != "pattern"]) == 2 * model.n_layers
-    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+            out = model(tokens, attention_mask=mask)
+    assert fused
+    assert "pattern" not in seen
+    for n in names:  # each q/k hook fired once, with the tensor the unfused bridge shows it
+        assert len(seen[n]) == 1, n
+        if name not in SILENT_ROT:
+            torch.testing.assert_close(seen[n][0], ref_cache[n], atol=1e-5, rtol=0)
+    assert (set(ref_cache) == set(names)) == (name not in SILENT_ROT)
+    rows = slice(None) if mask is None else mask.bool()
+    torch.testing.assert_close(out[rows], ref[rows], atol=1e-4, rtol=1e-4)
     assert model.active_hooks() == []
     assert model.bridge.original_model.config._attn_implementation == "eager"
+    assert not fused_mod._OWNERS
+
+
+def test_a_scan_whose_hooks_never_fire_fails_loudly(family, monkeypatch):
+    """Unfused, the bridge never fires GPT-NeoX's, GPT-J's and Phi-3's hook_rot_q/k: an error, not zero scores."""
+    from headlens.errors import HeadlensError
+
+    name, model, _ = family
+    if name not in SILENT_ROT:
+        pytest.skip("the bridge fires this family's q/k hooks itself")
+    monkeypatch.setattr(model, "fused_attention", None)
+    with pytest.raises(HeadlensError, match=r"never fired blocks\.1\.attn\.hook_rot_q / blocks\.1\.attn\.hook_rot_k"):
+        scan(model, text_prompts(model, TEXTS[:1]), [DETECTORS["previous_token"]], path="sparse")
+    assert model.active_hooks() == []

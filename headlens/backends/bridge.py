@@ -187,9 +187,10 @@ class BridgeModel:
         return _attention_specs(self.bridge, self.is_causal)
 
     def fused_attention(self) -> contextlib.AbstractContextManager[bool]:
-        """For a sparse scan: inside the block, attention runs fused (SDPA, no ``(B, H, T, T)`` pattern)
-        and still shows q and k to the hooks named by ``attention_specs``; yields whether it could
-        (:mod:`headlens.backends.fused`). ``hook_pattern`` and ``hook_z`` do not fire inside."""
+        """For a sparse scan: inside the block, attention runs fused (SDPA, or a blocked attention for
+        soft-capped and sink layers; no ``(B, H, T, T)`` pattern) and still shows q and k to the hooks
+        named by ``attention_specs``; yields whether it could (:mod:`headlens.backends.fused`; every
+        family of the architecture matrix). ``hook_pattern`` and ``hook_z`` do not fire inside."""
         from headlens.backends.fused import fused_attention
 
         return fused_attention(self.bridge)
