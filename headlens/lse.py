@@ -1,7 +1,8 @@
 """Exact attention mass on target keys without the attention pattern (issue 13).
 
 For a query row q the attention on key k is ``p(q -> k) = exp(s_qk - LSE_q)``, with ``s_qk`` the
-scaled, soft-capped, masked score and ``LSE_q = log sum_k exp(s_qk)`` the row's log-sum-exp. A
+scaled, soft-capped, masked score and ``LSE_q = log sum_k exp(s_qk)`` the row's log-sum-exp (plus
+the head's sink logit, for attention-sink models). A
 detector's targets are a few keys per row (``(B, Q, M)`` indices), so the scan needs q, k and the
 LSE, never the ``(Q, K)`` pattern.
 
@@ -40,6 +41,8 @@ class AttentionSpec:
         causal: keys ``k <= q`` only.
         window: sliding window: key k is visible from q only when ``q - k < window``; None: all.
         softcap: Gemma-2 style ``cap * tanh(s / cap)`` on the scaled scores; None: none.
+        sinks: per query head, an attention-sink logit (GPT-OSS) that joins every row's softmax
+            and takes its share of the mass without being a key: ``LSE_q`` includes it; None: none.
     """
 
     q_hook: str
@@ -49,6 +52,7 @@ class AttentionSpec:
     causal: bool = True
     window: int | None = None
     softcap: float | None = None
+    sinks: tuple[float, ...] | None = None
 
 
 @dataclass
@@ -162,7 +166,7 @@ def target_mass(q: torch.Tensor, k: torch.Tensor, spec: AttentionSpec, targets: 
         if key_valid is not None:
             hidden = hidden | ~key_valid[:, None, None, :kend]  # (B, 1, C, K')
         s[..., k0:].masked_fill_(hidden, float("-inf"))
-        lse = torch.logsumexp(s, dim=-1, keepdim=True)  # (B, H, C, 1)
+        lse = _with_sinks(torch.logsumexp(s, dim=-1, keepdim=True), spec)  # (B, H, C, 1)
         for i, tg in enumerate(targets):
             b, qr, kk = tg.entries(q0, q1)
             if not len(kk):
@@ -190,4 +194,15 @@ def implied_pattern(q: torch.Tensor, k: torch.Tensor, spec: AttentionSpec,
     if spec.window is not None:
         hidden |= gap >= spec.window
     hidden = hidden[None, None] if key_valid is None else hidden[None, None] | ~key_valid[:, None, None, :]
-    return s.masked_fill(hidden, float("-inf")).softmax(-1)
+    s = s.masked_fill(hidden, float("-inf"))
+    if spec.sinks is None:
+        return s.softmax(-1)
+    return torch.exp(s - _with_sinks(torch.logsumexp(s, dim=-1, keepdim=True), spec))  # rows sum to < 1
+
+
+def _with_sinks(lse: torch.Tensor, spec: AttentionSpec) -> torch.Tensor:
+    """A row's ``(B, H, C, 1)`` log-sum-exp over keys, plus each head's sink logit when the spec has sinks."""
+    if spec.sinks is None:
+        return lse
+    sinks = torch.tensor(spec.sinks, dtype=lse.dtype, device=lse.device)[None, :, None, None]  # (1, H, 1, 1)
+    return torch.logaddexp(lse, sinks)

@@ -88,6 +88,17 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            out_proj="attention.output.dense", layers="roberta.encoder.layer", causal=False),
 ]}
 
+# Beyond the matrix, for the fused sparse scan (tests/test_sparse_bridge.py): layers SDPA cannot do exactly.
+EXTRAS: dict[str, Family] = {f.name: f for f in [
+    Family("gemma2", "Gemma2Config", "Gemma2ForCausalLM",  # logit soft-capping, sliding window every other layer
+           dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16, sliding_window=SLIDING_WINDOW,
+                attn_logit_softcapping=5.0), n_kv_heads=2),
+    Family("gpt_oss", "GptOssConfig", "GptOssForCausalLM",  # attention sinks, mixture of experts
+           dict(_LLAMA_LIKE, intermediate_size=64, num_key_value_heads=2, head_dim=16, sliding_window=SLIDING_WINDOW,
+                num_local_experts=2, num_experts_per_tok=1), n_kv_heads=2),
+]}
+_ALL = {**FAMILIES, **EXTRAS}
+
 SPECIALS_CAUSAL = {"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>", "unk_token": "<|unk|>"}
 SPECIALS_ENCODER = {"cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]", "mask_token": "[MASK]",
                     "unk_token": "[UNK]", "bos_token": "[CLS]", "eos_token": "[SEP]"}
@@ -129,7 +140,7 @@ def save_tokenizer(path: Path, causal: bool = True) -> None:
 def hf_config(family: str | Family, vocab_size: int = VOCAB, **overrides: Any) -> Any:
     import transformers
 
-    fam = FAMILIES[family] if isinstance(family, str) else family
+    fam = _ALL[family] if isinstance(family, str) else family
     specials = _special_ids(fam.causal)
     kwargs = dict(fam.kwargs, vocab_size=vocab_size, initializer_range=INIT, tie_word_embeddings=False,
                   **specials, **overrides)
@@ -150,7 +161,7 @@ def build(family: str, path: Path, seed: int = 0, tokenizer: bool = True, **over
     """Write a random-weight ``family`` model (float32, safetensors) and its tokenizer to ``path``."""
     import transformers
 
-    fam = FAMILIES[family]
+    fam = _ALL[family]
     torch.manual_seed(seed)
     model = getattr(transformers, fam.model)(hf_config(fam, **overrides)).eval()
     path.mkdir(parents=True, exist_ok=True)
@@ -164,7 +175,7 @@ def load_eager(path: Path, family: str) -> Any:
     """The same directory through ``transformers`` alone, eager attention (the reference)."""
     import transformers
 
-    cls = getattr(transformers, FAMILIES[family].model)
+    cls = getattr(transformers, _ALL[family].model)
     return cls.from_pretrained(path, attn_implementation="eager").eval()
 
 

@@ -4,6 +4,7 @@ Every family of the architecture matrix (``tests/hf_families.py``, tiny random w
 downloads): GPT-2 (no rotary, fused qkv), GPT-NeoX (partial rotary), GPT-J (interleaved rotary), OPT
 (query pre-scaled), Llama and Qwen2 (RoPE, GQA), Mistral (GQA + a sliding window of 16 < the prompt),
 Gemma (multi-query, its own scaling), Phi-3 (fused qkv), BERT and RoBERTa (bidirectional, padded).
+Beyond the matrix: Gemma-2 (logit soft-capping) and GPT-OSS (attention sinks), which SDPA cannot do.
 Sparse scans run the HF attention fused (``headlens.backends.fused``) on all of them.
 """
 
@@ -17,9 +18,9 @@ from headlens.detectors import DETECTORS
 from headlens.lse import heads_first, implied_pattern
 from headlens.probes import text_prompts
 from headlens.scan import scan
-from tests.hf_families import FAMILIES, build, load_eager
+from tests.hf_families import EXTRAS, FAMILIES, build, load_eager
 
-FAMS = list(FAMILIES)
+FAMS = [*FAMILIES, *EXTRAS]  # + Gemma-2 (soft-capping) and GPT-OSS (attention sinks)
 # the bridge (TL 4.3) has hook_rot_q/k on these but never fires them: only the fused path shows q and k
 SILENT_ROT = ("gpt_neox", "gptj", "phi3")
 TEXTS = ["def f(x):\n    return [x, (x)] + f(x)", "import os", "x = {'k': [1, 2]} ( y ) x = {'k'",
@@ -53,7 +54,7 @@ def test_implied_patterns_equal_eager_attention(family):
         ref = eager(tokens, attention_mask=mask, output_attentions=True).attentions
     for layer, spec in enumerate(specs):
         q, k = heads_first(cache[spec.q_hook], spec.layout), heads_first(cache[spec.k_hook], spec.layout)
-        assert k.shape[1] == FAMILIES[name].n_kv_heads  # unrepeated key heads under GQA
+        assert k.shape[1] == {**FAMILIES, **EXTRAS}[name].n_kv_heads  # unrepeated key heads under GQA
         ours = implied_pattern(q, k, spec, None if model.is_causal else valid)
         rows = valid[:, None, :, None]  # compare the real query rows
         torch.testing.assert_close(ours * rows, ref[layer] * rows, atol=2e-5, rtol=0)
@@ -80,6 +81,10 @@ def test_fused_attention_skips_the_pattern(family, monkeypatch):
     from headlens.backends import fused as fused_mod
 
     monkeypatch.setattr(fused_mod, "MASK_BLOCK_BYTES", 4 * 2 * 40 * 7)  # an explicit mask: blocks of 7 queries
+    monkeypatch.setattr(fused_mod, "BLOCK_BYTES", 4 * 2 * 4 * 40 * 7)  # soft-cap / sinks: blocks of 7 queries too
+    blocked = fused_mod._blocked
+    calls: list[int] = []
+    monkeypatch.setattr(fused_mod, "_blocked", lambda *a, **kw: calls.append(1) or blocked(*a, **kw))
     name, model, _ = family
     tokens = torch.randint(10, 250, (2, 40), generator=torch.Generator().manual_seed(1))
     mask = None
@@ -99,6 +104,7 @@ def test_fused_attention_skips_the_pattern(family, monkeypatch):
             out = model(tokens, attention_mask=mask)
     assert fused
     assert "pattern" not in seen
+    assert len(calls) == (model.n_layers if name in EXTRAS else 0)  # our blocked attention: soft-cap, sinks
     for n in names:  # each q/k hook fired once, with the tensor the unfused bridge shows it
         assert len(seen[n]) == 1, n
         if name not in SILENT_ROT:

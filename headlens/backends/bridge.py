@@ -444,8 +444,10 @@ def _attention_specs(bridge: Any, causal: bool) -> list[Any] | None:
         if getattr(hf, "scale_attn_by_inverse_layer_idx", False):
             scale /= layer + 1
         softcap = getattr(hf, "attn_logit_softcapping", None)
+        sinks = getattr(module, "sinks", None)  # GPT-OSS: (n_heads,) sink logits
+        sinks = tuple(float(x) for x in sinks.detach().float().cpu()) if isinstance(sinks, torch.Tensor) else None
         specs.append(AttentionSpec(q_hook, k_hook, "BTHD", scale, causal, _window(hf, layer),
-                                   float(softcap) if softcap else None))
+                                   float(softcap) if softcap else None, sinks))
     return specs
 
 
