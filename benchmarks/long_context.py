@@ -4,6 +4,7 @@
     python benchmarks/long_context.py --lengths 1024 8192  # a subset
     python benchmarks/long_context.py --figure docs/long_context.png
     python benchmarks/long_context.py --family llama --lengths 1024 8192 --paths sparse-unfused sparse
+    python benchmarks/long_context.py --family gpt2 --lengths 1024 8192  # also mistral, bert, gemma2
 
 The run: a random 4-layer x 8-head, d_model 256 native GPT (byte-level; n_ctx 8,192 up to 8k
 tokens, 32,768 beyond), ``headlens.classify(model, corpus="stdlib", batch_size=1, n_prompts=2,
@@ -18,9 +19,11 @@ which is ``headlens classify --corpus stdlib --batch-size 1 --n-prompts 2 --seq-
     what to read. Where dense cannot run, the time is the sparse memory run's.
 (c) agreement: the largest |score_sparse - score_dense| over every head and detector.
 
-``--family llama`` measures a Hugging Face model through the bridge instead: a random 2-layer Llama,
-d_model 64, 4 heads / 2 KV heads, n_ctx 8,192, written without a tokenizer to a temporary directory,
-scored on the generated probes (``corpus=None``). Its memory paths: ``sparse`` (the fused SDPA
+``--family llama|mistral|gpt2|bert|gemma2`` measures a Hugging Face model through the bridge instead: a
+random 2-layer, d_model 64, 4-head model (Llama with 2 KV heads; Mistral, the same with a 512-token window;
+GPT-2; BERT; Gemma-2 with logit soft-capping and a 512-token window on every other layer), n_ctx 8,192,
+written without a tokenizer to a temporary
+directory, scored on the generated probes (``corpus=None``). Its memory paths: ``sparse`` (the fused
 attention of ``headlens.backends.fused``), ``sparse-unfused`` (the bridge's own attention, which builds
 the pattern: the sparse scan before fusing) and ``dense``; ``--paths`` picks them (memory only).
 
@@ -56,8 +59,11 @@ def build_model(T: int):
     return headlens.GPT(cfg, name=f"random-4x8-d256-ctx{n_ctx}").eval()
 
 
-def build_llama(T: int):
-    """A random 2-layer, d_model 64, 4-head / 2-KV Llama through the bridge (no tokenizer)."""
+HF_FAMILIES = ("llama", "mistral", "gpt2", "bert", "gemma2")  # --family: bridged HF models, 2 layers, d_model 64, 4 heads
+
+
+def build_hf(family: str, T: int):
+    """A random 2-layer, d_model 64, 4-head HF ``family`` model through the bridge (no tokenizer)."""
     import tempfile
 
     import torch
@@ -66,11 +72,26 @@ def build_llama(T: int):
     from headlens.backends.bridge import load_bridge
 
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, max_position_embeddings=max(8192, T), vocab_size=257,
-                                   bos_token_id=0, eos_token_id=1, pad_token_id=2, tie_word_embeddings=False)
-    path = Path(tempfile.mkdtemp(prefix="headlens-llama-"))
-    transformers.LlamaForCausalLM(cfg).eval().save_pretrained(path)
+    n = max(8192, T)
+    ids = dict(vocab_size=257, bos_token_id=0, eos_token_id=1, pad_token_id=2, tie_word_embeddings=False)
+    llama = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=n, **ids)
+    cls, cfg = {  # Llama: RoPE + GQA (Mistral: + a 512-token window); GPT-2: learned positions, fused qkv;
+        # BERT: bidirectional;
+        # Gemma-2: logit soft-capping and a 512-token sliding window on every other layer (our blocked attention)
+        "llama": lambda: (transformers.LlamaForCausalLM, transformers.LlamaConfig(**llama)),
+        "mistral": lambda: (transformers.MistralForCausalLM, transformers.MistralConfig(**llama, sliding_window=512)),
+        "gpt2": lambda: (transformers.GPT2LMHeadModel,
+                         transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=n, **ids)),
+        "bert": lambda: (transformers.BertForMaskedLM,
+                         transformers.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                                 intermediate_size=128, max_position_embeddings=n, **ids)),
+        "gemma2": lambda: (transformers.Gemma2ForCausalLM,
+                           transformers.Gemma2Config(**llama, head_dim=16, sliding_window=512,
+                                                     attn_logit_softcapping=50.0)),
+    }[family]()
+    path = Path(tempfile.mkdtemp(prefix=f"headlens-{family}-"))
+    cls(cfg).eval().save_pretrained(path)
     return load_bridge(str(path))
 
 
@@ -80,7 +101,7 @@ def classify(model, T: int, path: str):
     if path == "sparse-unfused":  # the bridge's own attention (pattern and all), as before fusing
         model.fused_attention = None
         path = "sparse"
-    corpus = None if FAMILY == "llama" else "stdlib"
+    corpus = None if FAMILY in HF_FAMILIES else "stdlib"
     return headlens.classify(model, detectors=DETECTORS, corpus=corpus, batch_size=1, n_prompts=2,
                              seq_len=T, scan_path=path, n_boot=100)
 
@@ -90,7 +111,7 @@ def worker(T: int, paths: list[str], repeats: int) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    model = build_llama(T) if FAMILY == "llama" else build_model(T)
+    model = build_hf(FAMILY, T) if FAMILY in HF_FAMILIES else build_model(T)
     times: dict[str, list[float]] = {p: [] for p in paths}
     scores = {}
     for _ in range(repeats):
@@ -167,15 +188,15 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="write the measurements here")
     ap.add_argument("--figure-only", action="store_true", help="redraw the figure from --json, measure nothing")
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--paths", nargs="+", default=None, help="memory only, these paths (--family llama: sparse-unfused sparse)")
-    ap.add_argument("--family", choices=["gpt", "llama"], default="gpt", help="native GPT or a bridged HF Llama")
+    ap.add_argument("--paths", nargs="+", default=None, help="memory only, these paths (HF families: sparse-unfused sparse)")
+    ap.add_argument("--family", choices=["gpt", *HF_FAMILIES], default="gpt", help="native GPT or a bridged HF model")
     args = ap.parse_args()
     global FAMILY
     FAMILY = args.family
     if args.worker is not None:
         print(json.dumps(worker(args.worker, args.paths, args.repeats)))
         return
-    if args.family == "llama" or args.paths:  # memory only, one fresh process per (T, path)
+    if args.family in HF_FAMILIES or args.paths:  # memory only, one fresh process per (T, path)
         for T in args.lengths:
             for p in args.paths or ["sparse-unfused", "sparse"]:
                 r = run_worker(T, [p], 1)

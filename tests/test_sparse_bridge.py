@@ -78,13 +78,18 @@ def test_bridge_sparse_scan_equals_dense(family):
 def test_fused_attention_skips_the_pattern(family, monkeypatch):
     """Sparse scans run the HF attention fused (no pattern) on every family; q/k hooks see what the bridge
     shows them, logits unchanged. Mistral's window mask and BERT's padding mask go through in query blocks."""
+    from transformers import masking_utils
+    from transformers.masking_utils import sdpa_mask
+
     from headlens.backends import fused as fused_mod
 
     monkeypatch.setattr(fused_mod, "MASK_BLOCK_BYTES", 4 * 2 * 40 * 7)  # an explicit mask: blocks of 7 queries
     monkeypatch.setattr(fused_mod, "BLOCK_BYTES", 4 * 2 * 4 * 40 * 7)  # soft-cap / sinks: blocks of 7 queries too
-    blocked = fused_mod._blocked
-    calls: list[int] = []
-    monkeypatch.setattr(fused_mod, "_blocked", lambda *a, **kw: calls.append(1) or blocked(*a, **kw))
+    eager = fused_mod._eager
+    eager_modules: set[int] = set()
+    monkeypatch.setattr(fused_mod, "_eager", lambda m, *a, **kw: eager_modules.add(id(m)) or eager(m, *a, **kw))
+    full_masks: list[int] = []  # transformers' (B, 1, T, T) masks: none, the band masks replace them
+    monkeypatch.setattr(masking_utils, "sdpa_mask", lambda *a, **kw: full_masks.append(1) or sdpa_mask(*a, **kw))
     name, model, _ = family
     tokens = torch.randint(10, 250, (2, 40), generator=torch.Generator().manual_seed(1))
     mask = None
@@ -100,11 +105,13 @@ def test_fused_attention_skips_the_pattern(family, monkeypatch):
     with torch.no_grad():
         _, ref_cache = model.run_with_cache(tokens, names_filter=names, attention_mask=mask)
         ref = model(tokens, attention_mask=mask)
+        full_masks.clear()  # the eager forwards above build theirs through sdpa_mask
         with model.fused_attention() as fused, model.hooks(hooks):
             out = model(tokens, attention_mask=mask)
     assert fused
     assert "pattern" not in seen
-    assert len(calls) == (model.n_layers if name in EXTRAS else 0)  # our blocked attention: soft-cap, sinks
+    assert len(eager_modules) == (model.n_layers if name in EXTRAS else 0)  # our blocked attention: soft-cap, sinks
+    assert not full_masks
     for n in names:  # each q/k hook fired once, with the tensor the unfused bridge shows it
         assert len(seen[n]) == 1, n
         if name not in SILENT_ROT:

@@ -40,7 +40,10 @@ from typing import Any
 
 import torch
 
+from headlens.errors import HeadlensError
+
 IMPL = "headlens_sdpa"
+BAND = "headlens_band"  # attribute of a (B, 1, 1, K) padding mask from _mask: (causal, sliding window or None)
 MASK_BLOCK_BYTES = 16 * 2**20  # with an explicit mask, SDPA gets query blocks whose float mask fits this
 BLOCK_BYTES = 16 * 2**20  # the blocked attention's (B, H, rows, T) float32 scores per block
 SWAP = ("PositionEmbeddingsAttentionBridge", "JointQKVPositionEmbeddingsAttentionBridge", "JointQKVAttentionBridge")
@@ -51,7 +54,8 @@ _registered = False
 
 def _attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """q ``(B, H, T, d)``, k ``(B, H_kv, T, d)`` to the bridge's hooks, then SDPA or :func:`_blocked`."""
+    """q ``(B, H, T, d)``, k ``(B, H_kv, T, d)`` to the bridge's hooks, then SDPA or :func:`_eager`, query block
+    by query block whenever a mask is needed (each block's ``(B, 1, rows, K)`` mask built from :func:`_mask`'s band)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     owner, hooks = _OWNERS.get(id(module), (None, ""))
@@ -59,16 +63,98 @@ def _attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
         query, key = owner.hook_rot_q(query), owner.hook_rot_k(key)
     elif hooks == "linear":
         query, key = _through_linear_hook(owner.q.hook_out, query), _through_linear_hook(owner.k.hook_out, key)
-    if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
-        return _blocked(module, query, key, value, attention_mask, **kwargs)
-    B, _, Q, _ = query.shape
-    rows = max(1, MASK_BLOCK_BYTES // (4 * B * key.shape[2]))
-    if attention_mask is None or attention_mask.ndim != 4 or attention_mask.shape[2] != Q or rows >= Q:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    # an explicit mask (sliding window, padding): query blocks, so SDPA's float copy of it stays small
-    blocks = [sdpa_attention_forward(module, query[:, :, i:i + rows], key, value, attention_mask[:, :, i:i + rows],
-                                     **kwargs)[0] for i in range(0, Q, rows)]  # each (B, rows, H, d)
-    return torch.cat(blocks, dim=1), None
+    own = kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None  # SDPA cannot do these exactly
+    B, H, Q, _ = query.shape
+    K = key.shape[2]
+    band = getattr(attention_mask, BAND, None)
+    if attention_mask is not None and band is None and attention_mask.shape[-2] != Q:
+        raise HeadlensError(f"fused attention got a {tuple(attention_mask.shape)} mask for {Q} queries without its "
+                            f"band; this model changes masks in a way headlens.backends.fused does not know")
+    if not own and (attention_mask is None or band is None):  # causal without padding (is_causal), or a full mask
+        rows = max(1, MASK_BLOCK_BYTES // (4 * B * K))
+        if attention_mask is None or rows >= Q:
+            return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    if band is None and attention_mask is None:  # our eager attention without a mask: causal unless told otherwise
+        causal = kwargs.get("is_causal")
+        band = (bool(getattr(module, "is_causal", True) if causal is None else causal) and Q > 1, None)
+    rows = max(1, (BLOCK_BYTES // (4 * B * H * K)) if own else (MASK_BLOCK_BYTES // (4 * B * K)))
+    fn = _eager if own else sdpa_attention_forward
+    out = [fn(module, query[:, :, i:i + rows], key, value,
+              _rows(attention_mask, band, i, min(Q, i + rows), K, Q, query.device), **kwargs)[0]
+           for i in range(0, Q, rows)]  # each (B, rows, H, d)
+    return torch.cat(out, dim=1), None
+
+
+def _rows(mask: torch.Tensor | None, band: tuple[bool, int | None] | None, q0: int, q1: int, K: int,
+          Q: int, device: torch.device) -> torch.Tensor | None:
+    """The bool mask of query rows ``q0 .. q1-1`` against ``K`` keys: ``(B | 1, 1, rows, K)``, None: all visible."""
+    if band is None:
+        return None if mask is None else mask[:, :, q0:q1]  # a full mask made elsewhere
+    causal, window = band
+    if not causal and window is None:
+        return mask  # (B, 1, 1, K) padding, or None
+    gap = torch.arange(q0 + K - Q, q1 + K - Q, device=device)[:, None] - torch.arange(K, device=device)[None, :]
+    see = gap >= 0 if causal else torch.ones_like(gap, dtype=torch.bool)
+    if window is not None:
+        see &= gap < window
+    see = see[None, None]  # (1, 1, rows, K); gap above is q - k
+    return see if mask is None else see & mask  # mask: (B, 1, 1, K) padding
+
+
+def _mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
+          mask_function: Any = None, attention_mask: torch.Tensor | None = None, local_size: int | None = None,
+          **kwargs: Any) -> torch.Tensor | None:
+    """transformers' mask function for :data:`IMPL`: no ``(B, 1, T, T)`` mask where the pattern is a band.
+
+    When ``mask_function`` is causal (with a sliding window of ``local_size``) or bidirectional,
+    checked on every query row, the mask is the ``(B, 1, 1, K)`` padding (all True without padding)
+    carrying ``(causal, window)`` as its :data:`BAND` attribute; :func:`_attention` builds each query
+    block's rows from it. Causal prompts without padding get None (SDPA's ``is_causal``), as from
+    ``sdpa_mask``. Anything else (chunked attention, a cache, vmap masks) goes to ``sdpa_mask``.
+    """
+    from transformers.masking_utils import prepare_padding_mask, sdpa_mask
+
+    args = dict(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+                kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask, local_size=local_size)
+    device = kwargs.get("device", "cpu")
+    if kwargs.get("use_vmap") or mask_function is None or q_offset or kv_offset or q_length != kv_length:
+        return sdpa_mask(**args, **kwargs)
+    band = _band(mask_function, batch_size, kv_length, local_size, device)
+    if band is None:
+        return sdpa_mask(**args, **kwargs)
+    padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)
+    padding = None if padding is None or bool(padding.all()) else padding.bool()  # (B, K)
+    if padding is None and band == (True, None) and kwargs.get("allow_is_causal_skip", True):
+        return None
+    if padding is None and band == (False, None) and kwargs.get("allow_is_bidirectional_skip", False):
+        return None
+    if padding is None:
+        padding = torch.ones(batch_size, kv_length, dtype=torch.bool, device=device)
+    mask = padding[:, None, None, :].clone()  # (B, 1, 1, K)
+    setattr(mask, BAND, band)
+    return mask
+
+
+def _band(mask_function: Any, B: int, K: int, window: int | None, device: Any) -> tuple[bool, int | None] | None:
+    """``(causal, window)`` when ``mask_function`` is exactly that band on all ``K`` rows (checked in blocks), else None."""
+    window = window if window is not None and window < K else None
+    try:
+        causal = K > 1 and not bool(mask_function(torch.zeros((), dtype=torch.long), torch.zeros((), dtype=torch.long),
+                                                  torch.zeros((), dtype=torch.long), torch.tensor(K - 1)))
+        keys = torch.arange(K, device=device)[None, None, None, :]  # (1, 1, 1, K)
+        batch = torch.arange(B, device=device)[:, None, None, None]  # (B, 1, 1, 1)
+        rows = max(1, 2**22 // (B * K))
+        for q0 in range(0, K, rows):
+            q = torch.arange(q0, min(K, q0 + rows), device=device)[None, None, :, None]  # (1, 1, rows, 1)
+            want = (keys <= q) if causal else torch.ones_like(keys <= q)
+            if window is not None:
+                want = want & (q - keys < window)
+            got = mask_function(batch, torch.zeros_like(batch), q, keys)
+            if not bool((torch.as_tensor(got, device=device).expand(B, 1, q.shape[2], K) == want).all()):
+                return None
+    except Exception:  # a mask function that does not take index tensors: let sdpa_mask build it
+        return None
+    return causal, window
 
 
 def _through_linear_hook(point: Any, x: torch.Tensor) -> torch.Tensor:
@@ -78,55 +164,42 @@ def _through_linear_hook(point: Any, x: torch.Tensor) -> torch.Tensor:
     return out.view(B, T, H, d).transpose(1, 2)
 
 
-def _blocked(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-             attention_mask: torch.Tensor | None, scaling: float | None = None, softcap: float | None = None,
-             s_aux: torch.Tensor | None = None, dropout: float = 0.0, is_causal: bool | None = None,
-             **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """Eager attention (the model's scale, soft-cap, mask, sinks) for query blocks of ``BLOCK_BYTES`` scores.
+def _eager(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+           attention_mask: torch.Tensor | None, scaling: float | None = None, softcap: float | None = None,
+           s_aux: torch.Tensor | None = None, dropout: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """Eager attention of a block of queries (the model's scale, soft-cap, bool mask, sinks): ``(B, rows, H, d)``.
 
     Same as transformers' eager Gemma-2 / GPT-OSS attention: ``s = q·k * scaling``, soft-capped
     ``cap * tanh(s / cap)``, masked; with sinks, a per-head extra logit joins each row's softmax and
-    its probability is dropped. Returns ``(B, T, H, d)`` like the other attention functions.
+    its probability is dropped. :func:`_attention` calls it per block of ``BLOCK_BYTES`` scores.
     """
-    B, H, Q, d = query.shape
-    K = key.shape[2]
+    H, d = query.shape[1], query.shape[3]
     key = key.repeat_interleave(H // key.shape[1], dim=1)  # (B, H, K, d): grouped KV heads repeated
     value = value.repeat_interleave(H // value.shape[1], dim=1)
-    scale = scaling if scaling is not None else d ** -0.5
-    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    causal = bool(causal) and attention_mask is None and Q > 1
-    rows = max(1, BLOCK_BYTES // (4 * B * H * K))
-    out = []
-    for i in range(0, Q, rows):
-        s = (query[:, :, i:i + rows] @ key.transpose(-2, -1)) * scale  # (B, H, C, K)
-        if softcap is not None:
-            s = softcap * torch.tanh(s / softcap)
-        if attention_mask is not None:
-            m = attention_mask[:, :, i:i + rows, :K]  # (B, 1, C, K)
-            s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m
-        elif causal:
-            qpos = torch.arange(i, min(Q, i + rows), device=s.device)[:, None] + (K - Q)  # (C, 1)
-            s = s.masked_fill(torch.arange(K, device=s.device)[None, :] > qpos, float("-inf"))
-        if s_aux is None:
-            p = torch.softmax(s, dim=-1, dtype=torch.float32)
-        else:
-            sink = s_aux.reshape(1, -1, 1, 1).expand(B, -1, s.shape[2], 1).to(s.dtype)  # (B, H, C, 1)
-            logits = torch.cat([s, sink], dim=-1)
-            logits = logits - logits.max(dim=-1, keepdim=True).values
-            p = torch.softmax(logits, dim=-1, dtype=torch.float32)[..., :-1]
-        p = torch.nn.functional.dropout(p.to(value.dtype), p=dropout, training=module.training)
-        out.append(p @ value)  # (B, H, C, d)
-    return torch.cat(out, dim=2).transpose(1, 2).contiguous(), None
+    s = (query @ key.transpose(-2, -1)) * (scaling if scaling is not None else d ** -0.5)  # (B, H, rows, K)
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    if attention_mask is not None:
+        s = s.masked_fill(~attention_mask, float("-inf")) if attention_mask.dtype == torch.bool else s + attention_mask
+    if s_aux is None:
+        p = torch.softmax(s, dim=-1, dtype=torch.float32)
+    else:
+        sink = s_aux.reshape(1, -1, 1, 1).expand(s.shape[0], -1, s.shape[2], 1).to(s.dtype)  # (B, H, rows, 1)
+        logits = torch.cat([s, sink], dim=-1)
+        logits = logits - logits.max(dim=-1, keepdim=True).values
+        p = torch.softmax(logits, dim=-1, dtype=torch.float32)[..., :-1]
+    p = torch.nn.functional.dropout(p.to(value.dtype), p=dropout, training=module.training)
+    return (p @ value).transpose(1, 2).contiguous(), None  # (B, rows, H, d)
 
 
 def _register() -> None:
     global _registered
     if not _registered:
         from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+        from transformers.masking_utils import AttentionMaskInterface
 
         AttentionInterface.register(IMPL, _attention)
-        AttentionMaskInterface.register(IMPL, sdpa_mask)
+        AttentionMaskInterface.register(IMPL, _mask)
         _registered = True
 
 
@@ -146,7 +219,9 @@ def _plan(attn: Any) -> tuple[str, str] | None:
             return "swap", "rot"
         q, k = getattr(attn, "q", None), getattr(attn, "k", None)
         return ("swap", "linear") if hasattr(q, "hook_out") and hasattr(k, "hook_out") else None
-    if kind in IN_PLACE and not getattr(attn, "maintain_native_attention", False):
+    special = ("maintain_native_attention", "requires_relative_position_bias", "is_cross_attention")
+    if kind in IN_PLACE and not any(getattr(attn, flag, False) for flag in special) \
+            and not getattr(hf, "accepts_pattern_fn", False):
         return "in_place", "rot" if rot else ""
     return None
 
