@@ -22,8 +22,8 @@ which is ``headlens classify --corpus stdlib --batch-size 1 --n-prompts 2 --seq-
 ``--family llama|mistral|gpt2|bert|gemma2`` measures a Hugging Face model through the bridge instead: a
 random 2-layer, d_model 64, 4-head model (Llama with 2 KV heads; Mistral, the same with a 512-token window;
 GPT-2; BERT; Gemma-2 with logit soft-capping and a 512-token window on every other layer), n_ctx 8,192,
-written without a tokenizer to a temporary
-directory, scored on the generated probes (``corpus=None``). Its memory paths: ``sparse`` (the fused
+written without a tokenizer to a temporary directory, scored on the generated probes (``corpus=None``).
+Its memory paths: ``sparse`` (the fused
 attention of ``headlens.backends.fused``), ``sparse-unfused`` (the bridge's own attention, which builds
 the pattern: the sparse scan before fusing) and ``dense``; ``--paths`` picks them (memory only).
 

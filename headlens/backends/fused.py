@@ -79,10 +79,13 @@ def _attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
         band = (bool(getattr(module, "is_causal", True) if causal is None else causal) and Q > 1, None)
     rows = max(1, (BLOCK_BYTES // (4 * B * H * K)) if own else (MASK_BLOCK_BYTES // (4 * B * K)))
     fn = _eager if own else sdpa_attention_forward
-    out = [fn(module, query[:, :, i:i + rows], key, value,
-              _rows(attention_mask, band, i, min(Q, i + rows), K, Q, query.device), **kwargs)[0]
-           for i in range(0, Q, rows)]  # each (B, rows, H, d)
-    return torch.cat(out, dim=1), None
+    # one output up front: small per-block results kept alive between the big temporaries would pin
+    # the allocator's heap, and the process would keep growing block by block
+    out = value.new_empty(B, Q, H, value.shape[-1])  # (B, Q, H, d_v)
+    for i in range(0, Q, rows):
+        mask = _rows(attention_mask, band, i, min(Q, i + rows), K, Q, query.device)
+        out[:, i:i + rows] = fn(module, query[:, :, i:i + rows], key, value, mask, **kwargs)[0]
+    return out, None
 
 
 def _rows(mask: torch.Tensor | None, band: tuple[bool, int | None] | None, q0: int, q1: int, K: int,
@@ -93,7 +96,8 @@ def _rows(mask: torch.Tensor | None, band: tuple[bool, int | None] | None, q0: i
     causal, window = band
     if not causal and window is None:
         return mask  # (B, 1, 1, K) padding, or None
-    gap = torch.arange(q0 + K - Q, q1 + K - Q, device=device)[:, None] - torch.arange(K, device=device)[None, :]
+    idx = dict(dtype=torch.int32, device=device)
+    gap = torch.arange(q0 + K - Q, q1 + K - Q, **idx)[:, None] - torch.arange(K, **idx)[None, :]  # (rows, K)
     see = gap >= 0 if causal else torch.ones_like(gap, dtype=torch.bool)
     if window is not None:
         see &= gap < window
