@@ -82,27 +82,34 @@ def _attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
     # one output up front: small per-block results kept alive between the big temporaries would pin
     # the allocator's heap, and the process would keep growing block by block
     out = value.new_empty(B, Q, H, value.shape[-1])  # (B, Q, H, d_v)
-    for i in range(0, Q, rows):
-        mask = _rows(attention_mask, band, i, min(Q, i + rows), K, Q, query.device)
-        out[:, i:i + rows] = fn(module, query[:, :, i:i + rows], key, value, mask, **kwargs)[0]
+    causal, window = band if band is not None else (False, None)
+    for q0 in range(0, Q, rows):
+        q1 = min(Q, q0 + rows)
+        # keys no row of the block can see are left out: before the window, after the last row (causal)
+        k0 = max(0, q0 + K - Q - window + 1) if window is not None else 0
+        k1 = q1 + K - Q if causal else K
+        mask = _rows(attention_mask, band, q0, q1, k0, k1, K - Q, query.device)
+        out[:, q0:q1] = fn(module, query[:, :, q0:q1], key[:, :, k0:k1], value[:, :, k0:k1], mask, **kwargs)[0]
     return out, None
 
 
-def _rows(mask: torch.Tensor | None, band: tuple[bool, int | None] | None, q0: int, q1: int, K: int,
-          Q: int, device: torch.device) -> torch.Tensor | None:
-    """The bool mask of query rows ``q0 .. q1-1`` against ``K`` keys: ``(B | 1, 1, rows, K)``, None: all visible."""
+def _rows(mask: torch.Tensor | None, band: tuple[bool, int | None] | None, q0: int, q1: int, k0: int, k1: int,
+          offset: int, device: torch.device) -> torch.Tensor | None:
+    """The bool mask of query rows ``q0 .. q1-1`` (at positions ``offset`` later) against keys ``k0 .. k1-1``:
+    ``(B | 1, 1, rows, keys)``; None: all visible."""
     if band is None:
-        return None if mask is None else mask[:, :, q0:q1]  # a full mask made elsewhere
+        return None if mask is None else mask[:, :, q0:q1, k0:k1]  # a full mask made elsewhere
     causal, window = band
+    mask = None if mask is None else mask[..., k0:k1]  # (B, 1, 1, keys) padding
     if not causal and window is None:
-        return mask  # (B, 1, 1, K) padding, or None
+        return mask
     idx = dict(dtype=torch.int32, device=device)
-    gap = torch.arange(q0 + K - Q, q1 + K - Q, **idx)[:, None] - torch.arange(K, **idx)[None, :]  # (rows, K)
+    gap = torch.arange(q0 + offset, q1 + offset, **idx)[:, None] - torch.arange(k0, k1, **idx)[None, :]  # q - k
     see = gap >= 0 if causal else torch.ones_like(gap, dtype=torch.bool)
     if window is not None:
         see &= gap < window
-    see = see[None, None]  # (1, 1, rows, K); gap above is q - k
-    return see if mask is None else see & mask  # mask: (B, 1, 1, K) padding
+    see = see[None, None]  # (1, 1, rows, keys)
+    return see if mask is None else see & mask
 
 
 def _mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
