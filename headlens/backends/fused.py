@@ -45,7 +45,7 @@ from headlens.errors import HeadlensError
 IMPL = "headlens_sdpa"
 BAND = "headlens_band"  # attribute of a (B, 1, 1, K) padding mask from _mask: (causal, sliding window or None)
 MASK_BLOCK_BYTES = 16 * 2**20  # with an explicit mask, SDPA gets query blocks whose float mask fits this
-BLOCK_BYTES = 16 * 2**20  # the blocked attention's (B, H, rows, T) float32 scores per block
+BLOCK_BYTES = 4 * 2**20  # our eager attention: (B, H, rows, keys) float32 scores per block (a few copies live at once)
 SWAP = ("PositionEmbeddingsAttentionBridge", "JointQKVPositionEmbeddingsAttentionBridge", "JointQKVAttentionBridge")
 IN_PLACE = ("AttentionBridge",)  # delegates to the HF module: only the attention implementation changes
 _OWNERS: dict[int, tuple[Any, str]] = {}  # id(HF attention module) -> (bridge component, hooks to fire)
