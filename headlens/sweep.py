@@ -10,8 +10,8 @@ cache; on an accelerator raise it). The numbers are those of a full hooked forwa
 (``fast=False``, also the path for every other backend), up to float rounding.
 
 Each group is compared with a control: random groups with the same number of heads in the
-same layers (other heads than the group's), ``n_control`` of them or all when there are
-fewer. Per-prompt deltas are averaged over the control groups, so the excess over the
+same layers (other heads than the group's; or anywhere in the model, ``control="model"``),
+``n_control`` of them or all when there are fewer. Per-prompt deltas are averaged over the control groups, so the excess over the
 control gets a paired bootstrap CI over prompts.
 """
 
@@ -26,7 +26,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from headlens.ablation import Head, Replacement, ablation_hooks, check_method, format_heads, parse_heads
+from headlens.ablation import (
+    AblationError,
+    Head,
+    Replacement,
+    ablation_hooks,
+    check_method,
+    format_heads,
+    parse_heads,
+)
 from headlens.attribution import attribution_patching, spearman
 from headlens.distributed import Rank, current, gather_objects, run_everywhere
 from headlens.metrics import Task, bootstrap_ci, get_metric, make_task
@@ -178,8 +186,28 @@ def _block_at(block: Any, x: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     return _mlp(block, x[:, cols] + attn.c_proj(z))  # (N, Q, D)
 
 
-def control_groups(group: Group, n_heads: int, n_control: int, rng: np.random.Generator) -> list[Group]:
-    """Random groups with as many heads as ``group`` in each of its layers, none of its own heads."""
+CONTROLS = ("layer", "model")  # where control heads are drawn: the group's own layers, or anywhere
+
+
+def control_groups(group: Group, n_heads: int, n_control: int, rng: np.random.Generator,
+                   n_layers: int = 0, scope: str = "layer") -> list[Group]:
+    """Random groups of as many heads as ``group``, none of its own heads.
+
+    ``scope="layer"``: as many heads in each of the group's layers (the default: a layer's heads
+    share its inputs, so this controls for depth). ``scope="model"``: as many heads drawn from all
+    ``n_layers x n_heads`` heads (Wu et al. 2024's random heads; the only control left when the
+    group fills its layers).
+    """
+    if scope == "model":
+        free = [(layer, h) for layer in range(n_layers) for h in range(n_heads) if (layer, h) not in group]
+        if len(free) < len(group):
+            return []
+        if math.comb(len(free), len(group)) <= n_control:
+            return [tuple(c) for c in itertools.combinations(free, len(group))]
+        drawn: set[Group] = set()
+        while len(drawn) < n_control:
+            drawn.add(tuple(sorted(free[i] for i in rng.choice(len(free), len(group), replace=False))))
+        return sorted(drawn)
     per_layer: dict[int, int] = {}
     for layer, _ in group:
         per_layer[layer] = per_layer.get(layer, 0) + 1
@@ -207,6 +235,7 @@ def sweep(
     reference: Any = None,
     n_prompts: int = 32,
     n_control: int = 8,
+    control: str = "layer",
     n_boot: int = 1000,
     seed: int = 0,
     fast: bool = True,
@@ -225,6 +254,8 @@ def sweep(
         reference: reference prompts for mean/resample; default: each metric's own probe prompts.
         n_prompts: probe prompts per metric.
         n_control: random control groups per group (all of them when there are fewer).
+        control: where control heads are drawn (:data:`CONTROLS`): ``"layer"``, the group's own
+            layers; ``"model"``, anywhere in the model (see :func:`control_groups`).
         n_boot: bootstrap resamples for the CIs.
         seed: seeds the probes, the control draws, resampling and the bootstrap.
         fast: use the cached resume path on native models (same numbers as ``fast=False``).
@@ -243,6 +274,8 @@ def sweep(
     import pandas as pd
 
     check_method(method)
+    if control not in CONTROLS:
+        raise AblationError(f"control must be one of {', '.join(CONTROLS)}, got {control!r}")
     metrics = [get_metric(m).name for m in metrics]
     L, H = model.n_layers, model.n_heads
     targets: list[Group] = (
@@ -251,7 +284,7 @@ def sweep(
         else [tuple(parse_heads(g, L, H)) for g in groups]
     )
     rng = np.random.default_rng(seed)
-    controls = {g: control_groups(g, H, n_control, rng) for g in targets}
+    controls = {g: control_groups(g, H, n_control, rng, n_layers=L, scope=control) for g in targets}
     todo = list(dict.fromkeys([*targets, *(c for cs in controls.values() for c in cs)]))
     tasks = {m: make_task(model, m, prompts, n_prompts, seed) for m in metrics}
     per_prompt: dict[tuple[Group, str], np.ndarray] = {}

@@ -9,6 +9,7 @@ import torch
 from conftest import make_gpt
 
 import headlens.confirm as confirm_mod
+from headlens.ablation import AblationError
 from headlens.sweep import COLUMNS, control_groups, sweep
 
 METRICS = ["repeated_loss", "first_half_loss", "kl", "bracket_accuracy"]
@@ -74,6 +75,18 @@ def test_control_groups_match_layers_and_exclude_the_group():
         assert not set(c) & set(group)
     assert control_groups(((0, 1),), 4, 8, rng) == [((0, 0),), ((0, 2),), ((0, 3),)]  # all, when few
     assert control_groups(((0, 0), (0, 1)), 2, 8, rng) == []  # no other heads left
+
+
+def test_model_wide_controls_draw_from_every_other_head():
+    rng = np.random.default_rng(0)
+    layer_1 = tuple((1, h) for h in range(4))  # a whole layer: no same-layer control exists
+    assert control_groups(layer_1, 4, 8, rng) == []
+    assert control_groups(layer_1, 4, 8, rng, n_layers=2, scope="model") == [tuple((0, h) for h in range(4))]
+    ctrl = control_groups(((1, 0), (1, 1)), 4, 6, rng, n_layers=3, scope="model")
+    assert len(ctrl) == len(set(ctrl)) == 6 and all(len(c) == 2 and not {(1, 0), (1, 1)} & set(c) for c in ctrl)
+    assert {layer for c in ctrl for layer, _ in c} > {1}  # other layers too
+    with pytest.raises(AblationError, match="control must be one of layer, model"):
+        sweep(make_gpt(0, n_ctx=32), groups=["L0H0"], control="nearby", n_prompts=4)
 
 
 def test_planted_head_is_the_only_effect():

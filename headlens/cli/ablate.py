@@ -101,6 +101,8 @@ def register(app: typer.Typer) -> None:
         out: Annotated[Path | None, typer.Option(help="write the table to .csv, .json or .parquet")] = None,
         n_prompts: Annotated[int, typer.Option(min=2, help="probe prompts per metric")] = 32,
         n_control: Annotated[int, typer.Option(min=0, help="random control groups per group")] = 8,
+        control: Annotated[str, typer.Option(
+            help="where control heads are drawn: layer (the group's own layers) or model (anywhere)")] = "layer",
         seed: Annotated[int, typer.Option(help="seeds probes, controls, resampling, bootstrap")] = 0,
         resume: opt.Resume = None,
         device: opt.Device = "cpu",
@@ -137,7 +139,7 @@ def register(app: typer.Typer) -> None:
         with Progress(console=err, transient=True, disable=not rank.is_main) as bar:
             task = bar.add_task("ablating", total=None)
             df = sweep(m, groups=groups, method=method, metrics=metrics, prompts=texts, n_prompts=n_prompts,
-                       n_control=n_control, seed=seed, resume=resume,
+                       n_control=n_control, control=control, seed=seed, resume=resume,
                        progress=lambda done, total: bar.update(task, completed=done, total=total))
         if df is None:  # a rank other than 0: its head groups went to rank 0
             return
