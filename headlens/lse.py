@@ -152,26 +152,30 @@ def target_mass(q: torch.Tensor, k: torch.Tensor, spec: AttentionSpec, targets: 
     for q0 in range(0, T, rows):
         q1 = min(T, q0 + rows)
         kend = q1 if spec.causal else T  # a causal block sees no key past its last row
-        s = (q[:, :, q0:q1] @ k[:, :, :kend].transpose(-2, -1)) * scale  # (B, H, C, K')
+        kbeg = 0 if spec.window is None else max(0, q0 - spec.window + 1)  # keys before it: outside every row's window
+        s = (q[:, :, q0:q1] @ k[:, :, kbeg:kend].transpose(-2, -1)) * scale  # (B, H, C, K'): keys kbeg .. kend-1
         if spec.softcap is not None:
             s = spec.softcap * torch.tanh(s / spec.softcap)
-        k0 = q0 if spec.causal and spec.window is None and key_valid is None else 0  # keys < k0: all visible
-        gap = torch.arange(q0, q1, device=q.device)[:, None] - keys[None, k0:kend]  # (C, K'-k0): q - k
+        k0 = q0 if spec.causal and spec.window is None and key_valid is None else kbeg  # keys < k0: all visible
+        gap = torch.arange(q0, q1, device=q.device)[:, None] - keys[None, k0:kend]  # (C, kend-k0): q - k
         hidden = torch.zeros_like(gap, dtype=torch.bool)
         if spec.causal:
             hidden |= gap < 0
         if spec.window is not None:
             hidden |= gap >= spec.window
-        hidden = hidden[None, None]  # (1, 1, C, K'-k0)
+        hidden = hidden[None, None]  # (1, 1, C, kend-k0)
         if key_valid is not None:
-            hidden = hidden | ~key_valid[:, None, None, :kend]  # (B, 1, C, K')
-        s[..., k0:].masked_fill_(hidden, float("-inf"))
+            hidden = hidden | ~key_valid[:, None, None, k0:kend]  # (B, 1, C, kend-k0)
+        s[..., k0 - kbeg:].masked_fill_(hidden, float("-inf"))
         lse = _with_sinks(torch.logsumexp(s, dim=-1, keepdim=True), spec)  # (B, H, C, 1)
         for i, tg in enumerate(targets):
             b, qr, kk = tg.entries(q0, q1)
+            if kbeg:  # targets before the window get no attention
+                seen = kk >= kbeg
+                b, qr, kk = b[seen], qr[seen], kk[seen]
             if not len(kk):
                 continue
-            g = gather_heads(s, b, qr, kk).double()  # (H, nnz): the target scores
+            g = gather_heads(s, b, qr, kk - kbeg).double()  # (H, nnz): the target scores
             p = torch.exp(g - gather_heads(lse, b, qr, torch.zeros_like(kk)).double())  # (H, nnz)
             add_by_prompt(out, p.nan_to_num(0.0), b, i)
         del s
@@ -197,12 +201,12 @@ def implied_pattern(q: torch.Tensor, k: torch.Tensor, spec: AttentionSpec,
     s = s.masked_fill(hidden, float("-inf"))
     if spec.sinks is None:
         return s.softmax(-1)
-    return torch.exp(s - _with_sinks(torch.logsumexp(s, dim=-1, keepdim=True), spec))  # rows sum to < 1
+    return torch.exp(s - _with_sinks(torch.logsumexp(s, dim=-1, keepdim=True), spec)).to(s.dtype)  # rows sum to < 1
 
 
 def _with_sinks(lse: torch.Tensor, spec: AttentionSpec) -> torch.Tensor:
-    """A row's ``(B, H, C, 1)`` log-sum-exp over keys, plus each head's sink logit when the spec has sinks."""
+    """A row's ``(B, H, C, 1)`` log-sum-exp over keys, plus each head's sink logit (in float64) when the spec has sinks."""
     if spec.sinks is None:
         return lse
-    sinks = torch.tensor(spec.sinks, dtype=lse.dtype, device=lse.device)[None, :, None, None]  # (1, H, 1, 1)
-    return torch.logaddexp(lse, sinks)
+    sinks = torch.tensor(spec.sinks, dtype=torch.float64, device=lse.device)[None, :, None, None]  # (1, H, 1, 1)
+    return torch.logaddexp(lse.double(), sinks)  # float64 (B, H, C, 1): no second float32 rounding

@@ -80,20 +80,25 @@ def _dense_reference(q, k, spec, key_valid):
     if spec.window:
         hide |= gap >= spec.window
     hide = hide[None, None] | ~key_valid[:, None, None, :]
-    return s.masked_fill(hide, float("-inf")).softmax(-1)
+    s = s.masked_fill(hide, float("-inf"))
+    if spec.sinks is None:
+        return s.softmax(-1)
+    sink = torch.tensor(spec.sinks).view(1, H, 1, 1).expand(s.shape[0], H, T, 1)  # one extra logit per row
+    return torch.cat([s, sink], -1).double().softmax(-1)[..., :-1]  # GPT-OSS: the sink's share is dropped
 
 
-@pytest.mark.parametrize("causal,window,softcap,kv", [
-    (True, None, None, 4), (False, None, None, 4), (True, 5, None, 2), (True, None, 3.0, 1), (False, 7, 2.0, 2)])
-def test_target_mass_equals_the_dense_pattern(causal, window, softcap, kv):
-    """Causal/bidirectional, padding, GQA (kv < 4 heads), sliding window, soft-capping; tiny blocks."""
+@pytest.mark.parametrize("causal,window,softcap,kv,sinks", [
+    (True, None, None, 4, None), (False, None, None, 4, None), (True, 5, None, 2, None), (True, None, 3.0, 1, None),
+    (False, 7, 2.0, 2, None), (True, 5, None, 2, (0.5, -1.0, 2.0, 0.0))])
+def test_target_mass_equals_the_dense_pattern(causal, window, softcap, kv, sinks):
+    """Causal/bidirectional, padding, GQA (kv < 4 heads), sliding window, soft-capping, sinks; tiny blocks."""
     g = torch.Generator().manual_seed(2)
     B, H, T, d = 2, 4, 23, 8
     q, k = torch.randn(B, H, T, d, generator=g) * 2, torch.randn(B, kv, T, d, generator=g) * 2
     x = torch.randint(1, 5, (B, T), generator=g)
     b = _batch(x, [T, 15], causal)
     packed, _, _ = _targets(b, [DETECTORS[n] for n in ("previous_token", "duplicate_token", "induction")])
-    spec = AttentionSpec("q", "k", "BHTD", 0.3, causal, window, softcap)
+    spec = AttentionSpec("q", "k", "BHTD", 0.3, causal, window, softcap, sinks)
     dense = _reduce_pattern(_dense_reference(q, k, spec, b.valid), packed)
     for budget in (1, 10_000, 10**9):  # one row per block, a few rows, everything at once
         sparse = target_mass(q, k, spec, packed, b.valid, budget=budget)
