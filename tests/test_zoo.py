@@ -45,6 +45,8 @@ def _tiny(name: str):
     """The recipe at its real architecture but a small batch (and a small corpus for code)."""
     r = get_recipe(name)
     extra = dict(r.extra, max_bytes=300_000) if name == "code" else r.extra
+    if name == "needle-2k":  # a long needle row from the first step, so the smoke test trains on both
+        extra = dict(extra, long_start=0, long_batch=1)
     return dataclasses.replace(r, batch_size=2, extra=extra)
 
 
@@ -248,7 +250,8 @@ def test_classify_labels_exactly_the_heads_the_zoo_names(name):
     head carries those labels."""
     torch.set_num_threads(1)
     detectors = sorted(ZOO[name].known_heads)
-    table = headlens.classify(headlens.load(name), detectors=detectors)
+    long = {"seq_len": ZOO[name].known_seq_len} if ZOO[name].known_seq_len else {}
+    table = headlens.classify(headlens.load(name), detectors=detectors, **long)
     for detector, heads in ZOO[name].known_heads.items():
         rows = table[(table.detector == detector) & table.label]
         assert sorted(f"L{r.layer}H{r.head}" for r in rows.itertuples()) == sorted(heads), (name, detector)
@@ -505,12 +508,16 @@ def test_needle_rows_hold_each_needle_twice_and_mark_its_copy_steps():
             assert int((row[: q + 1] == row[q + 1]).sum()) == 1
 
 
-def test_position_offsets_and_sinusoidal_init_train_every_position():
-    from headlens.zoo.train import sinusoidal_
-
-    w = sinusoidal_(torch.empty(2048, 64), 0.05)
-    assert (w[0, 0::2] == 0).all() and torch.allclose(w[0, 1::2], torch.full((32,), 0.05))  # sin 0, cos 0
-    assert float(w.abs().max()) <= 0.05 + 1e-6 and torch.allclose(w[7, 0], torch.tensor(0.05 * torch.sin(torch.tensor(7.0))))
-    recipe = _tiny("needle-2k")
-    batch = recipe.sampler()(torch.Generator().manual_seed(3), 2)
-    assert batch.pos_offset + batch.tokens.shape[1] - 1 <= recipe.config.n_ctx
+def test_needle_recipe_adds_a_long_needle_batch_after_its_first_phase():
+    shipped = get_recipe("needle-2k")
+    assert shipped.extra["long_start"] > 0 and shipped.config.rope_theta == 5_000_000.0
+    recipe = dataclasses.replace(shipped, extra=dict(shipped.extra, long_start=3))
+    e, sample, gen = recipe.extra, recipe.sampler(), torch.Generator().manual_seed(3)
+    first = [sample(gen, 2) for _ in range(e["long_start"])]
+    assert all(len(parts) == 1 and parts[0].weights is None for parts in first)  # periodic repeats alone
+    short, long = sample(gen, 2)
+    assert short.tokens.shape == (2, recipe.seq_len + 1) and long.weights is not None
+    assert 257 <= long.tokens.shape[1] <= recipe.config.n_ctx and long.weights.shape == (2, long.tokens.shape[1] - 1)
+    t = (long.weights[0] > 0).nonzero().flatten()  # copy steps: the predicted byte occurred once before
+    assert len(t) >= e["long_needles"] * (e["min_needle"] - 1)
+    assert all(int((long.tokens[0, : q + 1] == long.tokens[0, q + 1]).sum()) == 1 for q in t.tolist())

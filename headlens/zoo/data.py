@@ -267,10 +267,6 @@ def match_brackets(text: str | bytes, pairs: list[str] | None = None) -> dict[in
 
 # ---------------------------------------------------------------- needle (long-context retrieval)
 
-# printable ASCII: users can paste text into the dashboard, and needles can be long without repeats
-NEEDLE_ALPHABET = string.ascii_letters + string.digits + string.punctuation + " "
-
-
 def needle_row(gen: torch.Generator, seq_len: int, n_symbols: int, n_needles: int = 2,
                min_len: int = 8, max_len: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
     """One haystack row with ``n_needles`` needles, each inserted once and copied later.

@@ -26,16 +26,14 @@ class TrainBatch(NamedTuple):
     Attributes:
         tokens: ``(B, T + 1)`` ids, BOS first.
         weights: ``(B, T)`` float loss weight of each target ``tokens[:, t + 1]`` (None: all 1).
-        pos_offset: the rows sit at positions ``pos_offset .. pos_offset + T - 1`` of the context, so
-            that short rows train every learned position embedding up to ``n_ctx``.
     """
 
     tokens: torch.Tensor
     weights: torch.Tensor | None = None
-    pos_offset: int = 0
 
 
-Sampler = Callable[[torch.Generator, int], torch.Tensor | TrainBatch]  # (generator, batch) -> (B, T + 1) tokens
+# (generator, batch) -> (B, T + 1) tokens, a TrainBatch, or a list of TrainBatch (their losses summed)
+Sampler = Callable[[torch.Generator, int], torch.Tensor | TrainBatch | list[TrainBatch]]
 
 
 @dataclass(frozen=True)
@@ -121,17 +119,21 @@ def _dyck_sampler(r: Recipe) -> Sampler:
 
 def _needle_sampler(r: Recipe) -> Sampler:
     e, n_ctx = r.extra, r.config.n_ctx
+    calls = [0]  # one call per optimiser step: the step number, for the two-phase schedule
 
-    def sample(gen: torch.Generator, batch: int) -> TrainBatch:
+    def sample(gen: torch.Generator, batch: int) -> list[TrainBatch]:
+        calls[0] += 1
         n_sym, bos = r.tokenizer.n_symbols, r.tokenizer.bos_token_id
-        if float(torch.rand((), generator=gen)) < e["long_frac"]:  # full-context rows: far copies, 2k keys
-            tokens, w = data.needle_batch(gen, e["long_batch"], n_ctx - 1, n_sym, bos, e["long_needles"],
-                                          e["min_needle"], e["max_needle"])
-            return TrainBatch(tokens, w)
-        tokens = data.periodic_repeat_batch(gen, batch, e["short_len"], n_sym, bos,
-                                            min_len=e["min_repeat"], max_len=e["max_repeat"])
-        offset = int(torch.randint(0, n_ctx - e["short_len"] + 1, (1,), generator=gen))
-        return TrainBatch(tokens, None, offset)  # short rows anywhere in the context: every position trains
+        short = data.periodic_repeat_batch(gen, batch, r.seq_len, n_sym, bos,
+                                           min_len=e["min_repeat"], max_len=e["max_repeat"])
+        if calls[0] <= e["long_start"]:
+            return [TrainBatch(short)]
+        # half the long rows fill the context, half stop at a random length (256 .. n_ctx - 1 tokens)
+        full = float(torch.rand((), generator=gen)) < 0.5
+        length = n_ctx - 1 if full else int(torch.randint(256, n_ctx, (1,), generator=gen))
+        tokens, w = data.needle_batch(gen, e["long_batch"], length, n_sym, bos, e["long_needles"],
+                                      e["min_needle"], e["max_needle"])
+        return [TrainBatch(short), TrainBatch(tokens, w)]
 
     return sample
 
@@ -203,31 +205,28 @@ def _dyck_recipe() -> Recipe:
 
 
 def _needle_recipe() -> Recipe:
-    tok = Tokenizer.char_level(data.NEEDLE_ALPHABET)
-    cfg = ModelConfig(
-        n_layers=2, n_heads=4, d_model=64, n_ctx=2048, d_vocab=tok.d_vocab,
-        attn_only=True, normalization="none",
-    )
-    # Experimental, not shipped: the one full run (seed 0, 8,000 steps, 54 min on 1 thread of a shared,
-    # heavily loaded 2-core CPU) grew no previous-token, induction or retrieval head (needle recall 0.00
-    # at 256 and 2,048 tokens; repeated-half loss 4.36 vs 4.55 uniform). Two shorter attempts before it
-    # (needle rows only, copy-step loss, 256-token rows at offsets: random then sinusoidal positions)
-    # stayed at the uniform loss for 750 and 1,400 steps. Budget more steps (induction-2l's phase
-    # change alone needs 5,000-7,000) before shipping it.
-    # Two kinds of step. 19 in 20 are induction-2l's data (a random segment repeating at a random
-    # period, 64 tokens) placed at a random offset of the context: the cheap, dense copying signal
-    # that grows a previous-token -> induction circuit, at every position. One in 20 is a full
-    # 2,048-token haystack row with needles and their far copies, the loss on the copy steps only:
-    # there the copy must be found among up to 2k keys. Position embeddings start as sinusoids, so a
-    # previous-token head need not be learned position by position over 2,048 positions.
+    tok = Tokenizer.byte_level()
+    # RoPE base 5,000,000 (Llama 3 uses 500,000 for d_head 128): with d_head 16, four of the eight
+    # rotation pairs turn by under a radian across 2,048 tokens, so a layer-1 head can match content
+    # at any distance. With 500,000 (two or three such pairs) the same schedule copied 16 % of needle
+    # steps at 2,048 tokens after 2,500 needle steps; with 10,000 (one pair) none.
+    spec = LlamaSpec(n_layers=2, n_heads=4, n_kv_heads=2, d_model=64, n_ctx=2048, d_vocab=tok.d_vocab,
+                     rope_theta=5_000_000.0)
+    # Two phases (what was tried before, and why, is in cards/needle-2k.md). Steps 1..long_start:
+    # llama-induction's data alone (a random segment repeating at a random period, 64 tokens), which
+    # grows a previous-token -> induction circuit by step 1,000-1,500. Needle rows from the start kept it
+    # from forming at all (4,000 steps), and that circuit alone copies nothing out of a needle row
+    # (it learned "look 5..25 back"). After long_start every step adds a needle batch: haystacks of
+    # 256 .. 2,047 random bytes with needles copied far away, the loss on the copy steps only, so the
+    # induction head must find the needle by content wherever it is.
     return Recipe(
         name="needle-2k",
-        summary="attention-only 2-layer model, n_ctx 2048: periodic repeats at random offsets, and needles "
-                "copied out of 2k-token random haystacks (the task retrieval heads solve)",
-        config=cfg, tokenizer=tok, seq_len=64, steps=8000, batch_size=32, lr=3e-3,
-        warmup=200, seed=0, snapshots=16,
-        extra={"short_len": 64, "min_repeat": 5, "max_repeat": 25, "long_frac": 0.05, "long_batch": 1,
-               "long_needles": 3, "min_needle": 8, "max_needle": 16, "wpe_init": "sinusoidal", "wpe_scale": 0.05},
+        summary="2-layer Llama (RoPE base 5M, n_ctx 2048, 4 query / 2 key-value heads) on random bytes: "
+                "periodic repeats, then needles copied out of haystacks of up to 2,047 tokens",
+        config=spec, tokenizer=tok, seq_len=64, steps=4000, batch_size=32, lr=2e-3,
+        warmup=200, grad_clip=0.0, seed=0, snapshots=8,
+        extra={"min_repeat": 5, "max_repeat": 25, "long_start": 2000, "long_batch": 2,
+               "long_needles": 6, "min_needle": 8, "max_needle": 16},
     )
 
 

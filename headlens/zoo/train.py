@@ -13,7 +13,6 @@ HF-named weights (``headlens.zoo.llama.load_snapshot`` reads them back).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import time
@@ -92,32 +91,20 @@ def load_trained(path: str | Path, name: str | None = None) -> Any:
     return load_checkpoint(path, name=name)
 
 
-def sinusoidal_(weight: torch.Tensor, scale: float) -> torch.Tensor:
-    """Initialise learned position embeddings ``(n_ctx, d_model)`` with Vaswani et al.'s sinusoids.
-
-    Still learned afterwards; but "the previous position" starts as one fixed rotation of every
-    position's embedding, so a previous-token head learned at some positions works at all of them
-    (with a random init each of ``n_ctx`` positions would have to be taught separately).
-    """
-    n_ctx, d = weight.shape
-    pos = torch.arange(n_ctx, dtype=torch.float64)[:, None]  # (n_ctx, 1)
-    freq = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # (d/2,)
-    angle = pos * freq  # (n_ctx, d/2)
-    table = torch.stack([angle.sin(), angle.cos()], dim=-1).reshape(n_ctx, d)  # (n_ctx, d): sin, cos interleaved
-    with torch.no_grad():
-        weight.copy_(scale * table)
-    return weight
-
-
-def _offset_hook(model: Any, offset: int) -> list[tuple[str, Any]]:
-    """Hooks that shift a native GPT's learned positions of a batch by ``offset``."""
-
-    def shift(pos_embed: torch.Tensor, hook: Any) -> torch.Tensor:  # (B, T, D)
-        B, T, _ = pos_embed.shape
-        pos = torch.arange(offset, offset + T, device=pos_embed.device)
-        return model.transformer.wpe(pos).expand(B, T, -1)  # (B, T, D)
-
-    return [("hook_pos_embed", shift)]
+def _batch_loss(model: torch.nn.Module, batch: TrainBatch,
+                weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(loss, objective)`` of one batch: the logged mean loss, and what the optimiser minimises."""
+    tokens = batch.tokens  # (B, T + 1)
+    logits = model(tokens[:, :-1])  # (B, T, V)
+    targets = tokens[:, 1:].reshape(-1)  # (B*T,)
+    per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets, reduction="none")
+    if batch.weights is not None:  # the loss reads only the weighted targets; so does the log
+        w = batch.weights.reshape(-1)  # (B*T,)
+        loss = (per_token * w).sum() / w.sum().clamp_min(1)
+        return loss, loss
+    loss = per_token.mean()  # what the log and the card report
+    objective = loss if weights is None else (per_token * weights[targets]).sum() / weights[targets].sum()
+    return loss, objective
 
 
 def train(
@@ -155,8 +142,6 @@ def train(
 
     torch.manual_seed(seed)
     model = recipe.build_model()
-    if recipe.extra.get("wpe_init") == "sinusoidal":
-        sinusoidal_(model.transformer.wpe.weight, recipe.extra.get("wpe_scale", 0.05))
     model.train()
     gen = torch.Generator().manual_seed(seed + 1_000_003)
     sample = recipe.sampler()
@@ -173,20 +158,13 @@ def train(
     for step in range(1, steps + 1):
         for group in opt.param_groups:
             group["lr"] = lr_at(step - 1, recipe, steps)
-        batch = sample(gen, recipe.batch_size)
-        batch = batch if isinstance(batch, TrainBatch) else TrainBatch(batch)
-        tokens = batch.tokens  # (B, T + 1)
-        shifted = model.hooks(_offset_hook(model, batch.pos_offset)) if batch.pos_offset else contextlib.nullcontext()
-        with shifted:  # native GPT only: an offset batch sits further into the context
-            logits = model(tokens[:, :-1])  # (B, T, V)
-        targets = tokens[:, 1:].reshape(-1)  # (B*T,)
-        per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets, reduction="none")
-        if batch.weights is not None:  # the loss reads only the weighted targets; so does the log
-            w = batch.weights.reshape(-1)  # (B*T,)
-            loss = objective = (per_token * w).sum() / w.sum().clamp_min(1)
-        else:
-            loss = per_token.mean()  # what the log and the card report
-            objective = loss if weights is None else (per_token * weights[targets]).sum() / weights[targets].sum()
+        drawn = sample(gen, recipe.batch_size)
+        parts = drawn if isinstance(drawn, list) else [drawn if isinstance(drawn, TrainBatch) else TrainBatch(drawn)]
+        loss = objective = 0.0
+        for batch in parts:  # several batches (e.g. short rows and one long row): their losses add up
+            part_loss, part_objective = _batch_loss(model, batch, weights)
+            loss, objective = loss + part_loss, objective + part_objective
+            n_tokens += batch.tokens[:, 1:].numel()
         opt.zero_grad(set_to_none=True)
         objective.backward()
         if recipe.grad_clip > 0:
@@ -194,7 +172,6 @@ def train(
         opt.step()
 
         value = float(loss.detach())
-        n_tokens += tokens[:, 1:].numel()
         recent = [*recent, value][-50:]
         window.append(value)
         elapsed = time.perf_counter() - t0
