@@ -50,18 +50,35 @@ COLUMNS = [
 ]
 
 
-def _forward(model: Any, task: Task) -> torch.Tensor:
-    if task.attention_mask is None:
-        return model(task.tokens)
-    return model(task.tokens, attention_mask=task.attention_mask)
+PATTERN_BUDGET = 256 * 2**20  # bytes of one layer's (rows, H, T, T) float32 pattern per naive forward
+
+
+def _forward(model: Any, task: Task, rows: int = 0) -> torch.Tensor:
+    """Logits ``(B, T, V)`` of ``task``'s prompts, ``rows`` prompts per forward (0: all at once)."""
+    rows = rows or len(task.tokens)
+    out = []
+    for i in range(0, len(task.tokens), rows):
+        tokens = task.tokens[i:i + rows]  # (rows, T)
+        mask = None if task.attention_mask is None else task.attention_mask[i:i + rows]
+        out.append(model(tokens) if mask is None else model(tokens, attention_mask=mask))
+    return torch.cat(out)  # (B, T, V)
 
 
 class NaiveRunner:
-    """One full hooked forward per group: works on every backend."""
+    """One full hooked forward per group: works on every backend.
+
+    Hooked backends (TransformerBridge) build each layer's ``(B, H, T, T)`` pattern, so long prompts
+    go through in chunks of prompts whose pattern fits :data:`PATTERN_BUDGET` (20 prompts of 2,048
+    tokens peaked at 8 GB in one forward). ``resample`` keeps one forward: which reference row a
+    prompt draws depends on the batch it is in.
+    """
 
     def __init__(self, model: Any, task: Task, replacement: Replacement) -> None:
         self.model, self.task, self.replacement = model, task, replacement
-        self.clean_logits = _forward(model, task)
+        T = task.tokens.shape[1]
+        per_row = 4 * model.n_heads * T * T  # bytes of one prompt's float32 pattern in one layer
+        self.rows = 0 if replacement.method == "resample" else max(1, PATTERN_BUDGET // per_row)
+        self.clean_logits = _forward(model, task, self.rows)
 
     def plan(self, groups: Sequence[Group]) -> list[list[Group]]:
         """Units of work in run order; ranks share them out whole (same shapes, same numbers)."""
@@ -70,7 +87,7 @@ class NaiveRunner:
     def run_unit(self, unit: Sequence[Group]) -> Iterator[tuple[Group, torch.Tensor]]:
         for group in unit:
             with self.model.hooks(ablation_hooks(group, self.replacement)):
-                yield group, _forward(self.model, self.task)
+                yield group, _forward(self.model, self.task, self.rows)
 
     def run(self, groups: Sequence[Group]) -> Iterator[tuple[Group, torch.Tensor]]:
         for unit in self.plan(groups):
@@ -306,7 +323,7 @@ def sweep(
         replacement = Replacement.build(model, range(L), method, ref, seed)
         run_everywhere(rank, _measure, model, names, tasks, todo, replacement, fast, clean, per_prompt, tick,
                        rank, store)
-        if attribution and rank.is_main:
+        if attribution and rank.is_main and any(len(g) == 1 for g in targets):  # estimates only single heads
             for m in names:
                 attrib[m] = attribution_patching(model, tasks[m], m, replacement).mean(0)  # (L, H)
     gathered = gather_objects(rank, list(per_prompt.items()))  # every rank's head groups, on rank 0

@@ -136,6 +136,22 @@ def test_sweep_on_bridge_matches_native(tmp_path):
     pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("method", ["zero", "uniform"])
+def test_naive_sweep_in_chunks_of_prompts_equals_one_forward(method, monkeypatch):
+    import headlens.sweep as sweep_mod
+
+    forward = sweep_mod._forward
+    model = make_gpt(0, n_ctx=32, init_range=0.2)
+    kw = dict(groups=[["L0H1"], ["L1H2", "L0H0"]], method=method, n_prompts=6, n_control=2, n_boot=100, fast=False)
+    whole = sweep(model, **kw)
+    monkeypatch.setattr(sweep_mod, "PATTERN_BUDGET", 1)  # one prompt per forward
+    calls = []
+    monkeypatch.setattr(sweep_mod, "_forward", lambda m, task, rows=0: calls.append(rows) or forward(m, task, rows))
+    chunked = sweep(model, **kw)
+    assert calls and set(calls) == {1}
+    pd.testing.assert_frame_equal(whole, chunked, check_exact=False, rtol=1e-5, atol=1e-6)
+
+
 def test_planted_induction_circuit_classic_result():
     model = induction_lm()
     df = sweep(model, groups=[["L1H0"], ["L0H0"], ["L1H2"]], metrics=["repeated_loss", "first_half_loss"],
