@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 
 import pytest
@@ -222,7 +223,9 @@ def test_shipped_model_has_its_card_heads(name):
     torch.set_num_threads(1)
     model = headlens.load(name)
     card = json.loads((CARDS_DIR / f"{name}.json").read_text())["evaluation"]
-    measured = EVALUATORS[name](model)
+    evaluate = EVALUATORS[name]
+    quick = {"causal": False} if "causal" in inspect.signature(evaluate).parameters else {}  # scores only
+    measured = evaluate(model, **quick)
     named = dict(card["heads"])
     for detector, heads in named.items():
         key = score_key(detector, card["scores"])
@@ -376,6 +379,22 @@ def test_llama_induction_circuit_is_previous_token_then_induction():
     assert all(h.startswith("L0") for h in known.get("previous_token", []))
     assert card["weights"]["format"] == "hf" and card["config"]["architecture"] == "llama"
     assert card["evaluation"]["repeated_half_loss"] < 0.5 * card["evaluation"]["first_half_loss"]  # it copies in context
+
+
+def test_needle_2k_card_facts():
+    """The long-context model: retrieval heads that copy needles 2,048 tokens long, and the causal check."""
+    if "needle-2k" not in SHIPPED:
+        pytest.skip("needle-2k not shipped")
+    card = json.loads((CARDS_DIR / "needle-2k.json").read_text())
+    ev, cfg = card["evaluation"], card["config"]
+    assert cfg["n_ctx"] >= 2048 and cfg["rope_theta"] == get_recipe("needle-2k").config.rope_theta
+    assert ZOO["needle-2k"].known_seq_len == cfg["n_ctx"]
+    assert ev["needle_recall_2048"] > 0.5 and ev["needle_recall_1024"] > 0.9  # it copies across the context
+    retrieval = ZOO["needle-2k"].known_heads["retrieval"]
+    assert sorted(ev["heads"]["retrieval"]) == sorted(retrieval) and all(h.startswith("L1") for h in retrieval)
+    assert all(h.startswith("L0") for h in ev["heads"]["previous_token"])  # the circuit: layer 0 feeds layer 1
+    group = ev["causal_check"][0]  # masking the retrieval heads together, against random heads anywhere else
+    assert group.startswith("+".join(ev["heads"]["retrieval"])) and "beats control: True" in group
 
 
 def test_package_data_ships_every_zoo_file():

@@ -26,6 +26,7 @@ class ZooEntry:
     file: str  # checkpoint file (format "headlens") or directory (format "hf") under headlens/zoo/weights/
     description: str  # one line for `headlens models`
     known_heads: dict[str, list[str]] = field(default_factory=dict)  # detector -> ["L1H2", ...]
+    known_seq_len: int = 0  # classify's seq_len for known_heads (0: its default); long-context models
     # heads classify labels on real Python source (corpus="stdlib", seq_len=STDLIB_SEQ_LEN), for code models
     stdlib_heads: dict[str, list[str]] = field(default_factory=dict)
     snapshots: str = ""  # folder of training snapshots under weights/, if shipped
@@ -93,6 +94,17 @@ ZOO: dict[str, ZooEntry] = {
             "the previous-token pair L0H0+L0H1 (key-value group 0; 0.38/0.40, under the label bar); "
             "repeated half 1.72 vs 5.59 nats",
             known_heads={"induction": ["L1H0", "L1H1", "L1H2", "L1H3"]},
+        ),
+        ZooEntry(
+            name="needle-2k",
+            file="needle-2k",
+            format="hf",
+            description="long-context Llama (3 layers, 4 query / 2 key-value heads, RoPE base 5M, n_ctx 2048), "
+            "byte-level, trained to copy needles out of random haystacks: retrieval heads L1H0-L1H3 "
+            "(Wu et al. 2024; 0.72-0.76 at 2,048 tokens) fed by previous-token heads in layer 0; needle "
+            "recall 0.98 at 1,024 tokens, 0.84 at 2,048",
+            known_heads={"retrieval": ["L1H0", "L1H1", "L1H2", "L1H3"], "induction": ["L1H0", "L1H1", "L1H2", "L1H3"]},
+            known_seq_len=2048,
         ),
         ZooEntry(
             name="code",

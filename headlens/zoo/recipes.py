@@ -210,9 +210,13 @@ def _needle_recipe() -> Recipe:
     # rotation pairs turn by under a radian across 2,048 tokens, so a layer-1 head can match content
     # at any distance. With 500,000 (two or three such pairs) the same schedule copied 16 % of needle
     # steps at 2,048 tokens after 2,500 needle steps; with 10,000 (one pair) none.
-    spec = LlamaSpec(n_layers=2, n_heads=4, n_kv_heads=2, d_model=64, n_ctx=2048, d_vocab=tok.d_vocab,
+    spec = LlamaSpec(n_layers=3, n_heads=4, n_kv_heads=2, d_model=64, n_ctx=2048, d_vocab=tok.d_vocab,
                      rope_theta=5_000_000.0)
-    # Two phases (what was tried before, and why, is in cards/needle-2k.md). Steps 1..long_start:
+    # Three layers, not two: in the 2-layer run (seed 0, 4,000 steps) all of layer 1 became retrieval
+    # heads and layer 0 shared the previous-token job, so no head outside the retrieval group could be
+    # masked without breaking the circuit too: a random-head control was as bad as the group. A third
+    # layer leaves heads with no part in it (the control Wu et al. use). Two phases (what was tried
+    # before, and why, is in cards/needle-2k.md). Steps 1..long_start:
     # llama-induction's data alone (a random segment repeating at a random period, 64 tokens), which
     # grows a previous-token -> induction circuit by step 1,000-1,500. Needle rows from the start kept it
     # from forming at all (4,000 steps), and that circuit alone copies nothing out of a needle row
@@ -221,9 +225,9 @@ def _needle_recipe() -> Recipe:
     # induction head must find the needle by content wherever it is.
     return Recipe(
         name="needle-2k",
-        summary="2-layer Llama (RoPE base 5M, n_ctx 2048, 4 query / 2 key-value heads) on random bytes: "
+        summary="3-layer Llama (RoPE base 5M, n_ctx 2048, 4 query / 2 key-value heads) on random bytes: "
                 "periodic repeats, then needles copied out of haystacks of up to 2,047 tokens",
-        config=spec, tokenizer=tok, seq_len=64, steps=4000, batch_size=32, lr=2e-3,
+        config=spec, tokenizer=tok, seq_len=64, steps=4500, batch_size=32, lr=2e-3,
         warmup=200, grad_clip=0.0, seed=0, snapshots=8,
         extra={"min_repeat": 5, "max_repeat": 25, "long_start": 2000, "long_batch": 2,
                "long_needles": 6, "min_needle": 8, "max_needle": 16},

@@ -184,7 +184,7 @@ def render_markdown(card: dict[str, Any]) -> str:
     ]
     for key, value in ev.items():
         if key not in ("scores", "heads", "probe"):
-            lines.append(f"- {key}: {value}")
+            lines += [f"- {key}:", *(f"  - {v}" for v in value)] if isinstance(value, list) else [f"- {key}: {value}"]
     lines += ["", "## Heads found (direct pattern measurement)", ""]
     for det, heads in ev["heads"].items():
         key = score_key(det, ev["scores"])
