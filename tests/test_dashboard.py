@@ -272,3 +272,13 @@ def test_dtype_names_are_checked_without_torch():
     assert dtype_name("bf16") == "bfloat16" and dtype_name(" Float32 ") == "float32"
     with pytest.raises(ConfigError, match="unknown dtype 'int8'"):
         dtype_name("int8")
+
+
+def test_ablation_control_falls_back_to_heads_anywhere_when_the_selection_fills_its_layer():
+    torch.set_num_threads(1)
+    model = make_gpt(0, n_ctx=32)
+    some = hd.run_ablation(model, ["L1H0", "L1H1"], "zero", "repeated_loss", "abc abc", n_prompts=4)
+    whole = hd.run_ablation(model, [f"L1H{h}" for h in range(model.n_heads)], "zero", "repeated_loss", "abc abc",
+                            n_prompts=4)
+    assert some["control"] == "layer" and whole["control"] == "model"
+    assert np.isfinite(some["sweep"]["control_delta"]) and np.isfinite(whole["sweep"]["control_delta"])

@@ -411,30 +411,36 @@ def run_ablation(model: Any, heads: Sequence[str], method: str, metric: str, tex
                  n_prompts: int = DEFAULT_N_PROMPTS, seed: int = 0) -> dict[str, Any]:
     """Ablate ``heads`` together: the metric change (with a random-heads control) and per-token losses.
 
+    The control heads are random heads of the same layers, or, when the selection fills its
+    layers (all of a layer: nothing left to draw there), random heads anywhere else in the model.
+
     Returns:
         ``effects`` (rows ``heads, metric, delta, ci_low, ci_high`` for the heads and the control),
-        ``sweep`` (the raw ``headlens.sweep`` row), and ``tokens`` / ``clean`` / ``ablated`` /
-        ``diff`` for the user's text, or ``token_note`` saying why they are missing.
+        ``sweep`` (the raw ``headlens.sweep`` row), ``control`` (``"layer"`` or ``"model"``), and
+        ``tokens`` / ``clean`` / ``ablated`` / ``diff`` for the user's text, or ``token_note``
+        saying why they are missing.
     """
     import numpy as np
     import pandas as pd
 
-    from headlens.ablation import ablate
-    from headlens.sweep import sweep
+    from headlens.ablation import ablate, parse_heads
+    from headlens.sweep import control_groups, sweep
 
     if not heads:
         raise HeadlensError("choose at least one head to ablate")
+    group = tuple(parse_heads(",".join(heads), model.n_layers, model.n_heads))
+    control = "layer" if control_groups(group, model.n_heads, 1, np.random.default_rng(0)) else "model"
     prompts = None if getattr(model.tokenizer, "kind", None) == "byte" or metric not in ("lm_loss", "kl") \
         else [text]
     row = sweep(model, groups=[",".join(heads)], method=method, metrics=[metric], prompts=prompts,
-                n_prompts=n_prompts, n_control=4, n_boot=500, seed=seed, attribution=False).iloc[0]
+                n_prompts=n_prompts, n_control=4, control=control, n_boot=500, seed=seed, attribution=False).iloc[0]
     effects = pd.DataFrame([
         {"heads": row["heads"], "metric": metric, "delta": row["delta"], "ci_low": row["ci_low"],
          "ci_high": row["ci_high"]},
         {"heads": "random heads (control)", "metric": metric, "delta": row["control_delta"],
          "ci_low": row["control_ci_low"], "ci_high": row["control_ci_high"]},
     ])
-    out: dict[str, Any] = {"effects": effects, "sweep": row.to_dict()}
+    out: dict[str, Any] = {"effects": effects, "sweep": row.to_dict(), "control": control}
     try:
         tokens = validate_text(model, text)
         clean = token_losses(model, tokens)

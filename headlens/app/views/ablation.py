@@ -48,16 +48,18 @@ def ablation_view(ref: str, model: Any, text: str, selected: list[tuple[int, int
 def show_ablation(model: Any, result: dict[str, Any], params: tuple) -> None:
     _, heads, method, metric, *_ = params
     row = result["sweep"]
+    where = ("random heads of the same layers" if result.get("control", "layer") == "layer"
+             else "random heads anywhere else in the model (the selection fills its layers)")
     c1, c2, c3 = st.columns(3)
     c1.metric(f"{metric} change, {', '.join(heads)} ({method})", f"{row['delta']:+.4f}",
               help=f"clean {row['clean']:.4f} -> ablated {row['ablated']:.4f}")
     c2.metric("95% CI", f"[{row['ci_low']:+.4f}, {row['ci_high']:+.4f}]")
     c3.metric("random heads (control)", f"{row['control_delta']:+.4f}",
-              help="same number of random heads in the same layers")
+              help=f"as many {where}")
     effects = result["effects"]
     left, right = st.columns([2, 3])
     left.dataframe(effects, hide_index=True, key="ablation_table")
-    left.caption(f"{row['n_prompts']} probe prompts; the control ablates random heads of the same layers. "
+    left.caption(f"{row['n_prompts']} probe prompts; the control ablates {where}. "
                  f"Beats the control: {'yes' if row.get('beats_control') else 'no'}.")
     with right:
         fig = viz.ablation_figure(effects)
