@@ -397,6 +397,21 @@ def test_needle_2k_card_facts():
     assert group.startswith("+".join(ev["heads"]["retrieval"])) and "beats control: True" in group
 
 
+def test_needle_retrieval_analysis_masks_the_labelled_heads():
+    if "needle-2k" not in SHIPPED:
+        pytest.skip("needle-2k not shipped")
+    torch.set_num_threads(1)
+    module = _analysis("needle_retrieval")
+    table, rows = module.measure(headlens.load("needle-2k"), lengths=(512,), n_prompts=8, n_random=1)
+    labelled = sorted(f"L{r.layer}H{r.head}" for r in table[table.label].itertuples())
+    assert labelled == sorted(ZOO["needle-2k"].known_heads["retrieval"])
+    clean, masked, random = rows  # one length, three conditions
+    assert clean["condition"] == "clean" and "+".join(labelled) in masked["condition"]
+    assert clean["mean"] > 0.8 and masked["mean"] < 0.2 and random["mean"] > masked["mean"]
+    fig = module.figure(table, rows)
+    assert len(fig.data) == 1 + 3  # the score grid, one recall curve per condition
+
+
 def test_package_data_ships_every_zoo_file():
     """pyproject's package-data globs cover every file the zoo needs (weights, HF directories, cards)."""
     import fnmatch
