@@ -255,7 +255,7 @@ def classify(
                           offload_folder=offload_folder, dtype=dtype, trust_remote_code=trust_remote_code)
     if n_prompts < 1 or batch_size < 1:
         raise ProbeError(f"n_prompts and batch_size must be >= 1, got {n_prompts} and {batch_size}")
-    seq_len = min(int(seq_len), int(model.cfg.n_ctx))
+    asked, seq_len = int(seq_len), min(int(seq_len), int(model.cfg.n_ctx))
     if corpus is not None and prompts is not None:
         raise ProbeError("pass either prompts or a corpus, not both")
     texts, annotated_rows = _read_rows(prompts)
@@ -268,6 +268,9 @@ def classify(
     jobs = _annotated_jobs(model, dets, user_types, annotated_rows, texts is not None or corpus is not None,
                            n_prompts, seed, truncate)
     notes: list[str] = [why for pr, _ in groups if (why := P.short_of(pr, seq_len))]
+    if asked > seq_len and any(pr.name != "prompts" for pr, _ in groups):
+        notes.append(f"seq_len={asked} is beyond the model's context (n_ctx={seq_len}): probes were built "
+                     f"at {seq_len} tokens")
     if groups and groups[0][0].name == "prompts" and groups[0][0].settings.get("n_truncated"):
         notes.append(f"{groups[0][0].settings['n_truncated']} prompt(s) were longer than the context "
                      f"and were truncated to n_ctx={model.cfg.n_ctx}")

@@ -51,3 +51,13 @@ def test_a_probe_that_cannot_reach_the_length_says_so_once():
         df = headlens.classify(model, detectors=["previous_token"], n_prompts=2, seq_len=512, n_boot=10)
     assert not [w for w in caught if "tokens asked for" in str(w.message)]
     assert df.attrs["probes"]["random_tokens"]["body_len"] == 511
+
+
+def test_a_length_beyond_the_context_is_built_at_n_ctx_and_says_so_once():
+    model = make_gpt(n_ctx=64)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        df = headlens.classify(model, detectors=["previous_token"], n_prompts=2, seq_len=4096, n_boot=10)
+    said = [str(w.message) for w in caught if "beyond the model's context" in str(w.message)]
+    assert said == ["seq_len=4096 is beyond the model's context (n_ctx=64): probes were built at 64 tokens"]
+    assert said[0] in df.attrs["warnings"] and df.attrs["probes"]["random_tokens"]["body_len"] == 63
