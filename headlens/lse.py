@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -67,6 +67,10 @@ class PackedTargets:
     row_ptr: torch.Tensor  # (T*B + 1,) long
     B: int
     T: int
+    # (b, q, k) long per entry and row_ptr on the host, expanded once on the first entries() call:
+    # every layer and query block reads the same targets (no per-block rebuild, no device syncs)
+    _expanded: tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor] | None = field(
+        default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def pack(cls, windows: Iterable[torch.Tensor], B: int, T: int) -> PackedTargets:
@@ -90,11 +94,13 @@ class PackedTargets:
 
     def entries(self, q0: int, q1: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(b, q - q0, k)`` long, one per target of the rows ``q0 .. q1-1``."""
-        B = self.B
-        lo, hi = int(self.row_ptr[q0 * B]), int(self.row_ptr[q1 * B])
-        n = self.row_ptr[q0 * B + 1: q1 * B + 1] - self.row_ptr[q0 * B: q1 * B]  # (C*B,)
-        row = torch.repeat_interleave(torch.arange(q0 * B, q1 * B, device=n.device), n)  # (nnz,)
-        return row % B, row // B - q0, self.keys[lo:hi].long()
+        if self._expanded is None:
+            n = self.row_ptr.diff()  # (T*B,) targets per row
+            row = torch.repeat_interleave(torch.arange(len(n), device=n.device), n)  # (nnz,): row (q, b) of each entry
+            self._expanded = (self.row_ptr.tolist(), row % self.B, row // self.B, self.keys.long())
+        ptr, b, q, k = self._expanded
+        lo, hi = ptr[q0 * self.B], ptr[q1 * self.B]
+        return b[lo:hi], q[lo:hi] - q0, k[lo:hi]
 
 
 def gather_heads(x: torch.Tensor, b: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -147,6 +153,7 @@ def target_mass(q: torch.Tensor, k: torch.Tensor, spec: AttentionSpec, targets: 
         k = k.repeat_interleave(H // k.shape[1], dim=1)  # (B, H, T, d)
     scale = spec.scale if spec.scale is not None else 1.0 / math.sqrt(d)
     out = torch.zeros(B, H, len(targets), dtype=torch.float64, device=q.device)
+    sinks = _sink_logits(spec, q.device)
     rows = block_rows(B, H, T, budget)
     keys = torch.arange(T, device=q.device)
     for q0 in range(0, T, rows):
@@ -167,7 +174,7 @@ def target_mass(q: torch.Tensor, k: torch.Tensor, spec: AttentionSpec, targets: 
         if key_valid is not None:
             hidden = hidden | ~key_valid[:, None, None, k0:kend]  # (B, 1, C, kend-k0)
         s[..., k0 - kbeg:].masked_fill_(hidden, float("-inf"))
-        lse = _with_sinks(torch.logsumexp(s, dim=-1, keepdim=True), spec)  # (B, H, C, 1)
+        lse = _with_sinks(torch.logsumexp(s, dim=-1, keepdim=True), sinks)  # (B, H, C, 1)
         for i, tg in enumerate(targets):
             b, qr, kk = tg.entries(q0, q1)
             if kbeg:  # targets before the window get no attention
@@ -201,12 +208,19 @@ def implied_pattern(q: torch.Tensor, k: torch.Tensor, spec: AttentionSpec,
     s = s.masked_fill(hidden, float("-inf"))
     if spec.sinks is None:
         return s.softmax(-1)
-    return torch.exp(s - _with_sinks(torch.logsumexp(s, dim=-1, keepdim=True), spec)).to(s.dtype)  # rows sum to < 1
+    lse = _with_sinks(torch.logsumexp(s, dim=-1, keepdim=True), _sink_logits(spec, s.device))
+    return torch.exp(s - lse).to(s.dtype)  # rows sum to < 1
 
 
-def _with_sinks(lse: torch.Tensor, spec: AttentionSpec) -> torch.Tensor:
-    """A row's ``(B, H, C, 1)`` log-sum-exp over keys, plus each head's sink logit (in float64) when the spec has sinks."""
+def _sink_logits(spec: AttentionSpec, device: torch.device) -> torch.Tensor | None:
+    """Each head's sink logit ``(1, H, 1, 1)`` float64 on ``device``, or None without sinks."""
     if spec.sinks is None:
+        return None
+    return torch.tensor(spec.sinks, dtype=torch.float64, device=device)[None, :, None, None]  # (1, H, 1, 1)
+
+
+def _with_sinks(lse: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """A row's ``(B, H, C, 1)`` log-sum-exp over keys, plus each head's sink logit (in float64) when there are sinks."""
+    if sinks is None:
         return lse
-    sinks = torch.tensor(spec.sinks, dtype=torch.float64, device=lse.device)[None, :, None, None]  # (1, H, 1, 1)
     return torch.logaddexp(lse.double(), sinks)  # float64 (B, H, C, 1): no second float32 rounding

@@ -115,11 +115,16 @@ def attention_specs(model: Any) -> list[AttentionSpec] | None:
     return fn() if callable(fn) else None
 
 
-def choose_path(path: str, model: Any, batch_shape: tuple[int, int]) -> str:
-    """``"dense"`` or ``"sparse"`` for a batch of ``(B, T)`` tokens under ``path``."""
+def choose_path(path: str, model: Any, batch_shape: tuple[int, int], supported: bool | None = None) -> str:
+    """``"dense"`` or ``"sparse"`` for a batch of ``(B, T)`` tokens under ``path``.
+
+    ``supported``: whether the backend offers q and k hooks, when the caller already knows
+    (None: ask the backend for its attention specs).
+    """
     if path not in SCAN_PATHS:
         raise HeadlensError(f"unknown scan path {path!r}; expected one of {', '.join(SCAN_PATHS)}")
-    supported = attention_specs(model) is not None
+    if supported is None:
+        supported = attention_specs(model) is not None
     if path == "sparse" and not supported:
         raise HeadlensError(f"scan_path='sparse' needs q and k hooks; the backend of "
                             f"{getattr(model, 'name', '?')!r} offers only the attention pattern")
@@ -194,7 +199,7 @@ def run_batches(model: Any, probe: Probe, detectors: Sequence[Detector], reducer
         for start in range(0, P, batch_size):
             rows = range(start, min(start + batch_size, P))
             batch = collate(probe, rows, model.is_causal, v.special, pad_id, model.device)
-            chosen = choose_path(path, model, tuple(batch.tokens.shape))
+            chosen = choose_path(path, model, tuple(batch.tokens.shape), supported=specs is not None)
             paths.append(chosen)
             batch_state, c, b = reducer.prepare(batch)
             state.update(batch_state, key_valid=None if model.is_causal else batch.valid,
