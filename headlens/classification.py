@@ -70,6 +70,10 @@ def _thresholds(threshold: float | dict[str, float] | None, annotated: Sequence[
             if name not in annotated and name not in pool:
                 get_detector(name)
             out[name] = float(tau)
+        for name in out:  # a variant with settings, "streaming(w=128)", takes its base detector's threshold
+            base = name.split("(")[0]
+            if base != name and name not in threshold and base in threshold:
+                out[name] = float(threshold[base])
     elif threshold is not None:
         out.update({n: float(threshold) for n in out if n not in pool or pool[n].kind != "weights"})
     return out
@@ -262,8 +266,6 @@ def classify(
     builtin, user_types = _requested(detectors, annotated_rows)
     dets, skipped, explicit = select_detectors(model, builtin, tl_compatible) if builtin != [] else ([], {}, True)
     taus = _thresholds(threshold, user_types, dets)
-    for d in dets:  # a variant with settings, "streaming(w=128)", takes its base detector's threshold
-        taus.setdefault(d.name, taus.get(d.name.split("(")[0], DEFAULT_THRESHOLD))
     groups = _probes(model, dets, texts, n_prompts, seq_len, seed, truncate, corpus)
     jobs = _annotated_jobs(model, dets, user_types, annotated_rows, texts is not None or corpus is not None,
                            n_prompts, seed, truncate)

@@ -70,3 +70,12 @@ def test_classify_with_a_variant_records_it():
                            seq_len=100, n_boot=50)
     assert set(df.detector) == {"sink", "streaming(s=2,w=16)"}
     assert df.attrs["thresholds"]["streaming(s=2,w=16)"] == df.attrs["thresholds"]["sink"]
+
+
+def test_a_variant_takes_its_base_detectors_threshold_unless_named():
+    from headlens.classification import _thresholds
+
+    variant = get_detector("streaming(w=128)")
+    assert _thresholds({"streaming": 0.9}, (), [variant])[variant.name] == 0.9
+    assert _thresholds({"streaming": 0.9, variant.name: 0.7}, (), [variant])[variant.name] == 0.7
+    assert _thresholds(None, (), [variant])[variant.name] == 0.4
