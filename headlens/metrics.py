@@ -348,14 +348,11 @@ def _hidden_batches(model: Any, texts: Sequence[str], batch_size: int) -> Any:
             yield model.forward(tokens, attention_mask=mask).double().cpu(), mask.cpu()  # (B, T, d_model)
 
 
-def sentence_embeddings(model: Any, texts: Sequence[str], batch_size: int = 64) -> torch.Tensor:
-    """``(N, d_model)`` float64 unit vectors: the attention-masked mean of the final hidden states
+def _mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``(B, d_model)`` unit vectors: the attention-masked mean of ``(B, T, d_model)`` hidden states
     (sentence-transformers' pooling for all-MiniLM-L6-v2, then its normalisation)."""
-    out = []
-    for hidden, mask in _hidden_batches(model, texts, batch_size):
-        m = mask[:, :, None].double()  # (B, T, 1)
-        out.append(F.normalize((hidden * m).sum(1) / m.sum(1), dim=-1))  # (B, d_model)
-    return torch.cat(out)
+    m = mask[:, :, None].double()  # (B, T, 1)
+    return F.normalize((hidden * m).sum(1) / m.sum(1), dim=-1)  # (B, d_model)
 
 
 def coreference_margins(model: Any, examples: Sequence[Any], batch_size: int = 64) -> dict[str, torch.Tensor]:
@@ -381,8 +378,7 @@ def coreference_margins(model: Any, examples: Sequence[Any], batch_size: int = 6
     texts = [e.text for e in examples] + [e.resolved for e in examples] + [e.wrong for e in examples]
     pooled, token, i = [], [], 0
     for hidden, mask in _hidden_batches(model, texts, batch_size):
-        m = mask[:, :, None].double()  # (B, T, 1)
-        pooled.append(F.normalize((hidden * m).sum(1) / m.sum(1), dim=-1))  # (B, d_model)
+        pooled.append(_mean_pool(hidden, mask))  # (B, d_model)
         for h in F.normalize(hidden, dim=-1):  # (T, d_model): one text's unit token vectors
             if i < n:
                 t = probe.targets[i][0]
@@ -392,9 +388,3 @@ def coreference_margins(model: Any, examples: Sequence[Any], batch_size: int = 6
     emb = torch.cat(pooled)  # (3N, d_model)
     s, right, wrong = emb[:n], emb[n:2 * n], emb[2 * n:]
     return {"sentence": (s * right).sum(-1) - (s * wrong).sum(-1), "token": torch.tensor(token, dtype=torch.float64)}
-
-
-def coreference_margin(model: Any, examples: Sequence[Any], batch_size: int = 64) -> torch.Tensor:
-    """The ``"sentence"`` measure of :func:`coreference_margins` (the causal check's metric for
-    embedding models such as MiniLM): per sentence, ``cos(s, resolved) - cos(s, wrong)``."""
-    return coreference_margins(model, examples, batch_size)["sentence"]

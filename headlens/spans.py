@@ -83,27 +83,6 @@ class AnnotatedProbe:
         return len(self.prompts)
 
 
-def key_indices(targets: list[Target], T: int) -> torch.Tensor:
-    """``(Q, M)`` long: each query row's target keys, ``-1`` padded: the scan's sparse target layout.
-
-    Rows of a multi-token query span each get the span's keys (the row-wise view; headlens'
-    annotated scores instead average those rows, see :mod:`headlens.annotated`).
-
-    >>> key_indices([Target((2,), (0, 1))], T=3).tolist()
-    [[-1, -1], [-1, -1], [0, 1]]
-    """
-    rows: list[set[int]] = [set() for _ in range(T)]
-    for t in targets:
-        for q in t.query:
-            rows[q].update(t.keys)
-    M = max((len(r) for r in rows), default=0)
-    out = torch.full((T, max(M, 1)), -1, dtype=torch.long)
-    for q, keys in enumerate(rows):
-        out[q, : len(keys)] = torch.tensor(sorted(keys), dtype=torch.long)
-    return out  # (Q, M)
-
-
-# -- reading and checking rows ------------------------------------------------------------------
 def read_rows(path: str | Path) -> list[str | dict[str, Any]]:
     """The rows of a prompts file: strings (plain lines, or JSONL without targets) and dicts (with them)."""
     from headlens.probes import read_prompts
