@@ -185,9 +185,9 @@ def head_count_step(source: str | Path, text: str, layer: int = 0,
     name = f"blocks.{layer}.attn.hook_pattern"
     rows = []
     for h in divisors(w.config.d_model):
-        model = model_with_heads(w, h)
-        _, cache = model.run_with_cache(tokens, names_filter=name)
-        loss = float(text_loss(model, tokens).mean())
+        split = model_with_heads(w, h)  # the checkpoint's weights read as h heads
+        _, cache = split.run_with_cache(tokens, names_filter=name)
+        loss = float(text_loss(split, tokens).mean())
         rows.append(HeadCountRow(h, w.config.d_model // h, loss, _np(cache[name][0])))
     if model is not None:
         str_tokens = model.to_str_tokens(tokens)

@@ -116,3 +116,13 @@ def test_token_view_colours_a_query_row_and_escapes_the_text():
     assert "&lt;/script&gt;" in page
     with pytest.raises(ValueError, match="expected \\(3, 3\\)"):
         tokenview.token_view_html(["a", "b", "c"], {"L0H0": np.eye(2)})
+
+
+def test_head_count_step_labels_tokens_with_the_model_it_was_given(tmp_path):
+    from headlens import load_checkpoint, save_checkpoint
+
+    path = save_checkpoint(make_gpt(n_ctx=32), tmp_path / "m.safetensors")
+    given = load_checkpoint(path)
+    given.to_str_tokens = lambda tokens: [f"t{int(i)}" for i in tokens[0]]  # e.g. a bridged model's own labels
+    tokens, rows = lesson.head_count_step(path, "abc ab", model=given)
+    assert tokens == ["t256", "t97", "t98", "t99", "t32", "t97", "t98"] and len(rows) == 6
