@@ -256,13 +256,17 @@ def test_cli_starts_the_server_before_torch_is_imported():
     probe = (
         "import sys\n"
         "from streamlit.web import cli\n"
-        "cli.main = lambda **kw: print('torch' in sys.modules)\n"
+        "import os\n"
+        "from headlens.app import DEVICE_ENV, DTYPE_ENV\n"
+        "cli.main = lambda **kw: print(os.environ[DTYPE_ENV], os.environ[DEVICE_ENV], 'torch' in sys.modules)\n"
         "from headlens.cli import app\n"
-        f"app(['dashboard', '--no-warm', '--port', '{port}', '--dtype', 'bf16'], standalone_mode=False)\n"
+        f"app(['dashboard', '--no-warm', '--port', '{port}', '--dtype', 'bf16', '--device', ' CPU'], "
+        "standalone_mode=False)\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "False"
+    # the page's sidebar starts from the canonical names; torch is not imported yet
+    assert out.stdout.strip().splitlines()[-1] == "bfloat16 cpu False"
 
 
 def test_dtype_names_are_checked_without_torch():

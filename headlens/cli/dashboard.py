@@ -140,10 +140,11 @@ def register(app: typer.Typer) -> None:
             os.environ[MODEL_ENV] = model.strip()
         # refuse a bad or unavailable one before serving, but import no torch for the CPU: imported here, torch
         # held the server's start back by the second or two it takes (the warm-up thread imports it beside)
-        dtype_name(dtype)
-        if device.strip().lower() != "cpu":
+        device = device.strip().lower()
+        if device != "cpu":
             resolve_device(device)
-        os.environ[DTYPE_ENV], os.environ[DEVICE_ENV] = dtype, device
+        # canonical names: the sidebar and the warm-up's cache key read them (bf16 is bfloat16 there too)
+        os.environ[DTYPE_ENV], os.environ[DEVICE_ENV] = dtype_name(dtype), device
         _check_port(port)
         typer.echo(f"headlens dashboard on http://{HOST}:{port}  (Ctrl+C to stop)", err=True)
         if warm:
