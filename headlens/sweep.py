@@ -46,7 +46,7 @@ SHARD_GROUPS = 16  # head groups per resume shard (a kill loses at most one shar
 COLUMNS = [
     "heads", "method", "metric", "clean", "ablated", "delta", "ci_low", "ci_high",
     "control_delta", "control_ci_low", "control_ci_high", "excess_ci_low", "excess_ci_high",
-    "beats_control", "attribution", "n_prompts",
+    "beats_control", "attribution", "n_prompts", "control",
 ]
 
 
@@ -203,7 +203,20 @@ def _block_at(block: Any, x: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     return _mlp(block, x[:, cols] + attn.c_proj(z))  # (N, Q, D)
 
 
-CONTROLS = ("layer", "model")  # where control heads are drawn: the group's own layers, or anywhere
+# where control heads are drawn: the group's own layers, anywhere, or "auto" (its layers while they have
+# heads to spare, else anywhere: a group that fills a layer would otherwise get no control at all)
+CONTROLS = ("layer", "model", "auto")
+
+
+def control_scope(group: Group, n_heads: int, control: str) -> str:
+    """``control`` itself, or for ``"auto"``: ``"layer"`` when every layer of the group has as many
+    other heads to draw, else ``"model"``."""
+    if control != "auto":
+        return control
+    per_layer: dict[int, int] = {}
+    for layer, _ in group:
+        per_layer[layer] = per_layer.get(layer, 0) + 1
+    return "layer" if all(n_heads - k >= k for k in per_layer.values()) else "model"
 
 
 def control_groups(group: Group, n_heads: int, n_control: int, rng: np.random.Generator,
@@ -213,8 +226,10 @@ def control_groups(group: Group, n_heads: int, n_control: int, rng: np.random.Ge
     ``scope="layer"``: as many heads in each of the group's layers (the default: a layer's heads
     share its inputs, so this controls for depth). ``scope="model"``: as many heads drawn from all
     ``n_layers x n_heads`` heads (Wu et al. 2024's random heads; the only control left when the
-    group fills its layers).
+    group fills its layers). ``scope="auto"``: :func:`control_scope` picks one of the two.
     """
+    if scope == "auto":
+        scope = control_scope(group, n_heads, scope)
     if scope == "model":
         free = [(layer, h) for layer in range(n_layers) for h in range(n_heads) if (layer, h) not in group]
         if len(free) < len(group):
@@ -272,7 +287,8 @@ def sweep(
         n_prompts: probe prompts per metric.
         n_control: random control groups per group (all of them when there are fewer).
         control: where control heads are drawn (:data:`CONTROLS`): ``"layer"``, the group's own
-            layers; ``"model"``, anywhere in the model (see :func:`control_groups`).
+            layers; ``"model"``, anywhere in the model; ``"auto"``, the first when it can (see
+            :func:`control_groups`). The ``control`` column says which each row used.
         n_boot: bootstrap resamples for the CIs.
         seed: seeds the probes, the control draws, resampling and the bootstrap.
         fast: use the cached resume path on native models (same numbers as ``fast=False``).
@@ -301,7 +317,8 @@ def sweep(
         else [tuple(parse_heads(g, L, H)) for g in groups]
     )
     rng = np.random.default_rng(seed)
-    controls = {g: control_groups(g, H, n_control, rng, n_layers=L, scope=control) for g in targets}
+    scopes = {g: control_scope(g, H, control) for g in targets}
+    controls = {g: control_groups(g, H, n_control, rng, n_layers=L, scope=scopes[g]) for g in targets}
     todo = list(dict.fromkeys([*targets, *(c for cs in controls.values() for c in cs)]))
     tasks = {m: make_task(model, m, prompts, n_prompts, seed) for m in metrics}
     per_prompt: dict[tuple[Group, str], np.ndarray] = {}
@@ -331,7 +348,7 @@ def sweep(
         return None
     per_prompt = dict(gathered)
     rows = [
-        _row(g, method, m, clean[m], per_prompt, controls[g], attrib.get(m), n_boot, seed)
+        [*_row(g, method, m, clean[m], per_prompt, controls[g], attrib.get(m), n_boot, seed), scopes[g]]
         for g in targets for m in metrics
     ]
     df = pd.DataFrame(rows, columns=COLUMNS)

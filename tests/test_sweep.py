@@ -10,7 +10,7 @@ from conftest import make_gpt
 
 import headlens.confirm as confirm_mod
 from headlens.ablation import AblationError
-from headlens.sweep import COLUMNS, control_groups, sweep
+from headlens.sweep import COLUMNS, control_groups, control_scope, sweep
 
 METRICS = ["repeated_loss", "first_half_loss", "kl", "bracket_accuracy"]
 
@@ -85,7 +85,11 @@ def test_model_wide_controls_draw_from_every_other_head():
     ctrl = control_groups(((1, 0), (1, 1)), 4, 6, rng, n_layers=3, scope="model")
     assert len(ctrl) == len(set(ctrl)) == 6 and all(len(c) == 2 and not {(1, 0), (1, 1)} & set(c) for c in ctrl)
     assert {layer for c in ctrl for layer, _ in c} > {1}  # other layers too
-    with pytest.raises(AblationError, match="control must be one of layer, model"):
+    assert control_scope(layer_1, 4, "auto") == "model" and control_scope(((1, 0), (1, 1)), 4, "auto") == "layer"
+    assert control_groups(layer_1, 4, 8, rng, n_layers=2, scope="auto") == [tuple((0, h) for h in range(4))]
+    df = sweep(make_gpt(0, n_ctx=32), groups=["L1H0", "L1H0,L1H1,L1H2,L1H3"], control="auto", n_prompts=4, n_boot=50)
+    assert df.control.tolist() == ["layer", "model"] and df.control_delta.notna().all()
+    with pytest.raises(AblationError, match="control must be one of layer, model, auto"):
         sweep(make_gpt(0, n_ctx=32), groups=["L0H0"], control="nearby", n_prompts=4)
 
 

@@ -423,24 +423,22 @@ def run_ablation(model: Any, heads: Sequence[str], method: str, metric: str, tex
     import numpy as np
     import pandas as pd
 
-    from headlens.ablation import ablate, parse_heads
-    from headlens.sweep import control_groups, sweep
+    from headlens.ablation import ablate
+    from headlens.sweep import sweep
 
     if not heads:
         raise HeadlensError("choose at least one head to ablate")
-    group = tuple(parse_heads(",".join(heads), model.n_layers, model.n_heads))
-    control = "layer" if control_groups(group, model.n_heads, 1, np.random.default_rng(0)) else "model"
     prompts = None if getattr(model.tokenizer, "kind", None) == "byte" or metric not in ("lm_loss", "kl") \
         else [text]
     row = sweep(model, groups=[",".join(heads)], method=method, metrics=[metric], prompts=prompts,
-                n_prompts=n_prompts, n_control=4, control=control, n_boot=500, seed=seed, attribution=False).iloc[0]
+                n_prompts=n_prompts, n_control=4, control="auto", n_boot=500, seed=seed, attribution=False).iloc[0]
     effects = pd.DataFrame([
         {"heads": row["heads"], "metric": metric, "delta": row["delta"], "ci_low": row["ci_low"],
          "ci_high": row["ci_high"]},
         {"heads": "random heads (control)", "metric": metric, "delta": row["control_delta"],
          "ci_low": row["control_ci_low"], "ci_high": row["control_ci_high"]},
     ])
-    out: dict[str, Any] = {"effects": effects, "sweep": row.to_dict(), "control": control}
+    out: dict[str, Any] = {"effects": effects, "sweep": row.to_dict(), "control": row["control"]}
     try:
         tokens = validate_text(model, text)
         clean = token_losses(model, tokens)

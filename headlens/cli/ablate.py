@@ -102,7 +102,8 @@ def register(app: typer.Typer) -> None:
         n_prompts: Annotated[int, typer.Option(min=2, help="probe prompts per metric")] = 32,
         n_control: Annotated[int, typer.Option(min=0, help="random control groups per group")] = 8,
         control: Annotated[str, typer.Option(
-            help="where control heads are drawn: layer (the group's own layers) or model (anywhere)")] = "layer",
+            help="where control heads are drawn: layer (the group's own layers), model (anywhere), "
+                 "auto (layer while the group's layers have heads to spare, else model)")] = "auto",
         seed: Annotated[int, typer.Option(help="seeds probes, controls, resampling, bootstrap")] = 0,
         resume: opt.Resume = None,
         device: opt.Device = "cpu",
