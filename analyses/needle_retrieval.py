@@ -31,17 +31,17 @@ import torch
 LENGTHS = (256, 512, 1024, 1536, 2048)
 
 
-def recall(model: Any, T: int, n_prompts: int, seed: int, heads: list[str] | None = None) -> np.ndarray:
-    """Per-prompt needle recall at ``T`` tokens, with ``heads`` uniform-masked (None: clean)."""
+def recall(model: Any, task: Any, heads: list[Any] | None = None) -> np.ndarray:
+    """Per-prompt needle recall on ``task`` (a needle task), with ``heads`` uniform-masked (None: clean)."""
     import contextlib
 
     from headlens import ablate
-    from headlens.metrics import get_metric, needle_task
+    from headlens.metrics import get_metric
+    from headlens.sweep import task_logits
 
-    task = needle_task(model, n_prompts, seq_len=T, seed=seed)
     masked = ablate(model, heads, method="uniform") if heads else contextlib.nullcontext()
-    with torch.no_grad(), masked:  # 4 prompts per forward: a bridged model builds each layer's pattern
-        logits = torch.cat([model(task.tokens[i:i + 4]) for i in range(0, len(task.tokens), 4)])  # (N, T, V)
+    with torch.no_grad(), masked:  # in chunks of prompts: a bridged model builds each layer's pattern
+        logits = task_logits(model, task)  # (N, T, V)
     return get_metric("needle_recall")(logits, task).cpu().numpy()  # (n_prompts,)
 
 
@@ -50,7 +50,7 @@ def measure(model: Any, lengths: tuple[int, ...] = LENGTHS, n_prompts: int = 20,
     """The retrieval table at the longest length, and recall rows ``{T, condition, mean, ci_low, ci_high}``."""
     import headlens
     from headlens.ablation import format_heads
-    from headlens.metrics import bootstrap_ci
+    from headlens.metrics import bootstrap_ci, needle_task
     from headlens.sweep import control_groups
 
     table = headlens.classify(model, detectors=["retrieval"], n_prompts=n_prompts, seq_len=max(lengths), seed=seed)
@@ -60,14 +60,14 @@ def measure(model: Any, lengths: tuple[int, ...] = LENGTHS, n_prompts: int = 20,
                              n_layers=model.n_layers, scope="model") if group else []
     conditions = {"clean": [None]}
     if group:
-        conditions[f"retrieval heads masked ({format_heads(group)})"] = [format_heads(group).replace("+", ",")]
+        conditions[f"retrieval heads masked ({format_heads(group)})"] = [list(group)]
     if randoms:
-        conditions[f"{len(randoms)} random groups of {len(group)} heads masked"] = [
-            format_heads(g).replace("+", ",") for g in randoms]
+        conditions[f"{len(randoms)} random groups of {len(group)} heads masked"] = [list(g) for g in randoms]
     rows = []
     for T in lengths:
+        task = needle_task(model, n_prompts, seq_len=T, seed=seed)  # the same prompts for every condition
         for name, groups in conditions.items():
-            per_prompt = np.mean([recall(model, T, n_prompts, seed, g) for g in groups], axis=0)  # (n_prompts,)
+            per_prompt = np.mean([recall(model, task, g) for g in groups], axis=0)  # (n_prompts,)
             lo, hi = bootstrap_ci(per_prompt, seed=seed)
             rows.append({"T": T, "condition": name, "mean": float(per_prompt.mean()), "ci_low": lo, "ci_high": hi})
     return table, rows

@@ -53,8 +53,16 @@ COLUMNS = [
 PATTERN_BUDGET = 256 * 2**20  # bytes of one layer's (rows, H, T, T) float32 pattern per naive forward
 
 
-def _forward(model: Any, task: Task, rows: int = 0) -> torch.Tensor:
-    """Logits ``(B, T, V)`` of ``task``'s prompts, ``rows`` prompts per forward (0: all at once)."""
+def pattern_rows(model: Any, T: int) -> int:
+    """Prompts of ``T`` tokens per forward whose one-layer float32 pattern fits :data:`PATTERN_BUDGET`."""
+    return max(1, PATTERN_BUDGET // (4 * model.n_heads * T * T))
+
+
+def task_logits(model: Any, task: Task, rows: int | None = None) -> torch.Tensor:
+    """Logits ``(B, T, V)`` of ``task``'s prompts, ``rows`` prompts per forward (None: as many as
+    :func:`pattern_rows` allows; 0: all at once)."""
+    if rows is None:
+        rows = pattern_rows(model, task.tokens.shape[1])
     rows = rows or len(task.tokens)
     out = []
     for i in range(0, len(task.tokens), rows):
@@ -75,10 +83,8 @@ class NaiveRunner:
 
     def __init__(self, model: Any, task: Task, replacement: Replacement) -> None:
         self.model, self.task, self.replacement = model, task, replacement
-        T = task.tokens.shape[1]
-        per_row = 4 * model.n_heads * T * T  # bytes of one prompt's float32 pattern in one layer
-        self.rows = 0 if replacement.method == "resample" else max(1, PATTERN_BUDGET // per_row)
-        self.clean_logits = _forward(model, task, self.rows)
+        self.rows = 0 if replacement.method == "resample" else pattern_rows(model, task.tokens.shape[1])
+        self.clean_logits = task_logits(model, task, self.rows)
 
     def plan(self, groups: Sequence[Group]) -> list[list[Group]]:
         """Units of work in run order; ranks share them out whole (same shapes, same numbers)."""
@@ -87,7 +93,7 @@ class NaiveRunner:
     def run_unit(self, unit: Sequence[Group]) -> Iterator[tuple[Group, torch.Tensor]]:
         for group in unit:
             with self.model.hooks(ablation_hooks(group, self.replacement)):
-                yield group, _forward(self.model, self.task, self.rows)
+                yield group, task_logits(self.model, self.task, self.rows)
 
     def run(self, groups: Sequence[Group]) -> Iterator[tuple[Group, torch.Tensor]]:
         for unit in self.plan(groups):

@@ -227,14 +227,14 @@ def evaluate_needle(model, n_prompts: int = 20, lengths: tuple[int, ...] = (256,
     """
     from headlens.classification import classify
     from headlens.metrics import get_metric, needle_task, repeated_task
-    from headlens.sweep import sweep
+    from headlens.sweep import sweep, task_logits
 
     tok = getattr(model, "native_tokenizer", None) or model.tokenizer  # a bridged zoo model carries its own
     recall = {}
     for T in lengths:
         task = needle_task(model, n_prompts, seq_len=T, seed=PROBE_SEED)
         with torch.no_grad():
-            recall[T] = _r(get_metric("needle_recall")(model(task.tokens), task).mean())
+            recall[T] = _r(get_metric("needle_recall")(task_logits(model, task), task).mean())  # chunked: 2k-token patterns
     rep = repeated_task(model, 16, seed=PROBE_SEED)
     with torch.no_grad():
         rep_loss = get_metric("repeated_loss")(model(rep.tokens), rep).mean()
