@@ -113,7 +113,7 @@ def induction_curve(model: Any, gap_list: Sequence[int] | None = None, n_prompts
         st = scan(model, probe, [detector(g)], batch_size, path=scan_path, info=info)[f"induction@{g}"]
         paths[g] = info["scan_path"]
         s = summarize(st.sums.reshape(len(probe), L * H), st.counts, st.baseline, seed=seed, n_boot=n_boot)
-        lift = s.score / s.baseline if s.baseline > 0 else s.score * float("nan")
+        lift = s.lift
         for j in range(L * H):
             rows.append({"model": model.name, "layer": j // H, "head": j % H, "gap": g,
                          "score": float(s.score[j]), "ci_low": float(s.ci_low[j]), "ci_high": float(s.ci_high[j]),

@@ -236,8 +236,7 @@ def head_examples(model: Any, text: str, scores: Any, max_heads: int = 12) -> tu
     best: dict[tuple[int, int], Any] = {}
     rows = list(labelled_heads(scores).itertuples())
     # a top-1 label (retrieval) reads needle prompts, not this text: a head's other labels come first
-    on_text = [r for r in rows if _kind(str(r.detector)) != "top1"]
-    for row in on_text + [r for r in rows if _kind(str(r.detector)) == "top1"]:
+    for row in sorted(rows, key=lambda r: _kind(str(r.detector)) == "top1"):  # stable: table order otherwise
         best.setdefault((int(row.layer), int(row.head)), row)
     chosen = list(best.values())[:max_heads]
     layers = sorted({int(r.layer) for r in chosen})

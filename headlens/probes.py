@@ -201,8 +201,7 @@ def repeated_segments(model: Any, n_prompts: int, seq_len: int, gen: torch.Gener
         else:
             max_off = min(budget - 2 * r_len, len(pool) - r_len)
             offset = int(torch.randint(0, max_off + 1, (1,), generator=gen))
-        draw = draw_tokens(pool, offset + r_len, gen) if long else \
-            pool[torch.randperm(len(pool), generator=gen)[: offset + r_len]]
+        draw = draw_tokens(pool, offset + r_len, gen)  # without replacement while it fits the pool
         r = draw[offset:].tolist()
         prompts.append(torch.tensor(v.wrap(draw[:offset].tolist() + r + r)))
     return Probe("repeated_segments", prompts,

@@ -27,8 +27,7 @@ import torch
 
 from headlens.errors import CheckpointError, ConfigError
 from headlens.tokenizer import Tokenizer
-
-WEIGHTS_FILE = "model.safetensors"  # what save_pretrained writes and the bridge reads
+from headlens.zoo import HF_WEIGHTS as WEIGHTS_FILE  # what save_pretrained writes and the bridge reads
 
 
 @dataclass(frozen=True)
