@@ -132,6 +132,32 @@ def block_rows(B: int, H: int, K: int, budget: int = BLOCK_BYTES) -> int:
     return max(1, budget // max(1, 4 * B * H * K))
 
 
+def expand_kv(k: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """``(B, H_kv, T, d)`` keys -> ``(B, H, T, d)``: under grouped-query attention each KV head serves
+    ``H / H_kv`` query heads in a row."""
+    return k if k.shape[1] == n_heads else k.repeat_interleave(n_heads // k.shape[1], dim=1)
+
+
+def scores(q: torch.Tensor, k: torch.Tensor, spec: AttentionSpec) -> torch.Tensor:
+    """``(..., Q, d) @ (..., K, d)^T`` scaled as the layer scales (default ``1/sqrt(d)``), soft-capped when it is."""
+    scale = spec.scale if spec.scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    s = (q @ k.transpose(-2, -1)) * scale
+    if spec.softcap is not None:
+        s = spec.softcap * torch.tanh(s / spec.softcap)
+    return s
+
+
+def out_of_view(gap: torch.Tensor, spec: AttentionSpec) -> torch.Tensor:
+    """Bool, True where a key ``gap = q - k`` positions back is hidden from the query: a future key
+    (causal) or one past the sliding window; any shape."""
+    hidden = torch.zeros_like(gap, dtype=torch.bool)
+    if spec.causal:
+        hidden |= gap < 0
+    if spec.window is not None:
+        hidden |= gap >= spec.window
+    return hidden
+
+
 def target_mass(q: torch.Tensor, k: torch.Tensor, spec: AttentionSpec, targets: Sequence[PackedTargets],
                 key_valid: torch.Tensor | None, budget: int = BLOCK_BYTES) -> torch.Tensor:
     """Attention mass of every head on every detector's targets, summed over query rows.
@@ -146,12 +172,10 @@ def target_mass(q: torch.Tensor, k: torch.Tensor, spec: AttentionSpec, targets: 
     Returns:
         ``(B, H, D)`` float64: ``sum_q sum_{k in T_d(q)} p(q -> k)`` per prompt, head, detector.
     """
-    B, H, T, d = q.shape
+    B, H, T, _ = q.shape
     if q.dtype in (torch.float16, torch.bfloat16):  # a half-precision model: scores and LSE in float32
         q, k = q.float(), k.float()
-    if k.shape[1] != H:  # grouped-query attention: each KV head serves H / H_kv query heads
-        k = k.repeat_interleave(H // k.shape[1], dim=1)  # (B, H, T, d)
-    scale = spec.scale if spec.scale is not None else 1.0 / math.sqrt(d)
+    k = expand_kv(k, H)  # (B, H, T, d)
     out = torch.zeros(B, H, len(targets), dtype=torch.float64, device=q.device)
     sinks = _sink_logits(spec, q.device)
     rows = block_rows(B, H, T, budget)
@@ -160,17 +184,10 @@ def target_mass(q: torch.Tensor, k: torch.Tensor, spec: AttentionSpec, targets: 
         q1 = min(T, q0 + rows)
         kend = q1 if spec.causal else T  # a causal block sees no key past its last row
         kbeg = 0 if spec.window is None else max(0, q0 - spec.window + 1)  # keys before it: outside every row's window
-        s = (q[:, :, q0:q1] @ k[:, :, kbeg:kend].transpose(-2, -1)) * scale  # (B, H, C, K'): keys kbeg .. kend-1
-        if spec.softcap is not None:
-            s = spec.softcap * torch.tanh(s / spec.softcap)
+        s = scores(q[:, :, q0:q1], k[:, :, kbeg:kend], spec)  # (B, H, C, K'): keys kbeg .. kend-1
         k0 = q0 if spec.causal and spec.window is None and key_valid is None else kbeg  # keys < k0: all visible
         gap = torch.arange(q0, q1, device=q.device)[:, None] - keys[None, k0:kend]  # (C, kend-k0): q - k
-        hidden = torch.zeros_like(gap, dtype=torch.bool)
-        if spec.causal:
-            hidden |= gap < 0
-        if spec.window is not None:
-            hidden |= gap >= spec.window
-        hidden = hidden[None, None]  # (1, 1, C, kend-k0)
+        hidden = out_of_view(gap, spec)[None, None]  # (1, 1, C, kend-k0)
         if key_valid is not None:
             hidden = hidden | ~key_valid[:, None, None, k0:kend]  # (B, 1, C, kend-k0)
         s[..., k0 - kbeg:].masked_fill_(hidden, float("-inf"))
@@ -193,17 +210,10 @@ def implied_pattern(q: torch.Tensor, k: torch.Tensor, spec: AttentionSpec,
                     key_valid: torch.Tensor | None = None) -> torch.Tensor:
     """The ``(B, H, Q, K)`` pattern a spec implies, built the O(T²) way: a reference for tests and
     for checking a backend's :class:`AttentionSpec` against its real attention."""
-    _, H, T, d = q.shape
-    k = k.repeat_interleave(H // k.shape[1], dim=1)  # (B, H, T, d)
-    s = (q @ k.transpose(-2, -1)) * (spec.scale if spec.scale is not None else 1.0 / math.sqrt(d))
-    if spec.softcap is not None:
-        s = spec.softcap * torch.tanh(s / spec.softcap)
+    _, H, T, _ = q.shape
+    s = scores(q, expand_kv(k, H), spec)  # (B, H, Q, K)
     gap = torch.arange(T, device=q.device)[:, None] - torch.arange(T, device=q.device)[None, :]  # (Q, K)
-    hidden = torch.zeros(T, T, dtype=torch.bool, device=q.device)
-    if spec.causal:
-        hidden |= gap < 0
-    if spec.window is not None:
-        hidden |= gap >= spec.window
+    hidden = out_of_view(gap, spec)
     hidden = hidden[None, None] if key_valid is None else hidden[None, None] | ~key_valid[:, None, None, :]
     s = s.masked_fill(hidden, float("-inf"))
     if spec.sinks is None:

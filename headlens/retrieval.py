@@ -21,14 +21,13 @@ Why it looks like this:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from headlens.detectors.base import Detector, as_targets
-from headlens.lse import AttentionSpec
+from headlens.lse import AttentionSpec, expand_kv, out_of_view, scores
 from headlens.probes import Probe, ProbeBatch
 from headlens.scan import DetectorStats, Reducer, run_batches
 
@@ -59,9 +58,7 @@ def top1_share(q: torch.Tensor, k: torch.Tensor, spec: AttentionSpec, rows: torc
     [[[[1.0], [0.0]]]]
     """
     B, H, T, d = q.shape
-    if k.shape[1] != H:
-        k = k.repeat_interleave(H // k.shape[1], dim=1)  # (B, H, T, d): each KV head serves its query group
-    scale = spec.scale if spec.scale is not None else 1.0 / math.sqrt(d)
+    k = expand_kv(k, H)  # (B, H, T, d): each KV head serves its query group
     r = rows.clamp_min(0)  # (B, R)
     R, M = r.shape[1], targets.shape[2]
     qr = q.gather(2, r[:, None, :, None].expand(B, H, -1, d))  # (B, H, R, d): only the counted rows
@@ -70,15 +67,9 @@ def top1_share(q: torch.Tensor, k: torch.Tensor, spec: AttentionSpec, rows: torc
     at = torch.full((B, H, R, M), float("nan"), device=q.device)  # each target's score (NaN: no target)
     for k0 in range(0, T, block):
         k1 = min(T, k0 + block)
-        s = (qr @ k[:, :, k0:k1].transpose(-2, -1)) * scale  # (B, H, R, kb)
-        if spec.softcap is not None:
-            s = spec.softcap * torch.tanh(s / spec.softcap)
+        s = scores(qr, k[:, :, k0:k1], spec)  # (B, H, R, kb)
         gap = r[:, :, None] - torch.arange(k0, k1, device=q.device)[None, None, :]  # (B, R, kb): q - k
-        hidden = torch.zeros_like(gap, dtype=torch.bool)
-        if spec.causal:
-            hidden |= gap < 0
-        if spec.window is not None:
-            hidden |= gap >= spec.window
+        hidden = out_of_view(gap, spec)
         if key_valid is not None:
             hidden |= ~key_valid[:, None, k0:k1]
         s = s.masked_fill(hidden[:, None], float("-inf"))
