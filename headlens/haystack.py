@@ -29,8 +29,8 @@ from typing import Any
 import torch
 
 from headlens.errors import ProbeError
-from headlens.probes import Probe
-from headlens.vocab import encode_body, vocab
+from headlens.probes import Probe, stdlib_body
+from headlens.vocab import vocab
 
 HAYSTACKS = ("random", "stdlib")
 DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)  # where the needle sits, as a fraction of the haystack
@@ -54,15 +54,9 @@ def _stdlib_hay(model: Any, n: int, gen: torch.Generator) -> list[int]:
     from headlens.zoo import data
 
     stream = data.stdlib_corpus().heldout  # (N,) uint8
-    span = 8 * n + 64  # bytes enough for n tokens under any tokenizer
+    span = min(8 * n + 64, len(stream) // 2 - 1)  # bytes enough for n tokens under any tokenizer
     start = int(torch.randint(0, max(1, len(stream) - 2 * span), (1,), generator=gen))
-    chunk = bytes(stream[start:start + 2 * span].tolist())
-    chunk = chunk[chunk.find(b"\n") + 1:]
-    try:
-        body = encode_body(model, chunk.decode("utf-8", errors="ignore"))
-    except ProbeError as err:
-        raise ProbeError(f"the stdlib haystack is Python source, which this model cannot read: {err}") from None
-    return body[:n]
+    return stdlib_body(model, stream, start, span, n, "haystack")
 
 
 def needle_prompt(model: Any, length: int, depth: float, needle_len: int, haystack: str,

@@ -381,6 +381,17 @@ def text_prompts(model: Any, texts: list[str], truncate: bool = False) -> Probe:
                  settings={"n_texts": len(texts), "n_truncated": n_cut})
 
 
+def stdlib_body(model: Any, stream: torch.Tensor, start: int, span: int, n: int, what: str = "corpus") -> list[int]:
+    """Up to ``n`` body token ids of held-out stdlib bytes ``stream``: ``span`` bytes from the first
+    line that starts after ``start`` (the stream must hold ``start + 2 * span`` bytes)."""
+    chunk = bytes(stream[start:start + 2 * span].tolist())
+    chunk = chunk[chunk.find(b"\n") + 1:][:span]  # from the next line on
+    try:
+        return encode_body(model, chunk.decode("utf-8", errors="ignore"))[:n]
+    except ProbeError as err:
+        raise ProbeError(f"the stdlib {what} is Python source, which this model cannot read: {err}") from None
+
+
 def stdlib_windows(model: Any, n_prompts: int, seq_len: int, gen: torch.Generator) -> Probe:
     """``n_prompts`` windows of held-out standard-library source, each starting at a line and
     ``seq_len`` tokens long (specials included), tokenized by the model."""
@@ -395,13 +406,7 @@ def stdlib_windows(model: Any, n_prompts: int, seq_len: int, gen: torch.Generato
     prompts, matches, hards = [], [], []
     starts = torch.randint(0, len(stream) - 2 * span, (n_prompts,), generator=gen).tolist()
     for start in starts:
-        chunk = bytes(stream[start:start + 2 * span].tolist())
-        chunk = chunk[chunk.find(b"\n") + 1:][:span]  # from the next line on
-        try:
-            body = encode_body(model, chunk.decode("utf-8", errors="ignore"))[:budget]
-        except ProbeError as err:
-            raise ProbeError(f"the stdlib corpus is Python source, which this model cannot read: {err}") from None
-        ids = v.wrap(body)
+        ids = v.wrap(stdlib_body(model, stream, start, span, budget))
         m, h = bracket_annotations(ids, pairs)
         prompts.append(torch.tensor(ids, dtype=torch.long))
         matches.append(torch.tensor(m))
