@@ -1,4 +1,5 @@
-"""Widgets every view shares: a guard that turns failures into messages, and figure downloads."""
+"""Widgets every view shares: a guard that turns failures into messages, figure downloads, and the
+token-window slider of pattern heatmaps."""
 
 from __future__ import annotations
 
@@ -9,6 +10,17 @@ import streamlit as st
 
 from headlens import viz
 from headlens.errors import HeadlensError
+
+HALF_WINDOW = 40  # tokens a half-width heatmap (several side by side) labels legibly; full width: viz.PATTERN_WINDOW
+
+
+def window_slider(n_tokens: int, width: int, key: str) -> range:
+    """All tokens when they fit a figure of ``width`` labelled tokens, else a slider-chosen window of ``width``."""
+    if n_tokens <= width:
+        return range(n_tokens)
+    start = st.slider(f"Tokens shown ({width} of {n_tokens}, every one labelled): first position", 0,
+                      n_tokens - width, 0, key=f"{key}::{n_tokens}::{width}")
+    return viz.token_window(n_tokens, start, width)
 
 
 def attempt(what: str, fn: Callable[..., Any], *args: Any, _show: Callable[[str], Any] = st.error,

@@ -14,7 +14,7 @@ import streamlit as st
 from headlens import viz, viz_lesson
 from headlens.app import cache
 from headlens.app import helpers as hd
-from headlens.app.ui import attempt, current_placement, html_download
+from headlens.app.ui import HALF_WINDOW, attempt, current_placement, html_download, window_slider
 from headlens.tokenview import attention_row_html
 
 if TYPE_CHECKING:
@@ -26,7 +26,6 @@ BUG_TOGGLES = {  # toggle label -> bug name in headlens.doctor.inject.LESSON_BUG
     "Wrong view order": "wrong_view_order",
     "Merge without transpose": "missing_transpose_merge",
 }
-SIDE_BY_SIDE_WINDOW = 40  # tokens per panel when several heads are drawn side by side
 NATIVE_NOTE = ("This step runs headlens' own attention code, which a model bridged through TransformerLens "
                "does not have; {what}")
 
@@ -51,12 +50,7 @@ def learn_view(ref: str, model: Any, text: str, scores: pd.DataFrame, n_prompts:
 def window_for(n_tokens: int, n_panels: int, key: str) -> range:
     """The token window every panel shows with all its tokens labelled; a slider when the text is longer.
     Several panels wrap onto rows (``viz.panels_per_row``), so each keeps legible labels."""
-    width = viz.PATTERN_WINDOW if n_panels == 1 else SIDE_BY_SIDE_WINDOW
-    if n_tokens <= width:
-        return range(n_tokens)
-    start = st.slider(f"Tokens shown ({width} of {n_tokens}, every one labelled): first position", 0,
-                      n_tokens - width, 0, key=f"{key}::{n_tokens}::{width}")
-    return viz.token_window(n_tokens, start, width)
+    return window_slider(n_tokens, viz.PATTERN_WINDOW if n_panels == 1 else HALF_WINDOW, key)
 
 
 def split_step(ref: str, model: Any, text: str, layer: int, native: bool) -> None:

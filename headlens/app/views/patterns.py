@@ -13,12 +13,12 @@ import streamlit as st
 from headlens import viz
 from headlens.app import cache
 from headlens.app import helpers as hd
-from headlens.app.ui import attempt, current_placement, html_download
+from headlens.app.ui import HALF_WINDOW, attempt, current_placement, html_download, window_slider
 from headlens.tokenview import token_view_html
 
 MAX_PATTERNS = 6  # patterns drawn at once; more selected heads are listed, not drawn
 SELECTED = "selected heads"
-WIDE_WINDOW, HALF_WINDOW = viz.PATTERN_WINDOW, 40  # tokens a full-width / half-width heatmap labels legibly
+WIDE_WINDOW = viz.PATTERN_WINDOW  # tokens a full-width heatmap labels legibly (half width: ui.HALF_WINDOW)
 
 
 def patterns_view(ref: str, model: Any, text: str, selected: list[tuple[int, int]]) -> None:
@@ -74,11 +74,7 @@ def layer_side_by_side(ref: str, model: Any, text: str, layer: int) -> None:
 
 def token_window(n_tokens: int, width: int) -> range:
     """All tokens when they fit the figure with every one labelled, else a slider-chosen window."""
-    if n_tokens <= width:
-        return range(n_tokens)
-    start = st.slider(f"Tokens shown ({width} of {n_tokens}, every one labelled): first position", 0,
-                      n_tokens - width, 0, key=f"pattern_window::{n_tokens}::{width}")
-    return viz.token_window(n_tokens, start, width)
+    return window_slider(n_tokens, width, "pattern_window")
 
 
 def token_view(tokens: list[str], patterns: dict[str, Any]) -> None:
