@@ -58,7 +58,7 @@ def run_case(name: str, ref: str, method: str, n_prompts: int, given: dict[str, 
     import pandas as pd
 
     import headlens
-    from headlens.sweep import sweep
+    from headlens.interventions.sweep import sweep
 
     detectors, metrics = CASES[name]
     model = headlens.load(ref)
@@ -113,7 +113,7 @@ def main() -> None:
 
     import pandas as pd
 
-    from headlens.viz import ablation_figure
+    from headlens.viz.grid import ablation_figure
     from headlens.zoo import ZOO
 
     tables, html = [], []

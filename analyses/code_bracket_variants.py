@@ -46,7 +46,7 @@ DETECTORS = ["open_bracket", "open_bracket_hard", "bracket_matching"]
 
 def variant_recipe(name: str) -> Any:
     """The `code` recipe changed as ``VARIANTS[name]`` says."""
-    from headlens.zoo.recipes import get_recipe
+    from headlens.training.recipes import get_recipe
 
     v, r = VARIANTS[name], get_recipe("code")
     cfg = dataclasses.replace(r.config, n_heads=v["heads"], d_head=r.config.d_model // v["heads"])
@@ -58,7 +58,7 @@ def variant_recipe(name: str) -> Any:
 def score(path: str | Path, n_prompts: int = 64) -> dict[str, Any]:
     """The best head per detector on held-out stdlib windows of 256 bytes."""
     import headlens
-    from headlens.checkpoint import load_checkpoint
+    from headlens.models.checkpoint import load_checkpoint
 
     table = headlens.classify(load_checkpoint(path), detectors=DETECTORS, corpus="stdlib", seq_len=256,
                               n_prompts=n_prompts)
@@ -78,7 +78,7 @@ def closer_ablation(ref: str, head: str, n_windows: int = 96) -> Any:
     import torch.nn.functional as F
 
     import headlens
-    from headlens.zoo import data
+    from headlens.probes import data
 
     model = headlens.load(ref)
     toks = data.window_batch(torch.Generator().manual_seed(5), data.stdlib_corpus().heldout, n_windows, 255,
@@ -127,7 +127,7 @@ def main() -> None:
     if args.score:
         paths = args.score
     else:
-        from headlens.zoo.train import train
+        from headlens.training.train import train
 
         paths = []
         for name in args.variants.split(","):

@@ -1,12 +1,12 @@
 """Coreference heads in all-MiniLM-L6-v2: the census, and a causal check by ablation.
 
 1. **Census**: ``headlens.classify(minilm, detectors="coreference")`` on templated sentences
-   (``headlens.coreference``: gender and number, the referent first or second at random).
+   (``headlens.probes.coreference``: gender and number, the referent first or second at random).
    Writes the scores table and the ranking figure (score and preference accuracy with 95 % CIs).
 2. **Causal check**: on *held-out* sentences (another seed), zero-ablate the top-k heads by
    coreference score, and k random heads (other sets of the same size, excluding the top
    heads), and measure how far the model still resolves the pronoun
-   (``headlens.metrics.coreference_margins``): the sentence-embedding margin
+   (``headlens.interventions.metrics.coreference_margins``): the sentence-embedding margin
    ``cos(s, "Mary needed help.") - cos(s, "John needed help.")`` and the token-level margin of
    the pronoun's final vector. A drop = clean - ablated (positive: the ablation hurt
    resolution); 95 % CIs bootstrap the sentences. Writes a CSV and a figure.
@@ -34,7 +34,7 @@ def png(fig: Any, path: Path, width: int = 1000) -> None:
     """Render a plotly figure to PNG with headless chromium (``$HEADLENS_CHROMIUM`` or /usr/bin/chromium)."""
     from playwright.sync_api import sync_playwright
 
-    from headlens.viz import figure_html
+    from headlens.viz.grid import figure_html
 
     html = path.with_suffix(".tmp.html")
     html.write_text(figure_html(fig), encoding="utf-8")
@@ -56,7 +56,7 @@ def by_kind(model: Any, n: int, seed: int) -> Any:
     """The census split by sentence kind, through the annotated-prompts API: the same generated
     rows, renamed ``coreference_gender`` / ``coreference_number``, passed as dicts."""
     import headlens
-    from headlens import coreference as C
+    from headlens.probes import coreference as C
 
     rows = [dict(ex.row(), detector=f"coreference_{ex.kind}") for ex in C.examples(model, n, seed=seed)]
     table = headlens.classify(model, prompts=rows, detectors="coreference_gender,coreference_number", seed=seed)
@@ -75,7 +75,7 @@ def _subsets(examples: list[Any]) -> dict[str, torch.Tensor]:
 def drops(clean: dict[str, torch.Tensor], ablated: dict[str, torch.Tensor], heads: str, kind: str,
           subsets: dict[str, torch.Tensor]) -> list[dict]:
     """One row per metric and sentence subset: mean drop (clean - ablated) with its 95 % CI."""
-    from headlens.metrics import bootstrap_ci
+    from headlens.interventions.metrics import bootstrap_ci
 
     out = []
     for metric, c in clean.items():
@@ -94,8 +94,8 @@ def causal_check(model: Any, table: Any, n_test: int, ks: list[int], n_random: i
     import pandas as pd
 
     import headlens
-    from headlens import coreference as C
-    from headlens.metrics import bootstrap_ci, coreference_margins
+    from headlens.interventions.metrics import bootstrap_ci, coreference_margins
+    from headlens.probes import coreference as C
 
     examples = C.examples(model, n_test, seed=seed + 1)  # held out: not the census sentences
     subsets = _subsets(examples)
@@ -175,8 +175,8 @@ def main() -> None:
     torch.set_num_threads(int(os.environ.get("HEADLENS_THREADS", "1")))
 
     import headlens
-    from headlens.table import write_table
-    from headlens.viz import figure_html, ranking_figure
+    from headlens.scoring.table import write_table
+    from headlens.viz.grid import figure_html, ranking_figure
 
     args.out.mkdir(parents=True, exist_ok=True)
     model = headlens.load("minilm")

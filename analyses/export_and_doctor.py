@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def export_parity(name: str, out: Path) -> tuple[float, float, float]:
-    from headlens.export import export_hf
+    from headlens.models.export import export_hf
 
     model = headlens.load(name)
     bridge = headlens.load(f"hf:{export_hf(model, out / name)}")

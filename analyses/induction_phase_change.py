@@ -19,8 +19,8 @@ import torch
 
 def measure_snapshots(snap_dir: Path, n_prompts: int = 16) -> list[dict]:
     """One row per snapshot: step, training loss, probe losses and per-head scores."""
-    from headlens.checkpoint import load_checkpoint, load_metadata
-    from headlens.zoo.evaluate import evaluate_induction
+    from headlens.models.checkpoint import load_checkpoint, load_metadata
+    from headlens.training.evaluate import evaluate_induction
 
     rows = []
     for path in sorted(snap_dir.glob("step_*.safetensors")):

@@ -8,7 +8,7 @@ to 2,047 tokens. This script draws the two things its card says in words:
    being copied).
 2. **What they do**: needle recall against context length, clean; with the labelled retrieval heads
    attending uniformly (``uniform`` ablation, Wu et al.'s masking); and with random groups of as many
-   heads drawn anywhere else in the model (``headlens.sweep.control_groups(scope="model")``).
+   heads drawn anywhere else in the model (``headlens.interventions.sweep.control_groups(scope="model")``).
    Recall is greedy and teacher-forced over the copy steps (``needle_recall``); 95 % CIs bootstrap
    the prompts.
 
@@ -36,8 +36,8 @@ def recall(model: Any, task: Any, heads: list[Any] | None = None) -> np.ndarray:
     import contextlib
 
     from headlens import ablate
-    from headlens.metrics import get_metric
-    from headlens.sweep import task_logits
+    from headlens.interventions.metrics import get_metric
+    from headlens.interventions.sweep import task_logits
 
     masked = ablate(model, heads, method="uniform") if heads else contextlib.nullcontext()
     with torch.no_grad(), masked:  # in chunks of prompts: a bridged model builds each layer's pattern
@@ -49,9 +49,9 @@ def measure(model: Any, lengths: tuple[int, ...] = LENGTHS, n_prompts: int = 20,
             seed: int = 1234) -> tuple[Any, list[dict[str, Any]]]:
     """The retrieval table at the longest length, and recall rows ``{T, condition, mean, ci_low, ci_high}``."""
     import headlens
-    from headlens.ablation import format_heads
-    from headlens.metrics import bootstrap_ci, needle_task
-    from headlens.sweep import control_groups
+    from headlens.interventions.ablation import format_heads
+    from headlens.interventions.metrics import bootstrap_ci, needle_task
+    from headlens.interventions.sweep import control_groups
 
     table = headlens.classify(model, detectors=["retrieval"], n_prompts=n_prompts, seq_len=max(lengths), seed=seed)
     labelled = table[table.label].sort_values(["layer", "head"])

@@ -25,7 +25,7 @@ import torch
 
 def subject(model_ref: str | None):
     """(model, evaluation texts or None for the doctor's defaults, checkpoint path or None)."""
-    from headlens.checkpoint import load_checkpoint
+    from headlens.models.checkpoint import load_checkpoint
     from headlens.zoo import ZOO, weights_dir
 
     candidates = [Path(model_ref)] if model_ref else []
@@ -74,10 +74,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
 
-    from headlens.checkpoint import load_checkpoint, load_metadata, save_checkpoint
     from headlens.doctor import check_checkpoint
     from headlens.doctor.checkpoint import evaluation_tokens, loss_with_heads, read_weights, text_tokens
     from headlens.doctor.demo import save_with_claimed_heads
+    from headlens.models.checkpoint import load_checkpoint, load_metadata, save_checkpoint
 
     model, texts, source = subject(args.model)
     true_h, d_model = model.cfg.n_heads, model.cfg.d_model

@@ -27,10 +27,10 @@ from typing import Any
 import torch
 
 import headlens
-from headlens.ablation import Replacement
-from headlens.attribution import attribution_patching, spearman
-from headlens.metrics import make_task
-from headlens.sweep import sweep
+from headlens.interventions.ablation import Replacement
+from headlens.interventions.attribution import attribution_patching, spearman
+from headlens.interventions.metrics import make_task
+from headlens.interventions.sweep import sweep
 
 METRICS = ["repeated_loss", "first_half_loss"]
 

@@ -3,7 +3,7 @@
     python benchmarks/forward.py                      # d_head=64 as GPT-2 small, 4 x 4 heads: seconds on CPU
     python benchmarks/forward.py --layers 12 --d-model 768 --heads 12 --batch 1 --seq 512
 
-One process, one random model exported with ``headlens.export.export_hf`` so every contender
+One process, one random model exported with ``headlens.models.export.export_hf`` so every contender
 runs exactly the same weights on the same tokens. Runs are interleaved (round-robin) and the
 median is reported, so a noisy shared CPU hurts every contender alike. Prints ratios against
 the targets: unhooked headlens <= 1.1x HF sdpa; headlens with a pattern hook <= 1.1x HF eager;
@@ -70,7 +70,7 @@ def main() -> None:
     from transformers import GPT2LMHeadModel
 
     from headlens import GPT, ModelConfig
-    from headlens.export import export_hf
+    from headlens.models.export import export_hf
 
     cfg = ModelConfig(n_layers=args.layers, n_heads=args.heads, d_model=args.d_model, n_ctx=max(args.seq, 128), d_vocab=257)
     torch.manual_seed(0)

@@ -24,7 +24,7 @@ random 2-layer, d_model 64, 4-head model (Llama with 2 KV heads; Mistral, the sa
 GPT-2; BERT; Gemma-2 with logit soft-capping and a 512-token window on every other layer), n_ctx 8,192,
 written without a tokenizer to a temporary directory, scored on the generated probes (``corpus=None``).
 Its memory paths: ``sparse`` (the fused
-attention of ``headlens.backends.fused``), ``sparse-unfused`` (the bridge's own attention, which builds
+attention of ``headlens.models.hf.fused``), ``sparse-unfused`` (the bridge's own attention, which builds
 the pattern: the sparse scan before fusing) and ``dense``; ``--paths`` picks them (memory only).
 
 Nothing is asserted; a table is printed and, with ``--figure``, a two-panel plot is written
@@ -69,7 +69,7 @@ def build_hf(family: str, T: int):
     import torch
     import transformers
 
-    from headlens.backends.bridge import load_bridge
+    from headlens.models.hf.bridge import load_bridge
 
     torch.manual_seed(0)
     n = max(8192, T)

@@ -104,9 +104,9 @@ def _timed(fn: Any, device: str) -> tuple[float, float]:
 
 def _batches(model: Any, dets: Any, n_prompts: int, seq_len: int, batch_size: int) -> list[Any]:
     """The token batches ``classify`` scans (same probes, seeds and collation)."""
-    from headlens.classification import _probes
-    from headlens.probes import collate
-    from headlens.vocab import vocab
+    from headlens.models.vocab import vocab
+    from headlens.probes.base import collate
+    from headlens.scoring.classification import _probes
 
     v = vocab(model)
     out = []
@@ -127,9 +127,9 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")
     import headlens
-    from headlens.classification import select_detectors
     from headlens.detectors.copying import scores as copying
-    from headlens.placement import resolve_device, resolve_dtype
+    from headlens.models.placement import resolve_device, resolve_dtype
+    from headlens.scoring.classification import select_detectors
 
     device, dtype = resolve_device(args.device), resolve_dtype(args.dtype)
     model = headlens.load(f"hf:{args.path}", device=device, dtype=dtype)

@@ -61,7 +61,7 @@ def worker(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     import headlens
-    from headlens.distributed import current
+    from headlens.scoring.distributed import current
 
     rank = current()
     model = headlens.load(args.model)

@@ -5,7 +5,7 @@
 
 (a) ``headlens.classify`` for TL's three head types (previous, duplicate, induction) vs
     TransformerLens ``head_detector.detect_head`` on the same 64 prompts (TL runs on the
-    TransformerBridge of the same weights, exported with ``headlens.export.export_hf``).
+    TransformerBridge of the same weights, exported with ``headlens.models.export.export_hf``).
     Target: headlens <= 0.05 x TL's time.
 (b) a scan with every pattern detector vs a plain (unhooked, SDPA) forward pass over the same
     batches of the same tokens. Target <= 1.5x.
@@ -59,7 +59,7 @@ def load_model(ref: str | None):
 
 def stdlib_prompts(model, n: int, seq_len: int) -> list[str]:
     """n snippets of Python stdlib source, each cut to seq_len - 2 tokens of the model."""
-    from headlens.vocab import encode_body
+    from headlens.models.vocab import encode_body
 
     root = Path(sysconfig.get_paths()["stdlib"])
     out = []
@@ -89,7 +89,7 @@ def part_a(model, texts: list[str], repeats: int) -> dict:
     from transformer_lens.head_detector import detect_head
 
     import headlens
-    from headlens.export import export_hf
+    from headlens.models.export import export_hf
 
     tl_names = ["previous_token_head", "duplicate_token_head", "induction_head"]
     if hasattr(model, "bridge"):
@@ -113,10 +113,10 @@ def part_a(model, texts: list[str], repeats: int) -> dict:
 
 
 def part_b(model, texts: list[str], batch_size: int, repeats: int) -> dict:
-    from headlens.classification import select_detectors
-    from headlens.probes import collate, text_prompts
-    from headlens.scan import scan
-    from headlens.vocab import vocab
+    from headlens.models.vocab import vocab
+    from headlens.probes.base import collate, text_prompts
+    from headlens.scoring.classification import select_detectors
+    from headlens.scoring.engine import scan
 
     probe = text_prompts(model, texts)
     dets = [d for d in select_detectors(model, None)[0] if d.kind != "weights"]

@@ -19,20 +19,20 @@ __version__ = "0.1.0"
 # name -> module that defines it, imported on first use: `import headlens` costs no torch import,
 # so `headlens --help` answers at once and `headlens dashboard` starts its server while torch loads.
 _LAZY = {
-    "GPT": "headlens.model",
-    "ModelConfig": "headlens.config",
-    "Tokenizer": "headlens.tokenizer",
-    "load": "headlens.loading",
-    "load_checkpoint": "headlens.checkpoint",
-    "save_checkpoint": "headlens.checkpoint",
-    "classify": "headlens.classification",
-    "induction_curve": "headlens.induction_distance",
+    "GPT": "headlens.models.gpt",
+    "ModelConfig": "headlens.models.config",
+    "Tokenizer": "headlens.models.tokenizer",
+    "load": "headlens.models.loading",
+    "load_checkpoint": "headlens.models.checkpoint",
+    "save_checkpoint": "headlens.models.checkpoint",
+    "classify": "headlens.scoring.classification",
+    "induction_curve": "headlens.scoring.induction_distance",
     "Detector": "headlens.detectors.base",
     "register_detector": "headlens.detectors",
-    "trajectory": "headlens.series",
-    "ablate": "headlens.ablation",
+    "trajectory": "headlens.scoring.series",
+    "ablate": "headlens.interventions.ablation",
     "doctor": "headlens.doctor",
-    "write_report": "headlens.report",
+    "write_report": "headlens.viz.report",
     **{name: "headlens.errors" for name in (
         "CheckpointError", "ConfigError", "DetectorError", "HeadlensError", "ModelReferenceError",
         "OutputError", "ProbeError")},
@@ -40,10 +40,6 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from headlens import doctor
-    from headlens.ablation import ablate
-    from headlens.checkpoint import load_checkpoint, save_checkpoint
-    from headlens.classification import classify
-    from headlens.config import ModelConfig
     from headlens.detectors import register_detector
     from headlens.detectors.base import Detector
     from headlens.errors import (
@@ -55,12 +51,16 @@ if TYPE_CHECKING:
         OutputError,
         ProbeError,
     )
-    from headlens.induction_distance import induction_curve
-    from headlens.loading import load
-    from headlens.model import GPT
-    from headlens.report import write_report
-    from headlens.series import trajectory
-    from headlens.tokenizer import Tokenizer
+    from headlens.interventions.ablation import ablate
+    from headlens.models.checkpoint import load_checkpoint, save_checkpoint
+    from headlens.models.config import ModelConfig
+    from headlens.models.gpt import GPT
+    from headlens.models.loading import load
+    from headlens.models.tokenizer import Tokenizer
+    from headlens.scoring.classification import classify
+    from headlens.scoring.induction_distance import induction_curve
+    from headlens.scoring.series import trajectory
+    from headlens.viz.report import write_report
 
 
 def __getattr__(name: str) -> Any:

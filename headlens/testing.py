@@ -29,9 +29,9 @@ from typing import Any
 
 import torch
 
-from headlens.config import ModelConfig
-from headlens.model import GPT
-from headlens.tokenizer import Tokenizer
+from headlens.models.config import ModelConfig
+from headlens.models.gpt import GPT
+from headlens.models.tokenizer import Tokenizer
 
 PLANTED_ALPHABET = "abcdefghijklmnop()[]"
 PLANTED_HEADS: dict[str, list[tuple[int, int]]] = {"previous_token": [(0, 0)], "induction": [(1, 0)]}
@@ -201,7 +201,7 @@ def wordpiece_tokenizer(words: list[str] | None = None) -> Any:
     from tokenizers import models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    from headlens import coreference as C
+    from headlens.probes import coreference as C
 
     if words is None:
         text = " ".join([*C.LEADS, *C.MALE, *C.FEMALE, *C.GENDER_FRAMES, *C.GENDER_PREDICATES, *C.SINGULAR,
@@ -227,7 +227,7 @@ def _word_ids(tokenizer: Any, words: Any) -> torch.Tensor:
 def coreference_pattern(tokenizer: Any) -> PatternFn:
     """A planted coreference head: from ``he``/``she``/``it``/``they`` all mass on the candidate of
     the pronoun's gender or number; every other row uniform."""
-    from headlens import coreference as C
+    from headlens.probes import coreference as C
 
     classes = {"male": C.MALE, "female": C.FEMALE, "singular": C.SINGULAR, "plural": C.PLURAL}
     pairs = [(int(_word_ids(tokenizer, [C.PRONOUNS[c]])[0]), _word_ids(tokenizer, words))
@@ -247,7 +247,7 @@ def coreference_pattern(tokenizer: Any) -> PatternFn:
 def first_candidate_pattern(tokenizer: Any) -> PatternFn:
     """A position-only control: from every pronoun all mass on the *first* name or noun of the text,
     whatever the pronoun says."""
-    from headlens import coreference as C
+    from headlens.probes import coreference as C
 
     pronouns = _word_ids(tokenizer, C.PRONOUNS.values())
     candidates = _word_ids(tokenizer, [*C.MALE, *C.FEMALE, *C.SINGULAR, *C.PLURAL])

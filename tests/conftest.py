@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from headlens.config import ModelConfig
-from headlens.model import GPT
+from headlens.models.config import ModelConfig
+from headlens.models.gpt import GPT
 
 # nothing downloads in tests: the Hugging Face cache only (set before huggingface_hub reads it)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

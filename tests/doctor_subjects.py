@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from headlens.doctor.demo import TRUE_N_HEADS, save_with_claimed_heads, shifted_copy_texts, train_shifted_copy
-from headlens.model import GPT
+from headlens.models.gpt import GPT
 
 __all__ = ["TRUE_N_HEADS", "evaluation_texts", "trained_model", "write_hf_dir", "write_lying_checkpoint"]
 
@@ -37,7 +37,7 @@ def write_hf_dir(model: GPT, out: Path, claimed_n_heads: int | None = None) -> P
     """A Hugging Face GPT-2 directory (config.json + model.safetensors), optionally with a lying n_head."""
     from safetensors.torch import save_file
 
-    from headlens.export import hf_config, hf_state_dict
+    from headlens.models.export import hf_config, hf_state_dict
 
     out.mkdir(parents=True, exist_ok=True)
     cfg = hf_config(model)

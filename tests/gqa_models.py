@@ -29,8 +29,8 @@ def save_tokenizer(out: Path, n_ctx: int = 128) -> None:
     """A byte-level tokenizer (the one ``headlens export-hf`` writes) into ``out``."""
     from transformers import PreTrainedTokenizerFast
 
-    from headlens.export import BOS_TOKEN, hf_tokenizer
-    from headlens.tokenizer import Tokenizer
+    from headlens.models.export import BOS_TOKEN, hf_tokenizer
+    from headlens.models.tokenizer import Tokenizer
 
     fast = PreTrainedTokenizerFast(tokenizer_object=hf_tokenizer(Tokenizer.byte_level(), 257), bos_token=BOS_TOKEN,
                                    eos_token=BOS_TOKEN, pad_token=BOS_TOKEN, unk_token=BOS_TOKEN,

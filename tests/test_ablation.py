@@ -9,8 +9,8 @@ import torch
 from conftest import make_gpt
 
 import headlens
-from headlens.ablation import AblationError, Replacement, format_heads, parse_heads
 from headlens.errors import HeadlensError, ProbeError
+from headlens.interventions.ablation import AblationError, Replacement, format_heads, parse_heads
 
 torch.set_num_threads(1)  # tiny models: one thread is fastest on a shared 2-core machine
 
@@ -193,7 +193,7 @@ def test_uniform_ablation_equals_a_hand_computed_uniform_head():
 
 
 def test_uniform_z_with_grouped_kv_heads_and_padding():
-    from headlens.ablation import uniform_z
+    from headlens.interventions.ablation import uniform_z
 
     v = torch.arange(12.0).view(1, 3, 2, 2)  # (B, T, H_kv=2, d=2)
     z = uniform_z(v, 4)  # heads 0, 1 read kv head 0; heads 2, 3 read kv head 1
@@ -247,8 +247,8 @@ def test_nested_ablations_compose():
 # -- TransformerBridge backend ------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def bridged(tmp_path_factory):
-    export = pytest.importorskip("headlens.export")
-    from headlens.backends.bridge import load_bridge
+    export = pytest.importorskip("headlens.models.export")
+    from headlens.models.hf.bridge import load_bridge
 
     native = make_gpt(0)
     out = export.export_hf(native, tmp_path_factory.mktemp("hf") / "tiny")
@@ -274,7 +274,7 @@ def test_lazy_export_and_light_import():
     import subprocess
     import sys
 
-    code = ("import sys, headlens; assert 'headlens.ablation' not in sys.modules; "
-            "f = headlens.ablate; assert f.__module__ == 'headlens.ablation'; "
+    code = ("import sys, headlens; assert 'headlens.interventions.ablation' not in sys.modules; "
+            "f = headlens.ablate; assert f.__module__ == 'headlens.interventions.ablation'; "
             "assert 'pandas' not in sys.modules and 'transformer_lens' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -11,12 +11,12 @@ import torch
 from typer.testing import CliRunner
 
 import headlens
-from headlens import coreference as C
-from headlens import viz
 from headlens.cli import app
 from headlens.errors import ProbeError
-from headlens.spans import annotated_probe, body_offsets, check_row, span_tokens
-from headlens.table import read_table
+from headlens.models.tokenizer import Tokenizer
+from headlens.probes import coreference as C
+from headlens.probes.spans import annotated_probe, body_offsets, check_row, span_tokens
+from headlens.scoring.table import read_table
 from headlens.testing import (
     PatternModel,
     coreference_pattern,
@@ -25,7 +25,7 @@ from headlens.testing import (
     uniform_pattern,
     wordpiece_tokenizer,
 )
-from headlens.tokenizer import Tokenizer
+from headlens.viz import grid as viz
 
 TEXT = "John told Mary that she was late."
 
@@ -156,7 +156,7 @@ def test_tokenizer_that_splits_names_is_refused_in_one_line():
 
 def test_cli_annotated_jsonl(tmp_path, monkeypatch):
     model = PatternModel([[offset_pattern(-1), uniform_pattern]], causal=True)
-    monkeypatch.setattr("headlens.classification.resolve_model", lambda ref, device="cpu", **kw: model)
+    monkeypatch.setattr("headlens.scoring.classification.resolve_model", lambda ref, device="cpu", **kw: model)
     good = tmp_path / "good.jsonl"
     good.write_text("\n".join(json.dumps({"text": "abcdef"[:n], "detector": "prev",
                                           "targets": [{"query": [n - 1, n], "keys": [[n - 2, n - 1]]}],

@@ -21,7 +21,7 @@ from streamlit.testing.v1 import AppTest
 from headlens import GPT, ModelConfig, save_checkpoint, viz
 from headlens.app import cache
 from headlens.app import helpers as hd
-from headlens.tokenizer import Tokenizer
+from headlens.models.tokenizer import Tokenizer
 
 ENTRY = Path(__file__).resolve().parents[1] / "apps" / "dashboard.py"
 TIMEOUT = 300  # first runs import torch/plotly and score the model on a shared CPU

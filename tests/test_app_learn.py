@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 from test_app import arr, figures, grid, start
 
-from headlens import viz
 from headlens.app import cache
 from headlens.app import helpers as hd
+from headlens.viz import grid as viz
 from headlens.zoo import available
 
 pytestmark = pytest.mark.skipif("induction-2l" not in available(), reason="zoo weights not installed")

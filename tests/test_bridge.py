@@ -54,7 +54,7 @@ def test_hook_shapes_and_padding_is_masked(minilm, batch):
 def test_forward_matches_hf_bert_hidden_states(minilm, batch):
     from transformers import AutoModel
 
-    from headlens.backends.bridge import minilm_dir
+    from headlens.models.hf.bridge import minilm_dir
 
     hf = AutoModel.from_pretrained(str(minilm_dir())).eval()
     with torch.no_grad():
@@ -102,7 +102,7 @@ def test_bad_hf_directory_is_a_model_reference_error(tmp_path):
 
 def test_uniform_ablation_averages_the_real_keys_only(minilm, batch):
     """Bidirectional and padded: the head's output becomes the mean of its values over non-pad keys."""
-    from headlens.ablation import ablate
+    from headlens.interventions.ablation import ablate
 
     with torch.no_grad():
         _, cache = minilm.run_with_cache(batch, names_filter=lambda n: n.startswith("blocks.2.attn.hook_"))

@@ -12,8 +12,8 @@ from safetensors.torch import save_file
 
 import headlens
 from headlens import CheckpointError, ModelConfig, Tokenizer, load_checkpoint, save_checkpoint
-from headlens.checkpoint import FORMAT, load_metadata
-from headlens.model import GPT
+from headlens.models.checkpoint import FORMAT, load_metadata
+from headlens.models.gpt import GPT
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import torch
 
 import headlens
 from headlens.errors import DetectorError, ModelReferenceError, OutputError, ProbeError
-from headlens.table import COLUMNS, check_output_path, head_labels, read_table, write_table
+from headlens.scoring.table import COLUMNS, check_output_path, head_labels, read_table, write_table
 from headlens.testing import PLANTED_HEADS, planted_model
 from tests.conftest import make_gpt
 

@@ -7,9 +7,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from headlens.checkpoint import save_checkpoint
 from headlens.cli import app
-from headlens.table import read_table
+from headlens.models.checkpoint import save_checkpoint
+from headlens.scoring.table import read_table
 from headlens.testing import planted_model
 
 runner = CliRunner()

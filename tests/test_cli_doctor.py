@@ -10,9 +10,9 @@ import pytest
 from doctor_subjects import TRUE_N_HEADS, evaluation_texts, trained_model, write_lying_checkpoint
 from typer.testing import CliRunner
 
-from headlens.checkpoint import save_checkpoint
 from headlens.cli import app
 from headlens.errors import HeadlensError
+from headlens.models.checkpoint import save_checkpoint
 
 runner = CliRunner()
 

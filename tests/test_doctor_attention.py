@@ -9,12 +9,12 @@ import torch
 from attention_gallery import BROKEN, CORRECT, D_MODEL, N_HEADS, build
 from torch import nn
 
-from headlens.config import ModelConfig
 from headlens.doctor import check_attention
 from headlens.doctor.bugs import AttentionRecipe, known_bugs, reference_attention
 from headlens.doctor.layouts import LayoutError
 from headlens.errors import HeadlensError
-from headlens.model import MultiHeadAttention
+from headlens.models.config import ModelConfig
+from headlens.models.gpt import MultiHeadAttention
 
 
 @pytest.mark.parametrize("name", sorted(CORRECT))

@@ -14,10 +14,10 @@ from doctor_subjects import (
     write_lying_checkpoint,
 )
 
-from headlens.checkpoint import load_checkpoint, load_metadata, save_checkpoint
 from headlens.doctor import check_checkpoint
 from headlens.doctor.checkpoint import model_with_heads, read_weights
 from headlens.errors import CheckpointError, ConfigError
+from headlens.models.checkpoint import load_checkpoint, load_metadata, save_checkpoint
 
 TEXTS = evaluation_texts()
 

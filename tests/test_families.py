@@ -27,8 +27,8 @@ import torch
 from hf_families import FAMILIES, N_HEADS, N_LAYERS, SLIDING_WINDOW, build, load_eager, out_proj
 
 import headlens
-from headlens.ablation import Replacement
-from headlens.vocab import vocab
+from headlens.interventions.ablation import Replacement
+from headlens.models.vocab import vocab
 
 TOL = 1e-5
 T = 40  # > SLIDING_WINDOW: Mistral's window must bite
@@ -153,8 +153,8 @@ def test_ablation_equals_an_output_projection_pre_hook(built, family, method):
 
 @pytest.mark.parametrize("family", FAMS)
 def test_classify_and_sweep(built, family):
-    from headlens.classification import select_detectors
-    from headlens.sweep import sweep
+    from headlens.interventions.sweep import sweep
+    from headlens.scoring.classification import select_detectors
 
     b, fam = built(family), FAMILIES[family]
     dets, _, _ = select_detectors(b.model, None)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import headlens
-from headlens.table import COLUMNS, kv_heads, n_kv_heads
+from headlens.scoring.table import COLUMNS, kv_heads, n_kv_heads
 from tests.gqa_models import save_llama
 
 pytest.importorskip("transformer_lens")

@@ -7,7 +7,7 @@ import torch
 from conftest import make_gpt
 
 from headlens.errors import HeadlensError
-from headlens.hooks import HookPoint, tl_hook_name
+from headlens.models.hooks import HookPoint, tl_hook_name
 
 PATTERN = "blocks.0.attn.hook_pattern"
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from hf_families import build
 
-from headlens.backends.hub import HFSource, resolve, split_reference
 from headlens.errors import ModelReferenceError
+from headlens.models.hf.hub import HFSource, resolve, split_reference
 
 REPO = "headlens-test/tiny-llama"
 MAIN, STEP = "a" * 40, "b" * 40  # commits of refs/main and refs/step3000

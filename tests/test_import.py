@@ -26,7 +26,7 @@ m = headlens.GPT(headlens.ModelConfig(n_layers=1, n_heads=2, d_model=8, n_ctx=16
 headlens.save_checkpoint(m, {path!r})
 headlens.load({path!r}).run_with_cache("hi")
 stages["save, load, run_with_cache"] = heavy()
-import headlens.backends.bridge, headlens.export
+import headlens.models.hf.bridge, headlens.models.export
 stages["import the bridge and export modules"] = heavy()
 print(json.dumps(stages))
 """
@@ -46,7 +46,7 @@ import headlens.cli, headlens.cli.dashboard
 stages["import the CLI"] = "torch" in sys.modules
 names = {n: type(getattr(headlens, n)).__name__ for n in headlens.__all__}
 stages["torch after using the names"] = "torch" in sys.modules
-import headlens.classification  # the submodule must not shadow the function of the same name
+import headlens.scoring.classification  # the submodule must not shadow the function of the same name
 stages["classify is the function"] = callable(headlens.classify) and headlens.classify.__module__
 print(json.dumps([stages, names]))
 """
@@ -54,6 +54,6 @@ print(json.dumps([stages, names]))
     assert out.returncode == 0, out.stderr
     stages, names = json.loads(out.stdout.strip().splitlines()[-1])
     assert stages == {"import headlens": False, "import the CLI": False, "torch after using the names": True,
-                      "classify is the function": "headlens.classification"}, stages
+                      "classify is the function": "headlens.scoring.classification"}, stages
     assert names["GPT"] == names["HeadlensError"] == "type" and names["load"] == "function"
     assert names["doctor"] == "module"

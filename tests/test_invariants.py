@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from conftest import make_gpt
 
-from headlens.hooks import HookPoint
-from headlens.model import GPT, MultiHeadAttention
+from headlens.models.gpt import GPT, MultiHeadAttention
+from headlens.models.hooks import HookPoint
 
 TOL = 1e-5
 BUGS = ["missing_transpose", "wrong_view_order", "merge_without_transpose"]

@@ -13,10 +13,12 @@ import torch
 from conftest import make_gpt
 
 import headlens
-from headlens import lesson, tokenview, viz_lesson
+from headlens.app import lesson
 from headlens.doctor import check_attention
 from headlens.doctor.inject import LESSON_BUGS, BuggedAttention, inject_bug
 from headlens.errors import ConfigError, ProbeError
+from headlens.viz import lesson as viz_lesson
+from headlens.viz import tokenview
 from headlens.zoo import available
 from headlens.zoo import scores as shipped
 

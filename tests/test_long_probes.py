@@ -7,7 +7,7 @@ import warnings
 import torch
 
 import headlens
-from headlens.probes import Probe, draw_tokens, random_tokens, repeated_segments, short_of
+from headlens.probes.base import Probe, draw_tokens, random_tokens, repeated_segments, short_of
 from tests.conftest import make_gpt
 
 

@@ -9,10 +9,9 @@ import pytest
 import torch
 from conftest import make_gpt
 
-from headlens.ablation import AblationError
-from headlens.config import ModelConfig
 from headlens.errors import ProbeError
-from headlens.metrics import (
+from headlens.interventions.ablation import AblationError
+from headlens.interventions.metrics import (
     METRICS,
     bootstrap_ci,
     bracket_ids,
@@ -22,8 +21,9 @@ from headlens.metrics import (
     prompts_task,
     repeated_task,
 )
-from headlens.model import GPT
-from headlens.tokenizer import Tokenizer
+from headlens.models.config import ModelConfig
+from headlens.models.gpt import GPT
+from headlens.models.tokenizer import Tokenizer
 
 torch.set_num_threads(1)  # tiny models: one thread is fastest on a shared 2-core machine
 

@@ -13,7 +13,7 @@ from hf_families import N_HEADS, VOCAB, build
 import headlens
 from headlens.cli import main
 from headlens.errors import ProbeError
-from headlens.vocab import vocab
+from headlens.models.vocab import vocab
 
 
 @pytest.fixture(scope="module")

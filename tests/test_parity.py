@@ -1,11 +1,11 @@
 """Reference parity: headlens == transformers GPT-2 == TransformerLens' TransformerBridge.
 
 Random models (attention-only and full, with and without LayerNorm) are exported with
-``headlens.export.export_hf``, booted by both references, and compared on logits and on every
+``headlens.models.export.export_hf``, booted by both references, and compared on logits and on every
 ``blocks.{l}.attn.hook_pattern`` / ``hook_z``: max abs diff <= 1e-5 in float32. Weights use a
 larger init than GPT-2's so that attention patterns are far from uniform (a head mix-up would show).
 No-LN models are exported in a wider residual stream (d_model + n_heads, orthogonal to the all-ones
-vector) with one zero dimension per head (headlens/export.py), so their ``hook_z`` gains a zero column.
+vector) with one zero dimension per head (headlens/models/export.py), so their ``hook_z`` gains a zero column.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from conftest import make_gpt
 
 from headlens import Tokenizer
 from headlens.errors import HeadlensError
-from headlens.export import export_hf, residual_embedding
+from headlens.models.export import export_hf, residual_embedding
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 TOL = 1e-5
@@ -68,7 +68,7 @@ def test_transformers_gpt2_logits(exported, tokens, name, attn_implementation):
 
 @pytest.fixture(scope="module")
 def bridges(exported):
-    from headlens.backends.bridge import load_bridge
+    from headlens.models.hf.bridge import load_bridge
 
     return {name: load_bridge(path) for name, (_, path) in exported.items()}
 
@@ -132,7 +132,7 @@ def test_residual_embedding_is_an_isometry_orthogonal_to_ones():
 def test_uncentred_no_ln_model_exports_exactly_and_a_lossy_export_refuses(tmp_path, monkeypatch):
     from transformers import GPT2LMHeadModel
 
-    import headlens.export as export
+    import headlens.models.export as export
 
     model = make_gpt(5, normalization="none", init_range=0.15)
     with torch.no_grad():

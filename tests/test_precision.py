@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 import headlens
 from headlens.cli import app
 from headlens.errors import ConfigError
-from headlens.placement import resolve_device, resolve_dtype
+from headlens.models.placement import resolve_device, resolve_dtype
 from headlens.zoo import ZOO
 
 PLANTED = {(0, 0, "previous_token"), (0, 2, "current_token")}

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from headlens.errors import ProbeError
-from headlens.model import GPT
-from headlens.probes import (
+from headlens.models.gpt import GPT
+from headlens.models.vocab import vocab
+from headlens.probes.base import (
     brackets,
     collate,
     random_tokens,
@@ -21,7 +22,6 @@ from headlens.probes import (
     text_prompts,
 )
 from headlens.testing import planted_model
-from headlens.vocab import vocab
 from tests.conftest import make_gpt
 
 
@@ -50,7 +50,7 @@ def test_byte_level_probes_draw_printable_ascii_only():
 
 
 def test_stdlib_windows_are_held_out_python_with_python_brackets():
-    from headlens.zoo import data
+    from headlens.probes import data
 
     model = make_gpt(n_ctx=128)  # byte-level
     probe = stdlib_windows(model, 12, 128, _gen(4))
@@ -106,7 +106,7 @@ def test_wordpiece_brackets_and_layout_from_the_minilm_tokenizer():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoTokenizer
 
-    from headlens.backends.bridge import minilm_dir
+    from headlens.models.hf.bridge import minilm_dir
 
     tok = AutoTokenizer.from_pretrained(str(minilm_dir()))
 

@@ -8,12 +8,12 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from headlens.checkpoint import save_checkpoint
-from headlens.classification import classify
 from headlens.cli import app
-from headlens.report import report_html, write_report
-from headlens.table import labelled_heads
+from headlens.models.checkpoint import save_checkpoint
+from headlens.scoring.classification import classify
+from headlens.scoring.table import labelled_heads
 from headlens.testing import planted_model
+from headlens.viz.report import report_html, write_report
 
 runner = CliRunner()
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import headlens
-from headlens.haystack import lengths_for, needle_haystack
-from headlens.lse import AttentionSpec
-from headlens.retrieval import top1_share
+from headlens.probes.haystack import lengths_for, needle_haystack
+from headlens.scoring.lse import AttentionSpec
+from headlens.scoring.top1 import top1_share
 from headlens.testing import planted_model
 
 torch.set_num_threads(1)

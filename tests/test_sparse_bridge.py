@@ -5,7 +5,7 @@ downloads): GPT-2 (no rotary, fused qkv), GPT-NeoX (partial rotary), GPT-J (inte
 (query pre-scaled), Llama and Qwen2 (RoPE, GQA), Mistral (GQA + a sliding window of 16 < the prompt),
 Gemma (multi-query, its own scaling), Phi-3 (fused qkv), BERT and RoBERTa (bidirectional, padded).
 Beyond the matrix: Gemma-2 (logit soft-capping) and GPT-OSS (attention sinks), which SDPA cannot do.
-Sparse scans run the HF attention fused (``headlens.backends.fused``) on all of them.
+Sparse scans run the HF attention fused (``headlens.models.hf.fused``) on all of them.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headlens.backends.bridge import load_bridge
 from headlens.detectors import DETECTORS
-from headlens.lse import heads_first, implied_pattern
-from headlens.probes import text_prompts
-from headlens.scan import scan
+from headlens.models.hf.bridge import load_bridge
+from headlens.probes.base import text_prompts
+from headlens.scoring.engine import scan
+from headlens.scoring.lse import heads_first, implied_pattern
 from tests.hf_families import EXTRAS, FAMILIES, build, load_eager
 
 FAMS = [*FAMILIES, *EXTRAS]  # + Gemma-2 (soft-capping) and GPT-OSS (attention sinks)
@@ -81,7 +81,7 @@ def test_fused_attention_skips_the_pattern(family, monkeypatch):
     from transformers import masking_utils
     from transformers.masking_utils import sdpa_mask
 
-    from headlens.backends import fused as fused_mod
+    from headlens.models.hf import fused as fused_mod
 
     monkeypatch.setattr(fused_mod, "MASK_BLOCK_BYTES", 4 * 2 * 40 * 7)  # an explicit mask: blocks of 7 queries
     monkeypatch.setattr(fused_mod, "BLOCK_BYTES", 4 * 2 * 4 * 40 * 7)  # soft-cap / sinks: blocks of 7 queries too

@@ -9,8 +9,8 @@ import headlens
 from headlens.detectors import DETECTORS, get_detector, split_names
 from headlens.detectors.base import targets_to_mask
 from headlens.errors import DetectorError
-from headlens.probes import ProbeBatch, random_tokens
-from headlens.scan import scan
+from headlens.probes.base import ProbeBatch, random_tokens
+from headlens.scoring.engine import scan
 from headlens.testing import PatternModel, offset_pattern, uniform_pattern
 
 
@@ -73,7 +73,7 @@ def test_classify_with_a_variant_records_it():
 
 
 def test_a_variant_takes_its_base_detectors_threshold_unless_named():
-    from headlens.classification import _thresholds
+    from headlens.scoring.classification import _thresholds
 
     variant = get_detector("streaming(w=128)")
     assert _thresholds({"streaming": 0.9}, (), [variant])[variant.name] == 0.9

@@ -8,9 +8,9 @@ import pytest
 import torch
 from conftest import make_gpt
 
-import headlens.confirm as confirm_mod
-from headlens.ablation import AblationError
-from headlens.sweep import COLUMNS, control_groups, control_scope, sweep
+import headlens.interventions.confirm as confirm_mod
+from headlens.interventions.ablation import AblationError
+from headlens.interventions.sweep import COLUMNS, control_groups, control_scope, sweep
 
 METRICS = ["repeated_loss", "first_half_loss", "kl", "bracket_accuracy"]
 
@@ -128,8 +128,8 @@ def test_confirm_adds_effects_for_labelled_heads(monkeypatch):
 
 
 def test_sweep_on_bridge_matches_native(tmp_path):
-    export = pytest.importorskip("headlens.export")
-    from headlens.backends.bridge import load_bridge
+    export = pytest.importorskip("headlens.models.export")
+    from headlens.models.hf.bridge import load_bridge
 
     native = make_gpt(0, n_ctx=32)
     bridge = load_bridge(export.export_hf(native, tmp_path / "hf"))
@@ -142,7 +142,7 @@ def test_sweep_on_bridge_matches_native(tmp_path):
 
 @pytest.mark.parametrize("method", ["zero", "uniform"])
 def test_naive_sweep_in_chunks_of_prompts_equals_one_forward(method, monkeypatch):
-    import headlens.sweep as sweep_mod
+    import headlens.interventions.sweep as sweep_mod
 
     forward = sweep_mod.task_logits
     model = make_gpt(0, n_ctx=32, init_range=0.2)

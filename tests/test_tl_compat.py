@@ -54,7 +54,7 @@ def _detect_head_on(bridge_model, texts=TEXTS):
 
 
 def test_matches_detect_head_on_an_exported_native_model(tmp_path):
-    from headlens.export import export_hf
+    from headlens.models.export import export_hf
 
     native = make_gpt(seed=6, n_ctx=64)
     export_hf(native, tmp_path / "hf")

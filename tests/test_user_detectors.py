@@ -11,7 +11,7 @@ import torch
 
 import headlens
 from headlens import detectors as registry
-from headlens.table import read_table
+from headlens.scoring.table import read_table
 from headlens.testing import planted_model
 from tests.plugin_detectors import ONE_BACK, TWO_BACK
 

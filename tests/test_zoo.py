@@ -10,14 +10,14 @@ import pytest
 import torch
 
 import headlens
-from headlens.checkpoint import load_checkpoint, load_metadata
 from headlens.errors import ConfigError
+from headlens.models.checkpoint import load_checkpoint, load_metadata
+from headlens.training import measure as M
+from headlens.training.evaluate import EVALUATORS, SINK_THRESHOLD, THRESHOLD
+from headlens.training.recipes import RECIPES, get_recipe
+from headlens.training.ship import CARDS_DIR, score_key
+from headlens.training.train import load_trained, snapshot_steps, train
 from headlens.zoo import ZOO, data, llama
-from headlens.zoo import measure as M
-from headlens.zoo.evaluate import EVALUATORS, SINK_THRESHOLD, THRESHOLD
-from headlens.zoo.recipes import RECIPES, get_recipe
-from headlens.zoo.ship import CARDS_DIR, score_key
-from headlens.zoo.train import load_trained, snapshot_steps, train
 
 
 def _analysis(name: str):
@@ -337,7 +337,7 @@ def test_llama_snapshot_round_trip_and_directory(tmp_path):
 
 @pytest.mark.parametrize("name", HF_SHIPPED)
 def test_hf_zoo_entry_is_a_llama_directory_the_bridge_loads(name):
-    from headlens.backends.bridge import BridgeModel
+    from headlens.models.hf.bridge import BridgeModel
 
     entry = ZOO[name]
     for file in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):

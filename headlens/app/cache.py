@@ -43,7 +43,7 @@ DEFAULT_PLACEMENT: Placement = ("float32", "cpu")
 
 @st.cache_resource(max_entries=4, show_spinner=False)
 def _load_model(ref: str, key: str, placement: Placement = DEFAULT_PLACEMENT) -> Any:
-    from headlens.loading import load
+    from headlens.models.loading import load
 
     dtype, device = placement
     return load(ref, dtype=dtype, device=device)
@@ -133,32 +133,32 @@ def app_script() -> Path:
 # -- the Learn view ---------------------------------------------------------------------------
 @st.cache_data(max_entries=16, show_spinner=False)
 def _split(ref: str, key: str, text: str, layer: int, placement: Placement = DEFAULT_PLACEMENT) -> Any:
-    from headlens import lesson
+    from headlens.app import lesson
 
     with exclusive(get_model(ref, placement)) as model:
         return lesson.split_step(model, text, layer)
 
 
 def get_split(ref: str, text: str, layer: int, placement: Placement = DEFAULT_PLACEMENT) -> Any:
-    """:func:`headlens.lesson.split_step` on the cached model (cached)."""
+    """:func:`headlens.app.lesson.split_step` on the cached model (cached)."""
     return _split(ref, hd.fingerprint(ref), text, int(layer), tuple(placement))
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
 def _bug(ref: str, key: str, text: str, bug: str, layer: int, placement: Placement = DEFAULT_PLACEMENT) -> Any:
-    from headlens import lesson
+    from headlens.app import lesson
 
     with exclusive(get_model(ref, placement)) as model:
         return lesson.bug_step(model, text, bug, layer)
 
 
 def get_bug(ref: str, text: str, bug: str, layer: int, placement: Placement = DEFAULT_PLACEMENT) -> Any:
-    """:func:`headlens.lesson.bug_step`: ``bug`` planted in a copy of the cached model (cached)."""
+    """:func:`headlens.app.lesson.bug_step`: ``bug`` planted in a copy of the cached model (cached)."""
     return _bug(ref, hd.fingerprint(ref), text, bug, int(layer), tuple(placement))
 
 
 def _source(ref: str) -> Path:
-    from headlens import lesson
+    from headlens.app import lesson
     from headlens.errors import ConfigError
 
     source = lesson.checkpoint_source(ref)
@@ -169,14 +169,14 @@ def _source(ref: str) -> Path:
 
 @st.cache_data(max_entries=8, show_spinner=False)
 def _head_count(ref: str, key: str, text: str, layer: int, placement: Placement = DEFAULT_PLACEMENT) -> Any:
-    from headlens import lesson
+    from headlens.app import lesson
 
     source = _source(ref)  # the weights are read back in float32 on the CPU; the model only tokenizes
     return lesson.head_count_step(source, text, layer, model=get_model(ref, placement))
 
 
 def get_head_count(ref: str, text: str, layer: int, placement: Placement = DEFAULT_PLACEMENT) -> Any:
-    """:func:`headlens.lesson.head_count_step` on ``ref``'s checkpoint (cached)."""
+    """:func:`headlens.app.lesson.head_count_step` on ``ref``'s checkpoint (cached)."""
     return _head_count(ref, hd.fingerprint(ref), text, int(layer), tuple(placement))
 
 
@@ -196,7 +196,7 @@ def get_checkpoint_report(ref: str) -> tuple[str, dict[str, Any]]:
 @st.cache_data(max_entries=16, show_spinner=False)
 def _examples(ref: str, key: str, text: str, n_prompts: int, seed: int, corpus: str | None,
               placement: Placement = DEFAULT_PLACEMENT) -> Any:
-    from headlens import lesson
+    from headlens.app import lesson
 
     scores = get_scores(ref, n_prompts, seed, corpus, placement)
     with exclusive(get_model(ref, placement)) as model:
@@ -205,5 +205,5 @@ def _examples(ref: str, key: str, text: str, n_prompts: int, seed: int, corpus: 
 
 def get_examples(ref: str, text: str, n_prompts: int = hd.DEFAULT_N_PROMPTS, seed: int = 0,
                  corpus: str | None = None, placement: Placement = DEFAULT_PLACEMENT) -> Any:
-    """:func:`headlens.lesson.head_examples` with the scores the grid shows (cached)."""
+    """:func:`headlens.app.lesson.head_examples` with the scores the grid shows (cached)."""
     return _examples(ref, hd.fingerprint(ref), text, int(n_prompts), int(seed), corpus, tuple(placement))

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from headlens.app import MODEL_ENV
 from headlens.errors import HeadlensError, ProbeError
-from headlens.table import COLUMNS
-from headlens.texts import example_text as example_text  # the page prefills the text box with it
+from headlens.probes.texts import example_text as example_text  # the page prefills the text box with it
+from headlens.scoring.table import COLUMNS
 
 if TYPE_CHECKING:
     import numpy as np
@@ -216,7 +216,7 @@ def loss_diff_html(str_tokens: Sequence[str], diff: Sequence[float]) -> str:
     values = [float(d) for d in diff]
     bound = max((abs(v) for v in values if not math.isnan(v)), default=0.0) or 1.0
     spans = []
-    from headlens.viz import BYTE_ESCAPES
+    from headlens.viz.grid import BYTE_ESCAPES
 
     for token, value in zip(str_tokens, values, strict=True):
         token = BYTE_ESCAPES.get(token, token)
@@ -289,7 +289,7 @@ def default_detector(scores: pd.DataFrame) -> str:
     return "induction" if "induction" in detectors else detectors[0]
 
 
-SCORE_COLUMNS = tuple(COLUMNS)  # the scores table's schema, defined once in headlens.table
+SCORE_COLUMNS = tuple(COLUMNS)  # the scores table's schema, defined once in headlens.scoring.table
 
 
 def compute_scores(model: Any, n_prompts: int = DEFAULT_N_PROMPTS, seed: int = 0,
@@ -307,7 +307,7 @@ def compute_scores(model: Any, n_prompts: int = DEFAULT_N_PROMPTS, seed: int = 0
 
 def _classify() -> Any:
     try:
-        from headlens.classification import classify
+        from headlens.scoring.classification import classify
     except ModuleNotFoundError as err:
         if err.name and err.name.startswith("headlens"):
             raise HeadlensError("head classification is not available in this install (headlens.classify "
@@ -337,7 +337,7 @@ def find_snapshots(ref: str) -> list[Path]:
 
 def read_trajectory(path: str) -> pd.DataFrame:
     """A table written by ``headlens trajectory --out`` (scores with ``checkpoint`` and ``step`` columns)."""
-    from headlens.table import read_table
+    from headlens.scoring.table import read_table
 
     p = Path(path).expanduser()
     if not p.is_file():
@@ -367,7 +367,7 @@ def training_losses(snapshots: Sequence[Path]) -> pd.DataFrame:
                         return pd.DataFrame(rows)[["step", "loss"]]
                 except (ValueError, KeyError, AttributeError):
                     pass
-    from headlens.checkpoint import load_metadata
+    from headlens.models.checkpoint import load_metadata
 
     rows = []
     for path in snapshots:
@@ -381,7 +381,7 @@ def snapshot_scores(snapshots: Sequence[Path], detectors: Sequence[str], n_promp
     """The scores table of every snapshot, with a ``step`` column."""
     import pandas as pd
 
-    from headlens.checkpoint import load_checkpoint, load_metadata
+    from headlens.models.checkpoint import load_checkpoint, load_metadata
 
     frames = []
     for path in snapshots:
@@ -399,7 +399,7 @@ def ablation_metrics(model: Any) -> list[str]:
         return []
     if not model.is_causal:
         return ["kl"]
-    from headlens.metrics import bracket_ids
+    from headlens.interventions.metrics import bracket_ids
 
     names = ["repeated_loss", "first_half_loss"]
     if len(bracket_ids(model)[0]) >= 2:
@@ -416,15 +416,15 @@ def run_ablation(model: Any, heads: Sequence[str], method: str, metric: str, tex
 
     Returns:
         ``effects`` (rows ``heads, metric, delta, ci_low, ci_high`` for the heads and the control),
-        ``sweep`` (the raw ``headlens.sweep`` row), ``control`` (``"layer"`` or ``"model"``), and
+        ``sweep`` (the raw ``headlens.interventions.sweep`` row), ``control`` (``"layer"`` or ``"model"``), and
         ``tokens`` / ``clean`` / ``ablated`` / ``diff`` for the user's text, or ``token_note``
         saying why they are missing.
     """
     import numpy as np
     import pandas as pd
 
-    from headlens.ablation import ablate
-    from headlens.sweep import sweep
+    from headlens.interventions.ablation import ablate
+    from headlens.interventions.sweep import sweep
 
     if not heads:
         raise HeadlensError("choose at least one head to ablate")
@@ -455,7 +455,7 @@ def run_ablation(model: Any, heads: Sequence[str], method: str, metric: str, tex
 def _text_reference(model: Any, metric: str, prompts: Sequence[str] | None, n_prompts: int, seed: int) -> Any:
     """Reference prompts for mean/resample on the user's text: full-context stdlib snippets for byte
     models (long enough for any text), else the metric's own probe prompts."""
-    from headlens.metrics import make_task, prompts_task
+    from headlens.interventions.metrics import make_task, prompts_task
 
     if getattr(model.tokenizer, "kind", None) == "byte":
         return prompts_task(model, None, n_prompts, seq_len=model.cfg.n_ctx - 1, seed=seed).tokens

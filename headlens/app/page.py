@@ -3,7 +3,7 @@ attends to on your text, knock heads out, watch heads form during training.
 
 Wiring only: the sidebar, the grid and the view switch; each view is a module in
 ``headlens/app/views/``. Scores, patterns and ablations come from ``headlens.app.helpers``
-(which calls the library) and figures from ``headlens.viz``. This file ships inside the
+(which calls the library) and figures from ``headlens.viz.grid``. This file ships inside the
 package so ``headlens dashboard`` works after a plain ``pip install``; ``apps/dashboard.py``
 in a source checkout runs it too.
 
@@ -53,7 +53,7 @@ def pick_model() -> str | None:
 
 def placement() -> tuple[str, str]:
     """The sidebar's (dtype, device), started from ``headlens dashboard --dtype/--device``."""
-    from headlens.placement import DEVICES, DTYPES
+    from headlens.models.placement import DEVICES, DTYPES
 
     for key, env, choices in (("dtype", DTYPE_ENV, DTYPES), ("device", DEVICE_ENV, DEVICES)):
         if key not in st.session_state:

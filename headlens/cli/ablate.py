@@ -1,4 +1,4 @@
-"""``headlens ablate``: knock heads out and measure what breaks (thin layer over headlens.sweep)."""
+"""``headlens ablate``: knock heads out and measure what breaks (thin layer over headlens.interventions.sweep)."""
 
 from __future__ import annotations
 
@@ -114,11 +114,11 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.progress import Progress
 
-        from headlens.ablation import AblationError, check_method, parse_heads
-        from headlens.classification import resolve_model
-        from headlens.distributed import current
-        from headlens.metrics import get_metric
-        from headlens.sweep import sweep
+        from headlens.interventions.ablation import AblationError, check_method, parse_heads
+        from headlens.interventions.metrics import get_metric
+        from headlens.interventions.sweep import sweep
+        from headlens.scoring.classification import resolve_model
+        from headlens.scoring.distributed import current
         from headlens.zoo import DEFAULT_MODEL
 
         check_method(method)

@@ -12,7 +12,7 @@ empty keys, unknown field; a tokenizer that splits the coreference probe's words
 or unsupported detector, 7 unwritable output path or unknown suffix (also for ``--report``,
 which must end in ``.html``).
 
-``--confirm`` runs the ablation check of ``headlens.confirm.confirm(model, table)`` on the
+``--confirm`` runs the ablation check of ``headlens.interventions.confirm.confirm(model, table)`` on the
 labelled heads when that module is installed (it adds its columns to the table).
 """
 
@@ -39,21 +39,21 @@ N_RANKED = 8  # heads listed per annotated head type, labelled or not
 
 
 def _confirm_fn() -> Any:
-    for module in ("headlens.confirm", "headlens.ablation"):
+    for module in ("headlens.interventions.confirm", "headlens.interventions.ablation"):
         try:
             fn = getattr(__import__(module, fromlist=["confirm"]), "confirm", None)
         except ImportError:
             continue
         if callable(fn):
             return fn
-    raise HeadlensError("--confirm needs headlens.confirm.confirm, which this install does not have")
+    raise HeadlensError("--confirm needs headlens.interventions.confirm.confirm, which this install does not have")
 
 
 def print_results(df: Any, console: Any) -> None:
     """The labelled heads (strongest first), then a layer x head overview of their top labels."""
     from rich.table import Table
 
-    from headlens.table import head_labels, labelled_heads
+    from headlens.scoring.table import head_labels, labelled_heads
 
     attrs = df.attrs
     title = f"{attrs.get('model', '?')}: labelled heads ({attrs.get('scoring', 'headlens')} scores)"
@@ -125,10 +125,10 @@ def run_classify(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from headlens.classification import classify, resolve_model
-    from headlens.distributed import current
-    from headlens.report import check_report_path, write_report
-    from headlens.table import check_output_path, write_table
+    from headlens.scoring.classification import classify, resolve_model
+    from headlens.scoring.distributed import current
+    from headlens.scoring.table import check_output_path, write_table
+    from headlens.viz.report import check_report_path, write_report
 
     rank = current()
     quiet = quiet or not rank.is_main
@@ -156,7 +156,7 @@ def run_classify(
         if df is None:  # a rank other than 0: its rows went to rank 0
             return
         if confirm:
-            from headlens.distributed import single_process
+            from headlens.scoring.distributed import single_process
 
             attrs = dict(df.attrs)
             with single_process():  # rank 0 alone: the other ranks are done
@@ -204,7 +204,7 @@ def register(app: typer.Typer) -> None:
         truncate: Annotated[bool, typer.Option("--truncate", help="cut prompts longer than the context "
                             "(with a warning) instead of refusing them (exit 5)")] = False,
         confirm: Annotated[bool, typer.Option("--confirm", help="confirm labels by ablation "
-                           "(headlens.confirm)")] = False,
+                           "(headlens.interventions.confirm)")] = False,
         scan_path: Annotated[str, typer.Option("--scan-path", help="auto | dense (read the attention "
                              "pattern) | sparse (q, k and log-sum-exp, no T x T pattern: long contexts)")] = "auto",
         resume: opt.Resume = None,

@@ -26,13 +26,13 @@ def _check_reference(ref: str) -> None:
     from pathlib import Path
 
     from headlens.errors import ModelReferenceError
-    from headlens.loading import describe_references
+    from headlens.models.loading import describe_references
     from headlens.zoo import ZOO
 
     if ref in ZOO or ref == "minilm":
         return
     if ref.startswith("hf:"):
-        from headlens.backends.hub import split_reference
+        from headlens.models.hf.hub import split_reference
 
         split_reference(ref[3:])  # a malformed reference fails here; a hub name is resolved by the page
         return
@@ -97,8 +97,8 @@ def _warm_up() -> None:
     with contextlib.suppress(Exception):  # the page reports any failure itself
         from streamlit import runtime
 
-        import headlens.loading
-        import headlens.model  # noqa: F401  (torch)
+        import headlens.models.gpt  # noqa: F401  (torch)
+        import headlens.models.loading
 
         deadline = time.monotonic() + 120
         while not runtime.exists() and time.monotonic() < deadline:
@@ -133,7 +133,7 @@ def register(app: typer.Typer) -> None:
         from streamlit.web import cli as streamlit_cli
 
         from headlens.app import DEVICE_ENV, DTYPE_ENV, MODEL_ENV, SHARED_IMPORTS
-        from headlens.placement import dtype_name, resolve_device
+        from headlens.models.placement import dtype_name, resolve_device
 
         if model:
             _check_reference(model.strip())

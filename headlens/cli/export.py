@@ -19,9 +19,9 @@ def register(app: typer.Typer) -> None:
         The export computes the same logits and patterns (checked before writing; an export that
         would not is refused with an error)."""
         from headlens.errors import ModelReferenceError
-        from headlens.export import export_hf
-        from headlens.loading import load
-        from headlens.model import GPT
+        from headlens.models.export import export_hf
+        from headlens.models.gpt import GPT
+        from headlens.models.loading import load
 
         loaded = load(model)
         if not isinstance(loaded, GPT):

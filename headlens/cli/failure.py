@@ -26,7 +26,7 @@ def say(line: str) -> None:
 
 def fail(err: HeadlensError) -> typer.Exit:
     """Report ``err`` as ``headlens: error: ...`` and return the ``typer.Exit`` to raise."""
-    from headlens.distributed import settle_before_exit
+    from headlens.scoring.distributed import settle_before_exit
 
     say(f"headlens: error: {err}")
     settle_before_exit()

@@ -28,8 +28,8 @@ def register(app: typer.Typer) -> None:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
         from headlens.errors import ConfigError
-        from headlens.zoo.recipes import get_recipe
-        from headlens.zoo.train import train
+        from headlens.training.recipes import get_recipe
+        from headlens.training.train import train
 
         if threads < 1:
             raise ConfigError(f"--threads must be >= 1, got {threads}")
@@ -54,8 +54,8 @@ def register(app: typer.Typer) -> None:
         console.print(f"loss log:   {result.log}")
         console.print(f"final train loss {result.final_loss:.4f} in {result.wall_time_s:.0f} s")
         if evaluate:
-            from headlens.zoo.evaluate import EVALUATORS
-            from headlens.zoo.train import load_trained
+            from headlens.training.evaluate import EVALUATORS
+            from headlens.training.train import load_trained
 
             card = EVALUATORS[recipe](load_trained(result.checkpoint, name=recipe))
             card_path = Path(out_dir) / "card.json"

@@ -81,9 +81,9 @@ def run_trajectory(models: list[str], detectors: str | None, n_prompts: int, seq
     from rich.console import Console
     from rich.progress import Progress
 
-    from headlens.distributed import current
-    from headlens.series import trajectory
-    from headlens.table import check_output_path, write_table
+    from headlens.scoring.distributed import current
+    from headlens.scoring.series import trajectory
+    from headlens.scoring.table import check_output_path, write_table
 
     rank = current()
     quiet = quiet or not rank.is_main
@@ -109,8 +109,8 @@ def run_trajectory(models: list[str], detectors: str | None, n_prompts: int, seq
         if not quiet:
             err.print(f"wrote {len(df)} rows to {out}")
     if figure is not None:
-        from headlens import viz
-        from headlens.resume import atomic_write
+        from headlens.scoring.resume import atomic_write
+        from headlens.viz import grid as viz
 
         html = viz.figure_html(viz.trajectory_figure(df))
         atomic_write(figure, lambda tmp: Path(tmp).write_text(html, encoding="utf-8"))

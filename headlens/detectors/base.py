@@ -7,7 +7,7 @@ the most targets any row of the batch has: 1 for the one-target detectors (previ
 first token, bracket matching), a few to a few thousand for set detectors (duplicate token,
 induction) on long text. A row counts exactly when it has at least one target; a key appears at
 most once per row. This is what lets the scan score a head from the scores ``s_qk`` at the target
-keys and the row's log-sum-exp, without ever building the ``(Q, K)`` pattern (``headlens.lse``).
+keys and the row's log-sum-exp, without ever building the ``(Q, K)`` pattern (``headlens.scoring.lse``).
 
 ``kind`` says how the detector is scored:
 
@@ -15,9 +15,9 @@ keys and the row's log-sum-exp, without ever building the ``(Q, K)`` pattern (``
 * ``"mask"``: a set of targets per row (any ``M``);
 * ``"weights"``: no probe at all; a score per head from the model's weights (copying).
 * ``"annotated"``: targets given as character spans of the probe's texts (coreference, and
-  the user's own head types from annotated prompts); scored by :mod:`headlens.annotated`.
+  the user's own head types from annotated prompts); scored by :mod:`headlens.scoring.annotated`.
 * ``"top1"``: at most one target per row, scored by whether the row's *largest* attention weight
-  falls on a target (retrieval heads), by :mod:`headlens.retrieval` rather than the mass scan.
+  falls on a target (retrieval heads), by :mod:`headlens.scoring.top1` rather than the mass scan.
 
 The old forms are still accepted from user-written target functions and converted by
 :func:`as_targets`: ``(B, Q)`` long (one index per row) and ``(B, Q, K)`` bool masks.
@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 import torch
 
-from headlens.probes import ProbeBatch
+from headlens.probes.base import ProbeBatch
 
 TargetFn = Callable[[ProbeBatch], torch.Tensor]
 

@@ -11,13 +11,13 @@ import dataclasses
 import torch
 
 from headlens.detectors.base import Detector, finish_targets, same_token_targets
-from headlens.probes import ProbeBatch
+from headlens.probes.base import ProbeBatch
 
 
 def targets(batch: ProbeBatch) -> torch.Tensor:
     """``(B, Q, M)``: the tokens right after earlier occurrences of x_q.
 
-    >>> from headlens.probes import ProbeBatch
+    >>> from headlens.probes.base import ProbeBatch
     >>> t = torch.tensor([[9, 1, 2, 1]]); v = torch.ones(1, 4, dtype=torch.bool)
     >>> targets(ProbeBatch(t, torch.tensor([4]), v, t == 9, causal=True))[0, 3].tolist()
     [2]

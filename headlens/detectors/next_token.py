@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from headlens.detectors.base import Detector, finish_index, positions
-from headlens.probes import ProbeBatch
+from headlens.probes.base import ProbeBatch
 
 
 def targets(batch: ProbeBatch) -> torch.Tensor:

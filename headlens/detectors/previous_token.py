@@ -5,13 +5,13 @@ from __future__ import annotations
 import torch
 
 from headlens.detectors.base import Detector, finish_index, positions
-from headlens.probes import ProbeBatch
+from headlens.probes.base import ProbeBatch
 
 
 def targets(batch: ProbeBatch) -> torch.Tensor:
     """``(B, Q, 1)``: q-1 for every countable row q >= 1.
 
-    >>> from headlens.probes import ProbeBatch
+    >>> from headlens.probes.base import ProbeBatch
     >>> t = torch.tensor([[9, 1, 2]]); v = torch.ones(1, 3, dtype=torch.bool)
     >>> b = ProbeBatch(t, torch.tensor([3]), v, t == 9, causal=True)
     >>> targets(b)[..., 0].tolist()

@@ -2,10 +2,10 @@
 github.com/nightdessert/Retrieval_Head): at a copy step of a needle, the head's top-1 key is the
 needle token being copied.
 
-On the needle-in-a-haystack probe (:mod:`headlens.haystack`) the row q holding ``N[i]`` in the
+On the needle-in-a-haystack probe (:mod:`headlens.probes.haystack`) the row q holding ``N[i]`` in the
 copy predicts ``N[i+1]``; its one target is the position of ``N[i+1]`` in the inserted needle.
 Unlike every other detector this one is scored by **top-1**, not by attention mass (``kind``
-``"top1"``, :mod:`headlens.retrieval`): a copy step counts 1 when the head's largest attention
+``"top1"``, :mod:`headlens.scoring.top1`): a copy step counts 1 when the head's largest attention
 weight falls on the target, and the score is the fraction of copy steps that do. Uniform attention
 picks the target with probability ``1 / (keys visible from q)``: the baseline.
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from headlens.detectors.base import Detector, finish_index
-from headlens.probes import ProbeBatch
+from headlens.probes.base import ProbeBatch
 
 WU_THRESHOLD = 0.1
 
@@ -29,7 +29,7 @@ WU_THRESHOLD = 0.1
 def targets(batch: ProbeBatch) -> torch.Tensor:
     """``(B, Q, 1)``: the needle position of the token a copy step predicts (``-1`` elsewhere).
 
-    >>> from headlens.probes import ProbeBatch
+    >>> from headlens.probes.base import ProbeBatch
     >>> t = torch.tensor([[9, 5, 6, 7, 1, 5, 6, 7]]); v = torch.ones(1, 8, dtype=torch.bool)
     >>> nxt = torch.tensor([[-1, -1, -1, -1, -1, 2, 3, -1]])  # row 5 holds N[0]: N[1] sits at 2
     >>> targets(ProbeBatch(t, torch.tensor([8]), v, t == 9, True, {"needle_next": nxt}))[0, :, 0].tolist()

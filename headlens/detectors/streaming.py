@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from headlens.detectors.base import Detector, finish_targets
-from headlens.probes import ProbeBatch
+from headlens.probes.base import ProbeBatch
 
 SINKS, WINDOW = 4, 64
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from headlens.detectors.base import Detector, lower
-from headlens.probes import ProbeBatch
+from headlens.probes.base import ProbeBatch
 
 # headlens detector name -> TransformerLens HeadName
 TL_NAMES = {

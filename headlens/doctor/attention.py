@@ -1,7 +1,7 @@
 """``check_attention``: does a user's attention module compute multi-head attention, and if not, which bug?
 
 How: copy the module's projection weights into headlens' reference attention
-(``headlens.model.MultiHeadAttention`` for causal attention), run both on the same random
+(``headlens.models.gpt.MultiHeadAttention`` for causal attention), run both on the same random
 input in float64, and compare. When they differ, re-run the reference with each known bug
 injected (``headlens.doctor.bugs``); the one that reproduces the module's output is the
 diagnosis. Independently, three invariants every correct multi-head attention satisfies are
@@ -22,12 +22,12 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from headlens.config import ModelConfig
 from headlens.doctor.bugs import AttentionRecipe, Bug, apply_bug, known_bugs, reference_attention
 from headlens.doctor.layouts import Layout, find_layout
 from headlens.doctor.report import AttentionReport, Evidence, ProbeResult
 from headlens.errors import ConfigError
-from headlens.model import MultiHeadAttention
+from headlens.models.config import ModelConfig
+from headlens.models.gpt import MultiHeadAttention
 
 Caller = Callable[[nn.Module, torch.Tensor], torch.Tensor]
 

@@ -6,7 +6,7 @@ user's module, the doctor copies its weights here and re-runs this reference wit
 known bug switched on; the bug whose output reproduces the user's output is the diagnosis.
 
 Every bug is an override of one or two fields of an :class:`AttentionRecipe`; the recipe
-with no overrides is exactly ``headlens.model.MultiHeadAttention`` (tested).
+with no overrides is exactly ``headlens.models.gpt.MultiHeadAttention`` (tested).
 """
 
 from __future__ import annotations

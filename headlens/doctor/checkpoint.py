@@ -29,13 +29,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from headlens.checkpoint import FORMAT, read_header
-from headlens.config import ModelConfig
 from headlens.doctor.bugs import divisors
 from headlens.doctor.report import CheckpointReport, HeadCountEvidence
 from headlens.errors import CheckpointError, ConfigError
-from headlens.model import GPT
-from headlens.tokenizer import Tokenizer
+from headlens.models.checkpoint import FORMAT, read_header
+from headlens.models.config import ModelConfig
+from headlens.models.gpt import GPT
+from headlens.models.tokenizer import Tokenizer
 
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
@@ -159,7 +159,7 @@ def evaluation_tokens(w: Weights, n_rows: int = 48, seq_len: int = 512, seed: in
     tok = w.tokenizer
     recipe = w.metadata.get("recipe")
     if recipe in ("induction-2l", "dyck") and tok is not None:
-        from headlens.zoo.recipes import get_recipe
+        from headlens.training.recipes import get_recipe
 
         r = get_recipe(recipe)
         if r.tokenizer == tok:

@@ -17,10 +17,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from headlens.checkpoint import save_checkpoint
-from headlens.config import ModelConfig
-from headlens.model import GPT
-from headlens.tokenizer import Tokenizer
+from headlens.models.checkpoint import save_checkpoint
+from headlens.models.config import ModelConfig
+from headlens.models.gpt import GPT
+from headlens.models.tokenizer import Tokenizer
 
 ALPHABET = "abcdefghijklmnop"
 SHIFTS = (0, 5, 9, 13)

@@ -21,7 +21,7 @@ from torch import nn
 
 from headlens.doctor.bugs import AttentionRecipe, apply_bug, reference_attention
 from headlens.errors import ConfigError
-from headlens.hooks import HookPoint
+from headlens.models.hooks import HookPoint
 
 # the bugs the Learn view toggles: name -> (what people write, recipe overrides)
 LESSON_BUGS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -37,8 +37,8 @@ LESSON_BUGS: dict[str, tuple[str, dict[str, Any]]] = {
 class BuggedAttention(nn.Module):
     """A native attention layer's weights run through a bugged recipe (same names, same hooks).
 
-    >>> from headlens.config import ModelConfig
-    >>> from headlens.model import MultiHeadAttention
+    >>> from headlens.models.config import ModelConfig
+    >>> from headlens.models.gpt import MultiHeadAttention
     >>> attn = MultiHeadAttention(ModelConfig(n_layers=1, n_heads=2, d_model=8, n_ctx=4, d_vocab=3))
     >>> BuggedAttention(attn, {"split": "no_transpose"})(torch.randn(1, 4, 8)).shape
     torch.Size([1, 4, 8])

@@ -64,7 +64,7 @@ class ZooEntry:
 
     @property
     def card(self) -> Path:
-        """The model card (markdown) written by ``headlens.zoo.ship``."""
+        """The model card (markdown) written by ``headlens.training.ship``."""
         return Path(__file__).parent / "cards" / f"{self.name}.md"
 
 
@@ -73,7 +73,7 @@ def weights_dir() -> Path:
 
 
 # One entry per shipped model; known_heads are the heads its model card measured
-# (cards/<name>.md, written by headlens.zoo.ship; tests/test_zoo.py re-measures them).
+# (cards/<name>.md, written by headlens.training.ship; tests/test_zoo.py re-measures them).
 ZOO: dict[str, ZooEntry] = {
     entry.name: entry
     for entry in (

@@ -84,7 +84,7 @@ def main(names: list[str] | None = None) -> None:
     import torch
 
     from headlens.app import helpers as hd
-    from headlens.loading import load
+    from headlens.models.loading import load
 
     names = names if names is not None else sys.argv[1:]
     unknown = [n for n in names if n not in ZOO]

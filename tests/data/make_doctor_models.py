@@ -48,14 +48,14 @@ def configs() -> dict[str, object]:
 
 
 def batch(gen: torch.Generator, n: int) -> torch.Tensor:
-    from headlens.zoo.data import stdlib_corpus, window_batch
+    from headlens.probes.data import stdlib_corpus, window_batch
 
     return window_batch(gen, stdlib_corpus(4_000_000).train, n, SEQ_LEN, BOS)  # (n, 64)
 
 
 def heldout_loss(model) -> float:
     """Mean next-byte loss on held-out stdlib windows."""
-    from headlens.zoo.data import stdlib_corpus, window_batch
+    from headlens.probes.data import stdlib_corpus, window_batch
 
     x = window_batch(torch.Generator().manual_seed(1), stdlib_corpus(4_000_000).heldout, 64, SEQ_LEN, BOS)
     with torch.no_grad():

@@ -6,10 +6,10 @@ from typing import Any
 
 import streamlit as st
 
-from headlens import viz
 from headlens.app import cache
 from headlens.app import helpers as hd
 from headlens.app.ui import attempt, current_placement, html_download
+from headlens.viz import grid as viz
 
 
 def ablation_view(ref: str, model: Any, text: str, selected: list[tuple[int, int]],
@@ -18,7 +18,9 @@ def ablation_view(ref: str, model: Any, text: str, selected: list[tuple[int, int
     if not metrics:
         st.info("Ablation metrics score next-token predictions; this model has no output head to score.")
         return
-    from headlens.ablation import METHODS  # torch is loaded by now: this view follows a loaded model
+    from headlens.interventions.ablation import (
+        METHODS,  # torch is loaded by now: this view follows a loaded model
+    )
 
     heads = [hd.format_head(layer, head) for layer, head in selected]
     st.markdown(f"**Heads to ablate:** {', '.join(heads) or 'none'} (the selection above)")

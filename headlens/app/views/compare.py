@@ -7,10 +7,11 @@ from typing import TYPE_CHECKING, Any
 
 import streamlit as st
 
-from headlens import viz, viz_compare
 from headlens.app import cache
 from headlens.app import helpers as hd
 from headlens.app.ui import attempt, current_placement, html_download
+from headlens.viz import compare as viz_compare
+from headlens.viz import grid as viz
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING, Any
 
 import streamlit as st
 
-from headlens import viz
 from headlens.app import cache
 from headlens.app import helpers as hd
 from headlens.app.ui import attempt, html_download
+from headlens.viz import grid as viz
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -1,0 +1,80 @@
+"""Attribution patching: a first-order estimate of every head's ablation effect from one
+forward and one backward pass.
+
+For a metric ``M`` and a head with clean output ``z`` and replacement ``z'`` (zeros, mean or
+resampled), ``M(z') - M(z) ≈ <∂M/∂z, z' - z>`` (Nanda 2023; Syed et al. 2023). The gradient
+with respect to every head's ``z`` comes from a single backward pass, so the estimate for all
+heads costs about three forward passes, against one forward per head for exact ablation.
+
+Gradients are taken with respect to a zero tensor added at each ``hook_z`` (the total
+derivative, through later layers too), so the model's own ``.grad`` fields are never touched
+and frozen weights are fine. Metrics that are not differentiable use a smooth surrogate
+(``bracket_accuracy``: probability of the right closer among the closers). ``kl`` is at its
+minimum on the clean run, so its first-order estimate is identically zero: NaN is returned.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from headlens.interventions.ablation import Replacement, live_hooks
+from headlens.interventions.metrics import SURROGATES, Task, get_metric, per_prompt_mean
+
+
+def attribution_patching(model: Any, task: Task, metric: str, replacement: Replacement) -> torch.Tensor:
+    """Estimated per-prompt change of ``metric`` when each single head is ablated.
+
+    Args:
+        model: any headlens backend.
+        task: probe tokens and scored positions (from ``headlens.interventions.metrics.make_task``).
+        metric: a registered metric name.
+        replacement: what an ablated head's ``z`` becomes (built for every layer).
+
+    Returns:
+        ``(n_prompts, n_layers, n_heads)`` float64 estimates of ``ablated - clean``.
+    """
+    m = get_metric(metric)
+    B, L, H = task.n_prompts, model.n_layers, model.n_heads
+    if m.needs_clean:
+        return torch.full((B, L, H), float("nan"), dtype=torch.float64)
+    value = SURROGATES.get(metric, m.value)
+    leaves: dict[int, torch.Tensor] = {}
+    clean_z: dict[int, torch.Tensor] = {}
+
+    def make(layer: int) -> Any:
+        def hook(z: torch.Tensor, hook: Any) -> torch.Tensor:  # z: (B, T, H, d_head)
+            clean_z[layer] = z.detach()
+            leaves[layer] = torch.zeros_like(z, requires_grad=True)
+            return z + leaves[layer]
+
+        return hook
+
+    live: dict[int, dict[str, torch.Tensor]] = {}
+    fwd = live_hooks(range(L), live, replacement) if replacement.needs_live else []
+    fwd += [(f"blocks.{layer}.attn.hook_z", make(layer)) for layer in range(L)]
+    kwargs = {} if task.attention_mask is None else {"attention_mask": task.attention_mask}
+    with torch.enable_grad(), model.hooks(fwd):
+        logits = model(task.tokens, **kwargs)
+        total = per_prompt_mean(value(logits, task, None), task.positions).sum()
+        grads = torch.autograd.grad(total, [leaves[layer] for layer in range(L)])
+    out = torch.empty(B, L, H, dtype=torch.float64)
+    for layer, grad in enumerate(grads):
+        dz = replacement.z(layer, clean_z[layer], live.get(layer)) - clean_z[layer]  # (B, T, H, d_head)
+        out[:, layer] = (dz * grad).sum((1, 3)).double().cpu()  # (B, H): summed over positions and d_head
+    return out
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman rank correlation (average ranks for ties); NaN when either side is constant or NaN."""
+    import pandas as pd
+
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if len(a) < 2 or np.isnan(a).any() or np.isnan(b).any():
+        return float("nan")
+    ra, rb = pd.Series(a).rank().to_numpy(), pd.Series(b).rank().to_numpy()
+    if ra.std() == 0 or rb.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(ra, rb)[0, 1])

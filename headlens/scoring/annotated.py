@@ -1,0 +1,189 @@
+"""Scoring heads on annotated targets: attention mass from query spans to key spans, and preference.
+
+Definitions (HEAD_SCORES.md, with a target's query *span* in place of one query row):
+
+* A target's value for one head is ``m = mean_{q in query} sum_{k in keys} A[q, k]``. Its
+  uniform baseline is the same expression under uniform attention,
+  ``mean_q |{k in keys visible from q}| / n_visible(q)``. The score is the mean of ``m`` over
+  targets, pooled over prompts; the interval bootstraps prompts (:func:`headlens.scoring.stats.summarize`);
+  the label is the built-in detectors' rule (``ci_low >= τ`` and ``lift >= 3``).
+* **Why the mean over the query span's rows**, not one row per query token: a target is one
+  fact ("this pronoun refers to that name"), so it counts once however many tokens its words
+  became; otherwise a tokenizer that splits the query into three pieces would weigh that fact
+  three times. It is Clark et al. 2019's word-level convention: attention *from* a split word
+  is averaged over its tokens, attention *to* a split word is summed.
+* **Preference accuracy** (Clark et al. 2019): with distractor spans, the head is right on a
+  target when the mass on the keys beats the mass on every distractor span (each measured the
+  same way, from the same query). A tie at the top earns ``1 / (number tied)``, so uniform
+  attention over equal-sized candidates scores exactly the chance level
+  ``1 / (1 + n_distractors)``. Its interval bootstraps prompts too.
+
+Mechanics: one hook per layer on ``blocks.{l}.attn.hook_pattern``; each ``(query row, key)``
+pair of every target is one entry, read from the flattened pattern with one gather and
+summed into its target with one ``index_add_`` (no ``(B, H, Q, K)`` tensor outlives its layer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from headlens.models.vocab import vocab
+from headlens.probes.base import Probe, collate
+from headlens.probes.spans import AnnotatedProbe
+from headlens.scoring.stats import N_BOOT, Summary, summarize
+
+
+@dataclass
+class TargetStats:
+    """Per-target masses of one annotated probe.
+
+    Attributes:
+        mass: ``(J, L, H)`` float64, each target's value per head.
+        baseline: ``(J,)`` float64, the uniform-attention value.
+        prompt: ``(J,)`` long, the prompt each target belongs to.
+        distractor_mass: ``(D, L, H)`` float64, one row per (target, distractor span) pair.
+        distractor_target: ``(D,)`` long, the target of each pair.
+        n_prompts: prompts in the probe.
+    """
+
+    mass: torch.Tensor
+    baseline: torch.Tensor
+    prompt: torch.Tensor
+    distractor_mass: torch.Tensor
+    distractor_target: torch.Tensor
+    n_prompts: int
+
+
+class _Done(Exception):
+    """Raised after the last layer's pattern is reduced."""
+
+
+def _entries(probe: AnnotatedProbe, rows: range, T: int, causal: bool) -> dict[str, torch.Tensor]:
+    """Flat (batch row, q*T + k, slot, weight) entries for the targets and the distractor pairs of ``rows``."""
+    tb, tqk, tj, tw, db, dqk, dj, dw, dt, base = ([] for _ in range(10))
+    j = d = 0
+    for b, p in enumerate(rows):
+        n_vis = len(probe.prompts[p])
+        for t in probe.targets[p]:
+            w = 1.0 / len(t.query)
+            b_sum = 0.0
+            for q in t.query:
+                keys = [k for k in t.keys if not causal or k <= q]
+                tb += [b] * len(keys); tqk += [q * T + k for k in keys]; tj += [j] * len(keys)  # noqa: E702
+                tw += [w] * len(keys)
+                b_sum += len(keys) / ((q + 1) if causal else n_vis)
+            base.append(b_sum * w)
+            for span in t.distractors:
+                for q in t.query:
+                    keys = [k for k in span if not causal or k <= q]
+                    db += [b] * len(keys); dqk += [q * T + k for k in keys]; dj += [d] * len(keys)  # noqa: E702
+                    dw += [w] * len(keys)
+                dt.append(j)
+                d += 1
+            j += 1
+    long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
+    dbl = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
+    return {"tb": long(tb), "tqk": long(tqk), "tj": long(tj), "tw": dbl(tw), "J": j,
+            "db": long(db), "dqk": long(dqk), "dj": long(dj), "dw": dbl(dw), "D": d,
+            "dt": long(dt), "base": dbl(base)}
+
+
+def _gather(flat: torch.Tensor, b: torch.Tensor, qk: torch.Tensor, slot: torch.Tensor, w: torch.Tensor,
+            n_slots: int) -> torch.Tensor:
+    """Sum ``w * flat[b, :, qk]`` into ``n_slots`` rows -> ``(n_slots, H)`` float64."""
+    vals = flat[b, :, qk].double() * w[:, None]  # (E, H): one pattern entry per (row, key) pair
+    return torch.zeros(n_slots, flat.shape[1], dtype=torch.float64, device=flat.device).index_add_(0, slot, vals)
+
+
+def measure(model: Any, probe: AnnotatedProbe, batch_size: int = 32,
+            progress: Callable[[int], None] | None = None) -> TargetStats:
+    """Every head's mass on every target (and distractor) of ``probe``: one forward pass per batch."""
+    L, H = model.n_layers, model.n_heads
+    v = vocab(model)
+    pad_id = getattr(model.tokenizer, "pad_token_id", None)
+    pad_id = int(pad_id) if pad_id is not None else v.ordinary[0]
+    plain = Probe("annotated", probe.prompts)
+    masses, dmasses, bases, prompt_of, dtargets = [], [], [], [], []
+    n_targets = 0
+    state: dict[str, Any] = {}
+
+    def hook_for(layer: int) -> Callable[..., None]:
+        def reduce_layer(pattern: torch.Tensor, hook: Any) -> None:
+            B, _, Q, K = pattern.shape
+            flat = pattern.reshape(B, H, Q * K)  # (B, H, Q*K): row-major over (query_pos, key_pos)
+            e = state["entries"]
+            state["mass"][:, layer] = _gather(flat, e["tb"], e["tqk"], e["tj"], e["tw"], e["J"]).cpu()
+            state["dmass"][:, layer] = _gather(flat, e["db"], e["dqk"], e["dj"], e["dw"], e["D"]).cpu()
+            if layer == L - 1:
+                raise _Done
+
+        return reduce_layer
+
+    fwd_hooks = [(f"blocks.{layer}.attn.hook_pattern", hook_for(layer)) for layer in range(L)]
+    with torch.inference_mode():
+        for start in range(0, len(probe), batch_size):
+            rows = range(start, min(start + batch_size, len(probe)))
+            batch = collate(plain, rows, model.is_causal, v.special, pad_id, model.device)
+            e = _entries(probe, rows, batch.tokens.shape[1], model.is_causal)
+            e = {k: x.to(batch.tokens.device) if isinstance(x, torch.Tensor) else x for k, x in e.items()}
+            state.update(entries=e, mass=torch.zeros(e["J"], L, H, dtype=torch.float64),
+                         dmass=torch.zeros(e["D"], L, H, dtype=torch.float64))
+            if e["J"]:
+                try:
+                    with model.hooks(fwd_hooks):
+                        model.forward(batch.tokens, attention_mask=None if model.is_causal else batch.valid.long())
+                except _Done:
+                    pass
+            masses.append(state["mass"])
+            dmasses.append(state["dmass"])
+            bases.append(e["base"].cpu())
+            prompt_of += [p for p in rows for _ in probe.targets[p]]
+            dtargets.append(e["dt"].cpu() + n_targets)
+            n_targets += e["J"]
+            state.clear()
+            if progress is not None:
+                progress(len(rows))
+    return TargetStats(torch.cat(masses), torch.cat(bases), torch.tensor(prompt_of, dtype=torch.long),
+                       torch.cat(dmasses), torch.cat(dtargets), len(probe))
+
+
+def preference_credit(st: TargetStats) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(J, L*H)`` credit per target (1 right, 0 wrong, ``1/n`` when n candidates tie at the top;
+    NaN for targets without distractors) and ``(J,)`` its chance level ``1 / (1 + n_distractors)``."""
+    J = len(st.mass)
+    t = st.mass.reshape(J, -1)  # (J, N): N = L*H heads
+    dm = st.distractor_mass.reshape(len(st.distractor_mass), -1)  # (D, N)
+    idx = st.distractor_target[:, None].expand_as(dm)
+    n_dis = torch.zeros(J, dtype=torch.float64).index_add_(0, st.distractor_target, torch.ones(len(dm), dtype=torch.float64))
+    beats = torch.zeros_like(t).scatter_add_(0, idx, (dm > t[st.distractor_target]).double())  # (J, N)
+    ties = torch.zeros_like(t).scatter_add_(0, idx, (dm == t[st.distractor_target]).double())  # (J, N)
+    credit = torch.where(beats > 0, torch.zeros_like(t), 1.0 / (1.0 + ties))
+    has = n_dis > 0
+    credit[~has] = float("nan")
+    return credit, torch.where(has, 1.0 / (1.0 + n_dis), torch.full_like(n_dis, float("nan")))
+
+
+def _per_prompt(values: torch.Tensor, prompt: torch.Tensor, n_prompts: int) -> torch.Tensor:
+    out = torch.zeros(n_prompts, *values.shape[1:], dtype=torch.float64)
+    return out.index_add_(0, prompt, values)
+
+
+def summaries(st: TargetStats, seed: int = 0, n_boot: int = N_BOOT) -> tuple[Summary, Summary | None]:
+    """The score summary (like every detector's) and the preference summary (None without distractors)."""
+    J = len(st.mass)
+    ones = torch.ones(J, dtype=torch.float64)
+    score = summarize(_per_prompt(st.mass.reshape(J, -1), st.prompt, st.n_prompts),
+                      _per_prompt(ones, st.prompt, st.n_prompts),
+                      _per_prompt(st.baseline, st.prompt, st.n_prompts), seed=seed, n_boot=n_boot)
+    credit, chance = preference_credit(st)
+    has = ~chance.isnan()
+    if not bool(has.any()):
+        return score, None
+    pref = summarize(_per_prompt(credit[has], st.prompt[has], st.n_prompts),
+                     _per_prompt(ones[has], st.prompt[has], st.n_prompts),
+                     _per_prompt(chance[has], st.prompt[has], st.n_prompts), seed=seed, n_boot=n_boot)
+    return score, pref

@@ -1,0 +1,426 @@
+"""``headlens.classify``: score every head of a model on every detector and label it.
+
+Orchestration only: pick detectors, build their probes, :func:`headlens.scoring.engine.scan` each probe
+once (every detector of a probe shares its forward passes), summarise with
+:mod:`headlens.scoring.stats` and return the tidy table of :mod:`headlens.scoring.table`.
+
+>>> import headlens
+>>> from headlens.testing import planted_model
+>>> df = headlens.classify(planted_model(), n_prompts=12, seq_len=32)
+>>> sorted(df[df.label][["layer", "head", "detector"]].itertuples(index=False, name=None))
+[(0, 0, 'previous_token'), (1, 0, 'induction')]
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from headlens.detectors import DETECTORS, all_detectors, get_detector, split_names
+from headlens.detectors.base import Detector
+from headlens.detectors.copying import ov_weights
+from headlens.detectors.retrieval import WU_THRESHOLD
+from headlens.detectors.tl_compat import TL_DETECTORS, TL_NORM
+from headlens.errors import DetectorError, ModelReferenceError, ProbeError
+from headlens.models.vocab import vocab
+from headlens.probes import base as P
+from headlens.probes import spans as A
+from headlens.probes.haystack import needle_haystack
+from headlens.scoring.annotated import measure
+from headlens.scoring.annotated import summaries as target_summaries
+from headlens.scoring.distributed import current, scan_blocks
+from headlens.scoring.engine import DetectorStats, choose_path
+from headlens.scoring.stats import (
+    COPYING_THRESHOLD,
+    DEFAULT_THRESHOLD,
+    MIN_LIFT,
+    N_BOOT,
+    Summary,
+    label,
+    summarize,
+)
+
+ProgressFn = Callable[[int, int, str], None]  # (prompts done so far, prompts in total, what is running)
+
+
+def resolve_model(model_or_ref: Any, device: str = "cpu", **load_options: Any) -> Any:
+    """A loaded model, a reference for ``headlens.load`` (``load_options`` go to it), or None for the default."""
+    from headlens.models.loading import load
+
+    if model_or_ref is not None:
+        return load(model_or_ref, device=device, **load_options)
+    from headlens.zoo import DEFAULT_MODEL, ZOO, available
+
+    if DEFAULT_MODEL in ZOO and ZOO[DEFAULT_MODEL].available:
+        return load(DEFAULT_MODEL, device=device, **load_options)
+    others = sorted(available())
+    if not others:
+        raise ModelReferenceError(
+            f"the default model {DEFAULT_MODEL!r} has no weights in this install and no other zoo model "
+            f"is available; pass a model reference (--model REF, e.g. 'minilm' or a .safetensors path)"
+        )
+    warnings.warn(f"default model {DEFAULT_MODEL!r} has no weights here; using zoo model {others[0]!r}",
+                  stacklevel=2)
+    return load(others[0], device=device, **load_options)
+
+
+def _thresholds(threshold: float | dict[str, float] | None, annotated: Sequence[str] = (),
+                dets: Sequence[Detector] = ()) -> dict[str, float]:
+    pool = {**all_detectors(), **{d.name: d for d in dets}}  # Detector objects passed in need not be registered
+    out = {name: (COPYING_THRESHOLD if d.kind == "weights" else DEFAULT_THRESHOLD) for name, d in pool.items()}
+    out.update({name: DEFAULT_THRESHOLD for name in annotated})
+    if isinstance(threshold, dict):
+        for name, tau in threshold.items():
+            if name not in annotated and name not in pool:
+                get_detector(name)
+            out[name] = float(tau)
+        for name in out:  # a variant with settings, "streaming(w=128)", takes its base detector's threshold
+            base = name.split("(")[0]
+            if base != name and name not in threshold and base in threshold:
+                out[name] = float(threshold[base])
+    elif threshold is not None:
+        out.update({n: float(threshold) for n in out if n not in pool or pool[n].kind != "weights"})
+    return out
+
+
+def select_detectors(model: Any, names: Sequence[str] | str | None, tl_compatible: bool = False
+                     ) -> tuple[list[Detector], dict[str, str], bool]:
+    """The detectors to run, the default ones skipped (name -> why), and whether names were explicit."""
+    if isinstance(names, str):
+        names = split_names(names)
+    explicit = bool(names)
+    pool = TL_DETECTORS if tl_compatible else all_detectors()
+    if tl_compatible and explicit:
+        bad = [getattr(n, "name", n) for n in names if getattr(n, "name", n) not in TL_DETECTORS]
+        if bad:
+            raise DetectorError(f"detector(s) {bad} have no TransformerLens equivalent; tl_compatible "
+                                f"mode scores {', '.join(TL_DETECTORS)}")
+    chosen = [pool[getattr(n, "name", n)] if tl_compatible else get_detector(n) for n in names] if explicit \
+        else [d for d in pool.values() if d.default]  # opt-in detectors (retrieval) only by name
+    skipped: dict[str, str] = {}
+    keep = []
+    for d in chosen:
+        why = ""
+        if d.bidirectional_only and model.is_causal:
+            why = f"{d.name} needs a bidirectional model; {getattr(model, 'name', 'this model')!r} is causal"
+        elif d.kind == "weights" and ov_weights(model) is None:
+            why = f"{d.name} needs the embedding and unembedding, which this backend does not expose"
+        elif d.kind == "top1" and not model.is_causal:
+            why = f"{d.name} scores copy steps of a causal model; {getattr(model, 'name', 'this model')!r} " \
+                  f"is bidirectional"
+        elif d.probe == "brackets" and not vocab(model).brackets:
+            why = (f"{d.name}: the tokenizer keeps no bracket pair as single tokens" if model.tokenizer is not None
+                   else f"{d.name} needs a tokenizer to find brackets; this model has none")
+        elif d.probe == "coreference":
+            from headlens.probes.coreference import unsupported
+
+            why = unsupported(model) or ""
+        if why and explicit:
+            raise (ProbeError if d.probe in ("brackets", "coreference") else DetectorError)(why)
+        if why:
+            skipped[d.name] = why
+        else:
+            keep.append(d)
+    return keep, skipped, explicit
+
+
+def _probes(model: Any, dets: list[Detector], prompts: Any, n_prompts: int, seq_len: int, seed: int,
+            truncate: bool, corpus: str | None = None) -> list[tuple[P.Probe, list[Detector]]]:
+    """Group pattern detectors by the probe they read (the user's texts, or a corpus, serve every detector)."""
+    pattern = [d for d in dets if d.kind in ("index", "mask", "top1")]
+    if not pattern:
+        return []
+    if corpus is not None:
+        if corpus not in P.CORPORA:
+            raise ProbeError(f"unknown corpus {corpus!r}; expected one of {', '.join(P.CORPORA)}")
+        needles = [d for d in pattern if d.probe == "needle"]  # needles hidden in stdlib haystacks
+        windows = [d for d in pattern if d.probe != "needle"]
+        groups = [(P.stdlib_windows(model, n_prompts, seq_len, torch.Generator().manual_seed(seed * 1009 + 7)),
+                   windows)] if windows else []
+        if needles:
+            gen = torch.Generator().manual_seed(seed * 1009 + 8)
+            groups.append((needle_haystack(model, n_prompts, seq_len, gen, haystack=corpus), needles))
+        return groups
+    if prompts is not None:
+        return [(P.text_prompts(model, prompts, truncate=truncate), pattern)]
+    builders = {"random_tokens": P.random_tokens, "repeated_segments": P.repeated_segments,
+                "brackets": P.brackets, "needle": needle_haystack}
+    groups = []
+    for k, name in enumerate(builders):
+        served = [d for d in pattern if d.probe == name]
+        if served:
+            gen = torch.Generator().manual_seed(seed * 1009 + k)  # one stream per probe kind
+            groups.append((builders[name](model, n_prompts, seq_len, gen), served))
+    return groups
+
+
+def _rows(model_name: str, det: str, s: Summary, lifts: torch.Tensor, labels: torch.Tensor,
+          n_layers: int, kv: list[int]) -> list[dict[str, Any]]:
+    heads = [(layer, head) for layer in range(n_layers) for head in range(len(kv))]  # per query head
+    return [
+        {"model": model_name, "layer": layer, "head": head, "kv_head": kv[head], "detector": det,
+         "score": float(s.score[i]), "ci_low": float(s.ci_low[i]), "ci_high": float(s.ci_high[i]),
+         "baseline": s.baseline, "lift": float(lifts[i]), "n_positions": s.n_positions,
+         "n_prompts": s.n_prompts, "label": bool(labels[i])}
+        for i, (layer, head) in enumerate(heads)
+    ]
+
+
+def _summaries(stats: dict[str, DetectorStats], tl_compatible: bool, seed: int,
+               n_boot: int) -> dict[str, Summary]:
+    out = {}
+    norm = stats.pop(TL_NORM.name, None)
+    for name, st in stats.items():
+        P_, L, H = st.sums.shape
+        if tl_compatible:  # TL: per-prompt Σ(A∘D)/ΣA, then the mean over prompts
+            per_prompt = st.sums.reshape(P_, L * H) / norm.sums.reshape(P_, L * H)
+            s = summarize(per_prompt, torch.ones(P_, dtype=torch.float64), st.baseline / norm.counts,
+                          seed=seed, n_boot=n_boot)
+            s = Summary(s.score, s.ci_low, s.ci_high, s.baseline, int(norm.counts.sum()), s.n_prompts)
+        else:
+            s = summarize(st.sums.reshape(P_, L * H), st.counts, st.baseline, seed=seed, n_boot=n_boot)
+        out[name] = s
+    return out
+
+
+def classify(
+    model_or_ref: Any = None,
+    detectors: Sequence[str | Detector] | str | None = None,
+    prompts: Sequence[str] | str | os.PathLike | None = None,
+    n_prompts: int = 64,
+    seq_len: int = 64,
+    batch_size: int = 32,
+    seed: int = 0,
+    threshold: float | dict[str, float] | None = None,
+    tl_compatible: bool = False,
+    progress: ProgressFn | None = None,
+    truncate: bool = False,
+    n_boot: int = N_BOOT,
+    device: str = "cpu",
+    corpus: str | None = None,
+    scan_path: str = "auto",
+    resume: str | os.PathLike | None = None,
+    device_map: str | dict[str, Any] | None = None,
+    max_memory: dict[str | int, str | int] | None = None,
+    offload_folder: str | os.PathLike | None = None,
+    dtype: Any = None,
+    trust_remote_code: bool = False,
+) -> Any:
+    """Score every head on every detector and label it (HEAD_SCORES.md).
+
+    Args:
+        model_or_ref: a loaded model or a reference (zoo name, ``.safetensors`` path, ``hf:<dir>``,
+            ``minilm``); None for the bundled default model.
+        detectors: names (list or comma-separated), ``module:attribute`` references, or
+            :class:`headlens.Detector` objects (your own head types); None for every registered
+            detector this model supports (``headlens.detectors`` entry points included).
+        prompts: the user's texts (a list of strings, or a path to a file with one prompt per
+            line or JSONL with a ``"text"`` field); None for the generated probes. Dicts (or JSONL
+            rows) with ``"targets"`` (character spans, :mod:`headlens.probes.spans`) define head types from
+            data, named by their ``"detector"`` field (default ``"annotated"``); they are scored when
+            named in ``detectors`` or when ``detectors`` is None, with ``preference`` columns when
+            they carry ``"distractors"`` (:mod:`headlens.scoring.annotated`).
+        n_prompts: prompts per generated probe (>= 10 for a meaningful interval).
+        seq_len: generated prompt length in tokens, specials included (capped by the context).
+        batch_size: prompts per forward pass; scores do not depend on it.
+        seed: seeds the probes and the bootstrap.
+        threshold: τ for the pattern detectors, or ``{detector: τ}``; default 0.4 (copying 0.9).
+        tl_compatible: reproduce TransformerLens ``detect_head`` ("mul", all rows, per-prompt mean)
+            for its three head types instead of headlens' position-conditioned scores.
+        progress: optional ``fn(done, total, stage)`` called after every batch.
+        truncate: cut prompts longer than the context (with a warning) instead of refusing them.
+        n_boot: bootstrap resamples.
+        device: where a model loaded from a reference runs (``cpu``, ``cuda``, ``mps``, ``auto``).
+        corpus: ``"stdlib"`` to read ``n_prompts`` windows of ``seq_len`` tokens of real Python
+            source (held-out standard-library files) instead of the generated probes.
+        scan_path: ``"auto"`` (default), ``"dense"`` (read the attention pattern) or ``"sparse"``
+            (q, k and the log-sum-exp, no pattern: long contexts); see :mod:`headlens.scoring.engine`.
+            The path each probe took is in ``attrs["probes"][name]["scan_path"]``.
+        resume: a folder for finished batches (:mod:`headlens.scoring.resume`): a rerun with the same
+            arguments scans only the batches that are not there yet.
+        device_map, max_memory, offload_folder: a model larger than one device (``hf:`` references):
+            ``device_map="auto"`` lets ``accelerate`` spread its layers over the GPUs, the CPU and
+            the disk, within ``max_memory`` per device (e.g. ``{0: "20GiB", "cpu": "64GiB"}``).
+        dtype: ``"float32"`` (default), ``"bfloat16"`` or ``"float16"`` for a model loaded from a
+            reference; the statistics are float64 sums whatever the model runs in.
+        trust_remote_code: let an ``hf:`` repository run its own code (never otherwise).
+
+    Under ``torchrun`` each rank scans a contiguous block of every probe's batches
+    (:mod:`headlens.scoring.distributed`) and rank 0 computes the table from all of them; ``device="cuda"``
+    means each rank's own GPU.
+
+    Returns:
+        the scores table (pandas DataFrame, schema in :mod:`headlens.scoring.table`), provenance in ``attrs``;
+        None on ranks other than 0 under torchrun.
+    """
+    import pandas as pd
+
+    import headlens
+    from headlens.scoring.table import empty_table, kv_heads, n_kv_heads, validate
+
+    rank = current()
+    model = resolve_model(model_or_ref, device=rank.device(device), device_map=device_map, max_memory=max_memory,
+                          offload_folder=offload_folder, dtype=dtype, trust_remote_code=trust_remote_code)
+    if n_prompts < 1 or batch_size < 1:
+        raise ProbeError(f"n_prompts and batch_size must be >= 1, got {n_prompts} and {batch_size}")
+    asked, seq_len = int(seq_len), min(int(seq_len), int(model.cfg.n_ctx))
+    if corpus is not None and prompts is not None:
+        raise ProbeError("pass either prompts or a corpus, not both")
+    texts, annotated_rows = _read_rows(prompts)
+    builtin, user_types = _requested(detectors, annotated_rows)
+    dets, skipped, explicit = select_detectors(model, builtin, tl_compatible) if builtin != [] else ([], {}, True)
+    taus = _thresholds(threshold, user_types, dets)
+    groups = _probes(model, dets, texts, n_prompts, seq_len, seed, truncate, corpus)
+    jobs = _annotated_jobs(model, dets, user_types, annotated_rows, texts is not None or corpus is not None,
+                           n_prompts, seed, truncate)
+    notes: list[str] = [why for pr, _ in groups if (why := P.short_of(pr, seq_len))]
+    if asked > seq_len and any(pr.name != "prompts" for pr, _ in groups):
+        notes.append(f"seq_len={asked} is beyond the model's context (n_ctx={seq_len}): probes were built "
+                     f"at {seq_len} tokens")
+    if groups and groups[0][0].name == "prompts" and groups[0][0].settings.get("n_truncated"):
+        notes.append(f"{groups[0][0].settings['n_truncated']} prompt(s) were longer than the context "
+                     f"and were truncated to n_ctx={model.cfg.n_ctx}")
+    choose_path(scan_path, model, (1, 1))  # an unknown or unsupported path fails before any work
+    paths: dict[str, str] = {}
+    store = None
+    if resume is not None:
+        from headlens.scoring.resume import scan_store
+
+        store = scan_store(resume, model, groups, dets, seed=seed, tl_compatible=tl_compatible, scan_path=scan_path)
+    total = sum(len(rank.batch_block(len(pr), batch_size)) for pr, _ in groups)
+    total, done = total + (sum(len(pr) for pr in jobs.values()) if rank.is_main else 0), 0
+
+    def ticker(stage: str) -> Callable[[int], None]:
+        def tick(n: int) -> None:
+            nonlocal done
+            done += n
+            if progress is not None:
+                progress(done, total, stage)
+
+        return tick
+
+    summaries: dict[str, Summary] = {}
+    for probe, served in groups:
+        run = [*served, TL_NORM] if tl_compatible else served
+        info: dict[str, Any] = {}
+        stats = scan_blocks(model, probe, run, batch_size, ticker(probe.name), rank, store, path=scan_path, info=info)
+        if stats is not None:  # None on ranks > 0: their rows went to rank 0
+            paths[probe.name] = info["scan_path"]
+            summaries.update(_summaries(stats, tl_compatible, seed, n_boot))
+    if not rank.is_main:
+        return None
+    preferences: dict[str, Summary | None] = {}
+    for name, aprobe in jobs.items():  # annotated probes are small: rank 0 measures them alone
+        stats = measure(model, aprobe, batch_size, ticker(name))
+        summaries[name], preferences[name] = target_summaries(stats, seed=seed, n_boot=n_boot)
+    L, H, H_kv = model.n_layers, model.n_heads, n_kv_heads(model)
+    kv = kv_heads(H, H_kv)
+    rows = []
+    by_name = {d.name: d for d in dets}  # Detector objects passed in need not be registered
+    for name in [d.name for d in dets] + user_types:
+        d = by_name.get(name) or DETECTORS.get(name)
+        if d is not None and d.kind == "weights":
+            sc = d.weights_fn(model).reshape(-1)
+            s = Summary(sc, sc, sc, 0.0, 0, 0)
+            rows += _rows(model.name, d.name, s, torch.full_like(sc, float("nan")), sc >= taus[d.name], L, kv)
+            continue
+        s = summaries.get(name)
+        if s is None or s.n_positions == 0:
+            source = corpus or ("prompts" if prompts is not None else d.probe)
+            why = f"{name}: the {source} probe has no target positions"
+            if explicit:
+                raise ProbeError(why + " for this detector")
+            skipped[name] = why
+            continue
+        lift, pref = s.lift, preferences.get(name)
+        labels = label(s.ci_low, lift, taus[name])
+        if pref is not None:  # and the referent must beat the distractors more often than chance
+            labels &= pref.ci_low > pref.baseline
+        new_rows = _rows(model.name, name, s, lift, labels, L, kv)
+        rows += _with_preference(new_rows, pref) if name in preferences else new_rows
+    columns = list(empty_table().columns) + (list(PREFERENCE_COLUMNS) if preferences else [])
+    df = pd.DataFrame(rows, columns=columns) if rows else empty_table()
+    if s_small := [d for d, s in summaries.items() if 0 < s.n_prompts < 10]:
+        notes.append(f"fewer than 10 prompts with targets for {', '.join(s_small)}: wide intervals")
+    for note in notes:
+        warnings.warn(note, stacklevel=2)
+    df.attrs.update({
+        "headlens_version": headlens.__version__, "model": model.name,
+        "causal": bool(model.is_causal), "n_layers": L, "n_heads": H, "n_kv_heads": H_kv,
+        "seed": seed,
+        "scoring": "tl_compatible" if tl_compatible else "headlens",
+        "thresholds": {n: taus[n] for n in [d.name for d in dets] + user_types}, "min_lift": MIN_LIFT,
+        "n_boot": n_boot,
+        "probes": {**{pr.name: {**pr.settings, "n_prompts": len(pr), "detectors": [d.name for d in sv],
+                                "scan_path": paths[pr.name]} for pr, sv in groups},
+                   **{f"annotated:{n}": {**pr.settings, "n_prompts": len(pr), "detectors": [n],
+                                         "preference_chance": getattr(preferences[n], "baseline", None)}
+                      for n, pr in jobs.items()}},
+        "scan_path": "+".join(sorted(set(paths.values()))) or "none",
+        "skipped": skipped, "warnings": notes, "batch_size": batch_size, "world_size": rank.world_size,
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "device": str(model.device),
+    })
+    if "retrieval" in set(df["detector"]):  # Wu et al.'s own rule next to ours
+        r = df[(df["detector"] == "retrieval") & (df["score"] > WU_THRESHOLD)].sort_values("score", ascending=False)
+        df.attrs["retrieval_wu_2024"] = {"threshold": WU_THRESHOLD, "rule": "score > 0.1 (Wu et al. 2024)",
+                                         "heads": [f"L{a}H{b}" for a, b in zip(r["layer"], r["head"], strict=True)]}
+    return validate(df)
+
+
+# -- annotated head types (headlens.probes.spans) ----------------------------------------------------
+PREFERENCE_COLUMNS = ("preference", "preference_ci_low", "preference_ci_high")
+
+
+def _read_rows(prompts: Any) -> tuple[list[str] | None, dict[str, list[tuple[int, dict[str, Any]]]]]:
+    """The prompts' texts (None without prompts) and their annotated rows by head type."""
+    if prompts is None:
+        return None, {}
+    rows = A.read_rows(prompts) if isinstance(prompts, str | os.PathLike) else list(prompts)
+    if not rows:
+        raise ProbeError("no prompts given")
+    texts, groups = A.split_rows(rows)
+    clash = [n for n in groups if n in DETECTORS and DETECTORS[n].kind != "annotated"]
+    if clash:
+        raise ProbeError(f"annotated detector name {clash[0]!r} is a built-in detector defined by code; "
+                         f"give your head type another name")
+    return texts, groups
+
+
+def _requested(detectors: Sequence[str] | str | None, annotated: dict[str, Any]) -> tuple[list[str] | None, list[str]]:
+    """The built-in detectors asked for (None: every one) and the user's annotated head types to score."""
+    if isinstance(detectors, str):
+        detectors = split_names(detectors)
+    known = all_detectors()  # entry-point plugins included
+    if not detectors:
+        return None, [n for n in annotated if n not in known]
+    user = [n for n in detectors if isinstance(n, str) and n in annotated and n not in known]
+    return [n for n in detectors if not isinstance(n, str) or n not in user], user
+
+
+def _annotated_jobs(model: Any, dets: list[Detector], user_types: list[str], rows: dict[str, Any],
+                    have_texts: bool, n_prompts: int, seed: int, truncate: bool) -> dict[str, A.AnnotatedProbe]:
+    """The annotated probes to measure: the user's rows per head type, or generated ones (coreference)."""
+    jobs = {}
+    for name in [d.name for d in dets if d.kind == "annotated"] + user_types:
+        if name in rows:
+            jobs[name] = A.annotated_probe(model, rows[name], name, truncate=truncate)
+        elif not have_texts and name == "coreference":
+            from headlens.probes.coreference import rows as coreference_rows
+
+            generated = list(enumerate(coreference_rows(model, n_prompts, seed)))
+            jobs[name] = A.annotated_probe(model, generated, name)
+            jobs[name].settings["generator"] = "headlens.probes.coreference (gender and number templates)"
+    return jobs
+
+
+def _with_preference(rows: list[dict[str, Any]], pref: Summary | None) -> list[dict[str, Any]]:
+    nan = float("nan")
+    for i, row in enumerate(rows):
+        vals = (nan, nan, nan) if pref is None else (float(pref.score[i]), float(pref.ci_low[i]),
+                                                     float(pref.ci_high[i]))
+        row.update(zip(PREFERENCE_COLUMNS, vals, strict=True))
+    return rows

@@ -1,0 +1,401 @@
+"""Plotly figure builders: pure functions from tables and arrays to ``go.Figure``.
+
+Nothing here calls Streamlit or runs a model, so every figure the dashboard shows can
+also be built in a notebook or an analysis script and saved with :func:`figure_html`.
+
+Why the head grid is a scatter and not a heatmap: Streamlit reports chart selections
+for scatter points but not for heatmap cells, so the layer x head grid is drawn as
+square markers whose ``customdata`` starts with ``[layer, head]``; a click on a square
+then tells the app which head was picked.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+# the pattern figures live in headlens.viz.patterns; re-exported here, the one place figures come from
+from headlens.viz.patterns import BYTE_ESCAPES as BYTE_ESCAPES
+from headlens.viz.patterns import PATTERN_WINDOW as PATTERN_WINDOW
+from headlens.viz.patterns import display_token as display_token
+from headlens.viz.patterns import panels_per_row as panels_per_row
+from headlens.viz.patterns import pattern_figure as pattern_figure
+from headlens.viz.patterns import patterns_figure as patterns_figure
+from headlens.viz.patterns import token_window as token_window
+from headlens.viz.ranking import ranking_figure as ranking_figure
+from headlens.viz.training import trajectory_figure as trajectory_figure
+from headlens.viz.training import trajectory_losses as trajectory_losses
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import plotly.graph_objects as go
+
+# short marks drawn on labelled squares of the head grid
+LABEL_MARKS = {
+    "previous_token": "PT",
+    "next_token": "NT",
+    "current_token": "CT",
+    "first_token": "1st",
+    "duplicate_token": "DUP",
+    "induction": "IND",
+    "bracket_matching": "BR",
+    "open_bracket": "OB",
+    "copying": "CPY",
+    "coreference": "REF",
+}
+
+SELECTED_COLOR = "#ff2d55"  # border of the heads selected in the dashboard
+# one hue per head type for the grid's "strongest label" colouring (intensity = score)
+LABEL_COLORS = {
+    "previous_token": "#1f77b4", "next_token": "#17becf", "current_token": "#7f7f7f", "first_token": "#8c564b",
+    "duplicate_token": "#9467bd", "induction": "#d62728", "bracket_matching": "#2ca02c",
+    "bracket_matching_hard": "#2ca02c", "open_bracket": "#ff7f0e", "open_bracket_hard": "#ff7f0e",
+    "copying": "#e377c2",
+}
+UNLABELLED_COLOR = "#d9d9d9"
+
+
+def head_name(layer: int, head: int) -> str:
+    """TransformerLens-style head id.
+
+    >>> head_name(1, 3)
+    'L1H3'
+    """
+    return f"L{int(layer)}H{int(head)}"
+
+
+def _fmt(x: Any, digits: int = 3) -> str:
+    try:
+        value = float(x)
+    except (TypeError, ValueError):
+        return "-"
+    return "-" if math.isnan(value) else f"{value:.{digits}f}"
+
+
+def _labels_by_head(scores: pd.DataFrame) -> dict[tuple[int, int], list[str]]:
+    """Detectors each head is labelled with, strongest lift first."""
+    if "label" not in scores.columns or scores.empty:
+        return {}
+    labelled = scores[scores["label"].fillna(False).astype(bool)]
+    labelled = labelled.sort_values("lift", ascending=False) if "lift" in labelled else labelled
+    out: dict[tuple[int, int], list[str]] = {}
+    for row in labelled.itertuples(index=False):
+        out.setdefault((int(row.layer), int(row.head)), []).append(str(row.detector))
+    return out
+
+
+def head_grid_figure(
+    scores: pd.DataFrame,
+    detector: str,
+    n_layers: int,
+    n_heads: int,
+    color_by: str = "score",
+    selected: Iterable[tuple[int, int]] = (),
+    title: str | None = None,
+) -> go.Figure:
+    """Layers x heads as square markers coloured by one detector's score (or lift).
+
+    Args:
+        scores: the tidy scores table (``layer, head, detector, score, ci_low, ci_high,
+            baseline, lift, label``); may be empty, then every square is grey.
+        detector: which detector colours the grid.
+        n_layers: number of layers (rows); heads missing from ``scores`` are drawn grey.
+        n_heads: number of heads per layer (columns).
+        color_by: ``"score"`` (0..1), ``"lift"`` (score / uniform baseline) or ``"label"``: each
+            head in the colour of its strongest label (``LABEL_COLORS``), as intense as that
+            label's score; unlabelled heads grey (``detector`` is then only used in the hover).
+        selected: heads drawn with a thick border.
+        title: figure title.
+
+    Returns:
+        A figure with one scatter trace whose ``customdata`` rows start with ``[layer, head]``.
+    """
+    import plotly.graph_objects as go
+
+    if color_by not in ("score", "lift", "label"):
+        raise ValueError(f"color_by must be 'score', 'lift' or 'label', got {color_by!r}")
+    if color_by == "label":
+        return _label_grid(scores, n_layers, n_heads, selected, title)
+    rows: dict[tuple[int, int], Any] = {}
+    if not scores.empty and "detector" in scores.columns:
+        for row in scores[scores["detector"] == detector].itertuples(index=False):
+            rows[(int(row.layer), int(row.head))] = row
+    labels = _labels_by_head(scores)
+    chosen = {(int(lay), int(hd)) for lay, hd in selected}
+
+    xs, ys, colors, custom, texts, line_colors, line_widths = [], [], [], [], [], [], []
+    for layer in range(n_layers):
+        for head in range(n_heads):
+            row = rows.get((layer, head))
+            value = float(getattr(row, color_by, float("nan"))) if row is not None else float("nan")
+            head_labels = labels.get((layer, head), [])
+            xs.append(head)
+            ys.append(layer)
+            colors.append(None if math.isnan(value) else value)
+            texts.append(" ".join(LABEL_MARKS.get(d, d[:3]) for d in head_labels))
+            custom.append([
+                layer, head, head_name(layer, head),
+                _fmt(getattr(row, "score", None)), _fmt(getattr(row, "ci_low", None)),
+                _fmt(getattr(row, "ci_high", None)), _fmt(getattr(row, "baseline", None)),
+                _fmt(getattr(row, "lift", None), 2), ", ".join(head_labels) or "none",
+            ])
+            is_sel = (layer, head) in chosen
+            line_colors.append(SELECTED_COLOR if is_sel else ("#111111" if head_labels else "#ffffff"))
+            line_widths.append(4 if is_sel else (2 if head_labels else 1))
+
+    finite = [c for c in colors if c is not None]
+    cmax = 1.0 if color_by == "score" else max(3.0, max(finite, default=3.0))
+    size = max(14, min(44, int(440 / max(n_layers, n_heads, 1))))
+    trace = go.Scatter(
+        x=xs, y=ys, mode="markers+text", text=texts, textposition="middle center",
+        textfont=dict(size=max(8, size // 4), color="#ffffff"),
+        marker=dict(
+            symbol="square", size=size, color=[0.0 if c is None else c for c in colors],
+            opacity=[0.25 if c is None else 1.0 for c in colors],  # no score: faded
+            colorscale="Viridis", cmin=0.0, cmax=cmax, showscale=True,
+            colorbar=dict(title=dict(text=color_by), thickness=12),
+            line=dict(color=line_colors, width=line_widths),
+        ),
+        customdata=custom,
+        hovertemplate=(
+            "<b>%{customdata[2]}</b><br>" + html.escape(detector) + ": %{customdata[3]} "
+            "[%{customdata[4]}, %{customdata[5]}]<br>baseline %{customdata[6]} · lift %{customdata[7]}"
+            "<br>labels: %{customdata[8]}<extra></extra>"
+        ),
+        name="heads",
+        showlegend=False,
+    )
+    fig = go.Figure(trace)
+    fig.update_layout(
+        title=dict(text=title or f"{detector} {color_by} per head"),
+        height=max(240, n_layers * (size + 18) + 120),
+        margin=dict(l=50, r=20, t=50, b=40),
+        clickmode="event+select",
+        dragmode=False,
+        plot_bgcolor="#ffffff",
+    )
+    fig.update_xaxes(title="head", tickmode="array", tickvals=list(range(n_heads)),
+                     range=[-0.6, n_heads - 0.4], showgrid=False, zeroline=False)
+    fig.update_yaxes(title="layer", tickmode="array", tickvals=list(range(n_layers)),
+                     range=[n_layers - 0.4, -0.6], showgrid=False, zeroline=False)
+    return fig
+
+
+def _tint(hex_color: str, strength: float) -> str:
+    """``hex_color`` mixed with white: ``strength`` 1 is the full colour, 0 is white."""
+    r, g, b = (int(hex_color[i:i + 2], 16) for i in (1, 3, 5))
+    s = min(1.0, max(0.0, strength))
+    return "#" + "".join(f"{round(255 - (255 - c) * s):02x}" for c in (r, g, b))
+
+
+def _label_grid(scores: pd.DataFrame, n_layers: int, n_heads: int, selected: Iterable[tuple[int, int]],
+                title: str | None) -> go.Figure:
+    """The head grid coloured by each head's strongest label (hue) and its score (intensity)."""
+    import plotly.graph_objects as go
+
+    best: dict[tuple[int, int], Any] = {}
+    if not scores.empty and "label" in scores.columns:
+        labelled = scores[scores["label"].fillna(False).astype(bool)].sort_values("lift", ascending=False)
+        for row in labelled.itertuples(index=False):
+            best.setdefault((int(row.layer), int(row.head)), row)
+    labels = _labels_by_head(scores)
+    chosen = {(int(lay), int(hd)) for lay, hd in selected}
+    xs, ys, colors, custom, texts, line_colors, line_widths = [], [], [], [], [], [], []
+    for layer in range(n_layers):
+        for head in range(n_heads):
+            row = best.get((layer, head))
+            detector = str(row.detector) if row is not None else ""
+            score = float(row.score) if row is not None else float("nan")
+            xs.append(head)
+            ys.append(layer)
+            colors.append(_tint(LABEL_COLORS.get(detector, "#444444"), 0.25 + 0.75 * score) if row is not None
+                          else UNLABELLED_COLOR)
+            texts.append(LABEL_MARKS.get(detector, detector[:3]) if row is not None else "")
+            custom.append([layer, head, head_name(layer, head), detector or "none", _fmt(getattr(row, "score", None)),
+                           _fmt(getattr(row, "ci_low", None)), _fmt(getattr(row, "ci_high", None)),
+                           _fmt(getattr(row, "lift", None), 2), ", ".join(labels.get((layer, head), [])) or "none"])
+            is_sel = (layer, head) in chosen
+            line_colors.append(SELECTED_COLOR if is_sel else "#ffffff")
+            line_widths.append(4 if is_sel else 1)
+    size = max(14, min(44, int(440 / max(n_layers, n_heads, 1))))
+    fig = go.Figure(go.Scatter(
+        x=xs, y=ys, mode="markers+text", text=texts, textposition="middle center",
+        textfont=dict(size=max(8, size // 4), color="#111111"),
+        marker=dict(symbol="square", size=size, color=colors, line=dict(color=line_colors, width=line_widths)),
+        customdata=custom, name="heads", showlegend=False,
+        hovertemplate=("<b>%{customdata[2]}</b><br>strongest label: %{customdata[3]} %{customdata[4]} "
+                       "[%{customdata[5]}, %{customdata[6]}] · lift %{customdata[7]}<br>all labels: "
+                       "%{customdata[8]}<extra></extra>"),
+    ))
+    for detector in dict.fromkeys(str(r.detector) for r in best.values()):  # a legend entry per type shown
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=detector, hoverinfo="skip",
+                                 marker=dict(symbol="square", size=12, color=LABEL_COLORS.get(detector, "#444444"))))
+    fig.update_layout(
+        title=dict(text=title or "strongest label per head (colour: type, intensity: score)"),
+        height=max(240, n_layers * (size + 18) + 140), margin=dict(l=50, r=20, t=50, b=40),
+        clickmode="event+select", dragmode=False, plot_bgcolor="#ffffff",
+        legend=dict(title=dict(text="strongest label"), itemclick=False, itemdoubleclick=False),
+    )
+    fig.update_xaxes(title="head", tickmode="array", tickvals=list(range(n_heads)),
+                     range=[-0.6, n_heads - 0.4], showgrid=False, zeroline=False)
+    fig.update_yaxes(title="layer", tickmode="array", tickvals=list(range(n_layers)),
+                     range=[n_layers - 0.4, -0.6], showgrid=False, zeroline=False)
+    return fig
+
+
+def placeholder_figure(message: str, height: int = 300) -> go.Figure:
+    """An empty figure that says ``message``: stands in for a figure still being computed."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                       font=dict(size=15, color="#777777"))
+    fig.update_layout(height=height, margin=dict(l=20, r=20, t=20, b=20), plot_bgcolor="#ffffff")
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return fig
+
+
+def head_profile_figure(scores: pd.DataFrame, heads: Sequence[tuple[int, int]]) -> go.Figure:
+    """Each selected head's score on every detector, with CI error bars and the baseline."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for layer, head in heads:
+        rows = scores[(scores["layer"] == layer) & (scores["head"] == head)]
+        if rows.empty:
+            continue
+        fig.add_trace(go.Bar(
+            x=rows["detector"], y=rows["score"], name=head_name(layer, head),
+            error_y=dict(type="data", symmetric=False, array=rows["ci_high"] - rows["score"],
+                         arrayminus=rows["score"] - rows["ci_low"]),
+            customdata=rows[["baseline", "lift"]].to_numpy(),
+            hovertemplate="%{x}: %{y:.3f}<br>baseline %{customdata[0]:.3f} · lift %{customdata[1]:.1f}"
+                          "<extra>" + head_name(layer, head) + "</extra>",
+        ))
+    fig.update_layout(barmode="group", title=dict(text="scores across detectors (95% CI)"),
+                      yaxis=dict(title="score", range=[0, 1.05]), height=300,
+                      margin=dict(l=50, r=20, t=50, b=40), legend=dict(orientation="h", y=1.12, x=1, xanchor="right"))
+    fig.update_xaxes(tickangle=-35)
+    return fig
+
+
+def ablation_figure(effects: pd.DataFrame) -> go.Figure:
+    """Metric change per ablation as bars with CI error bars.
+
+    Args:
+        effects: rows with ``heads`` (a display string), ``metric``, ``delta``, ``ci_low``,
+            ``ci_high``; e.g. the chosen heads next to a random-heads control.
+    """
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for metric, rows in effects.groupby("metric", sort=False):
+        fig.add_trace(go.Bar(
+            x=rows["heads"].astype(str), y=rows["delta"], name=str(metric),
+            error_y=dict(type="data", symmetric=False, array=rows["ci_high"] - rows["delta"],
+                         arrayminus=rows["delta"] - rows["ci_low"]),
+            hovertemplate="%{x}<br>change %{y:.4f}<extra>" + html.escape(str(metric)) + "</extra>",
+        ))
+    fig.update_layout(barmode="group", title=dict(text="metric change when ablated (95% CI)"),
+                      yaxis=dict(title="ablated - clean"), height=320, margin=dict(l=60, r=20, t=50, b=40))
+    return fig
+
+
+def token_loss_figure(str_tokens: Sequence[str], diff: Sequence[float]) -> go.Figure:
+    """Per-token loss difference (ablated - clean): red where ablation hurts, blue where it helps.
+
+    Args:
+        str_tokens: the *predicted* tokens, one per bar.
+        diff: loss difference in nats for each of them.
+    """
+    import plotly.graph_objects as go
+
+    values = [float(d) for d in diff]
+    bound = max((abs(v) for v in values if not math.isnan(v)), default=1.0) or 1.0
+    labels = [display_token(t) for t in str_tokens]
+    fig = go.Figure(go.Bar(
+        x=list(range(len(values))), y=values, customdata=labels,
+        marker=dict(color=values, colorscale="RdBu_r", cmin=-bound, cmax=bound),
+        hovertemplate="%{customdata}: %{y:+.3f} nats<extra></extra>",
+    ))
+    step = max(1, math.ceil(len(values) / 60))
+    ticks = list(range(0, len(values), step))
+    fig.update_layout(title=dict(text="per-token loss change (ablated - clean)"), height=300,
+                      yaxis=dict(title="Δ loss (nats)"), margin=dict(l=60, r=20, t=50, b=60))
+    fig.update_xaxes(tickmode="array", tickvals=ticks, ticktext=[labels[i] for i in ticks], tickangle=0)
+    return fig
+
+
+def training_figure(
+    losses: pd.DataFrame, head_scores: pd.DataFrame, detector: str, highlight: Sequence[tuple[int, int]] = ()
+) -> go.Figure:
+    """Training loss and per-head detector scores over training steps (one line per head).
+
+    Args:
+        losses: ``step, loss`` rows (the training log or the snapshots' losses).
+        head_scores: tidy scores of each snapshot with a ``step`` column.
+        detector: which detector's scores to plot.
+        highlight: heads drawn thick; the others thin.
+    """
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=("training loss", f"{detector} score per head"))
+    if not losses.empty:
+        fig.add_trace(go.Scatter(x=losses["step"], y=losses["loss"], mode="lines", name="loss",
+                                 line=dict(color="#333333")), row=1, col=1)
+    chosen = {(int(lay), int(hd)) for lay, hd in highlight}
+    rows = head_scores[head_scores["detector"] == detector] if not head_scores.empty else head_scores
+    if not rows.empty:
+        for (layer, head), group in rows.sort_values("step").groupby(["layer", "head"], sort=True):
+            name = head_name(layer, head)
+            fig.add_trace(go.Scatter(
+                x=group["step"], y=group["score"], mode="lines+markers", name=name,
+                line=dict(width=4 if (layer, head) in chosen else 1.5), marker=dict(size=5),
+                hovertemplate="step %{x}: %{y:.3f}<extra>" + name + "</extra>",
+            ), row=2, col=1)
+    fig.update_yaxes(title_text="loss", row=1, col=1)
+    fig.update_yaxes(title_text="score", range=[0, 1.05], row=2, col=1)
+    fig.update_xaxes(title_text="training step", row=2, col=1)
+    fig.update_layout(height=560, margin=dict(l=60, r=20, t=50, b=40))
+    return fig
+
+
+def induction_distance_figure(curve: pd.DataFrame, heads: Sequence[tuple[int, int]] | None = None,
+                              top: int = 6) -> go.Figure:
+    """Induction score against the gap between the copies, one line per head, with 95 % CIs.
+
+    Args:
+        curve: the table of :func:`headlens.scoring.induction_distance.induction_curve`.
+        heads: ``(layer, head)`` pairs to draw; default the ``top`` heads by their best score.
+        top: how many heads when ``heads`` is None.
+    """
+    import plotly.graph_objects as go
+
+    if heads is None:
+        best = curve.groupby(["layer", "head"])["score"].max().sort_values(ascending=False)
+        heads = list(best.index[:top])
+    fig = go.Figure()
+    for layer, head in heads:
+        c = curve[(curve.layer == layer) & (curve["head"] == head)].sort_values("gap")
+        fig.add_trace(go.Scatter(
+            x=c.gap, y=c.score, mode="lines+markers", name=head_name(layer, head),
+            error_y=dict(type="data", symmetric=False, array=c.ci_high - c.score, arrayminus=c.score - c.ci_low),
+            hovertemplate="gap %{x}: %{y:.3f}<extra>" + head_name(layer, head) + "</extra>"))
+    base = curve.groupby("gap")["baseline"].first().sort_index()
+    fig.add_trace(go.Scatter(x=base.index, y=base.values, mode="lines", name="uniform",
+                             line=dict(dash="dot", color="#777777")))
+    fig.update_xaxes(type="log", title_text="gap between the two copies (tokens)", tickvals=list(base.index))
+    fig.update_yaxes(range=[0, 1], title_text="attention on the token after the earlier copy")
+    fig.update_layout(height=380, margin=dict(l=60, r=20, t=50, b=50), template="plotly_white",
+                      title=dict(text="induction by distance", x=0.01))
+    return fig
+
+
+def figure_html(fig: go.Figure) -> str:
+    """A standalone HTML page of ``fig`` (plotly.js inlined, so it opens offline)."""
+    return fig.to_html(include_plotlyjs=True, full_html=True)

@@ -1,0 +1,57 @@
+"""The ranking figure of annotated head types: score and preference accuracy side by side.
+
+Split from :mod:`headlens.viz.grid` (which re-exports it) to keep each figure module short.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import plotly.graph_objects as go
+
+
+def ranking_figure(scores: pd.DataFrame, detector: str, top: int = 12, threshold: float = 0.4) -> go.Figure:
+    """The ``top`` heads of ``detector`` by score: score and (when the table has it) preference
+    accuracy side by side, each with its 95 % CI, the label threshold τ and the chance level.
+
+    Args:
+        scores: a scores table (``headlens.classify``), with ``preference`` columns for
+            annotated head types that have distractors.
+        detector: which detector's heads to rank.
+        top: how many heads to show.
+        threshold: τ of the label rule (drawn as a dashed line on the score panel).
+    """
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from headlens.viz.grid import head_name
+
+    rows = scores[scores["detector"] == detector].sort_values("score", ascending=False).head(top).iloc[::-1]
+    names = [head_name(r.layer, r.head) + (" ✓" if r.label else "") for r in rows.itertuples()]
+    has_pref = "preference" in rows and rows["preference"].notna().any()
+    fig = make_subplots(rows=1, cols=2 if has_pref else 1, shared_yaxes=True, horizontal_spacing=0.04,
+                        subplot_titles=("attention mass query → target", "preference accuracy")[:1 + has_pref])
+
+    def bars(col: str, lo: str, hi: str, color: str, c: int) -> None:
+        fig.add_trace(go.Bar(
+            x=rows[col], y=names, orientation="h", marker_color=color, showlegend=False,
+            error_x=dict(type="data", symmetric=False, array=rows[hi] - rows[col], arrayminus=rows[col] - rows[lo]),
+            hovertemplate="%{y}: %{x:.3f}<extra>" + col + "</extra>"), row=1, col=c)
+
+    bars("score", "ci_low", "ci_high", "#3b6fb6", 1)
+    base = float(rows["baseline"].iloc[0]) if len(rows) else float("nan")
+    fig.add_vline(x=threshold, line_dash="dash", line_color="#c0392b", row=1, col=1)
+    fig.add_vline(x=base, line_dash="dot", line_color="#777777", row=1, col=1)
+    fig.update_xaxes(range=[0, 1], title_text="score (95% CI)", row=1, col=1)
+    if has_pref:
+        bars("preference", "preference_ci_low", "preference_ci_high", "#2e8b57", 2)
+        chance = (scores.attrs.get("probes", {}).get(f"annotated:{detector}", {}).get("preference_chance")
+                  or 0.5)
+        fig.add_vline(x=chance, line_dash="dot", line_color="#777777", row=1, col=2)
+        fig.update_xaxes(range=[0, 1], title_text="target beats distractors (95% CI)", row=1, col=2)
+    fig.update_layout(height=120 + 26 * len(rows), margin=dict(l=70, r=20, t=50, b=50),
+                      title=dict(text=f"{detector}: top {len(rows)} heads (✓ labelled) · dashed τ = {threshold}, "
+                                      f"dotted: uniform / chance", x=0.01, font=dict(size=14)))
+    return fig

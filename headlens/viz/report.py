@@ -1,0 +1,138 @@
+"""One standalone HTML page for a classification run: what scripted runs look at instead of a CSV.
+
+The page opens offline (plotly.js is inlined once, every figure after it reuses it) and holds:
+the head grid coloured by each head's strongest label, the labelled heads with their 95 %
+confidence intervals, each labelled head's pattern on an example prompt (heatmap and coloured
+text), and the provenance of the scores (model, probes, seeds, thresholds, headlens version).
+
+>>> import headlens
+>>> model = headlens.load("induction-2l")  # doctest: +SKIP
+>>> write_report(model, headlens.classify(model), "report.html")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import datetime
+import html
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from headlens.errors import OutputError
+
+MAX_PATTERNS = 16  # labelled heads whose pattern is drawn (strongest first); the table lists them all
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
+table { border-collapse: collapse; font-size: 0.9em; } td, th { padding: 0.25em 0.7em; text-align: right; }
+th { border-bottom: 2px solid #444; } tr:nth-child(even) td { background: #f4f4f4; }
+td:first-child, td:nth-child(2), th:first-child, th:nth-child(2) { text-align: left; }
+pre { background: #f6f6f6; padding: 0.8em; overflow-x: auto; font-size: 0.85em; }
+.head { margin: 1.5em 0; border-top: 1px solid #ddd; padding-top: 0.5em; }
+"""
+
+
+def report_html(model: Any, table: Any, prompt: str | None = None) -> str:
+    """The report page for ``table`` (a ``headlens.classify`` result on ``model``) as one HTML string.
+
+    Args:
+        model: the model the table scores (patterns are computed on it).
+        table: the scores table; its ``attrs`` are the provenance.
+        prompt: the example text the patterns are drawn on (default: a text with a repeated
+            segment and nested brackets in the model's own alphabet).
+    """
+    from headlens.probes.texts import example_text
+    from headlens.scoring.table import labelled_heads
+    from headlens.viz import grid as viz
+
+    attrs = dict(table.attrs)
+    name = str(attrs.get("model", getattr(model, "name", "model")))
+    grid = viz.head_grid_figure(table, "induction", model.n_layers, model.n_heads, color_by="label",
+                                title=f"{name}: strongest label per head (colour: type, intensity: score)")
+    parts = [f"<h1>headlens report: {html.escape(name)}</h1>",
+             f"<p>{model.n_layers} layers × {model.n_heads} heads; {int(table['label'].sum())} labels on "
+             f"{len(set(zip(table['layer'], table['head'], strict=True)))} heads. Generated "
+             f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M UTC} by headlens "
+             f"{html.escape(str(attrs.get('headlens_version', '')))}.</p>",
+             "<h2>Head grid</h2>", grid.to_html(full_html=False, include_plotlyjs=True),
+             "<h2>Labelled heads</h2>", _labelled_table(labelled_heads(table))]
+    prompt = prompt if prompt is not None else example_text(model)
+    parts += _patterns(model, table, prompt)
+    parts += ["<h2>Provenance</h2>", f"<pre>{html.escape(json.dumps(attrs, indent=1, default=str), quote=False)}</pre>"]
+    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>headlens report: {html.escape(name)}"
+            f"</title><style>{_STYLE}</style></head><body>{''.join(parts)}</body></html>\n")
+
+
+def _labelled_table(rows: Any) -> str:
+    if rows.empty:
+        return "<p>No head passes the labelling rule (ci_low ≥ threshold and lift ≥ 3).</p>"
+    head = "".join(f"<th>{c}</th>" for c in ("head", "label", "score", "95% CI", "baseline", "lift", "positions"))
+    body = []
+    for r in rows.itertuples():
+        lift = "-" if r.lift != r.lift else f"{r.lift:.1f}"
+        body.append(f"<tr><td>L{r.layer}H{r.head}</td><td>{html.escape(str(r.detector))}</td><td>{r.score:.3f}</td>"
+                    f"<td>[{r.ci_low:.3f}, {r.ci_high:.3f}]</td><td>{r.baseline:.3f}</td><td>{lift}</td>"
+                    f"<td>{int(r.n_positions)}</td></tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _patterns(model: Any, table: Any, prompt: str) -> list[str]:
+    """Each labelled head's pattern on ``prompt``: a heatmap (every token labelled) and coloured text."""
+    import torch
+
+    from headlens.scoring.table import head_labels
+    from headlens.viz import grid as viz
+    from headlens.viz.tokenview import token_view_html
+
+    labels = head_labels(table)
+    if not labels or not prompt:
+        return []
+    heads = list(labels)[:MAX_PATTERNS]
+    names = [f"blocks.{layer}.attn.hook_pattern" for layer in sorted({layer for layer, _ in heads})]
+    tokens = model.to_tokens(prompt)  # (1, T)
+    with torch.inference_mode():
+        _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
+    str_tokens = model.to_str_tokens(tokens)
+    window = viz.token_window(len(str_tokens))
+    out = [f"<h2>Patterns of the labelled heads</h2><p>On the example prompt <code>{html.escape(prompt)}</code>"
+           + (f" (first {len(window)} of {len(str_tokens)} tokens in the heatmaps)" if len(window) < len(str_tokens)
+              else "") + ".</p>"]
+    for layer, head in heads:
+        pattern = cache[f"blocks.{layer}.attn.hook_pattern"][0, head].float().cpu().numpy()  # (Q, K)
+        name = f"L{layer}H{head}"
+        fig = viz.pattern_figure(pattern, str_tokens, title=f"{name}: {', '.join(labels[(layer, head)])}",
+                                 causal=model.is_causal, window=window)
+        out.append(f'<div class="head"><h3>{name}: {html.escape(", ".join(labels[(layer, head)]))}</h3>'
+                   + fig.to_html(full_html=False, include_plotlyjs=False)
+                   + token_view_html(str_tokens, {name: pattern}, uid=f"tokens-{name}") + "</div>")
+    return out
+
+
+def check_report_path(path: str | os.PathLike) -> Path:
+    """Fail early (``OutputError``) on a suffix other than ``.html`` or a place that cannot be written."""
+    p = Path(path)
+    if p.suffix.lower() not in (".html", ".htm"):
+        raise OutputError(f"report path {str(path)!r} must end in .html")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise OutputError(f"cannot write the report to {str(path)!r}: folder {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK) or p.is_dir():
+        raise OutputError(f"cannot write the report to {str(path)!r}: permission denied or it is a folder")
+    return p
+
+
+def write_report(model: Any, table: Any, path: str | os.PathLike, prompt: str | None = None) -> Path:
+    """Write :func:`report_html` to ``path`` (``.html``), atomically; returns the path.
+
+    Raises ``OutputError`` for another suffix or a folder that cannot be written.
+    """
+    p = check_report_path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    page = report_html(model, table, prompt)
+    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{p.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(page)
+    os.replace(tmp, p)
+    return p
