@@ -113,7 +113,7 @@ def main() -> None:
 
     import pandas as pd
 
-    from headlens.viz.grid import ablation_figure
+    from headlens.viz import ablation_figure
     from headlens.zoo import ZOO
 
     tables, html = [], []

@@ -34,7 +34,7 @@ def png(fig: Any, path: Path, width: int = 1000) -> None:
     """Render a plotly figure to PNG with headless chromium (``$HEADLENS_CHROMIUM`` or /usr/bin/chromium)."""
     from playwright.sync_api import sync_playwright
 
-    from headlens.viz.grid import figure_html
+    from headlens.viz import figure_html
 
     html = path.with_suffix(".tmp.html")
     html.write_text(figure_html(fig), encoding="utf-8")
@@ -176,7 +176,7 @@ def main() -> None:
 
     import headlens
     from headlens.scoring.table import write_table
-    from headlens.viz.grid import figure_html, ranking_figure
+    from headlens.viz import figure_html, ranking_figure
 
     args.out.mkdir(parents=True, exist_ok=True)
     model = headlens.load("minilm")

@@ -8,7 +8,7 @@ to 2,047 tokens. This script draws the two things its card says in words:
    being copied).
 2. **What they do**: needle recall against context length, clean; with the labelled retrieval heads
    attending uniformly (``uniform`` ablation, Wu et al.'s masking); and with random groups of as many
-   heads drawn anywhere else in the model (``headlens.interventions.sweep.control_groups(scope="model")``).
+   heads drawn anywhere else in the model (``headlens.interventions.controls.control_groups(scope="model")``).
    Recall is greedy and teacher-forced over the copy steps (``needle_recall``); 95 % CIs bootstrap
    the prompts.
 
@@ -50,8 +50,8 @@ def measure(model: Any, lengths: tuple[int, ...] = LENGTHS, n_prompts: int = 20,
     """The retrieval table at the longest length, and recall rows ``{T, condition, mean, ci_low, ci_high}``."""
     import headlens
     from headlens.interventions.ablation import format_heads
+    from headlens.interventions.controls import control_groups
     from headlens.interventions.metrics import bootstrap_ci, needle_task
-    from headlens.interventions.sweep import control_groups
 
     table = headlens.classify(model, detectors=["retrieval"], n_prompts=n_prompts, seq_len=max(lengths), seed=seed)
     labelled = table[table.label].sort_values(["layer", "head"])

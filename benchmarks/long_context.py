@@ -69,7 +69,7 @@ def build_hf(family: str, T: int):
     import torch
     import transformers
 
-    from headlens.models.hf.bridge import load_bridge
+    from headlens.models.hf.boot import load_bridge
 
     torch.manual_seed(0)
     n = max(8192, T)

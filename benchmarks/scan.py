@@ -114,9 +114,10 @@ def part_a(model, texts: list[str], repeats: int) -> dict:
 
 def part_b(model, texts: list[str], batch_size: int, repeats: int) -> dict:
     from headlens.models.vocab import vocab
-    from headlens.probes.base import collate, text_prompts
+    from headlens.probes.base import collate
+    from headlens.probes.text import text_prompts
     from headlens.scoring.classification import select_detectors
-    from headlens.scoring.engine import scan
+    from headlens.scoring.scan import scan
 
     probe = text_prompts(model, texts)
     dets = [d for d in select_detectors(model, None)[0] if d.kind != "weights"]

@@ -248,7 +248,7 @@ def test_nested_ablations_compose():
 @pytest.fixture(scope="module")
 def bridged(tmp_path_factory):
     export = pytest.importorskip("headlens.models.export")
-    from headlens.models.hf.bridge import load_bridge
+    from headlens.models.hf.boot import load_bridge
 
     native = make_gpt(0)
     out = export.export_hf(native, tmp_path_factory.mktemp("hf") / "tiny")

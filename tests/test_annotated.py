@@ -11,6 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 import headlens
+from headlens import viz
 from headlens.cli import app
 from headlens.errors import ProbeError
 from headlens.models.tokenizer import Tokenizer
@@ -25,7 +26,6 @@ from headlens.testing import (
     uniform_pattern,
     wordpiece_tokenizer,
 )
-from headlens.viz import grid as viz
 
 TEXT = "John told Mary that she was late."
 

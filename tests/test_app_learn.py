@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 from test_app import arr, figures, grid, start
 
-from headlens.app import cache
+from headlens import viz
+from headlens.app import cache, history
 from headlens.app import helpers as hd
-from headlens.viz import grid as viz
 from headlens.zoo import available
 
 pytestmark = pytest.mark.skipif("induction-2l" not in available(), reason="zoo weights not installed")
@@ -119,7 +119,7 @@ def test_compare_shows_both_grids_and_the_change_of_every_heads_score(monkeypatc
     assert not at.exception and not at.error
     choice = at.selectbox(key=f"compare::{REF}")
     assert "(snapshot)" in choice.value  # a model with training snapshots compares with its earliest first
-    snapshot = hd.compare_choices(REF)[choice.value]
+    snapshot = history.compare_choices(REF)[choice.value]
     grids = [f for f in figures(at) if f["layout"].get("title", {}).get("text", "").endswith("induction score")]
     assert len(grids) == 2
     (diff,) = [f for f in figures(at) if "score: " in f["layout"].get("title", {}).get("text", "")

@@ -54,7 +54,7 @@ def test_hook_shapes_and_padding_is_masked(minilm, batch):
 def test_forward_matches_hf_bert_hidden_states(minilm, batch):
     from transformers import AutoModel
 
-    from headlens.models.hf.bridge import minilm_dir
+    from headlens.models.hf.boot import minilm_dir
 
     hf = AutoModel.from_pretrained(str(minilm_dir())).eval()
     with torch.no_grad():

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from conftest import make_gpt
 
 from headlens import GPT, ModelConfig, save_checkpoint
-from headlens.app import cache
+from headlens.app import cache, history
 from headlens.app import helpers as hd
 from headlens.errors import HeadlensError, ProbeError
 from headlens.models.tokenizer import Tokenizer
@@ -133,17 +133,17 @@ def test_heads_table_is_one_row_per_head_with_labels():
 def test_snapshots_next_to_a_checkpoint_give_the_loss_curve(tmp_path):
     model = make_gpt()
     save_checkpoint(model, tmp_path / "m.safetensors")
-    assert hd.find_snapshots(str(tmp_path / "m.safetensors")) == []
+    assert history.find_snapshots(str(tmp_path / "m.safetensors")) == []
     for step, loss in [(200, 2.0), (50, 4.0), (100, 3.0)]:
         save_checkpoint(model, tmp_path / "snapshots" / f"step_{step:05d}.safetensors",
                         metadata={"step": step, "loss": loss}, half=True)
-    snaps = hd.find_snapshots(str(tmp_path / "m.safetensors"))
+    snaps = history.find_snapshots(str(tmp_path / "m.safetensors"))
     assert [p.name for p in snaps] == ["step_00050.safetensors", "step_00100.safetensors", "step_00200.safetensors"]
-    losses = hd.training_losses(snaps)
+    losses = history.training_losses(snaps)
     assert list(losses["step"]) == [50, 100, 200] and list(losses["loss"]) == [4.0, 3.0, 2.0]
     (tmp_path / "log.json").write_text('{"log": [{"step": 10, "loss": 5.0, "lr": 1}, {"step": 20, "loss": 4.5}]}')
-    assert list(hd.training_losses(snaps)["loss"]) == [5.0, 4.5]  # the full log wins over snapshot metadata
-    assert hd.find_snapshots("minilm") == [] and hd.find_snapshots("hf:/nowhere") == []
+    assert list(history.training_losses(snaps)["loss"]) == [5.0, 4.5]  # the full log wins over snapshot metadata
+    assert history.find_snapshots("minilm") == [] and history.find_snapshots("hf:/nowhere") == []
 
 
 def test_release_hooks_removes_leaked_hooks():

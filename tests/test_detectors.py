@@ -9,8 +9,9 @@ from headlens.detectors import DETECTORS, get_detector
 from headlens.detectors.base import targets_to_mask
 from headlens.detectors.copying import scores as copying_scores
 from headlens.errors import DetectorError
-from headlens.probes.base import ProbeBatch, bracket_annotations, brackets, random_tokens, repeated_segments
-from headlens.scoring.engine import scan
+from headlens.probes.base import ProbeBatch, bracket_annotations
+from headlens.probes.generated import brackets, random_tokens, repeated_segments
+from headlens.scoring.scan import scan
 from headlens.testing import PatternModel, offset_pattern, planted_model, uniform_pattern
 
 
@@ -180,7 +181,7 @@ def test_open_bracket_head_is_not_a_matching_head():
 def test_planted_heads_score_one_on_real_python():
     from headlens.models.tokenizer import Tokenizer
     from headlens.probes.base import bracket_annotations as ann
-    from headlens.probes.base import stdlib_windows
+    from headlens.probes.text import stdlib_windows
 
     pairs = tuple((ord(p[0]), ord(p[1])) for p in ("()", "[]", "{}"))
 

@@ -54,14 +54,14 @@ else:
 
 FAILING_JOB = """
 import os
-import headlens.scoring.engine
+import headlens.scoring.scan
 from headlens.errors import ProbeError
 
 def boom(*args, **kwargs):
     raise ProbeError("planted failure on rank 1")
 
 if os.environ["RANK"] == "1":
-    headlens.scoring.engine.scan = boom
+    headlens.scoring.scan.scan = boom
 from headlens.cli import main
 main()
 """
@@ -207,15 +207,15 @@ def test_sigkilled_resume_run_resumes_to_the_identical_table(tmp_path, monkeypat
     assert res.returncode == -9, res.stderr[-2000:]
     done = sorted(p.name for p in (tmp_path / "shards" / "classify").glob("*.safetensors"))
     assert len(done) == 4, done  # the 5th shard, in flight, is lost; nothing else is
-    import headlens.scoring.engine
+    import headlens.scoring.scan
 
     scans = []
-    real_scan = headlens.scoring.engine.scan
-    monkeypatch.setattr(headlens.scoring.engine, "scan", lambda *a, **k: scans.append(1) or real_scan(*a, **k))
+    real_scan = headlens.scoring.scan.scan
+    monkeypatch.setattr(headlens.scoring.scan, "scan", lambda *a, **k: scans.append(1) or real_scan(*a, **k))
     kw = dict(detectors="previous_token,induction", n_prompts=12, batch_size=2, seq_len=32)
     resumed = headlens.classify("induction-2l", **kw, resume=tmp_path / "shards")
     assert len(scans) == 12 - 4  # 2 probes x 6 batches, 4 read back
-    monkeypatch.setattr(headlens.scoring.engine, "scan", real_scan)
+    monkeypatch.setattr(headlens.scoring.scan, "scan", real_scan)
     fresh = headlens.classify("induction-2l", **kw)
     pd.testing.assert_frame_equal(resumed, fresh)
     # the same folder with other settings: every shard is ignored with a warning, none mixed in

@@ -8,8 +8,8 @@ import torch
 from headlens.detectors import DETECTORS
 from headlens.models.vocab import vocab
 from headlens.probes.base import collate
-from headlens.scoring.engine import scan
 from headlens.scoring.induction_distance import detector, gap_probe, gaps, induction_curve
+from headlens.scoring.scan import scan
 from headlens.testing import planted_model
 
 
@@ -35,7 +35,7 @@ def test_planted_head_splits_its_mass_over_every_earlier_copy(model):
 
 
 def test_curve_table_and_figure(model):
-    from headlens.viz.grid import induction_distance_figure
+    from headlens.viz import induction_distance_figure
 
     assert gaps(200) == [64, 128] and gaps(40_000)[-1] == 32768
     curve = induction_curve(model, n_prompts=3, n_boot=50)

@@ -7,7 +7,8 @@ import warnings
 import torch
 
 import headlens
-from headlens.probes.base import Probe, draw_tokens, random_tokens, repeated_segments, short_of
+from headlens.probes.base import Probe, short_of
+from headlens.probes.generated import draw_tokens, random_tokens, repeated_segments
 from tests.conftest import make_gpt
 
 

@@ -68,7 +68,7 @@ def test_transformers_gpt2_logits(exported, tokens, name, attn_implementation):
 
 @pytest.fixture(scope="module")
 def bridges(exported):
-    from headlens.models.hf.bridge import load_bridge
+    from headlens.models.hf.boot import load_bridge
 
     return {name: load_bridge(path) for name, (_, path) in exported.items()}
 

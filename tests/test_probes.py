@@ -12,15 +12,9 @@ import torch
 from headlens.errors import ProbeError
 from headlens.models.gpt import GPT
 from headlens.models.vocab import vocab
-from headlens.probes.base import (
-    brackets,
-    collate,
-    random_tokens,
-    read_prompts,
-    repeated_segments,
-    stdlib_windows,
-    text_prompts,
-)
+from headlens.probes.base import collate
+from headlens.probes.generated import brackets, random_tokens, repeated_segments
+from headlens.probes.text import read_prompts, stdlib_windows, text_prompts
 from headlens.testing import planted_model
 from tests.conftest import make_gpt
 
@@ -106,7 +100,7 @@ def test_wordpiece_brackets_and_layout_from_the_minilm_tokenizer():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoTokenizer
 
-    from headlens.models.hf.bridge import minilm_dir
+    from headlens.models.hf.boot import minilm_dir
 
     tok = AutoTokenizer.from_pretrained(str(minilm_dir()))
 

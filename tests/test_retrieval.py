@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import headlens
+from headlens.models.attention import AttentionSpec
 from headlens.probes.haystack import lengths_for, needle_haystack
-from headlens.scoring.lse import AttentionSpec
 from headlens.scoring.top1 import top1_share
 from headlens.testing import planted_model
 

@@ -8,8 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headlens.detectors import DETECTORS
-from headlens.probes.base import Probe, repeated_segments, text_prompts
-from headlens.scoring.engine import scan
+from headlens.probes.base import Probe
+from headlens.probes.generated import repeated_segments
+from headlens.probes.text import text_prompts
+from headlens.scoring.scan import scan
 from headlens.testing import PatternModel, offset_pattern, uniform_pattern
 from tests.conftest import make_gpt
 

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from headlens.detectors import DETECTORS
-from headlens.models.hf.bridge import load_bridge
-from headlens.probes.base import text_prompts
-from headlens.scoring.engine import scan
+from headlens.models.hf.boot import load_bridge
+from headlens.probes.text import text_prompts
 from headlens.scoring.lse import heads_first, implied_pattern
+from headlens.scoring.scan import scan
 from tests.hf_families import EXTRAS, FAMILIES, build, load_eager
 
 FAMS = [*FAMILIES, *EXTRAS]  # + Gemma-2 (soft-capping) and GPT-OSS (attention sinks)

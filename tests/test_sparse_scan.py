@@ -9,15 +9,13 @@ import torch
 
 from headlens.detectors import DETECTORS
 from headlens.detectors.base import lower, mask_to_targets, targets_to_mask
-from headlens.probes.base import (
-    ProbeBatch,
-    random_tokens,
-    repeated_segments,
-    stdlib_windows,
-    text_prompts,
-)
-from headlens.scoring.engine import _reduce_pattern, _targets, choose_path, scan
-from headlens.scoring.lse import AttentionSpec, target_mass
+from headlens.models.attention import AttentionSpec
+from headlens.probes.base import ProbeBatch
+from headlens.probes.generated import random_tokens, repeated_segments
+from headlens.probes.text import stdlib_windows, text_prompts
+from headlens.scoring.engine import choose_path
+from headlens.scoring.lse import target_mass
+from headlens.scoring.scan import _reduce_pattern, _targets, scan
 from tests.conftest import make_gpt
 
 PATTERN = [d for d in DETECTORS.values() if d.kind not in ("weights", "annotated")]  # annotated: headlens.scoring.annotated
@@ -114,7 +112,7 @@ def _scan_both(model, probe, dets, **kw):
 
 
 def test_native_sparse_scan_equals_dense_on_every_detector_with_padding(model, monkeypatch):
-    monkeypatch.setattr("headlens.scoring.engine.WINDOW_BYTES", 20_000)  # set detectors asked for a few rows at a time
+    monkeypatch.setattr("headlens.scoring.scan.WINDOW_BYTES", 20_000)  # set detectors asked for a few rows at a time
     texts = ["def f(x): return [x, (x)]", "a", "import os", "{'k': [1, 2]} (", "aaaa bbbb aaaa bbbb", "x = y"]
     dets = [d for d in PATTERN if not d.bidirectional_only]
     for probe in (text_prompts(model, texts),

@@ -9,8 +9,9 @@ import headlens
 from headlens.detectors import DETECTORS, get_detector, split_names
 from headlens.detectors.base import targets_to_mask
 from headlens.errors import DetectorError
-from headlens.probes.base import ProbeBatch, random_tokens
-from headlens.scoring.engine import scan
+from headlens.probes.base import ProbeBatch
+from headlens.probes.generated import random_tokens
+from headlens.scoring.scan import scan
 from headlens.testing import PatternModel, offset_pattern, uniform_pattern
 
 

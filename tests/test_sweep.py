@@ -10,7 +10,8 @@ from conftest import make_gpt
 
 import headlens.interventions.confirm as confirm_mod
 from headlens.interventions.ablation import AblationError
-from headlens.interventions.sweep import COLUMNS, control_groups, control_scope, sweep
+from headlens.interventions.controls import control_groups, control_scope
+from headlens.interventions.sweep import COLUMNS, sweep
 
 METRICS = ["repeated_loss", "first_half_loss", "kl", "bracket_accuracy"]
 
@@ -129,7 +130,7 @@ def test_confirm_adds_effects_for_labelled_heads(monkeypatch):
 
 def test_sweep_on_bridge_matches_native(tmp_path):
     export = pytest.importorskip("headlens.models.export")
-    from headlens.models.hf.bridge import load_bridge
+    from headlens.models.hf.boot import load_bridge
 
     native = make_gpt(0, n_ctx=32)
     bridge = load_bridge(export.export_hf(native, tmp_path / "hf"))

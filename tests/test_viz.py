@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from headlens.viz import grid as viz
+from headlens import viz
 
 
 def toy_scores(n_layers: int = 2, n_heads: int = 3) -> pd.DataFrame:

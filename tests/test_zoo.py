@@ -12,12 +12,14 @@ import torch
 import headlens
 from headlens.errors import ConfigError
 from headlens.models.checkpoint import load_checkpoint, load_metadata
+from headlens.probes import data
+from headlens.training import llama
 from headlens.training import measure as M
 from headlens.training.evaluate import EVALUATORS, SINK_THRESHOLD, THRESHOLD
 from headlens.training.recipes import RECIPES, get_recipe
 from headlens.training.ship import CARDS_DIR, score_key
 from headlens.training.train import load_trained, snapshot_steps, train
-from headlens.zoo import ZOO, data, llama
+from headlens.zoo import ZOO
 
 
 def _analysis(name: str):
@@ -490,7 +492,7 @@ def test_code_bracket_variants_train_what_they_say(tmp_path):
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_scores_are_what_the_dashboard_would_compute(name):
-    """The pre-computed table equals a fresh scan; when this fails, run python -m headlens.zoo.scores."""
+    """The pre-computed table equals a fresh scan; when this fails, run python -m headlens.app.ship_scores."""
     import pandas as pd
 
     from headlens.app import helpers as hd
@@ -498,7 +500,7 @@ def test_shipped_scores_are_what_the_dashboard_would_compute(name):
 
     torch.set_num_threads(1)
     table = scores.read(name, hd.DEFAULT_N_PROMPTS, 0)
-    assert table is not None, f"no up-to-date {scores.scores_path(name).name}; run python -m headlens.zoo.scores"
+    assert table is not None, f"no up-to-date {scores.scores_path(name).name}; run python -m headlens.app.ship_scores"
     fresh = hd.compute_scores(headlens.load(name), n_prompts=hd.DEFAULT_N_PROMPTS, seed=0)
     # to float noise: another CPU may sum in another order
     pd.testing.assert_frame_equal(table, fresh, check_exact=False, rtol=1e-5, atol=1e-6)
@@ -516,6 +518,16 @@ def test_shipped_scores_ignore_weights_they_were_not_computed_on(tmp_path, monke
     assert scores.read(name, hd.DEFAULT_N_PROMPTS, 0) is not None
     monkeypatch.setattr(scores, "_sha256", lambda path: "0" * 64)
     assert scores.read(name, hd.DEFAULT_N_PROMPTS, 0) is None
+
+
+def test_shipped_scores_are_not_read_for_a_detector_they_lack():
+    """A registered default detector (a plugin, say) that the shipped table neither scored nor skipped."""
+    from headlens.app import helpers as hd
+    from headlens.zoo import scores
+
+    name = SHIPPED[0]
+    assert scores.read(name, hd.DEFAULT_N_PROMPTS, 0, ["previous_token", "induction"]) is not None
+    assert scores.read(name, hd.DEFAULT_N_PROMPTS, 0, ["previous_token", "two_back"]) is None
 
 
 def test_the_dashboard_reads_shipped_scores_without_scoring(monkeypatch):

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import streamlit as st
 
-from headlens.app import dashboard_script
+from headlens.app import dashboard_script, history
 from headlens.app import helpers as hd
 from headlens.app.helpers import Head
 
@@ -69,10 +69,12 @@ def _lock(model: Any) -> threading.Lock:
 @st.cache_data(max_entries=16, show_spinner=False)
 def _scores(ref: str, key: str, n_prompts: int, seed: int, corpus: str | None,
             placement: Placement = DEFAULT_PLACEMENT) -> pd.DataFrame:
+    from headlens.detectors import all_detectors
     from headlens.zoo import scores as shipped
 
-    # zoo models ship their default (float32) scan
-    table = None if corpus or placement[0] != "float32" else shipped.read(ref, n_prompts, seed)
+    # zoo models ship their default (float32) scan; a registered default detector it lacks means a fresh scan
+    defaults = [n for n, d in all_detectors().items() if d.default]
+    table = None if corpus or placement[0] != "float32" else shipped.read(ref, n_prompts, seed, defaults)
     if table is not None:
         return table
     with exclusive(get_model(ref, placement)) as model:
@@ -115,8 +117,8 @@ def get_ablation(ref: str, heads: Sequence[str], method: str, metric: str, text:
 
 @st.cache_data(max_entries=8, show_spinner=False)
 def _training(ref: str, key: str, detectors: tuple[str, ...], n_prompts: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    snaps = hd.find_snapshots(ref)
-    return hd.training_losses(snaps), hd.snapshot_scores(snaps, detectors, n_prompts=n_prompts)
+    snaps = history.find_snapshots(ref)
+    return history.training_losses(snaps), history.snapshot_scores(snaps, detectors, n_prompts=n_prompts)
 
 
 def get_training(ref: str, detectors: Sequence[str] = hd.TRAINING_DETECTORS,

@@ -225,7 +225,8 @@ def head_examples(model: Any, text: str, scores: Any, max_heads: int = 12) -> tu
     from headlens.detectors import get_detector
     from headlens.detectors.base import as_targets
     from headlens.models.vocab import vocab
-    from headlens.probes.base import collate, text_prompts
+    from headlens.probes.base import collate
+    from headlens.probes.text import text_prompts
     from headlens.scoring.table import labelled_heads
 
     probe = text_prompts(model, [text])

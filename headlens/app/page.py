@@ -3,7 +3,7 @@ attends to on your text, knock heads out, watch heads form during training.
 
 Wiring only: the sidebar, the grid and the view switch; each view is a module in
 ``headlens/app/views/``. Scores, patterns and ablations come from ``headlens.app.helpers``
-(which calls the library) and figures from ``headlens.viz.grid``. This file ships inside the
+(which calls the library) and figures from ``headlens.viz``. This file ships inside the
 package so ``headlens dashboard`` works after a plain ``pip install``; ``apps/dashboard.py``
 in a source checkout runs it too.
 

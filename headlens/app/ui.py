@@ -8,8 +8,8 @@ from typing import Any
 
 import streamlit as st
 
+from headlens import viz
 from headlens.errors import HeadlensError
-from headlens.viz import grid as viz
 
 HALF_WINDOW = 40  # tokens a half-width heatmap (several side by side) labels legibly; full width: viz.PATTERN_WINDOW
 

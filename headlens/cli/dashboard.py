@@ -98,7 +98,6 @@ def _warm_up() -> None:
         from streamlit import runtime
 
         import headlens.models.gpt  # noqa: F401  (torch)
-        import headlens.models.loading
 
         deadline = time.monotonic() + 120
         while not runtime.exists() and time.monotonic() < deadline:

@@ -109,8 +109,8 @@ def run_trajectory(models: list[str], detectors: str | None, n_prompts: int, seq
         if not quiet:
             err.print(f"wrote {len(df)} rows to {out}")
     if figure is not None:
+        from headlens import viz
         from headlens.scoring.resume import atomic_write
-        from headlens.viz import grid as viz
 
         html = viz.figure_html(viz.trajectory_figure(df))
         atomic_write(figure, lambda tmp: Path(tmp).write_text(html, encoding="utf-8"))

@@ -152,10 +152,10 @@ def evaluation_tokens(model_dir: Path, cfg: Any, n_rows: int, seq_len: int, seed
     T = min(seq_len, n_ctx)
     tok = _tokenizer(model_dir, required=False)
     if tok is not None:
-        from headlens.doctor.checkpoint import _stdlib_text
+        from headlens.doctor.verdict import stdlib_text
 
         tok.model_max_length = 1 << 30  # one long text, cut into rows below (no length warning)
-        ids = tok(_stdlib_text(n_rows * T * 2, seed), add_special_tokens=False)["input_ids"]
+        ids = tok(stdlib_text(n_rows * T * 2, seed), add_special_tokens=False)["input_ids"]
         n = min(n_rows, len(ids) // (T - 1))
         body = torch.tensor(ids[: n * (T - 1)]).view(n, T - 1)  # (N, T - 1)
         first = torch.full((n, 1), int(bos) if bos is not None else int(ids[0]))
@@ -218,8 +218,8 @@ def check_family(model_dir: Path, n_heads: int | None, candidates: list[int] | N
     """:func:`headlens.doctor.check_checkpoint` for a non-GPT-2 Hugging Face directory."""
     import time
 
-    from headlens.doctor.checkpoint import decide, head_count_warnings
     from headlens.doctor.report import CheckpointReport, HeadCountEvidence
+    from headlens.doctor.verdict import decide, head_count_warnings
 
     cfg = read_config(model_dir)
     config = claimed_layout(cfg)

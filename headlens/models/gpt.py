@@ -21,10 +21,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from headlens.errors import ProbeError
+from headlens.models.attention import AttentionSpec
 from headlens.models.config import ModelConfig
 from headlens.models.hooks import HookedRootModule, HookPoint
 from headlens.models.tokenizer import Tokenizer
-from headlens.scoring.lse import AttentionSpec
 
 
 def gelu_new(x: torch.Tensor) -> torch.Tensor:

@@ -64,17 +64,17 @@ def load(ref: Any, device: str = "cpu", dtype: Any = None, trust_remote_code: bo
         if not entry.available:
             raise ModelReferenceError(f"zoo model {ref_str!r} has no weights in this install ({entry.path})")
         if entry.format == "hf":
-            from headlens.models.hf.bridge import load_bridge
+            from headlens.models.hf.boot import load_bridge
 
             return load_bridge(entry.path, device=device, dtype=torch_dtype, name=ref_str, **kwargs)
         return _native(entry.path, device, torch_dtype, name=ref_str, **kwargs)
     if ref_str.startswith("hf:"):
-        from headlens.models.hf.bridge import load_bridge
+        from headlens.models.hf.boot import load_bridge
 
         return load_bridge(ref_str[3:], device=device, dtype=torch_dtype, trust_remote_code=trust_remote_code,
                            **kwargs)
     if ref_str == "minilm":
-        from headlens.models.hf.bridge import load_minilm
+        from headlens.models.hf.boot import load_minilm
 
         return load_minilm(device=device, dtype=torch_dtype, **kwargs)
     path = Path(ref_str).expanduser()

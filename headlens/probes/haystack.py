@@ -13,7 +13,7 @@ Haystacks:
   tokens the needle does not use: inside a prompt each needle token occurs only in the needle and
   its copy, so the copy target is unambiguous.
 * ``"stdlib"``: held-out standard-library source, tokenized by the model (the corpus reader of
-  :func:`headlens.probes.base.stdlib_windows`); the needle is still random tokens, which may also occur
+  :func:`headlens.probes.text.stdlib_windows`); the needle is still random tokens, which may also occur
   in the code.
 
 Prompt lengths and depths vary over a grid (several lengths up to ``seq_len``, several depths), one
@@ -30,7 +30,8 @@ import torch
 
 from headlens.errors import ProbeError
 from headlens.models.vocab import vocab
-from headlens.probes.base import Probe, stdlib_body
+from headlens.probes.base import Probe
+from headlens.probes.text import stdlib_body
 
 HAYSTACKS = ("random", "stdlib")
 DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)  # where the needle sits, as a fraction of the haystack

@@ -85,7 +85,7 @@ class AnnotatedProbe:
 
 def read_rows(path: str | Path) -> list[str | dict[str, Any]]:
     """The rows of a prompts file: strings (plain lines, or JSONL without targets) and dicts (with them)."""
-    from headlens.probes.base import read_prompts
+    from headlens.probes.text import read_prompts
 
     p = Path(path)
     texts = read_prompts(p)  # every check on the file itself (exists, UTF-8, JSON, "text")

@@ -25,13 +25,18 @@ summed into its target with one ``index_add_`` (no ``(B, H, Q, K)`` tensor outli
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from headlens.detectors import DETECTORS, all_detectors, split_names
+from headlens.detectors.base import Detector
+from headlens.errors import ProbeError
 from headlens.models.vocab import vocab
+from headlens.probes import spans as A
 from headlens.probes.base import Probe, collate
 from headlens.probes.spans import AnnotatedProbe
 from headlens.scoring.stats import N_BOOT, Summary, summarize
@@ -187,3 +192,58 @@ def summaries(st: TargetStats, seed: int = 0, n_boot: int = N_BOOT) -> tuple[Sum
                      _per_prompt(ones[has], st.prompt[has], st.n_prompts),
                      _per_prompt(chance[has], st.prompt[has], st.n_prompts), seed=seed, n_boot=n_boot)
     return score, pref
+
+
+# -- which annotated head types classify scores, and their rows ----------------------------------------------------
+PREFERENCE_COLUMNS = ("preference", "preference_ci_low", "preference_ci_high")
+
+
+def prompt_rows(prompts: Any) -> tuple[list[str] | None, dict[str, list[tuple[int, dict[str, Any]]]]]:
+    """The prompts' texts (None without prompts) and their annotated rows by head type."""
+    if prompts is None:
+        return None, {}
+    rows = A.read_rows(prompts) if isinstance(prompts, str | os.PathLike) else list(prompts)
+    if not rows:
+        raise ProbeError("no prompts given")
+    texts, groups = A.split_rows(rows)
+    clash = [n for n in groups if n in DETECTORS and DETECTORS[n].kind != "annotated"]
+    if clash:
+        raise ProbeError(f"annotated detector name {clash[0]!r} is a built-in detector defined by code; "
+                         f"give your head type another name")
+    return texts, groups
+
+
+def requested_types(detectors: Sequence[str] | str | None, annotated: dict[str, Any]) -> tuple[list[str] | None, list[str]]:
+    """The built-in detectors asked for (None: every one) and the user's annotated head types to score."""
+    if isinstance(detectors, str):
+        detectors = split_names(detectors)
+    known = all_detectors()  # entry-point plugins included
+    if not detectors:
+        return None, [n for n in annotated if n not in known]
+    user = [n for n in detectors if isinstance(n, str) and n in annotated and n not in known]
+    return [n for n in detectors if not isinstance(n, str) or n not in user], user
+
+
+def annotated_jobs(model: Any, dets: list[Detector], user_types: list[str], rows: dict[str, Any],
+                    have_texts: bool, n_prompts: int, seed: int, truncate: bool) -> dict[str, A.AnnotatedProbe]:
+    """The annotated probes to measure: the user's rows per head type, or generated ones (coreference)."""
+    jobs = {}
+    for name in [d.name for d in dets if d.kind == "annotated"] + user_types:
+        if name in rows:
+            jobs[name] = A.annotated_probe(model, rows[name], name, truncate=truncate)
+        elif not have_texts and name == "coreference":
+            from headlens.probes.coreference import rows as coreference_rows
+
+            generated = list(enumerate(coreference_rows(model, n_prompts, seed)))
+            jobs[name] = A.annotated_probe(model, generated, name)
+            jobs[name].settings["generator"] = "headlens.probes.coreference (gender and number templates)"
+    return jobs
+
+
+def with_preference(rows: list[dict[str, Any]], pref: Summary | None) -> list[dict[str, Any]]:
+    nan = float("nan")
+    for i, row in enumerate(rows):
+        vals = (nan, nan, nan) if pref is None else (float(pref.score[i]), float(pref.ci_low[i]),
+                                                     float(pref.ci_high[i]))
+        row.update(zip(PREFERENCE_COLUMNS, vals, strict=True))
+    return rows

@@ -1,6 +1,6 @@
 """``headlens.classify``: score every head of a model on every detector and label it.
 
-Orchestration only: pick detectors, build their probes, :func:`headlens.scoring.engine.scan` each probe
+Orchestration only: pick detectors, build their probes, :func:`headlens.scoring.scan.scan` each probe
 once (every detector of a probe shares its forward passes), summarise with
 :mod:`headlens.scoring.stats` and return the tidy table of :mod:`headlens.scoring.table`.
 
@@ -27,10 +27,18 @@ from headlens.detectors.retrieval import WU_THRESHOLD
 from headlens.detectors.tl_compat import TL_DETECTORS, TL_NORM
 from headlens.errors import DetectorError, ModelReferenceError, ProbeError
 from headlens.models.vocab import vocab
-from headlens.probes import base as P
-from headlens.probes import spans as A
+from headlens.probes.base import CORPORA, Probe, short_of
+from headlens.probes.generated import brackets, random_tokens, repeated_segments
 from headlens.probes.haystack import needle_haystack
-from headlens.scoring.annotated import measure
+from headlens.probes.text import stdlib_windows, text_prompts
+from headlens.scoring.annotated import (
+    PREFERENCE_COLUMNS,
+    annotated_jobs,
+    measure,
+    prompt_rows,
+    requested_types,
+    with_preference,
+)
 from headlens.scoring.annotated import summaries as target_summaries
 from headlens.scoring.distributed import current, scan_blocks
 from headlens.scoring.engine import DetectorStats, choose_path
@@ -129,26 +137,26 @@ def select_detectors(model: Any, names: Sequence[str] | str | None, tl_compatibl
 
 
 def _probes(model: Any, dets: list[Detector], prompts: Any, n_prompts: int, seq_len: int, seed: int,
-            truncate: bool, corpus: str | None = None) -> list[tuple[P.Probe, list[Detector]]]:
+            truncate: bool, corpus: str | None = None) -> list[tuple[Probe, list[Detector]]]:
     """Group pattern detectors by the probe they read (the user's texts, or a corpus, serve every detector)."""
     pattern = [d for d in dets if d.kind in ("index", "mask", "top1")]
     if not pattern:
         return []
     if corpus is not None:
-        if corpus not in P.CORPORA:
-            raise ProbeError(f"unknown corpus {corpus!r}; expected one of {', '.join(P.CORPORA)}")
+        if corpus not in CORPORA:
+            raise ProbeError(f"unknown corpus {corpus!r}; expected one of {', '.join(CORPORA)}")
         needles = [d for d in pattern if d.probe == "needle"]  # needles hidden in stdlib haystacks
         windows = [d for d in pattern if d.probe != "needle"]
-        groups = [(P.stdlib_windows(model, n_prompts, seq_len, torch.Generator().manual_seed(seed * 1009 + 7)),
+        groups = [(stdlib_windows(model, n_prompts, seq_len, torch.Generator().manual_seed(seed * 1009 + 7)),
                    windows)] if windows else []
         if needles:
             gen = torch.Generator().manual_seed(seed * 1009 + 8)
             groups.append((needle_haystack(model, n_prompts, seq_len, gen, haystack=corpus), needles))
         return groups
     if prompts is not None:
-        return [(P.text_prompts(model, prompts, truncate=truncate), pattern)]
-    builders = {"random_tokens": P.random_tokens, "repeated_segments": P.repeated_segments,
-                "brackets": P.brackets, "needle": needle_haystack}
+        return [(text_prompts(model, prompts, truncate=truncate), pattern)]
+    builders = {"random_tokens": random_tokens, "repeated_segments": repeated_segments,
+                "brackets": brackets, "needle": needle_haystack}
     groups = []
     for k, name in enumerate(builders):
         served = [d for d in pattern if d.probe == name]
@@ -259,7 +267,7 @@ def classify(
     """
     import pandas as pd
 
-    import headlens
+    from headlens import __version__
     from headlens.scoring.table import empty_table, kv_heads, n_kv_heads, validate
 
     rank = current()
@@ -270,14 +278,14 @@ def classify(
     asked, seq_len = int(seq_len), min(int(seq_len), int(model.cfg.n_ctx))
     if corpus is not None and prompts is not None:
         raise ProbeError("pass either prompts or a corpus, not both")
-    texts, annotated_rows = _read_rows(prompts)
-    builtin, user_types = _requested(detectors, annotated_rows)
+    texts, annotated_rows = prompt_rows(prompts)
+    builtin, user_types = requested_types(detectors, annotated_rows)
     dets, skipped, explicit = select_detectors(model, builtin, tl_compatible) if builtin != [] else ([], {}, True)
     taus = _thresholds(threshold, user_types, dets)
     groups = _probes(model, dets, texts, n_prompts, seq_len, seed, truncate, corpus)
-    jobs = _annotated_jobs(model, dets, user_types, annotated_rows, texts is not None or corpus is not None,
+    jobs = annotated_jobs(model, dets, user_types, annotated_rows, texts is not None or corpus is not None,
                            n_prompts, seed, truncate)
-    notes: list[str] = [why for pr, _ in groups if (why := P.short_of(pr, seq_len))]
+    notes: list[str] = [why for pr, _ in groups if (why := short_of(pr, seq_len))]
     if asked > seq_len and any(pr.name != "prompts" for pr, _ in groups):
         notes.append(f"seq_len={asked} is beyond the model's context (n_ctx={seq_len}): probes were built "
                      f"at {seq_len} tokens")
@@ -341,7 +349,7 @@ def classify(
         if pref is not None:  # and the referent must beat the distractors more often than chance
             labels &= pref.ci_low > pref.baseline
         new_rows = _rows(model.name, name, s, lift, labels, L, kv)
-        rows += _with_preference(new_rows, pref) if name in preferences else new_rows
+        rows += with_preference(new_rows, pref) if name in preferences else new_rows
     columns = list(empty_table().columns) + (list(PREFERENCE_COLUMNS) if preferences else [])
     df = pd.DataFrame(rows, columns=columns) if rows else empty_table()
     if s_small := [d for d, s in summaries.items() if 0 < s.n_prompts < 10]:
@@ -349,7 +357,7 @@ def classify(
     for note in notes:
         warnings.warn(note, stacklevel=2)
     df.attrs.update({
-        "headlens_version": headlens.__version__, "model": model.name,
+        "headlens_version": __version__, "model": model.name,
         "causal": bool(model.is_causal), "n_layers": L, "n_heads": H, "n_kv_heads": H_kv,
         "seed": seed,
         "scoring": "tl_compatible" if tl_compatible else "headlens",
@@ -369,58 +377,3 @@ def classify(
         df.attrs["retrieval_wu_2024"] = {"threshold": WU_THRESHOLD, "rule": "score > 0.1 (Wu et al. 2024)",
                                          "heads": [f"L{a}H{b}" for a, b in zip(r["layer"], r["head"], strict=True)]}
     return validate(df)
-
-
-# -- annotated head types (headlens.probes.spans) ----------------------------------------------------
-PREFERENCE_COLUMNS = ("preference", "preference_ci_low", "preference_ci_high")
-
-
-def _read_rows(prompts: Any) -> tuple[list[str] | None, dict[str, list[tuple[int, dict[str, Any]]]]]:
-    """The prompts' texts (None without prompts) and their annotated rows by head type."""
-    if prompts is None:
-        return None, {}
-    rows = A.read_rows(prompts) if isinstance(prompts, str | os.PathLike) else list(prompts)
-    if not rows:
-        raise ProbeError("no prompts given")
-    texts, groups = A.split_rows(rows)
-    clash = [n for n in groups if n in DETECTORS and DETECTORS[n].kind != "annotated"]
-    if clash:
-        raise ProbeError(f"annotated detector name {clash[0]!r} is a built-in detector defined by code; "
-                         f"give your head type another name")
-    return texts, groups
-
-
-def _requested(detectors: Sequence[str] | str | None, annotated: dict[str, Any]) -> tuple[list[str] | None, list[str]]:
-    """The built-in detectors asked for (None: every one) and the user's annotated head types to score."""
-    if isinstance(detectors, str):
-        detectors = split_names(detectors)
-    known = all_detectors()  # entry-point plugins included
-    if not detectors:
-        return None, [n for n in annotated if n not in known]
-    user = [n for n in detectors if isinstance(n, str) and n in annotated and n not in known]
-    return [n for n in detectors if not isinstance(n, str) or n not in user], user
-
-
-def _annotated_jobs(model: Any, dets: list[Detector], user_types: list[str], rows: dict[str, Any],
-                    have_texts: bool, n_prompts: int, seed: int, truncate: bool) -> dict[str, A.AnnotatedProbe]:
-    """The annotated probes to measure: the user's rows per head type, or generated ones (coreference)."""
-    jobs = {}
-    for name in [d.name for d in dets if d.kind == "annotated"] + user_types:
-        if name in rows:
-            jobs[name] = A.annotated_probe(model, rows[name], name, truncate=truncate)
-        elif not have_texts and name == "coreference":
-            from headlens.probes.coreference import rows as coreference_rows
-
-            generated = list(enumerate(coreference_rows(model, n_prompts, seed)))
-            jobs[name] = A.annotated_probe(model, generated, name)
-            jobs[name].settings["generator"] = "headlens.probes.coreference (gender and number templates)"
-    return jobs
-
-
-def _with_preference(rows: list[dict[str, Any]], pref: Summary | None) -> list[dict[str, Any]]:
-    nan = float("nan")
-    for i, row in enumerate(rows):
-        vals = (nan, nan, nan) if pref is None else (float(pref.score[i]), float(pref.ci_low[i]),
-                                                     float(pref.ci_high[i]))
-        row.update(zip(PREFERENCE_COLUMNS, vals, strict=True))
-    return rows

@@ -264,7 +264,7 @@ def _scan_rows(model: Any, probe: Any, detectors: Any, rows: range, batch_size: 
     """
     import torch
 
-    from headlens.scoring.engine import scan
+    from headlens.scoring.scan import scan
 
     chunk = batch_size if store is not None else max(len(rows), 1)
     parts, paths = [], set()
@@ -296,10 +296,10 @@ def _scan_rows(model: Any, probe: Any, detectors: Any, rows: range, batch_size: 
 def scan_blocks(model: Any, probe: Any, detectors: Any, batch_size: int = 32, progress: Any = None,
                 rank: Rank | None = None, store: Any = None, path: str = "auto",
                 info: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """:func:`headlens.scoring.engine.scan` of this rank's block of batches, gathered on rank 0.
+    """:func:`headlens.scoring.scan.scan` of this rank's block of batches, gathered on rank 0.
 
     Args:
-        model, probe, detectors, batch_size, progress, path, info: as for :func:`headlens.scoring.engine.scan`
+        model, probe, detectors, batch_size, progress, path, info: as for :func:`headlens.scoring.scan.scan`
             (``info["scan_path"]`` joins the paths every rank took).
         rank: this process's :class:`Rank` (default :func:`current`).
         store: a :class:`headlens.scoring.resume.ShardStore`: finished batches are read back, new ones written.

@@ -9,7 +9,7 @@ distance). The score at g is the attention mass on that target, pooled over rows
 every headlens score, with a bootstrap CI over prompts and the uniform baseline.
 
 The probe for gap g: ``[BOS] p + r + f + r`` with ``len(p) = 16``, ``len(r) = 32`` and
-``len(r + f) = g``, every token drawn by :func:`headlens.probes.base.draw_tokens` (no repeats within
+``len(r + f) = g``, every token drawn by :func:`headlens.probes.generated.draw_tokens` (no repeats within
 the vocabulary size, then repeats at least half a vocabulary apart), so the prompt is g + 49
 tokens long. A curve runs g = 64, 128, ... up to 32,768 or the context, through the sparse scan
 where T is large (``scan_path="auto"``): nothing O(T²) is stored.
@@ -32,7 +32,8 @@ import torch
 
 from headlens.detectors.base import Detector, finish_targets
 from headlens.models.vocab import vocab
-from headlens.probes.base import Probe, ProbeBatch, draw_tokens
+from headlens.probes.base import Probe, ProbeBatch
+from headlens.probes.generated import draw_tokens
 
 PREFIX, REPEAT = 16, 32  # tokens before the first copy; tokens in each copy
 MAX_GAP = 32768
@@ -100,7 +101,7 @@ def induction_curve(model: Any, gap_list: Sequence[int] | None = None, n_prompts
     import pandas as pd
 
     from headlens.scoring.classification import resolve_model
-    from headlens.scoring.engine import scan
+    from headlens.scoring.scan import scan
     from headlens.scoring.stats import summarize
 
     model = resolve_model(model)

@@ -150,19 +150,19 @@ def probe_hash(probe: Any) -> str:
 
 def scan_store(root: str | os.PathLike, model: Any, probes: Any, detectors: Any, **settings: Any) -> ShardStore:
     """The store for a classify run: fingerprint = weights, probes, detectors, settings, version."""
-    import headlens
+    from headlens import __version__
 
     fp = digest(weights_hash(model), [probe_hash(p) for p, _ in probes], [p.settings for p, _ in probes],
-                [d.name for d in detectors], settings, headlens.__version__)
+                [d.name for d in detectors], settings, __version__)
     return ShardStore(root, "classify", fp)
 
 
 def sweep_store(root: str | os.PathLike, model: Any, tasks: dict[str, Any], groups: Any, reference: Any,
                 **settings: Any) -> ShardStore:
     """The store for an ablation sweep: weights, task prompts, the head groups, settings and version."""
-    import headlens
+    from headlens import __version__
 
     task_hashes = {m: tensor_hash([("tokens", t.tokens), ("positions", t.positions)]) for m, t in tasks.items()}
     ref = None if reference is None else tensor_hash([("reference", reference)])
-    fp = digest(weights_hash(model), task_hashes, [list(g) for g in groups], ref, settings, headlens.__version__)
+    fp = digest(weights_hash(model), task_hashes, [list(g) for g in groups], ref, settings, __version__)
     return ShardStore(root, "sweep", fp)

@@ -104,12 +104,12 @@ def checkpoints(models: str | os.PathLike | Sequence[str | os.PathLike]) -> list
 
 
 def _fingerprint(ckpt: Checkpoint, settings: dict[str, Any]) -> str:
-    import headlens
+    from headlens import __version__
     from headlens.scoring.resume import digest, file_hash
 
     path = Path(ckpt.ref).expanduser()
     source = file_hash(path) if path.is_file() else ckpt.ref
-    return digest(source, ckpt.step, settings, headlens.__version__)
+    return digest(source, ckpt.step, settings, __version__)
 
 
 def _score(ckpt: Checkpoint, settings: dict[str, Any], load_options: dict[str, Any], device: str,

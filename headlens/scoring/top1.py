@@ -10,7 +10,7 @@ Why it looks like this:
   row is ``1 / (keys visible from q)``: uniform attention's top-1 is a uniformly random key.
 * **Only the rows that count.** A needle prompt has a handful of copy steps among thousands of
   positions; only those rows' maxima are needed. ``"sparse"``: q and k come from the backend's
-  hooks (:class:`headlens.scoring.lse.AttentionSpec`: after RoPE, its own scale, window, soft-capping,
+  hooks (:class:`headlens.models.attention.AttentionSpec`: after RoPE, its own scale, window, soft-capping,
   GQA), and each counted row's scores are formed against blocks of keys, keeping a running max
   and argmax: memory O(R·block) per head, never a full ``(T, T)`` pattern nor even a full row.
   ``"dense"`` (backends without q/k specs, short prompts): the row maxima of ``hook_pattern``.
@@ -27,9 +27,10 @@ from typing import Any
 import torch
 
 from headlens.detectors.base import Detector, as_targets
+from headlens.models.attention import AttentionSpec
 from headlens.probes.base import Probe, ProbeBatch
 from headlens.scoring.engine import DetectorStats, Reducer, run_batches
-from headlens.scoring.lse import AttentionSpec, expand_kv, out_of_view, scores
+from headlens.scoring.lse import expand_kv, out_of_view, scores
 
 KEY_BLOCK = 4096  # keys per block of the running max
 
@@ -124,7 +125,7 @@ def _per_detector(share: torch.Tensor, D: int) -> torch.Tensor:
 def scan_top1(model: Any, probe: Probe, detectors: Sequence[Detector], batch_size: int = 8,
               progress: Callable[[int], None] | None = None, path: str = "auto",
               info: dict[str, Any] | None = None) -> dict[str, DetectorStats]:
-    """Score ``"top1"`` detectors on every prompt of ``probe`` (same outputs as :func:`headlens.scoring.engine.scan`).
+    """Score ``"top1"`` detectors on every prompt of ``probe`` (same outputs as :func:`headlens.scoring.scan.scan`).
 
     Args:
         model: any headlens backend.

@@ -219,7 +219,7 @@ def load_snapshot(path: str | os.PathLike) -> LlamaLM:
 
 def load_run(model_dir: str | os.PathLike, name: str | None = None) -> Any:
     """Boot a directory written by :func:`save_dir` through the bridge (what ``headlens.load`` does)."""
-    from headlens.models.hf.bridge import load_bridge
+    from headlens.models.hf.boot import load_bridge
 
     return load_bridge(model_dir, name=name)
 

@@ -19,9 +19,9 @@ from headlens.training import llama
 from headlens.training.evaluate import EVALUATORS
 from headlens.training.recipes import Recipe, get_recipe
 from headlens.training.train import load_trained
-from headlens.zoo import weights_dir
+from headlens.zoo import cards_dir, weights_dir
 
-CARDS_DIR = Path(__file__).parent / "cards"
+CARDS_DIR = cards_dir()  # the cards ship with the zoo
 HALF_TOLERANCE = 0.01
 
 

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
 
 def score_diff_figure(diff: Any, detector: str, n_layers: int, n_heads: int, title: str = "") -> go.Figure:
     """Layers x heads coloured by the change of one detector's score (``diff`` rows from
-    ``headlens.app.helpers.score_diff``): red where the second model scores higher, blue lower."""
+    ``headlens.app.history.score_diff``): red where the second model scores higher, blue lower."""
     import plotly.graph_objects as go
 
     rows = diff[diff["detector"] == detector]

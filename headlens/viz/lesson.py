@@ -1,6 +1,6 @@
 """Plotly figures for the Learn view: the head split drawn on real tensors, the head-count sweep.
 
-Pure builders like :mod:`headlens.viz.grid` (no Streamlit, no model): they take the arrays of
+Pure builders like :mod:`headlens.viz.grid` and the rest of :mod:`headlens.viz` (no Streamlit, no model): they take the arrays of
 ``headlens.app.lesson``'s steps.
 """
 

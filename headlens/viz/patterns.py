@@ -1,6 +1,6 @@
 """Attention patterns as heatmaps with every token labelled: one head, or several side by side.
 
-Pure plotly builders (re-exported by :mod:`headlens.viz.grid`). Why windows: a tick label needs about
+Pure plotly builders (re-exported by :mod:`headlens.viz`). Why windows: a tick label needs about
 11 px, so a heatmap labels every token of a window sized to fit, and the dashboard moves the
 window over longer texts (``token_window``); several panels wrap onto rows (``panels_per_row``).
 """

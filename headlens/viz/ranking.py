@@ -1,6 +1,6 @@
 """The ranking figure of annotated head types: score and preference accuracy side by side.
 
-Split from :mod:`headlens.viz.grid` (which re-exports it) to keep each figure module short.
+One figure module of :mod:`headlens.viz` (which re-exports its builders).
 """
 
 from __future__ import annotations

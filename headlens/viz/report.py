@@ -45,11 +45,11 @@ def report_html(model: Any, table: Any, prompt: str | None = None) -> str:
     """
     from headlens.probes.texts import example_text
     from headlens.scoring.table import labelled_heads
-    from headlens.viz import grid as viz
+    from headlens.viz.grid import head_grid_figure
 
     attrs = dict(table.attrs)
     name = str(attrs.get("model", getattr(model, "name", "model")))
-    grid = viz.head_grid_figure(table, "induction", model.n_layers, model.n_heads, color_by="label",
+    grid = head_grid_figure(table, "induction", model.n_layers, model.n_heads, color_by="label",
                                 title=f"{name}: strongest label per head (colour: type, intensity: score)")
     parts = [f"<h1>headlens report: {html.escape(name)}</h1>",
              f"<p>{model.n_layers} layers × {model.n_heads} heads; {int(table['label'].sum())} labels on "
@@ -83,7 +83,7 @@ def _patterns(model: Any, table: Any, prompt: str) -> list[str]:
     import torch
 
     from headlens.scoring.table import head_labels
-    from headlens.viz import grid as viz
+    from headlens.viz.patterns import pattern_figure, token_window
     from headlens.viz.tokenview import token_view_html
 
     labels = head_labels(table)
@@ -95,14 +95,14 @@ def _patterns(model: Any, table: Any, prompt: str) -> list[str]:
     with torch.inference_mode():
         _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
     str_tokens = model.to_str_tokens(tokens)
-    window = viz.token_window(len(str_tokens))
+    window = token_window(len(str_tokens))
     out = [f"<h2>Patterns of the labelled heads</h2><p>On the example prompt <code>{html.escape(prompt)}</code>"
            + (f" (first {len(window)} of {len(str_tokens)} tokens in the heatmaps)" if len(window) < len(str_tokens)
               else "") + ".</p>"]
     for layer, head in heads:
         pattern = cache[f"blocks.{layer}.attn.hook_pattern"][0, head].float().cpu().numpy()  # (Q, K)
         name = f"L{layer}H{head}"
-        fig = viz.pattern_figure(pattern, str_tokens, title=f"{name}: {', '.join(labels[(layer, head)])}",
+        fig = pattern_figure(pattern, str_tokens, title=f"{name}: {', '.join(labels[(layer, head)])}",
                                  causal=model.is_causal, window=window)
         out.append(f'<div class="head"><h3>{name}: {html.escape(", ".join(labels[(layer, head)]))}</h3>'
                    + fig.to_html(full_html=False, include_plotlyjs=False)

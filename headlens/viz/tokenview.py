@@ -51,7 +51,7 @@ _SCRIPT = """
 
 
 def _shown(token: str) -> str:
-    from headlens.viz.grid import BYTE_ESCAPES
+    from headlens.viz.patterns import BYTE_ESCAPES
 
     token = BYTE_ESCAPES.get(token, token)
     return html.escape(token or "∅").replace("\n", "⏎<br>").replace("\t", "⇥")

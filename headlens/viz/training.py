@@ -1,6 +1,6 @@
 """Training-series figures (``headlens trajectory``): every head's score over checkpoints, under the loss.
 
-Split from :mod:`headlens.viz.grid` (which re-exports it) to keep each figure module short.
+One figure module of :mod:`headlens.viz` (which re-exports its builders).
 """
 
 from __future__ import annotations

@@ -65,11 +65,16 @@ class ZooEntry:
     @property
     def card(self) -> Path:
         """The model card (markdown) written by ``headlens.training.ship``."""
-        return Path(__file__).parent / "cards" / f"{self.name}.md"
+        return cards_dir() / f"{self.name}.md"
 
 
 def weights_dir() -> Path:
     return Path(str(resources.files("headlens.zoo") / "weights"))
+
+
+def cards_dir() -> Path:
+    """Where the model cards live (``<name>.md`` for people, ``<name>.json`` for the tests)."""
+    return Path(str(resources.files("headlens.zoo") / "cards"))
 
 
 # One entry per shipped model; known_heads are the heads its model card measured

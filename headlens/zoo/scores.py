@@ -8,9 +8,9 @@ scores as usual, so a stale file can cost time but never show wrong numbers.
 ``tests/test_zoo.py`` recomputes every shipped table and fails when one is out of date;
 regenerate them with::
 
-    python -m headlens.zoo.scores [NAME ...]     # every zoo model, or the ones named
+    python -m headlens.app.ship_scores [NAME ...]     # every zoo model, or the ones named
 
-Model calls: none when reading; :func:`main` loads and scores every zoo model.
+Model calls: none (this module reads and writes the files; :mod:`headlens.app.ship_scores` scores).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,19 +43,18 @@ def _key(name: str, n_prompts: int, seed: int) -> dict[str, Any]:
             "seed": int(seed)}
 
 
-def read(name: str, n_prompts: int, seed: int) -> pd.DataFrame | None:
+def read(name: str, n_prompts: int, seed: int, detectors: Iterable[str] = ()) -> pd.DataFrame | None:
     """The shipped scores of zoo model ``name`` for this scan, or None (not a zoo model, no file,
-    a key that does not match these weights and settings, or a registered detector, e.g. a
-    ``headlens.detectors`` plugin, that the stored table neither scored nor skipped)."""
+    a key that does not match these weights and settings, or one of ``detectors`` (the scan's: the
+    registered defaults, a ``headlens.detectors`` plugin among them) that the stored table neither
+    scored nor skipped)."""
     if name not in ZOO or not ZOO[name].available or not scores_path(name).is_file():
         return None
     stored = json.loads(scores_path(name).read_text())
     if stored.get("key") != _key(name, n_prompts, seed):
         return None
-    from headlens.detectors import all_detectors
-
     covered = set(stored["columns"].get("detector", [])) | set(stored["attrs"].get("skipped", {}))
-    if {n for n, d in all_detectors().items() if d.default} - covered:
+    if set(detectors) - covered:
         return None
     import pandas as pd
 
@@ -76,27 +76,3 @@ def write(name: str, table: pd.DataFrame, n_prompts: int, seed: int) -> Path:
     tmp.write_text(json.dumps(stored, indent=0, default=str) + "\n")
     os.replace(tmp, path)
     return path
-
-
-def main(names: list[str] | None = None) -> None:
-    import sys
-
-    import torch
-
-    from headlens.app import helpers as hd
-    from headlens.models.loading import load
-
-    names = names if names is not None else sys.argv[1:]
-    unknown = [n for n in names if n not in ZOO]
-    if unknown:
-        raise SystemExit(f"unknown zoo model(s) {', '.join(unknown)}; known: {', '.join(ZOO)}")
-    torch.set_num_threads(1)
-    for name, entry in ZOO.items():
-        if not entry.available or (names and name not in names):
-            continue
-        table = hd.compute_scores(load(name), n_prompts=hd.DEFAULT_N_PROMPTS, seed=0)
-        print(f"{write(name, table, hd.DEFAULT_N_PROMPTS, 0)}: {len(table)} rows")
-
-
-if __name__ == "__main__":
-    main()

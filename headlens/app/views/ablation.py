@@ -6,10 +6,10 @@ from typing import Any
 
 import streamlit as st
 
+from headlens import viz
 from headlens.app import cache
 from headlens.app import helpers as hd
 from headlens.app.ui import attempt, current_placement, html_download
-from headlens.viz import grid as viz
 
 
 def ablation_view(ref: str, model: Any, text: str, selected: list[tuple[int, int]],

@@ -7,11 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 import streamlit as st
 
-from headlens.app import cache
-from headlens.app import helpers as hd
+from headlens import viz
+from headlens.app import cache, history
 from headlens.app.ui import attempt, current_placement, html_download
 from headlens.viz import compare as viz_compare
-from headlens.viz import grid as viz
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -21,7 +20,7 @@ OTHER = "a checkpoint path or hf:<dir> ..."
 
 def compare_view(ref: str, model: Any, scores: pd.DataFrame, detector: str, color_by: str,
                  n_prompts: int, seed: int, corpus: str | None) -> None:
-    choices = hd.compare_choices(ref)
+    choices = history.compare_choices(ref)
     label = st.selectbox("Compare with", [*choices, OTHER], key=f"compare::{ref}",
                          help="its own training snapshots (before/after a phase change), another zoo model, or "
                               "any checkpoint (a fine-tune, a retrained model)")
@@ -49,7 +48,7 @@ def compare_view(ref: str, model: Any, scores: pd.DataFrame, detector: str, colo
         st.info(f"The two models have different shapes ({model.n_layers}x{model.n_heads} vs "
                 f"{second.n_layers}x{second.n_heads} heads): their grids side by side, but no head-by-head difference.")
         return
-    diff = hd.score_diff(scores, theirs)
+    diff = history.score_diff(scores, theirs)
     detectors = list(dict.fromkeys(diff["detector"]))
     if not detectors:
         st.info("The two score tables share no detector.")

@@ -6,9 +6,9 @@ from typing import TYPE_CHECKING, Any
 
 import streamlit as st
 
+from headlens import viz
 from headlens.app import helpers as hd
 from headlens.app.ui import html_download
-from headlens.viz import grid as viz
 
 if TYPE_CHECKING:
     import pandas as pd

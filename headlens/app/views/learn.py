@@ -1,7 +1,7 @@
 """Learn: the lesson behind headlens, step by step, on the loaded model and the user's own text.
 
 Each step is a figure and two or three sentences; the tensors come from ``headlens.app.lesson``
-(through the cached loaders) and the figures from ``headlens.viz.grid`` / ``headlens.viz.lesson``.
+(through the cached loaders) and the figures from ``headlens.viz`` / ``headlens.viz.lesson``.
 Steps that need headlens' native GPT say so on a bridged model and show what they can.
 """
 
@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import streamlit as st
 
+from headlens import viz
 from headlens.app import cache
 from headlens.app import helpers as hd
 from headlens.app.ui import HALF_WINDOW, attempt, current_placement, html_download, window_slider
-from headlens.viz import grid as viz
 from headlens.viz import lesson as viz_lesson
 from headlens.viz.tokenview import attention_row_html
 

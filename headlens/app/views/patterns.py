@@ -10,10 +10,10 @@ from typing import Any
 
 import streamlit as st
 
+from headlens import viz
 from headlens.app import cache
 from headlens.app import helpers as hd
 from headlens.app.ui import HALF_WINDOW, attempt, current_placement, html_download, window_slider
-from headlens.viz import grid as viz
 from headlens.viz.tokenview import token_view_html
 
 MAX_PATTERNS = 6  # patterns drawn at once; more selected heads are listed, not drawn

@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING, Any
 
 import streamlit as st
 
-from headlens.app import cache
+from headlens import viz
+from headlens.app import cache, history
 from headlens.app import helpers as hd
 from headlens.app.ui import attempt, html_download
-from headlens.viz import grid as viz
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -21,11 +21,11 @@ def training_view(ref: str, model: Any, scores: pd.DataFrame, detector: str,
                          help="a table written by `headlens trajectory --out` (any model, any number of "
                               "checkpoints); empty: this model's own snapshots")
     if path.strip():
-        series = attempt("Could not read the trajectory table", hd.read_trajectory, path.strip())
+        series = attempt("Could not read the trajectory table", history.read_trajectory, path.strip())
         if series is not None:
             series_view(series, detector, selected, name=str(series.attrs.get("model", model.name)))
         return
-    snapshots = hd.find_snapshots(ref)
+    snapshots = history.find_snapshots(ref)
     if not snapshots:
         st.info("No training snapshots for this model. Zoo models that ship snapshots (induction-2l) and "
                 "checkpoints written by `headlens train` (snapshots/ next to the checkpoint) have this view; "

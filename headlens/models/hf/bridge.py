@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from headlens.errors import HeadlensError, ProbeError
+from headlens.models.hf.specs import attention_specs, n_kv_heads
 from headlens.models.hooks import ActivationCache
 from headlens.models.tokenizer import Tokenizer
 
@@ -108,7 +109,7 @@ class BridgeModel:
         c = bridge.cfg
         self.cfg = BridgeConfig(
             n_layers=int(c.n_layers), n_heads=int(c.n_heads), d_model=int(c.d_model),
-            d_head=int(c.d_head), n_ctx=int(c.n_ctx), d_vocab=int(c.d_vocab), n_kv_heads=_n_kv_heads(bridge),
+            d_head=int(c.d_head), n_ctx=int(c.n_ctx), d_vocab=int(c.d_vocab), n_kv_heads=n_kv_heads(bridge),
         )
         self.is_causal = getattr(c, "attention_dir", "causal") == "causal"
         self.tokenizer = bridge.tokenizer
@@ -184,7 +185,7 @@ class BridgeModel:
         ``layer_types`` says so). Tests check the patterns this implies against ``transformers``'
         eager attentions. None when a layer lacks q/k hooks: the scan then reads the pattern.
         """
-        return _attention_specs(self.bridge, self.is_causal)
+        return attention_specs(self.bridge, self.is_causal)
 
     def fused_attention(self) -> contextlib.AbstractContextManager[bool]:
         """For a sparse scan: inside the block, attention runs fused (SDPA, or a blocked attention for
@@ -403,60 +404,3 @@ class BridgeModel:
             f"BridgeModel({self.name!r}, n_layers={c.n_layers}, n_heads={c.n_heads}, d_model={c.d_model}, "
             f"causal={self.is_causal}, output={self.output_kind})"
         )
-
-
-def _n_kv_heads(bridge: Any) -> int:
-    """Key/value heads per layer: TransformerLens' ``n_key_value_heads``, else the HF config's
-    ``num_key_value_heads`` / ``num_kv_heads`` / ``multi_query`` (Falcon, GPT-BigCode), else n_heads."""
-    n = getattr(bridge.cfg, "n_key_value_heads", None)
-    if n:
-        return int(n)
-    hf = getattr(getattr(bridge, "original_model", None), "config", None)
-    for key in ("num_key_value_heads", "num_kv_heads"):
-        if getattr(hf, key, None):
-            return int(getattr(hf, key))
-    if getattr(hf, "multi_query", False):
-        return 1
-    return int(bridge.cfg.n_heads)
-
-
-# the loaders live in headlens.models.hf.boot; re-exported so ``from headlens.models.hf.bridge import load_bridge`` works
-from headlens.models.hf.boot import load_bridge, load_minilm, minilm_dir  # noqa: E402
-
-__all__ = ["BridgeConfig", "BridgeModel", "load_bridge", "load_minilm", "minilm_dir"]
-
-
-def _attention_specs(bridge: Any, causal: bool) -> list[Any] | None:
-    from headlens.scoring.lse import AttentionSpec
-
-    hf = getattr(getattr(bridge, "original_model", None), "config", None)
-    hf = getattr(hf, "text_config", None) or hf
-    specs = []
-    for layer in range(int(bridge.cfg.n_layers)):
-        pre = f"blocks.{layer}.attn."
-        rot = pre + "hook_rot_q" in bridge.hook_dict
-        q_hook, k_hook = (pre + "hook_rot_q", pre + "hook_rot_k") if rot else (pre + "hook_q", pre + "hook_k")
-        if q_hook not in bridge.hook_dict or k_hook not in bridge.hook_dict:
-            return None
-        module = getattr(bridge.blocks[layer].attn, "original_component", None)
-        scale = getattr(module, "scaling", None)
-        scale = float(scale) if isinstance(scale, int | float) else 1.0 / float(bridge.cfg.d_head) ** 0.5
-        if getattr(hf, "scale_attn_by_inverse_layer_idx", False):
-            scale /= layer + 1
-        softcap = getattr(hf, "attn_logit_softcapping", None)
-        sinks = getattr(module, "sinks", None)  # GPT-OSS: (n_heads,) sink logits
-        sinks = tuple(float(x) for x in sinks.detach().float().cpu()) if isinstance(sinks, torch.Tensor) else None
-        specs.append(AttentionSpec(q_hook, k_hook, "BTHD", scale, causal, _window(hf, layer),
-                                   float(softcap) if softcap else None, sinks))
-    return specs
-
-
-def _window(hf: Any, layer: int) -> int | None:
-    """The sliding window of ``layer`` (key k visible from q when ``q - k < window``), or None."""
-    window = getattr(hf, "sliding_window", None)
-    if not window or getattr(hf, "use_sliding_window", True) is False:
-        return None
-    types = getattr(hf, "layer_types", None)
-    if types is not None and layer < len(types) and types[layer] != "sliding_attention":
-        return None
-    return int(window)

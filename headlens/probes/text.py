@@ -1,0 +1,114 @@
+"""Probes from text: the user's prompts (one per line or JSONL) and windows of real Python source
+from held-out files of the standard library.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from headlens.errors import ProbeError
+from headlens.models.vocab import encode_body, token_strings, vocab
+from headlens.probes.base import PYTHON_PAIRS, Probe, body_budget, bracket_annotations
+
+
+# -- the user's texts ---------------------------------------------------------------------------
+def read_prompts(path: str | Path) -> list[str]:
+    """Texts from a file: one prompt per line, or JSONL objects with a ``"text"`` field.
+
+    Blank lines are skipped; a file with no prompt at all is a ``ProbeError``.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ProbeError(f"prompts file {str(path)!r} does not exist")
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ProbeError(f"prompts file {str(path)!r} is unreadable as UTF-8 text ({err})") from None
+    texts = []
+    jsonl = p.suffix == ".jsonl" or next((ln.lstrip().startswith("{") for ln in lines if ln.strip()), False)
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if jsonl:
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ProbeError(f"{str(path)!r} line {n} is not valid JSON ({err.msg})") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+                raise ProbeError(f'{str(path)!r} line {n}: expected an object with a string "text" field')
+            line = obj["text"]
+        if line.strip():
+            texts.append(line)
+    if not texts:
+        raise ProbeError(f"prompts file {str(path)!r} has no prompts (empty or only blank lines)")
+    return texts
+
+
+def text_prompts(model: Any, texts: list[str], truncate: bool = False) -> Probe:
+    """The user's texts, each with the model's specials around it.
+
+    A text longer than the model's context is refused (``ProbeError``) unless ``truncate``,
+    which cuts it to fit (the caller warns).
+    """
+    v = vocab(model)
+    n_ctx = int(model.cfg.n_ctx)
+    room = n_ctx - v.n_special_positions
+    prompts, matches, hards, n_cut = [], [], [], 0
+    for i, text in enumerate(texts):
+        if not text.strip():
+            raise ProbeError(f"prompt {i + 1} is empty")
+        body = encode_body(model, text)
+        if len(body) > room:
+            if not truncate:
+                raise ProbeError(
+                    f"prompt {i + 1} is {len(body) + v.n_special_positions} tokens long; the model's context "
+                    f"is n_ctx={n_ctx}; shorten it or pass --truncate to cut it to fit"
+                )
+            body, n_cut = body[:room], n_cut + 1
+        ids = v.wrap(body)
+        m, h = bracket_annotations(ids, v.brackets)
+        prompts.append(torch.tensor(ids, dtype=torch.long))
+        matches.append(torch.tensor(m))
+        hards.append(torch.tensor(h))
+    return Probe("prompts", prompts, {"bracket_match": matches, "bracket_hard": hards},
+                 settings={"n_texts": len(texts), "n_truncated": n_cut})
+
+
+def stdlib_body(model: Any, stream: torch.Tensor, start: int, span: int, n: int, what: str = "corpus") -> list[int]:
+    """Up to ``n`` body token ids of held-out stdlib bytes ``stream``: ``span`` bytes from the first
+    line that starts after ``start`` (the stream must hold ``start + 2 * span`` bytes)."""
+    chunk = bytes(stream[start:start + 2 * span].tolist())
+    chunk = chunk[chunk.find(b"\n") + 1:][:span]  # from the next line on
+    try:
+        return encode_body(model, chunk.decode("utf-8", errors="ignore"))[:n]
+    except ProbeError as err:
+        raise ProbeError(f"the stdlib {what} is Python source, which this model cannot read: {err}") from None
+
+
+def stdlib_windows(model: Any, n_prompts: int, seq_len: int, gen: torch.Generator) -> Probe:
+    """``n_prompts`` windows of held-out standard-library source, each starting at a line and
+    ``seq_len`` tokens long (specials included), tokenized by the model."""
+    from headlens.probes import data
+
+    v = vocab(model)
+    budget = body_budget(v, seq_len)
+    strings = token_strings(model)
+    pairs = tuple(p for p in v.brackets if strings[p[0]] + strings[p[1]] in PYTHON_PAIRS)
+    stream = data.stdlib_corpus().heldout  # (N,) uint8: held-out files joined by blank lines
+    span = min(8 * budget, len(stream) // 2 - 1)  # bytes enough for ``budget`` tokens (if the corpus has them)
+    prompts, matches, hards = [], [], []
+    starts = torch.randint(0, len(stream) - 2 * span, (n_prompts,), generator=gen).tolist()
+    for start in starts:
+        ids = v.wrap(stdlib_body(model, stream, start, span, budget))
+        m, h = bracket_annotations(ids, pairs)
+        prompts.append(torch.tensor(ids, dtype=torch.long))
+        matches.append(torch.tensor(m))
+        hards.append(torch.tensor(h))
+    return Probe("stdlib", prompts, {"bracket_match": matches, "bracket_hard": hards},
+                 settings={"seq_len": seq_len, "source": "held-out Python standard library files",
+                           "why_short": f"the held-out stdlib text is {len(stream)} bytes",
+                           "pairs": ["".join(strings[i] for i in p) for p in pairs]})
