@@ -7,7 +7,7 @@ downloads): the largest difference between headlens' ``hook_pattern`` and ``tran
 attentions, and between a ``hook_z`` ablation and an independent output-projection pre-hook
 ablation (max over zero, mean and resample of two heads), on 2 prompts of 40 tokens, float32;
 then the largest score difference between a bfloat16 and a float32 classify of the same model.
-The tests (``tests/test_families.py``) assert the first two are <= 1e-5.
+The tests (``tests/models/test_families.py``) assert the first two are <= 1e-5.
 """
 
 from __future__ import annotations

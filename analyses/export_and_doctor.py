@@ -8,7 +8,7 @@ Export: each zoo model is written with ``headlens export-hf``'s function, booted
 TransformerBridge (``headlens.load("hf:<dir>")``) and compared with headlens' own model on 2 x 48
 random tokens: max |logit diff| and max |hook_pattern diff| over every layer (tests require <= 1e-4
 and <= 1e-5). Doctor: ``check_checkpoint`` on each trained fixture of ``tests/data/doctor/`` and on a
-copy whose config.json claims each lie of ``tests/test_doctor_families.py`` (48 rows of 64 tokens).
+copy whose config.json claims each lie of ``tests/doctor/test_doctor_families.py`` (48 rows of 64 tokens).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def export_parity(name: str, out: Path) -> tuple[float, float, float]:
 def doctor_rows(out: Path) -> list[str]:
     sys.path.insert(0, str(ROOT))
     from headlens.doctor import check_checkpoint
-    from tests.test_doctor_families import DATA, LIES
+    from tests.doctor.test_doctor_families import DATA, LIES
 
     rows = []
     for family, lies in LIES.items():

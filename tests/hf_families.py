@@ -88,7 +88,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            out_proj="attention.output.dense", layers="roberta.encoder.layer", causal=False),
 ]}
 
-# Beyond the matrix, for the fused sparse scan (tests/test_sparse_bridge.py): layers SDPA cannot do exactly.
+# Beyond the matrix, for the fused sparse scan (tests/scoring/test_sparse_bridge.py): layers SDPA cannot do exactly.
 EXTRAS: dict[str, Family] = {f.name: f for f in [
     Family("gemma2", "Gemma2Config", "Gemma2ForCausalLM",  # logit soft-capping, sliding window every other layer
            dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16, sliding_window=SLIDING_WINDOW,

@@ -1,4 +1,4 @@
-"""User-defined detectors, as a plugin package would ship them (tests/test_user_detectors.py)."""
+"""User-defined detectors, as a plugin package would ship them (tests/detectors/test_user_detectors.py)."""
 
 from __future__ import annotations
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from layout_rules import ORDER, cycles, direction_errors
-
 import headlens
+from tests.layout_rules import ORDER, cycles, direction_errors
 
 ROOT = Path(headlens.__file__).parent
 FLAT_ALLOWED = {"__init__.py", "__main__.py", "errors.py", "testing.py"}

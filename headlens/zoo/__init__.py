@@ -78,7 +78,7 @@ def cards_dir() -> Path:
 
 
 # One entry per shipped model; known_heads are the heads its model card measured
-# (cards/<name>.md, written by headlens.training.ship; tests/test_zoo.py re-measures them).
+# (cards/<name>.md, written by headlens.training.ship; tests/training/test_zoo.py re-measures them).
 ZOO: dict[str, ZooEntry] = {
     entry.name: entry
     for entry in (

@@ -5,7 +5,7 @@ that time sits between starting the server and the first drawn grid. So the zoo 
 the dashboard's default scan computes (``weights/<name>.scores.json``), keyed by the SHA-256 of
 the weights and the scan settings. A table whose key does not match is ignored and the dashboard
 scores as usual, so a stale file can cost time but never show wrong numbers.
-``tests/test_zoo.py`` recomputes every shipped table and fails when one is out of date;
+``tests/training/test_zoo.py`` recomputes every shipped table and fails when one is out of date;
 regenerate them with::
 
     python -m headlens.app.ship_scores [NAME ...]     # every zoo model, or the ones named

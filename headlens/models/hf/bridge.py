@@ -2,7 +2,7 @@
 
 Why a wrapper: ``TransformerBridge`` already names its hook points the TransformerLens way
 (``blocks.{l}.attn.hook_pattern`` ``(B, H, Q, K)``, ``blocks.{l}.attn.hook_z``
-``(B, T, H, d_head)``, both checked in ``tests/test_bridge.py``), but its call conventions
+``(B, T, H, d_head)``, both checked in ``tests/models/test_bridge.py``), but its call conventions
 differ from the native ``GPT`` in small ways that matter to a scan: tokenization (CLS/SEP for
 BERT), padding masks for bidirectional models, hook removal on error, and what ``forward``
 returns. ``BridgeModel`` gives it exactly the surface every headlens backend shares.

@@ -23,7 +23,7 @@ from headlens.doctor.families import HeadLayout, candidate_layouts, claimed_layo
 from headlens.errors import CheckpointError, ConfigError
 from tests.gqa_models import save_llama
 
-DATA = Path(__file__).parent / "data" / "doctor"
+DATA = Path(__file__).parents[1] / "data" / "doctor"
 TRUE = {  # family -> (n_heads, n_kv_heads, head_dim) the weights were trained with
     "llama": (4, 2, 16),
     "qwen2": (4, 2, 16),  # q/k/v biases, no head_dim field: head_dim = d_model / n_heads

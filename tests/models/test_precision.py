@@ -106,7 +106,7 @@ def test_dashboard_sidebar_runs_the_model_in_bfloat16(planted_qwen2, monkeypatch
     monkeypatch.setattr(hd, "DEFAULT_N_PROMPTS", 4)
     monkeypatch.setenv(hd.MODEL_ENV, planted_qwen2)
     monkeypatch.setenv(DTYPE_ENV, "bfloat16")  # what `headlens dashboard --dtype bfloat16` hands over
-    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "apps" / "dashboard.py"), default_timeout=300)
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "apps" / "dashboard.py"), default_timeout=300)
     at.run()
     assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
     assert at.selectbox(key="dtype").value == "bfloat16" and at.selectbox(key="device").value == "cpu"

@@ -183,7 +183,7 @@ def test_dashboard_loads_it(built, family, monkeypatch):
     b = built(family)
     monkeypatch.setattr(hd, "DEFAULT_N_PROMPTS", 4)
     monkeypatch.setenv(hd.MODEL_ENV, f"hf:{b.path}")
-    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "apps" / "dashboard.py"), default_timeout=300)
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "apps" / "dashboard.py"), default_timeout=300)
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]

@@ -1,7 +1,7 @@
 """Coreference on the real all-MiniLM-L6-v2 (WordPiece, bidirectional): spans, census, metric.
 
 Booting MiniLM costs seconds, so one module-scoped model serves every test here; the
-planted-head and error tests are in tests/test_annotated.py.
+planted-head and error tests are in tests/scoring/test_annotated.py.
 """
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ def test_dashboard_says_in_one_line_why_there_is_no_text_box(bare, monkeypatch):
 
     monkeypatch.setattr(hd, "DEFAULT_N_PROMPTS", 4)
     monkeypatch.setenv(hd.MODEL_ENV, bare)
-    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "apps" / "dashboard.py"), default_timeout=300)
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "apps" / "dashboard.py"), default_timeout=300)
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     assert [e.value for e in at.error] == [e.value for e in at.error if "has no tokenizer" in e.value] != []

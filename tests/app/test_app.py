@@ -23,7 +23,7 @@ from headlens.app import cache
 from headlens.app import helpers as hd
 from headlens.models.tokenizer import Tokenizer
 
-ENTRY = Path(__file__).resolve().parents[1] / "apps" / "dashboard.py"
+ENTRY = Path(__file__).resolve().parents[2] / "apps" / "dashboard.py"
 TIMEOUT = 300  # first runs import torch/plotly and score the model on a shared CPU
 ALPHABET = "()[]{}abcdefgh "
 

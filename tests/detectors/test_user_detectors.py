@@ -96,7 +96,7 @@ def test_module_attribute_reference_from_the_cli(tmp_path):
     ckpt = tmp_path / "planted.safetensors"
     headlens.save_checkpoint(planted_model(), ckpt)
     out = tmp_path / "scores.csv"
-    root = Path(__file__).parents[1]
+    root = Path(__file__).parents[2]
     env = {"PYTHONPATH": f"{root}", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     proc = subprocess.run([sys.executable, "-m", "headlens", "classify", "--model", str(ckpt), "--detectors",
                            "tests.plugin_detectors:ONE_BACK", "--n-prompts", "12", "--seq-len", "24", "--out",
@@ -107,7 +107,7 @@ def test_module_attribute_reference_from_the_cli(tmp_path):
 
 
 def test_readme_example_runs(clean_registry):
-    text = (Path(__file__).parents[1] / "README.md").read_text()
+    text = (Path(__file__).parents[2] / "README.md").read_text()
     block = text.split("## Your own head types", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     scope: dict = {}
     exec(compile(block, "README.md", "exec"), scope)

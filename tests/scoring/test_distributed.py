@@ -25,7 +25,7 @@ from headlens.scoring.distributed import Rank
 from headlens.scoring.table import read_table
 from headlens.zoo import weights_dir
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SNAPS = sorted((weights_dir() / "induction-2l-snapshots").glob("*.safetensors"))
 SERIES = [str(SNAPS[i]) for i in (0, 4, 6)]  # steps 700, 3500, 4900: before, during, after the phase change
 CLASSIFY = ["-m", "induction-2l", "-d", "previous_token,induction", "--n-prompts", "10", "--batch-size", "3",

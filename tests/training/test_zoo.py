@@ -27,7 +27,7 @@ def _analysis(name: str):
     import importlib.util
     from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "analyses" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[2] / "analyses" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -420,7 +420,7 @@ def test_package_data_ships_every_zoo_file():
     import tomllib
     from pathlib import Path
 
-    root = Path(__file__).parents[1]
+    root = Path(__file__).parents[2]
     globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["headlens"]
     package = root / "headlens"
     for name, entry in ZOO.items():

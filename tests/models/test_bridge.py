@@ -1,7 +1,7 @@
 """The TransformerBridge backend on the real all-MiniLM-L6-v2 (bidirectional BERT, 6 x 12 heads).
 
 Booting costs seconds, so one module-scoped model serves every test here. GPT-2 directories
-booted through the same backend are covered by tests/test_parity.py.
+booted through the same backend are covered by tests/models/test_parity.py.
 """
 
 from __future__ import annotations

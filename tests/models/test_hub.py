@@ -24,7 +24,7 @@ from headlens.models.hf.hub import HFSource, resolve, split_reference
 
 REPO = "headlens-test/tiny-llama"
 MAIN, STEP = "a" * 40, "b" * 40  # commits of refs/main and refs/step3000
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _snapshot(cache: Path, repo: str, commit: str, files: Path, refs: tuple[str, ...]) -> Path:
