@@ -12,6 +12,10 @@ by the functions that use them.
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.util
+import sys
+import warnings
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -37,6 +41,57 @@ _LAZY = {
         "CheckpointError", "ConfigError", "DetectorError", "HeadlensError", "ModelReferenceError",
         "OutputError", "ProbeError")},
 }
+
+# Modules that moved when the package was laid out by pipeline stage (CHANGELOG.md): old path -> new path. The old
+# paths still import for one release, with a DeprecationWarning, through the finder below
+# (TransformerLens' way: nothing flat is left in the package, yet old imports keep working).
+_MOVED = {
+    **{f"headlens.{old}": f"headlens.models.{new}" for old, new in (
+        ("config", "config"), ("model", "gpt"), ("hooks", "hooks"), ("checkpoint", "checkpoint"),
+        ("tokenizer", "tokenizer"), ("vocab", "vocab"), ("placement", "placement"), ("loading", "loading"),
+        ("export", "export"), ("backends", "hf"), ("backends.bridge", "hf.bridge"),
+        ("backends.fused", "hf.fused"), ("backends.hf", "hf.boot"), ("backends.hub", "hf.hub"))},
+    **{f"headlens.{old}": f"headlens.probes.{new}" for old, new in (
+        ("haystack", "haystack"), ("spans", "spans"), ("coreference", "coreference"), ("texts", "texts"),
+        ("zoo.data", "data"))},
+    **{f"headlens.{old}": f"headlens.scoring.{new}" for old, new in (
+        ("scan", "scan"), ("lse", "lse"), ("retrieval", "top1"), ("stats", "stats"),
+        ("classification", "classification"), ("annotated", "annotated"), ("table", "table"),
+        ("induction_distance", "induction_distance"), ("series", "series"), ("distributed", "distributed"),
+        ("resume", "resume"))},
+    **{f"headlens.{m}": f"headlens.interventions.{m}" for m in ("ablation", "sweep", "attribution", "confirm",
+                                                                "metrics")},
+    **{f"headlens.{old}": f"headlens.viz.{new}" for old, new in (
+        ("viz_patterns", "patterns"), ("viz_lesson", "lesson"), ("viz_compare", "compare"),
+        ("viz_ranking", "ranking"), ("viz_training", "training"), ("tokenview", "tokenview"),
+        ("report", "report"))},
+    **{f"headlens.zoo.{m}": f"headlens.training.{m}" for m in ("train", "recipes", "llama", "evaluate",
+                                                                "measure", "ship")},
+    "headlens.lesson": "headlens.app.lesson",
+}
+
+
+class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports a moved module under its old name: the new module itself, with a DeprecationWarning."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        return importlib.util.spec_from_loader(fullname, self) if fullname in _MOVED else None
+
+    def create_module(self, spec: Any) -> Any:
+        new = _MOVED[spec.name]
+        warnings.warn(f"{spec.name} moved to {new}; the old path goes in the next release",
+                      DeprecationWarning, stacklevel=2)
+        module = importlib.import_module(new)
+        sys.modules[spec.name] = module
+        return module
+
+    def exec_module(self, module: Any) -> None:  # the new module is already executed
+        pass
+
+
+if not any(isinstance(f, _MovedFinder) for f in sys.meta_path):
+    sys.meta_path.insert(0, _MovedFinder())  # before the path finders: a moved package is never loaded twice
+
 
 if TYPE_CHECKING:
     from headlens import doctor

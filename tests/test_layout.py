@@ -67,3 +67,32 @@ def test_a_planted_cycle_inside_a_package_is_found(tmp_path):
     grid.write_text(grid.read_text() + "\n\ndef _late():\n    from headlens.viz.figures import figure_html\n")
     assert ["headlens.viz.figures", "headlens.viz.grid"] in cycles(root)
     assert not direction_errors(root)  # same package: direction is fine, the cycle is not
+
+
+def test_old_module_paths_still_import_with_a_deprecation_warning():
+    import importlib
+    import subprocess
+    import sys
+
+    # a fresh interpreter: the old names must not be loaded twice (one class object, the new module's)
+    code = (
+        "import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
+        "import headlens.models.hf.bridge as new\n"
+        "try:\n"
+        "    from headlens.backends.bridge import BridgeModel\n"
+        "except DeprecationWarning as w:\n"
+        "    print(w)\n"
+        "warnings.simplefilter('ignore')\n"
+        "from headlens.backends.bridge import BridgeModel\n"
+        "from headlens.scan import scan\n"
+        "from headlens.zoo.recipes import get_recipe\n"
+        "from headlens.probes import random_tokens\n"
+        "import headlens.scoring.scan, headlens.training.recipes, headlens.probes.generated\n"
+        "assert BridgeModel is new.BridgeModel and scan is headlens.scoring.scan.scan\n"
+        "assert get_recipe is headlens.training.recipes.get_recipe\n"
+        "assert random_tokens is headlens.probes.generated.random_tokens\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT.parent)
+    assert out.returncode == 0, out.stderr
+    assert "headlens.backends moved to headlens.models.hf" in out.stdout
+    assert importlib.import_module("headlens.models.gpt")  # the new paths import without a warning

@@ -23,3 +23,19 @@ Every generated probe fills ``seq_len`` and says how it drew its tokens in ``set
 
 Model calls: none, apart from tokenization.
 """
+
+from typing import Any
+
+
+def __getattr__(name: str) -> Any:
+    """``headlens.probes.X`` for the builders that lived in the old flat ``probes.py`` (deprecated: CHANGELOG.md)."""
+    import importlib
+    import warnings
+
+    for module in ("base", "generated", "text"):
+        mod = importlib.import_module(f"headlens.probes.{module}")
+        if hasattr(mod, name) and not name.startswith("_"):
+            warnings.warn(f"headlens.probes.{name} moved to headlens.probes.{module}.{name}; the old path goes "
+                          f"in the next release", DeprecationWarning, stacklevel=2)
+            return getattr(mod, name)
+    raise AttributeError(f"module 'headlens.probes' has no attribute {name!r}")
