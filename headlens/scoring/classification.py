@@ -250,9 +250,11 @@ def classify(
             The path each probe took is in ``attrs["probes"][name]["scan_path"]``.
         resume: a folder for finished batches (:mod:`headlens.scoring.resume`): a rerun with the same
             arguments scans only the batches that are not there yet.
-        device_map, max_memory, offload_folder: a model larger than one device (``hf:`` references):
-            ``device_map="auto"`` lets ``accelerate`` spread its layers over the GPUs, the CPU and
-            the disk, within ``max_memory`` per device (e.g. ``{0: "20GiB", "cpu": "64GiB"}``).
+        device_map: for a model larger than one device (``hf:`` references): ``"auto"`` lets
+            ``accelerate`` spread its layers over the GPUs, the CPU and the disk.
+        max_memory: with ``device_map``, the memory each device may take (e.g.
+            ``{0: "20GiB", "cpu": "64GiB"}``).
+        offload_folder: with ``device_map``, where layers offloaded to disk go.
         dtype: ``"float32"`` (default), ``"bfloat16"`` or ``"float16"`` for a model loaded from a
             reference; the statistics are float64 sums whatever the model runs in.
         trust_remote_code: let an ``hf:`` repository run its own code (never otherwise).

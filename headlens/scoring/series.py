@@ -168,8 +168,13 @@ def trajectory(
     Args:
         models: a glob, a list of references, a directory of ``.safetensors`` snapshots, or
             ``hf:ORG/NAME@REV1,REV2,...``.
-        detectors, n_prompts, seq_len, batch_size, seed, threshold, n_boot: as for
-            :func:`headlens.classify` (the same probes for every checkpoint).
+        detectors: as for :func:`headlens.classify` (the same probes for every checkpoint).
+        n_prompts: as for :func:`headlens.classify`.
+        seq_len: as for :func:`headlens.classify`.
+        batch_size: as for :func:`headlens.classify`.
+        seed: as for :func:`headlens.classify`.
+        threshold: as for :func:`headlens.classify`.
+        n_boot: as for :func:`headlens.classify`.
         device: where each checkpoint runs (``cuda``: each rank's own GPU under torchrun).
         resume: a folder for finished checkpoints: a rerun scores only the missing ones.
         progress: optional ``fn(done, total, checkpoint)`` after each checkpoint (this rank's).

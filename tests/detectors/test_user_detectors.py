@@ -106,11 +106,11 @@ def test_module_attribute_reference_from_the_cli(tmp_path):
     assert set(df.detector) == {"one_back"} and df[df.label][["layer", "head"]].values.tolist() == [[0, 0]]
 
 
-def test_readme_example_runs(clean_registry):
-    text = (Path(__file__).parents[2] / "README.md").read_text()
-    block = text.split("## Your own head types", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+def test_docs_example_runs(clean_registry):
+    text = (Path(__file__).parents[2] / "docs" / "detectors.md").read_text()
+    block = text.split("```python\n", 1)[1].split("```", 1)[0]
     scope: dict = {}
-    exec(compile(block, "README.md", "exec"), scope)
+    exec(compile(block, "docs/detectors.md", "exec"), scope)
     table = scope["table"]
     assert set(table.detector) == {"two_back", "previous_token"} and "two_back" in clean_registry
     assert table[table.detector == "two_back"].score.max() < 0.4  # induction-2l has no two-back head
