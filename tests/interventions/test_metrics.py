@@ -74,15 +74,25 @@ def test_bracket_probe_is_balanced_and_scores_closers():
     assert len(pairs) == 4 and len(filler) == 3
     task = bracket_task(model, n_prompts=6, length=40, seed=2)
     closer_of = {o: c for o, c in pairs}
+    deepest = []
     for row, pos in zip(task.tokens.tolist(), task.positions.tolist(), strict=True):
-        stack = []
+        stack, depth = [], 0
         for t, tok in enumerate(row[1:], start=1):
             if tok in closer_of:
                 stack.append(closer_of[tok])
+                depth = max(depth, len(stack))
             elif tok in closer_of.values():
                 assert stack.pop() == tok  # each closer matches the innermost opener
             assert pos[t - 1] == (tok in closer_of.values())
-        assert not stack and len(stack) <= 8
+        assert not stack  # balanced
+        deepest.append(depth)
+    assert max(deepest) <= 8 and max(deepest) >= 3  # max_depth=8 holds, and the strings do nest
+    shallow = bracket_task(model, n_prompts=6, length=40, seed=2, max_depth=2)
+    for row in shallow.tokens.tolist():  # the depth cap binds: never three openers unclosed
+        level = 0
+        for tok in row[1:]:
+            level += (tok in closer_of) - (tok in closer_of.values())
+            assert 0 <= level <= 2
     acc = METRICS["bracket_accuracy"]
     assert acc(oracle_logits(task, model.cfg.d_vocab), task).tolist() == [1.0] * 6
     # constant logits: argmax among closers is the first closer, so accuracy = share of ')' closers

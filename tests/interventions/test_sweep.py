@@ -129,7 +129,7 @@ def test_confirm_adds_effects_for_labelled_heads(monkeypatch):
 
 
 def test_sweep_on_bridge_matches_native(tmp_path):
-    export = pytest.importorskip("headlens.models.export")
+    from headlens.models import export
     from headlens.models.hf.boot import load_bridge
 
     native = make_gpt(0, n_ctx=32)

@@ -27,7 +27,6 @@ import torch
 from hf_families import FAMILIES, N_HEADS, N_LAYERS, SLIDING_WINDOW, build, load_eager, out_proj
 
 import headlens
-from headlens.interventions.ablation import Replacement
 from headlens.models.vocab import vocab
 
 TOL = 1e-5
@@ -96,8 +95,12 @@ def test_hook_shapes(built, family):
     assert b.model.active_hooks() == []
 
 
-def _independent_ablation(b: Built, tokens: torch.Tensor, method: str, reference: torch.Tensor) -> torch.Tensor:
-    """Logits with ``HEADS`` removed by pre-hooks on the output projections of plain ``transformers``."""
+def _independent_ablation(b: Built, tokens: torch.Tensor, method: str, reference: torch.Tensor,
+                          ref_row: int = 0) -> torch.Tensor:
+    """Logits with ``HEADS`` removed by pre-hooks on the output projections of plain ``transformers``.
+
+    ``resample`` gives every input row the heads' activations of reference row ``ref_row``.
+    """
     d, layers = FAMILIES[b.family].d_head, sorted({layer for layer, _ in HEADS})
     captured: dict[int, torch.Tensor] = {}
     handles = [out_proj(b.hf, b.family, layer).register_forward_pre_hook(
@@ -108,7 +111,6 @@ def _independent_ablation(b: Built, tokens: torch.Tensor, method: str, reference
     finally:
         for h in handles:
             h.remove()
-    rows = Replacement(method, {}, seed=0).rows(len(tokens), len(reference))
 
     def rewrite(layer: int) -> Any:
         def pre_hook(mod: Any, args: tuple) -> tuple:
@@ -122,7 +124,7 @@ def _independent_ablation(b: Built, tokens: torch.Tensor, method: str, reference
                 elif method == "mean":
                     x[..., cols] = captured[layer].mean(0)[: x.shape[1], cols]
                 else:
-                    x[..., cols] = captured[layer][rows][:, : x.shape[1], cols]
+                    x[..., cols] = captured[layer][ref_row, : x.shape[1], cols]
             return (x, *args[1:])
 
         return pre_hook
@@ -143,7 +145,14 @@ def test_ablation_equals_an_output_projection_pre_hook(built, family, method):
     tokens, reference = _tokens(b.model, 2, seed=3), _tokens(b.model, 3, seed=4)
     with torch.no_grad(), headlens.ablate(b.model, HEADS, method=method, reference=reference, seed=0):
         ours = b.model(tokens)
-    ref = _independent_ablation(b, tokens, method, reference)
+    if method == "resample":  # which reference row each input drew is found, not read from the code
+        by_row = [_independent_ablation(b, tokens, method, reference, ref_row=r) for r in range(len(reference))]
+        drawn = [[r for r, cand in enumerate(by_row) if float((ours[i] - cand[i]).abs().max()) <= TOL]
+                 for i in range(len(tokens))]
+        assert all(len(d) == 1 and d[0] != i for i, d in enumerate(drawn)), drawn  # one other prompt each
+        ref = torch.stack([by_row[d[0]][i] for i, d in enumerate(drawn)])
+    else:
+        ref = _independent_ablation(b, tokens, method, reference)
     with torch.no_grad():
         clean = b.hf(tokens).logits
     assert float((ref - clean).abs().max()) > 1e-3  # the ablation does something

@@ -14,7 +14,6 @@ import headlens
 from headlens.scoring.table import COLUMNS, kv_heads, n_kv_heads
 from tests.gqa_models import save_llama
 
-pytest.importorskip("transformer_lens")
 TEXTS = ["abcdefg abcdefg", "xyz(1, 2) xyz(3"]
 
 

@@ -39,9 +39,11 @@ def test_generated_probes_draw_ids_from_the_config(model):
     assert set(v.ordinary) == set(range(VOCAB)) - {bos, eos, pad}
     df = headlens.classify(model, n_prompts=10, seq_len=32, detectors=["previous_token", "induction", "first_token"])
     assert len(df) == 3 * 2 * N_HEADS and df.score.between(0, 1).all()
-    assert "needs a tokenizer" in headlens.classify(model, n_prompts=10, seq_len=16,
-                                                    detectors=["previous_token"]).attrs["skipped"].get(
-        "bracket_matching", "needs a tokenizer")
+    skipped = headlens.classify(model, n_prompts=10, seq_len=16).attrs["skipped"]  # default detectors
+    for name in ("bracket_matching", "bracket_matching_hard", "open_bracket", "coreference"):
+        assert "needs a tokenizer" in skipped[name], skipped
+    with pytest.raises(ProbeError, match="bracket_matching needs a tokenizer"):  # asked for by name: refused
+        headlens.classify(model, n_prompts=10, seq_len=16, detectors=["bracket_matching"])
 
 
 def test_text_is_refused_naming_the_missing_files(model):
@@ -64,8 +66,8 @@ def test_cli_classify_and_ablate_run_with_one_warning(bare, monkeypatch, capsys,
     code, out, err = _cli(monkeypatch, capsys, "classify", "--model", bare, "--n-prompts", "10", "--seq-len", "24",
                           "--detectors", "previous_token,induction", "-q")
     assert code == 0, err
-    assert [line for line in err.splitlines() if "no tokenizer" in line] == [
-        line for line in err.splitlines() if line.startswith("headlens: warning:")][:1]
+    warned = [line for line in err.splitlines() if "warning" in line.lower()]
+    assert len(warned) == 1 and "no tokenizer" in warned[0] and f"vocab_size={VOCAB}" in warned[0], err
     code, out, err = _cli(monkeypatch, capsys, "ablate", "--model", bare, "--heads", "L1H2", "--method", "zero",
                           "--n-prompts", "4", "--n-control", "1")
     assert code == 0, err

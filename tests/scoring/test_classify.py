@@ -50,7 +50,8 @@ def test_threshold_and_explicit_detectors():
     df = headlens.classify(planted_model(), detectors="previous_token,induction", n_prompts=12, seq_len=32,
                            threshold=0.999999, n_boot=100)
     assert set(df.detector) == {"previous_token", "induction"}
-    assert set(df[df.label].detector) <= {"previous_token", "induction"}
+    labelled = {((int(r.layer), int(r.head)), r.detector) for r in df[df.label].itertuples()}
+    assert labelled == {((0, 0), "previous_token"), ((1, 0), "induction")}  # exact heads score 1.0 > 0.999999
     blurred = planted_model(sharpness=4.0)  # the induction head keeps some mass off its target
     loose = headlens.classify(blurred, detectors=["induction"], n_prompts=12, seq_len=32, n_boot=100)
     strict = headlens.classify(blurred, detectors=["induction"], n_prompts=12, seq_len=32,
@@ -83,7 +84,17 @@ def test_user_prompts_score_every_detector_with_targets():
     texts = ["f(x[1]) + f(x[2])", "abc abc abc", "if (a) { b[c] }"] * 4
     df = headlens.classify(model, prompts=texts, n_boot=100)
     assert {"previous_token", "induction", "duplicate_token", "bracket_matching", "copying"} <= set(df.detector)
-    assert "bracket_matching_hard" in set(df.detector) | set(df.attrs["skipped"])
+    assert set(df.attrs["skipped"]) == {"next_token", "coreference", "streaming"}  # causal; byte tokens; no targets
+    # targets counted by hand on the byte-level text (x4 copies): closers, and closers with a closed group
+    # between them and their opener: "f(x[1]) + f(x[2])" has 4 closers, 2 hard (")" after "[1]", "[2]");
+    # "if (a) { b[c] }" has 3, 1 hard ("}" after "[c]"); a repeated byte: 7 + 0 + 3 in the bracket texts, 7 in
+    # "abc abc abc"; every position after BOS: 17 + 11 + 15.
+    per = df.groupby("detector").first()
+    assert per.n_positions["bracket_matching"] == 4 * (4 + 3) and per.n_prompts["bracket_matching"] == 8
+    assert per.n_positions["bracket_matching_hard"] == 4 * (2 + 1)
+    assert per.n_positions["open_bracket"] == 4 * (4 + 3)
+    assert per.n_positions["duplicate_token"] == 4 * (7 + 7 + 3)
+    assert per.n_positions["previous_token"] == 4 * (17 + 11 + 15)
 
 
 def test_default_model_fallback_is_clear(monkeypatch):
