@@ -9,6 +9,7 @@ import torch
 
 from headlens.models.config import ModelConfig
 from headlens.models.gpt import GPT
+from tests.ci_skips import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401  (hooks)
 
 # nothing downloads in tests: the Hugging Face cache only (set before huggingface_hub reads it)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
