@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the ma
 
 def measure(family: str, root: Path) -> dict[str, float]:
     from hf_families import N_LAYERS, build
-    from test_families import HEADS, Built, _independent_ablation, _tokens
+    from test_families import HEADS, Built, _reference, _tokens
 
     b = Built(family, build(family, root / family))
     tokens, reference = _tokens(b.model, 2, seed=1), _tokens(b.model, 3, seed=4)
@@ -38,7 +38,7 @@ def measure(family: str, root: Path) -> dict[str, float]:
     for method in ("zero", "mean", "resample"):
         with torch.no_grad(), headlens.ablate(b.model, HEADS, method=method, reference=reference, seed=0):
             ours = b.model(tokens)
-        ablation = max(ablation, float((ours - _independent_ablation(b, tokens, method, reference)).abs().max()))
+        ablation = max(ablation, float((ours - _reference(b, tokens, method, reference, ours)).abs().max()))
     kw = dict(n_prompts=16, seq_len=32, n_boot=200)
     full = headlens.classify(b.model, **kw)
     half = headlens.classify(f"hf:{b.path}", dtype="bfloat16", **kw)

@@ -138,6 +138,19 @@ def _independent_ablation(b: Built, tokens: torch.Tensor, method: str, reference
             h.remove()
 
 
+def _reference(b: Built, tokens: torch.Tensor, method: str, reference: torch.Tensor,
+               ours: torch.Tensor) -> torch.Tensor:
+    """The independent ablation's logits. Under ``resample`` the reference row each input row drew is
+    found by comparing ``ours`` with every candidate (one other prompt each), never read from the code."""
+    if method != "resample":
+        return _independent_ablation(b, tokens, method, reference)
+    by_row = [_independent_ablation(b, tokens, method, reference, ref_row=r) for r in range(len(reference))]
+    drawn = [[r for r, cand in enumerate(by_row) if float((ours[i] - cand[i]).abs().max()) <= TOL]
+             for i in range(len(tokens))]
+    assert all(len(d) == 1 and d[0] != i for i, d in enumerate(drawn)), drawn
+    return torch.stack([by_row[d[0]][i] for i, d in enumerate(drawn)])
+
+
 @pytest.mark.parametrize("method", ["zero", "mean", "resample"])
 @pytest.mark.parametrize("family", FAMS)
 def test_ablation_equals_an_output_projection_pre_hook(built, family, method):
@@ -145,14 +158,7 @@ def test_ablation_equals_an_output_projection_pre_hook(built, family, method):
     tokens, reference = _tokens(b.model, 2, seed=3), _tokens(b.model, 3, seed=4)
     with torch.no_grad(), headlens.ablate(b.model, HEADS, method=method, reference=reference, seed=0):
         ours = b.model(tokens)
-    if method == "resample":  # which reference row each input drew is found, not read from the code
-        by_row = [_independent_ablation(b, tokens, method, reference, ref_row=r) for r in range(len(reference))]
-        drawn = [[r for r, cand in enumerate(by_row) if float((ours[i] - cand[i]).abs().max()) <= TOL]
-                 for i in range(len(tokens))]
-        assert all(len(d) == 1 and d[0] != i for i, d in enumerate(drawn)), drawn  # one other prompt each
-        ref = torch.stack([by_row[d[0]][i] for i, d in enumerate(drawn)])
-    else:
-        ref = _independent_ablation(b, tokens, method, reference)
+    ref = _reference(b, tokens, method, reference, ours)
     with torch.no_grad():
         clean = b.hf(tokens).logits
     assert float((ref - clean).abs().max()) > 1e-3  # the ablation does something

@@ -1,4 +1,8 @@
-"""``--dtype`` / ``--device``: bfloat16 labels the same heads as float32, on the CPU, within 0.02.
+"""``--dtype`` / ``--device``: bfloat16 labels the same heads as float32, on the CPU, and every score
+stays within ``BF16_TOLERANCE`` of float32: the bound docs/models.md states, checked on every family of
+``hf_families.FAMILIES`` and on the planted and zoo models below (measured maxima: 0.0003 to 0.0011
+on the random family models, 0.0010 on induction-2l, 0.0020 on the planted Qwen2; weight-based
+``copying`` scores move most).
 
 Random weights label nothing, so the GQA model here is a tiny Qwen2 (4 query heads over 2 key/value
 groups, q/k/v biases) with two planted heads: L0H0 attends one token back, L0H2 to itself
@@ -9,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_families import build, plant_offset_heads, save_tokenizer
+from hf_families import FAMILIES, build, plant_offset_heads, save_tokenizer
 from typer.testing import CliRunner
 
 import headlens
@@ -18,6 +22,7 @@ from headlens.errors import ConfigError
 from headlens.models.placement import resolve_device, resolve_dtype
 from headlens.zoo import ZOO
 
+BF16_TOLERANCE = 0.0025  # docs/models.md: "bfloat16 scores differ from float32 by <= 0.0025"
 PLANTED = {(0, 0, "previous_token"), (0, 2, "current_token")}
 DETECTORS = ["previous_token", "current_token", "first_token", "duplicate_token", "induction"]
 
@@ -51,18 +56,29 @@ def test_bfloat16_labels_the_planted_gqa_heads_like_float32(planted_qwen2):
     assert model.dtype == torch.bfloat16 and str(model.device) == "cpu"
     full, half, diff = _compare(planted_qwen2, n_prompts=16, seq_len=48, detectors=DETECTORS)
     assert _labels(full) == _labels(half) == PLANTED
-    assert diff <= 0.02, f"max |score(bf16) - score(fp32)| = {diff:.4f}"
+    assert diff <= BF16_TOLERANCE, f"max |score(bf16) - score(fp32)| = {diff:.4f}"
 
 
 def test_bfloat16_on_the_sparse_scan_path(planted_qwen2):
-    """The log-sum-exp path reads q and k, not the pattern: in bfloat16 it must still score within 0.02
-    (scores and LSE are formed in float32; in bfloat16 they were off by 0.04)."""
+    """The log-sum-exp path reads q and k, not the pattern: in bfloat16 it must still score within
+    ``BF16_TOLERANCE`` (scores and LSE are formed in float32; in bfloat16 they were off by 0.04)."""
     kw = dict(n_prompts=16, seq_len=48, detectors=DETECTORS)
     full = headlens.classify(planted_qwen2, scan_path="dense", **kw)
     half = headlens.classify(planted_qwen2, dtype="bfloat16", scan_path="sparse", **kw)
     assert half.attrs["scan_path"] == "sparse" and _labels(full) == _labels(half) == PLANTED
     diff = float((full.score - half.score).abs().max())
-    assert diff <= 0.02, f"max |score(bf16, sparse) - score(fp32, dense)| = {diff:.4f}"
+    assert diff <= BF16_TOLERANCE, f"max |score(bf16, sparse) - score(fp32, dense)| = {diff:.4f}"
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_bfloat16_scores_within_the_documented_bound_on_every_family(family, tmp_path):
+    """The docs' claim, family by family: every detector's score (weight-based copying included)."""
+    torch.set_num_threads(1)
+    ref = f"hf:{build(family, tmp_path / family)}"
+    full, half, diff = _compare(ref, n_prompts=16, seq_len=32, n_boot=200)
+    assert len(full) == len(half) > 0 and full.detector.tolist() == half.detector.tolist()
+    assert full.label.tolist() == half.label.tolist(), family
+    assert diff <= BF16_TOLERANCE, f"{family}: max |score(bf16) - score(fp32)| = {diff:.4f}"
 
 
 @pytest.mark.skipif(not ZOO["induction-2l"].available, reason="induction-2l weights not installed")
@@ -71,7 +87,7 @@ def test_bfloat16_on_the_native_zoo_model():
     assert next(model.parameters()).dtype == torch.bfloat16
     full, half, diff = _compare("induction-2l", n_prompts=32, detectors=DETECTORS)
     assert _labels(full) == _labels(half) and any(d == "induction" for *_, d in _labels(full))
-    assert diff <= 0.02, f"max |score(bf16) - score(fp32)| = {diff:.4f}"
+    assert diff <= BF16_TOLERANCE, f"max |score(bf16) - score(fp32)| = {diff:.4f}"
 
 
 def test_dtype_and_device_names():
