@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -88,42 +88,82 @@ st.plotly_chart(go.Figure(go.Scatter(x=[0, 1, 2, 3], y=[0, 1, 0, 1], mode="marke
 
 
 @contextlib.contextmanager
-def dashboard_server(ref: str, port: int) -> Iterator[tuple[subprocess.Popen, float]]:
-    """``headlens dashboard --model REF --port P`` in its own process group; yields it and its start time."""
-    with server([sys.executable, "-m", "headlens", "dashboard", "--model", ref, "--port", str(port)]) as running:
+def dashboard_server(ref: str) -> Iterator[tuple[subprocess.Popen, float, int]]:
+    """``headlens dashboard --model REF --port P`` in its own process group; yields it, its start time and P."""
+    with server(lambda port: [sys.executable, "-m", "headlens", "dashboard", "--model", ref, "--port", str(port)]
+                ) as running:
         yield running
 
 
 @contextlib.contextmanager
-def bare_server(script: Path, port: int) -> Iterator[tuple[subprocess.Popen, float]]:
+def bare_server(script: Path) -> Iterator[tuple[subprocess.Popen, float, int]]:
     """A bare Streamlit page, served with the flags ``headlens dashboard`` uses."""
     from headlens.cli.dashboard import streamlit_args
 
-    args = streamlit_args(port)
-    args[1] = str(script)  # ``run <script> --server...``
-    with server([sys.executable, "-m", "streamlit", *args], log_name="bare_server.log") as running:
+    def cmd(port: int) -> list[str]:
+        args = streamlit_args(port)
+        args[1] = str(script)  # ``run <script> --server...``
+        return [sys.executable, "-m", "streamlit", *args]
+
+    with server(cmd, log_name="bare_server.log") as running:
         yield running
 
 
+PORT_TAKEN = "is not available"  # what Streamlit prints, before exiting 1, when its port is taken
+
+
 @contextlib.contextmanager
-def server(cmd: list[str], log_name: str = "browser_server.log") -> Iterator[tuple[subprocess.Popen, float]]:
-    """``cmd`` in its own process group, its output logged under artifacts/; yields it and its start time."""
+def server(cmd: Callable[[int], list[str]], log_name: str = "browser_server.log",
+           attempts: int = 5) -> Iterator[tuple[subprocess.Popen, float, int]]:
+    """``cmd(port)`` in its own process group, its output logged under artifacts/; yields it, its start time
+    and the port it serves on.
+
+    A free port found by binding and closing a socket can be taken by someone else before the server
+    binds it. So the server's own log decides: it names the address once it has bound it (then ours
+    is the process behind that port), or says the port is taken and exits (then another port is tried).
+    """
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     env.pop(MODEL_ENV, None)
-    log = open(ARTIFACTS / log_name, "w")  # closed in finally
-    started = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        yield proc, started
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
+    for _ in range(attempts):
+        port = free_port()
+        log_path = ARTIFACTS / log_name
+        log = open(log_path, "w")  # closed in finally
+        started = time.perf_counter()
+        proc = subprocess.Popen(cmd(port), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
+            if wait_bound(proc, log_path, port):
+                yield proc, started, port
+                return
+        finally:
+            stop(proc)
+            log.close()
+    raise AssertionError(f"no free port after {attempts} attempts: {log_path.read_text()[-2000:]}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def wait_bound(proc: subprocess.Popen, log_path: Path, port: int, timeout: float = 120) -> bool:
+    """True once the server's log names ``127.0.0.1:port`` (it is listening); False when it exits because
+    the port is taken; an AssertionError when it exits for another reason or says nothing in time."""
+    deadline = time.perf_counter() + timeout
+    while time.perf_counter() < deadline:
+        said = log_path.read_text()
+        if f"127.0.0.1:{port}" in said:
+            return True
+        if proc.poll() is not None:
+            if PORT_TAKEN in said:
+                return False
+            raise AssertionError(f"server exited with {proc.returncode}: {said[-2000:]}")
+        time.sleep(0.1)
+    raise AssertionError(f"the server did not start listening within {timeout} s")
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
@@ -167,8 +207,7 @@ def time_bare_page(browser, tmp_path: Path) -> float:
     """Seconds from starting a bare one-chart Streamlit page to its drawn chart (the floor)."""
     script = tmp_path / "bare.py"
     script.write_text(BARE_PAGE)
-    port = free_port()
-    with bare_server(script, port) as (proc, started):
+    with bare_server(script) as (proc, started, port):
         page = browser.new_page(viewport={"width": 1400, "height": 900})
         wait_healthy(f"http://127.0.0.1:{port}", proc)
         page.goto(f"http://127.0.0.1:{port}")
@@ -185,10 +224,24 @@ CHART_TICKS = """() => Array.from(document.querySelectorAll('[data-testid=stPlot
           n: p && p.data && p.data[0] && p.data[0].type === 'heatmap' ? p.data[0].x.length : null}; })"""
 
 
+# text each view or Learn step writes first: seeing it means the rerun for the click has drawn the new page
+VIEW_MARKERS = {"Learn": "Multi-head attention does not give each head its own copy", "Compare": "Compare with"}
+STEP_MARKERS = ("Multi-head attention does not give each head its own copy",
+                "The classic multi-head bugs crash nothing", "A head layout is invisible in the weights",
+                "Trained heads specialise")
+
+
+def click_and_wait(page, target, marker: str, timeout_ms: int = 180_000) -> None:
+    """Click, then wait for the page the click asked for: its marker text shown, and the script finished.
+
+    Event-based: no fixed sleep that could let the old page's idle state pass for the new one."""
+    target.click()
+    page.get_by_text(marker).first.wait_for(state="visible", timeout=timeout_ms)
+    wait_idle(page, timeout_ms)
+
+
 def click_view(page, view: str) -> None:
-    page.locator("[data-testid=stButtonGroup] button", has_text=view).first.click()
-    page.wait_for_timeout(300)
-    wait_idle(page, 180_000)
+    click_and_wait(page, page.locator("[data-testid=stButtonGroup] button", has_text=view).first, VIEW_MARKERS[view])
 
 
 def test_dashboard_in_chromium(tmp_path):
@@ -200,13 +253,12 @@ def test_dashboard_in_chromium(tmp_path):
 
     ARTIFACTS.mkdir(exist_ok=True)
     ref, model_label = default_model(tmp_path)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     timings: dict[str, float | str] = {"model": model_label}
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
         timings["bare_page_start_to_chart_s"] = time_bare_page(browser, tmp_path)
-        with dashboard_server(ref, port) as (proc, started):
+        with dashboard_server(ref) as (proc, started, port):
+            url = f"http://127.0.0.1:{port}"
             page = browser.new_page(viewport={"width": 1400, "height": 1800})
             try:
                 wait_healthy(url, proc)
@@ -282,10 +334,11 @@ def test_dashboard_in_chromium(tmp_path):
 
                 # the Learn view, every step clicked through
                 click_view(page, "Learn")
-                for i, step in enumerate(STEPS):
-                    page.get_by_text(step, exact=True).click()
-                    page.wait_for_timeout(300)
-                    wait_idle(page, 300_000)
+                assert len(STEP_MARKERS) == len(STEPS)
+                for i, (step, marker) in enumerate(zip(STEPS, STEP_MARKERS, strict=True)):
+                    click_and_wait(page, page.get_by_text(step, exact=True), marker, 300_000)
+                    others = [m for m in STEP_MARKERS if m != marker]
+                    assert not any(page.get_by_text(m).count() for m in others), step  # only this step's page
                     no_exception(page)
                     assert page.locator("[data-testid=stAlert]", has_text="Could not").count() == 0
                     page.screenshot(path=str(ARTIFACTS / f"learn_step{i + 1}.png"), full_page=True)
