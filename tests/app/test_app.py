@@ -269,3 +269,46 @@ def test_all_heads_table_is_one_sortable_row_per_head(monkeypatch, models):
 def test_the_packaged_script_is_the_same_app(monkeypatch, models):
     at = start(monkeypatch, models["byte"], script=cache.app_script())
     assert not at.error and grid(at)
+
+
+def test_ablation_panel_values_equal_an_independent_computation(monkeypatch):
+    """The numbers the panel shows (metric change, its CI, the effects table, the per-token bars) against
+    tests/ablation_reference.py on the zoo's induction-2l, whose induction head carries the repeated half."""
+    from ablation_reference import logits, per_prompt_loss, repeated_positions, token_nll
+
+    from headlens.interventions.metrics import bootstrap_ci, repeated_task
+    from headlens.zoo import ZOO
+
+    ref = "induction-2l"
+    (head,) = ZOO[ref].known_heads["induction"]
+    at = start(monkeypatch, ref)
+    at.multiselect(key=f"heads::{ref}").set_value([head]).run()
+    at.segmented_control(key="view").set_value("Ablation").run()
+    at.selectbox(key="ablation_method").set_value("zero")
+    at.selectbox(key="ablation_metric").set_value("repeated_loss")
+    at.button(key="run_ablation").click().run()
+    assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+
+    model = cache.get_model(ref)
+    layer, h = int(head[1:head.index("H")]), int(head[head.index("H") + 1:])
+    tokens = repeated_task(model, hd.DEFAULT_N_PROMPTS, seed=0).tokens  # the panel's probe: n prompts, seed 0
+    pos = repeated_positions(tokens)
+    clean = per_prompt_loss(logits(model, tokens), tokens, pos)
+    delta = per_prompt_loss(logits(model, tokens, [(layer, h)]), tokens, pos) - clean
+    assert delta.mean() > 1.0
+
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics[f"repeated_loss change, {head} (zero)"] == f"{delta.mean():+.4f}"
+    low, high = bootstrap_ci(delta, 500, 0)
+    assert metrics["95% CI"] == f"[{low:+.4f}, {high:+.4f}]"
+    effects = table_with(at, "heads", "delta")
+    assert effects.delta.iloc[0] == pytest.approx(delta.mean(), abs=1e-5)
+
+    # per-token loss change on the user's text: the bars' heights, by hand
+    text = at.text_area(key=f"text::{ref}").value
+    ids = model.to_tokens(text)  # (1, T)
+    by_hand = (token_nll(logits(model, ids, [(layer, h)]), ids) - token_nll(logits(model, ids), ids))[0]
+    (bars,) = [f for f in figures(at) if f["layout"].get("title", {}).get("text", "").startswith("per-token")]
+    np.testing.assert_allclose(arr(bars["data"][0]["y"]), by_hand.numpy(), atol=1e-4)
+    assert float(by_hand.abs().max()) > 0.5  # the head matters on the text too
+    assert model.active_hooks() == []
