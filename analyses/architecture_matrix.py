@@ -21,7 +21,8 @@ import torch
 
 import headlens
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the matrix's builders live there
+TESTS = Path(__file__).resolve().parents[1] / "tests"
+sys.path[:0] = [str(TESTS), str(TESTS / "models")]  # the matrix's builders and its test module live there
 
 
 def measure(family: str, root: Path) -> dict[str, float]:
@@ -54,7 +55,7 @@ def main() -> None:
     print(f"{'family':<10}{'pattern vs eager':>18}{'ablation vs pre-hook':>22}{'bf16 vs fp32 score':>20}")
     for family in FAMILIES:
         r = measure(family, root)
-        print(f"{family:<10}{r['pattern']:>18.1e}{r['ablation']:>22.1e}{r['bf16']:>20.3f}", flush=True)
+        print(f"{family:<10}{r['pattern']:>18.1e}{r['ablation']:>22.1e}{r['bf16']:>20.4f}", flush=True)
 
 
 if __name__ == "__main__":
