@@ -92,3 +92,13 @@ def test_under_ci_a_module_level_importorskip_is_an_error(tmp_path):
     res = _run(tmp_path, "true", MISSING_AT_IMPORT)
     assert res.returncode != 0 and "for want of accelerate" in res.stdout, res.stdout
     assert _run(tmp_path, None, MISSING_AT_IMPORT).returncode == 5  # outside CI: skipped, nothing ran
+
+
+def test_ci_runs_with_the_hook_armed():
+    """.ci/run sets CI=true, and the suite's conftest registers the hooks."""
+    import tests.conftest as conftest
+    from tests import ci_skips
+
+    assert "export CI=true" in (ROOT / ".ci" / "run").read_text()
+    assert conftest.pytest_runtest_makereport is ci_skips.pytest_runtest_makereport
+    assert conftest.pytest_make_collect_report is ci_skips.pytest_make_collect_report
