@@ -63,7 +63,7 @@ def doctor_rows(out: Path) -> list[str]:
             c, i = ev[r.config_n_heads], ev[r.inferred_n_heads]
             rows.append(f"| {family} | {what} | ({c.n_heads},{c.n_kv_heads},{c.d_head}) {c.loss:.3f} | "
                         f"({i.n_heads},{i.n_kv_heads},{i.d_head}) {i.loss:.3f} | "
-                        f"{'PASS (exit 0)' if r.passed else 'FAIL (exit 8)'} |")
+                        f"{ {'passed': 'PASS (exit 0)', 'failed': 'FAIL (exit 8)'}.get(r.verdict, 'INCONCLUSIVE (exit 9)')} |")
     return rows
 
 

@@ -5,7 +5,8 @@ line stays one file of wiring. Every ``HeadlensError`` becomes one line on stder
 its class's exit code (see ``headlens.errors``), never a traceback.
 
 Exit codes: 0 ok; 1 generic headlens error; 2 bad config or usage; 3 checkpoint;
-4 model reference; 5 probe / prompts; 6 detector; 7 output path; 8 doctor found a problem.
+4 model reference; 5 probe / prompts; 6 detector; 7 output path; 8 doctor found a problem;
+9 doctor inconclusive (no evaluation source separates the head layouts; never a pass).
 """
 
 from __future__ import annotations
@@ -31,7 +32,12 @@ app = typer.Typer(
 
 @app.callback()
 def _root() -> None:
-    """Find out what every attention head of a transformer does."""
+    """Find out what every attention head of a transformer does.
+
+    Exit codes: 0 ok; 1 generic headlens error; 2 bad config or usage; 3 checkpoint; 4 model reference;
+    5 probe / prompts; 6 detector; 7 output path; 8 doctor found a problem; 9 doctor inconclusive
+    (no evaluation source separates the head layouts; never a pass).
+    """
 
 
 # modules that each define register(app); missing ones are skipped so areas can land independently

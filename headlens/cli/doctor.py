@@ -1,4 +1,5 @@
-"""``headlens doctor CHECKPOINT``: infer the head count a checkpoint was trained with; exit 8 on a mismatch."""
+"""``headlens doctor CHECKPOINT``: infer the head count a checkpoint was trained with; exit 8 on a mismatch,
+9 when no evaluation source can tell the head layouts apart (inconclusive, never passed)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-EXIT_PROBLEM = 8  # cli.py: "8 doctor found a problem"
+EXIT_PROBLEM = 8  # cli/__init__.py: "8 doctor found a problem"
+EXIT_INCONCLUSIVE = 9  # cli/__init__.py: "9 doctor inconclusive (no evidence either way)"
 
 
 def _resolve(ref: str) -> Path:
@@ -40,9 +42,14 @@ def register(app: typer.Typer) -> None:
         """Check that a checkpoint's head count is the one its weights were trained with.
 
         Loads the weights split into every head layout their shapes allow (every divisor of d_model
-        for GPT-2; query heads, key/value heads and head width for other families), measures the
-        loss of each on text the model can tokenize and reports the table. Exit 0 when config,
-        --n-heads and weights agree, 8 when they do not.
+        for GPT-2; query heads, key/value heads and head width for other families) and measures the
+        loss of each on two sources: a text (--text, else the recipe's data or Python source), checked
+        first for fit (unknown tokens, distinct tokens, loss vs a unigram model of the text), and random
+        token ids with each sequence repeated. The verdict comes from a source that separates the layouts.
+
+        Exit codes: 0 passed (config, --n-heads and weights agree); 8 failed (they do not);
+        9 inconclusive (no source separates the layouts: untrained weights, or text the model does not
+        predict; never reported as passed).
         """
         import json
 
@@ -60,5 +67,7 @@ def register(app: typer.Typer) -> None:
         report = check_checkpoint(_resolve(checkpoint), n_heads=n_heads, seed=seed, texts=texts, n_rows=rows,
                                   seq_len=seq_len)
         typer.echo(json.dumps(report.to_dict(), indent=2) if as_json else str(report))
+        if report.verdict == "inconclusive":
+            raise typer.Exit(code=EXIT_INCONCLUSIVE)
         if not report.passed:
             raise typer.Exit(code=EXIT_PROBLEM)

@@ -12,10 +12,10 @@ Hugging Face directories of other families (Llama, Mistral, Qwen2, Gemma, GPT-Ne
 :mod:`headlens.doctor.families`: the same loss comparison over every (query heads, key/value heads,
 head width) layout their weight shapes allow, built by ``transformers`` itself.
 
-Evaluation text, most specific first: the zoo recipe's own data when the checkpoint names
-one in its metadata; Python standard-library source for byte-level models; repeated random
-segments (``BOS r r``) over the alphabet for char-level models and over the vocabulary
-otherwise (any model with an induction circuit predicts the second copy).
+Evaluation sources (:mod:`headlens.doctor.verdict` weighs them): a text, the user's or else the zoo
+recipe's own data when the checkpoint names one in its metadata, or Python standard-library source for
+byte-level models; and always repeated random segments (``BOS r r``) over the alphabet or vocabulary
+(any model with an induction circuit predicts the second copy).
 """
 
 from __future__ import annotations
@@ -30,8 +30,15 @@ import torch
 import torch.nn.functional as F
 
 from headlens.doctor.bugs import divisors
-from headlens.doctor.report import CheckpointReport, HeadCountEvidence
-from headlens.doctor.verdict import decide, head_count_warnings, stdlib_text
+from headlens.doctor.report import CheckpointReport
+from headlens.doctor.verdict import (
+    choose,
+    head_count_warnings,
+    source_reports,
+    source_warnings,
+    stdlib_text,
+    weigh_source,
+)
 from headlens.errors import CheckpointError, ConfigError
 from headlens.models.checkpoint import FORMAT, read_header
 from headlens.models.config import ModelConfig
@@ -136,14 +143,15 @@ def model_with_heads(w: Weights, n_heads: int) -> GPT:
 
 
 
-def evaluation_tokens(w: Weights, n_rows: int = 48, seq_len: int = 512, seed: int = 0) -> tuple[torch.Tensor, str]:
-    """``(n_rows, T)`` token ids (BOS first) the model should predict well, and what they are.
+def default_text(w: Weights, n_rows: int = 48, seq_len: int = 512, seed: int = 0
+                 ) -> tuple[torch.Tensor, str] | None:
+    """``(n_rows, T)`` token ids (BOS first) of text the model should predict well, and what they are; None
+    when the checkpoint names no such text (a char-level model outside the zoo recipes).
 
     Rows are as long as the context allows (up to ``seq_len``): the longer the context, the more
     the loss depends on attention, so the clearer the head-count evidence.
     """
     T = min(seq_len, w.config.n_ctx)
-    gen = torch.Generator().manual_seed(seed)
     tok = w.tokenizer
     recipe = w.metadata.get("recipe")
     if recipe in ("induction-2l", "dyck") and tok is not None:
@@ -151,18 +159,44 @@ def evaluation_tokens(w: Weights, n_rows: int = 48, seq_len: int = 512, seed: in
 
         r = get_recipe(recipe)
         if r.tokenizer == tok:
+            gen = torch.Generator().manual_seed(seed)
             return r.sampler()(gen, n_rows)[:, :T], f"zoo recipe {recipe!r} data ({n_rows} x {T} tokens)"
     if tok is not None and tok.kind == "byte":
         ids = tok.encode(stdlib_text(n_rows * T, seed))
         rows = torch.tensor(ids[: n_rows * (T - 1)]).view(n_rows, T - 1)  # (N, T - 1)
         bos = torch.full((n_rows, 1), tok.bos_token_id)
         return torch.cat([bos, rows], dim=1), f"Python stdlib source ({n_rows} x {T} bytes)"
+    return None
+
+
+def random_tokens(w: Weights, n_rows: int = 48, seq_len: int = 512, seed: int = 0) -> tuple[torch.Tensor, str]:
+    """The model-agnostic source: ``(n_rows, 2 seg + 1)`` rows ``BOS r r`` of random symbols, each repeated.
+
+    Any model with a copying (induction) mechanism predicts the second copy; a wrong head split breaks it.
+    """
+    T = min(seq_len, w.config.n_ctx)
+    gen = torch.Generator().manual_seed(seed)
+    tok = w.tokenizer
     n_symbols = tok.n_symbols if tok is not None else w.config.d_vocab
     bos = tok.bos_token_id if tok is not None else 0
     seg = (T - 1) // 2
     seg_ids = torch.randint(0, n_symbols, (n_rows, seg), generator=gen)  # (N, seg)
     tokens = torch.cat([torch.full((n_rows, 1), bos), seg_ids, seg_ids], dim=1)  # (N, 2 seg + 1)
     return tokens, f"repeated random segments over {n_symbols} symbols ({n_rows} x {2 * seg + 1} tokens)"
+
+
+def evaluation_sources(w: Weights, n_rows: int, seq_len: int, seed: int, texts: list[str] | None
+                       ) -> list[tuple[str, list[torch.Tensor], str]]:
+    """``[(name, rows, description)]``: the text (the user's, else :func:`default_text`) and random tokens."""
+    out = []
+    if texts is not None:
+        rows = text_tokens(w, texts)
+        out.append(("text", rows, f"the given text ({sum(r.shape[0] for r in rows)} rows, "
+                                  f"{sum(r.numel() for r in rows)} tokens)"))
+    elif (text := default_text(w, n_rows, seq_len, seed)) is not None:
+        out.append(("text", [text[0]], text[1]))
+    tokens, description = random_tokens(w, n_rows, seq_len, seed)
+    return [*out, ("random tokens", [tokens], description)]
 
 
 def text_tokens(w: Weights, texts: list[str]) -> list[torch.Tensor]:
@@ -232,8 +266,10 @@ def check_checkpoint(
             zoo recipe describes: the default repeated random segments only help models that copy).
 
     Returns:
-        A :class:`CheckpointReport`; ``passed`` is False when the inferred head count disagrees
-        with the config or with ``n_heads``.
+        A :class:`CheckpointReport` with every evaluation source's losses (the text, then random token ids
+        repeated). Its ``verdict`` is ``"passed"`` when a source that fits the model finds the claimed head
+        count the only one that works, ``"failed"`` when it finds another clearly better, and
+        ``"inconclusive"`` when no source separates the head counts (``passed`` is then False too).
 
     >>> report = check_checkpoint("model.safetensors")  # doctest: +SKIP
     >>> report.inferred_n_heads, report.passed  # doctest: +SKIP
@@ -253,23 +289,26 @@ def check_checkpoint(
         raise ConfigError(f"n_heads={claimed} does not divide d_model={d_model} "
                           f"(divisors: {divisors(d_model)})")
     heads = sorted(set(candidates or divisors(d_model)) | {claimed, config_heads})
-    if texts is not None:
-        rows = text_tokens(w, texts)
-        description = f"the given text ({sum(r.shape[0] for r in rows)} rows, {sum(r.numel() for r in rows)} tokens)"
-    else:
-        tokens, description = evaluation_tokens(w, n_rows, seq_len, seed)
-        rows = [tokens]
-    per_row = {h: row_losses(w, h, rows) for h in heads}
-    v = decide(per_row, rows, claimed, margin, z_min)
-    evidence = [HeadCountEvidence(h, d_model // h, v.losses[h], v.losses[h] - v.losses[v.best], v.z[h]) for h in heads]
-    warnings = head_count_warnings(v, config_heads, n_heads, said=f"n_heads={config_heads}",
-                                   best=f"split into {v.inferred} heads", trained=f"with {v.inferred}")
+    sources = []
+    for name, rows, description in evaluation_sources(w, n_rows, seq_len, seed, texts):
+        per_row = {h: row_losses(w, h, rows) for h in heads}
+        n_vocab = w.tokenizer.n_symbols if w.tokenizer is not None else w.config.d_vocab
+        sources.append(weigh_source(name, description, per_row, rows, claimed, margin, z_min, n_vocab))
+    chosen, verdict = choose(sources)
+    v = chosen.verdict
+    if verdict == "passed" and claimed != config_heads:
+        verdict = "failed"  # the weights agree with --n-heads, so the config is wrong
+    warnings = source_warnings(sources, verdict)
+    if verdict != "inconclusive":
+        warnings = head_count_warnings(v, config_heads, n_heads, said=f"n_heads={config_heads}",
+                                       best=f"split into {v.inferred} heads", trained=f"with {v.inferred}") + warnings
+    reports = source_reports(sources, chosen, lambda h: d_model // h)
     return CheckpointReport(
-        path=str(path), format=w.format, passed=v.inferred == config_heads == claimed,
+        path=str(path), format=w.format, passed=verdict == "passed",
         config_n_heads=config_heads, claimed_n_heads=claimed, inferred_n_heads=v.inferred,
         plausible_n_heads=v.plausible, d_model=d_model,
-        evaluation=description, margin=margin, evidence=evidence, warnings=warnings,
-        seconds=time.perf_counter() - t0,
+        evaluation=chosen.description, margin=margin, evidence=next(r for r in reports if r.used).evidence,
+        warnings=warnings, seconds=time.perf_counter() - t0, verdict=verdict, sources=reports,
     )
 
 

@@ -17,10 +17,11 @@ whose config has no ``head_dim`` (GPT-NeoX, Qwen2 ...) tie it to ``d_model / n_h
 those layouts are tried. A layout ``transformers`` refuses to build, load or run (GPT-J's fixed
 ``rotary_dim`` wider than the head) is not a candidate.
 
-Evaluation text: the user's (``texts``, tokenized with the directory's tokenizer); else Python
-standard-library source tokenized with the directory's tokenizer; else, for a directory without one,
-repeated random token segments ``BOS r r`` over the non-special vocabulary (any model with an
-induction circuit predicts the second copy).
+Evaluation sources (:mod:`headlens.doctor.verdict` weighs them): a text, the user's (``texts``, tokenized
+with the directory's tokenizer) or else Python standard-library source, checked against the model before
+it counts (a word-level tokenizer makes Python source the unknown token almost everywhere); and always
+repeated random token segments ``BOS r r`` over the non-special vocabulary (any model with an induction
+circuit predicts the second copy).
 """
 
 from __future__ import annotations
@@ -133,14 +134,22 @@ def build(model_dir: Path, cfg: Any, layout: HeadLayout) -> Any | None:
     return model.eval()
 
 
-def evaluation_tokens(model_dir: Path, cfg: Any, n_rows: int, seq_len: int, seed: int,
-                      texts: list[str] | None) -> tuple[list[torch.Tensor], str]:
-    """Evaluation rows ``[(N_i, T_i)]`` and what they are (see the module docstring)."""
-    n_ctx = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or 2048)
+def _n_ctx(cfg: Any) -> int:
+    return int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or 2048)
+
+
+def text_rows(model_dir: Path, cfg: Any, n_rows: int, seq_len: int, seed: int, texts: list[str] | None
+              ) -> tuple[list[torch.Tensor], str, Any] | None:
+    """The text source: rows ``[(N_i, T_i)]``, what they are, and the tokenizer; the user's ``texts``, else
+    Python standard-library source; None when the directory has no tokenizer (see the module docstring)."""
+    n_ctx = _n_ctx(cfg)
     bos = getattr(cfg, "bos_token_id", None)
     if texts is not None:
         tok = _tokenizer(model_dir)
-        rows = [tok(t)["input_ids"][:n_ctx] for t in texts if t.strip()]
+        rows = [tok(t)["input_ids"] for t in texts if t.strip()]
+        if bos is not None:  # every source starts at BOS, as the model was trained (when the tokenizer adds none)
+            rows = [r if r[:1] == [bos] else [bos, *r] for r in rows]
+        rows = [r[:n_ctx] for r in rows]
         rows = [r for r in rows if len(r) >= 2]
         if not rows:
             raise CheckpointError("the evaluation text is empty: give at least one line of text")
@@ -148,20 +157,29 @@ def evaluation_tokens(model_dir: Path, cfg: Any, n_rows: int, seq_len: int, seed
         for r in rows:
             by_len.setdefault(len(r), []).append(r)
         stacked = [torch.tensor(group) for _, group in sorted(by_len.items())]
-        return stacked, f"the given text ({len(rows)} rows, {sum(map(len, rows))} tokens)"
+        return stacked, f"the given text ({len(rows)} rows, {sum(map(len, rows))} tokens)", tok
     T = min(seq_len, n_ctx)
     tok = _tokenizer(model_dir, required=False)
-    if tok is not None:
-        from headlens.doctor.verdict import stdlib_text
+    if tok is None:
+        return None
+    from headlens.doctor.verdict import stdlib_text
 
-        tok.model_max_length = 1 << 30  # one long text, cut into rows below (no length warning)
-        ids = tok(stdlib_text(n_rows * T * 2, seed), add_special_tokens=False)["input_ids"]
-        n = min(n_rows, len(ids) // (T - 1))
-        body = torch.tensor(ids[: n * (T - 1)]).view(n, T - 1)  # (N, T - 1)
-        first = torch.full((n, 1), int(bos) if bos is not None else int(ids[0]))
-        return [torch.cat([first, body], 1)], f"Python stdlib source ({n} x {T} tokens)"
-    special = {i for i in (bos, getattr(cfg, "eos_token_id", None), getattr(cfg, "pad_token_id", None))
-               if isinstance(i, int)}
+    tok.model_max_length = 1 << 30  # one long text, cut into rows below (no length warning)
+    ids = tok(stdlib_text(n_rows * T * 2, seed), add_special_tokens=False)["input_ids"]
+    n = min(n_rows, len(ids) // (T - 1))
+    body = torch.tensor(ids[: n * (T - 1)]).view(n, T - 1)  # (N, T - 1)
+    first = torch.full((n, 1), int(bos) if bos is not None else int(ids[0]))
+    return [torch.cat([first, body], 1)], f"Python stdlib source ({n} x {T} tokens)", tok
+
+
+def random_rows(cfg: Any, n_rows: int, seq_len: int, seed: int, tok: Any = None) -> tuple[list[torch.Tensor], str]:
+    """The model-agnostic source: rows ``[BOS] r r`` of random non-special token ids, each sequence repeated."""
+    T = min(seq_len, _n_ctx(cfg))
+    bos = getattr(cfg, "bos_token_id", None)
+    special = {i for i in (bos, getattr(cfg, "eos_token_id", None), getattr(cfg, "pad_token_id", None),
+                           getattr(tok, "unk_token_id", None)) if isinstance(i, int)}
+    if tok is not None:
+        special |= {i for i in getattr(tok, "all_special_ids", []) if isinstance(i, int)}
     ids = torch.tensor([i for i in range(int(cfg.vocab_size)) if i not in special])
     gen = torch.Generator().manual_seed(seed)
     seg = (T - 1) // 2 if bos is not None else T // 2
@@ -194,21 +212,24 @@ def row_losses(model: Any, rows: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(out)
 
 
-def score_layouts(model_dir: Path, cfg: Any, layouts: list[HeadLayout], rows: list[torch.Tensor]
-                  ) -> tuple[dict[int, torch.Tensor], dict[int, HeadLayout]]:
-    """Per-row losses of every layout ``transformers`` can load and run, keyed by n_heads (unique per layout:
-    the widths are fixed), and the layouts by the same key."""
-    per_row, by_heads = {}, {}
+def score_layouts(model_dir: Path, cfg: Any, layouts: list[HeadLayout], sources: list[list[torch.Tensor]]
+                  ) -> tuple[list[dict[int, torch.Tensor]], dict[int, HeadLayout]]:
+    """Per-row losses on every source of every layout ``transformers`` can load and run, keyed by n_heads
+    (unique per layout: the widths are fixed), and the layouts by the same key."""
+    per_row: list[dict[int, torch.Tensor]] = [{} for _ in sources]
+    by_heads = {}
     for layout in layouts:
         model = build(model_dir, cfg, layout)
         if model is None:
             continue
         try:
-            per_row[layout.n_heads] = row_losses(model, rows)
+            losses = [row_losses(model, rows) for rows in sources]
         except (RuntimeError, ValueError, IndexError):  # e.g. GPT-J's rotary_dim wider than this head
             continue
         finally:
             del model
+        for out, loss in zip(per_row, losses, strict=True):
+            out[layout.n_heads] = loss
         by_heads[layout.n_heads] = layout
     return per_row, by_heads
 
@@ -218,8 +239,14 @@ def check_family(model_dir: Path, n_heads: int | None, candidates: list[int] | N
     """:func:`headlens.doctor.check_checkpoint` for a non-GPT-2 Hugging Face directory."""
     import time
 
-    from headlens.doctor.report import CheckpointReport, HeadCountEvidence
-    from headlens.doctor.verdict import decide, head_count_warnings
+    from headlens.doctor.report import CheckpointReport
+    from headlens.doctor.verdict import (
+        choose,
+        head_count_warnings,
+        source_reports,
+        source_warnings,
+        weigh_source,
+    )
 
     cfg = read_config(model_dir)
     config = claimed_layout(cfg)
@@ -228,21 +255,33 @@ def check_family(model_dir: Path, n_heads: int | None, candidates: list[int] | N
                if candidates is None or lay.n_heads in candidates or lay in (config, claimed)]
     if claimed not in layouts:
         layouts.append(claimed)
-    rows, description = evaluation_tokens(model_dir, cfg, n_rows, seq_len, seed, texts)
-    per_row, by_heads = score_layouts(model_dir, cfg, layouts, rows)
-    if config.n_heads not in per_row:
+    text = text_rows(model_dir, cfg, n_rows, seq_len, seed, texts)
+    tok = text[2] if text is not None else None
+    named = ([("text", text[0], text[1])] if text is not None else []) + [
+        ("random tokens", *random_rows(cfg, n_rows, seq_len, seed, tok))]
+    per_row, by_heads = score_layouts(model_dir, cfg, layouts, [rows for _, rows, _ in named])
+    if config.n_heads not in by_heads:
         raise CheckpointError(f"the weights in {str(model_dir)!r} do not load with their own config ({config})")
-    if claimed.n_heads not in per_row:
+    if claimed.n_heads not in by_heads:
         raise CheckpointError(f"the weights in {str(model_dir)!r} do not load as {claimed}")
-    v = decide(per_row, rows, claimed.n_heads, margin, z_min)
+    sources = [weigh_source(name, description, losses, rows, claimed.n_heads, margin, z_min,
+                            int(cfg.vocab_size), getattr(tok, "unk_token_id", None))
+               for (name, rows, description), losses in zip(named, per_row, strict=True)]
+    chosen, verdict = choose(sources)
+    v = chosen.verdict
+    if verdict == "passed" and claimed != config:
+        verdict = "failed"  # the weights agree with --n-heads, so the config is wrong
     best = by_heads[v.inferred]
-    evidence = [HeadCountEvidence(h, by_heads[h].d_head, v.losses[h], v.losses[h] - v.losses[v.best], v.z[h],
-                                  by_heads[h].n_kv_heads) for h in sorted(per_row)]
+    warnings = source_warnings(sources, verdict)
+    if verdict != "inconclusive":
+        warnings = head_count_warnings(v, config.n_heads, n_heads, said=str(config), best=f"as {best}",
+                                       trained=f"as {best}") + warnings
+    reports = source_reports(sources, chosen, lambda h: by_heads[h].d_head, lambda h: by_heads[h].n_kv_heads)
     return CheckpointReport(
-        path=str(model_dir), format="huggingface", passed=v.inferred == config.n_heads == claimed.n_heads,
+        path=str(model_dir), format="huggingface", passed=verdict == "passed",
         config_n_heads=config.n_heads, claimed_n_heads=claimed.n_heads, inferred_n_heads=v.inferred,
-        plausible_n_heads=v.plausible, d_model=int(cfg.hidden_size), evaluation=description, margin=margin,
-        evidence=evidence, warnings=head_count_warnings(v, config.n_heads, n_heads, said=str(config), best=f"as {best}",
-                                     trained=f"as {best}"), seconds=time.perf_counter() - t0, family=str(cfg.model_type),
-        config_n_kv_heads=config.n_kv_heads, inferred_n_kv_heads=best.n_kv_heads,
+        plausible_n_heads=v.plausible, d_model=int(cfg.hidden_size), evaluation=chosen.description, margin=margin,
+        evidence=next(r for r in reports if r.used).evidence, warnings=warnings, seconds=time.perf_counter() - t0,
+        family=str(cfg.model_type), config_n_kv_heads=config.n_kv_heads, inferred_n_kv_heads=best.n_kv_heads,
+        verdict=verdict, sources=reports,
     )

@@ -105,6 +105,37 @@ class HeadCountEvidence:
 
 
 @dataclass
+class SourceEvidence:
+    """The head-layout evidence from one evaluation source (a text, or random token ids repeated)."""
+
+    name: str  # "text" | "random tokens"
+    description: str
+    status: str  # what this source alone says: "passed" | "failed" | "inconclusive"
+    separation: float  # nats between its best layout and the runner-up
+    used: bool  # the verdict was taken from this source
+    evidence: list[HeadCountEvidence] = field(default_factory=list)
+    fits: bool | None = None  # whether the source fits the model (random ids: whether the model copies them)
+    problems: list[str] = field(default_factory=list)  # why it does not fit
+    unknown_share: float | None = None  # share of unknown tokens
+    distinct_tokens: int | None = None
+    unigram_loss: float | None = None  # loss of the source's own token frequencies (nats)
+
+
+def _evidence_lines(evidence: list[HeadCountEvidence], inferred: int | None, claimed: int) -> list[str]:
+    lines = [f"    {'n_heads':>7} {'n_kv':>4} {'d_head':>6} {'loss':>8} {'+best':>8} {'z':>7}"]
+    for e in evidence:
+        tags = []
+        if e.n_heads == inferred:
+            tags.append("<= best")
+        if e.n_heads == claimed:
+            tags.append("<= claimed")
+        kv = e.n_heads if e.n_kv_heads is None else e.n_kv_heads
+        z = f"{e.z:>7.1f}" if abs(e.z) < 1e6 else f"{'>1e6' if e.z > 0 else '<-1e6':>7}"
+        lines.append(f"    {e.n_heads:>7} {kv:>4} {e.d_head:>6} {e.loss:>8.4f} {e.delta:>8.4f} {z}  {' '.join(tags)}")
+    return lines
+
+
+@dataclass
 class CheckpointReport:
     """Result of :func:`headlens.doctor.check_checkpoint`."""
 
@@ -124,33 +155,36 @@ class CheckpointReport:
     family: str = "gpt2"  # the transformers model_type (gpt2 for headlens checkpoints)
     config_n_kv_heads: int | None = None  # key/value heads the config says (families with GQA/MQA fields)
     inferred_n_kv_heads: int | None = None  # key/value heads of the inferred layout
+    verdict: str = "passed"  # "passed" | "failed" | "inconclusive" (no source separates the layouts)
+    sources: list[SourceEvidence] = field(default_factory=list)  # every evaluation source, the used one marked
 
     def to_dict(self) -> dict[str, Any]:
         return _json_safe(dataclasses.asdict(self))
 
     def __str__(self) -> str:
+        decided = self.verdict != "inconclusive"
         lines = [
-            f"checkpoint check: {'PASSED' if self.passed else 'FAILED'}  ({self.path}, {self.format})",
-            f"  family          : {self.family}" + (f", config n_kv_heads {self.config_n_kv_heads}, inferred "
-                                                     f"n_kv_heads {self.inferred_n_kv_heads}"
+            f"checkpoint check: {self.verdict.upper()}  ({self.path}, {self.format})",
+            f"  family          : {self.family}" + (f", config n_kv_heads {self.config_n_kv_heads}"
+                                                     + (f", inferred n_kv_heads {self.inferred_n_kv_heads}"
+                                                        if decided else "")
                                                      if self.config_n_kv_heads is not None else ""),
             f"  config n_heads  : {self.config_n_heads}"
             + (f"   (checked against --n-heads {self.claimed_n_heads})"
                if self.claimed_n_heads != self.config_n_heads else ""),
-            f"  inferred n_heads: {self.inferred_n_heads}   (d_model={self.d_model}, "
-            f"loss on {self.evaluation})"
+            (f"  inferred n_heads: {self.inferred_n_heads}   (d_model={self.d_model}, loss on {self.evaluation})"
+             if decided else f"  inferred n_heads: none   (d_model={self.d_model}: no source separates the layouts)")
             + (f"\n  plausible       : {self.plausible_n_heads}" if len(self.plausible_n_heads) > 1 else ""),
-            "  evidence: loss with the weights split into each possible head count",
-            f"    {'n_heads':>7} {'n_kv':>4} {'d_head':>6} {'loss':>8} {'+best':>8} {'z':>7}",
         ]
-        for e in self.evidence:
-            tags = []
-            if e.n_heads == self.inferred_n_heads:
-                tags.append("<= best")
-            if e.n_heads == self.claimed_n_heads:
-                tags.append("<= claimed")
-            kv = e.n_heads if e.n_kv_heads is None else e.n_kv_heads
-            lines.append(f"    {e.n_heads:>7} {kv:>4} {e.d_head:>6} {e.loss:>8.4f} {e.delta:>8.4f} {e.z:>7.1f}  {' '.join(tags)}")
+        for src in self.sources or [SourceEvidence("evaluation", self.evaluation, self.verdict, 0.0, True,
+                                                   self.evidence)]:
+            used = "  <= verdict" if src.used and decided else ""
+            lines.append(f"  {src.name}: {src.description} -> {src.status}{used}")
+            if src.fits is not None:
+                lines.append(f"    fit: {'yes' if src.fits else 'NO'} (unknown tokens {src.unknown_share:.0%}, "
+                             f"{src.distinct_tokens} distinct, unigram loss {src.unigram_loss:.3f} nats)")
+            lines += _evidence_lines(src.evidence, self.inferred_n_heads if src.used and decided else None,
+                                     self.claimed_n_heads)
         lines += [f"  warning: {w}" for w in self.warnings]
         lines.append(f"  took {self.seconds:.1f} s")
         return "\n".join(lines)

@@ -1,10 +1,23 @@
 """The doctor's verdict on head counts: from per-row losses of every candidate layout to which one the
 weights were trained with, how sure that is, and the warnings every family words alike.
+
+Why several evaluation sources and a three-way verdict: a loss comparison is only evidence when the
+text fits the model. Python source through a word-level tokenizer is the unknown token almost
+everywhere, every layout predicts it equally (badly), and "the claim is not contradicted" is then no
+finding at all. So each source is weighed on its own (:func:`weigh_source`): a text is checked first
+(share of unknown tokens, distinct tokens, the model's loss against a unigram model of the same text,
+:func:`text_fit`); the model-agnostic source (random token ids, each sequence repeated: any model that
+copies predicts the second half, and a wrong split breaks the copy) counts only when the model beats the
+unigram loss on it, i.e. when it copies (a model trained on prose alone does not, and its layouts'
+losses on random ids differ by noise however large). The verdict
+comes from a source that separates the layouts (:func:`choose`): PASSED when the claimed layout is the
+only one that fits, FAILED when it clearly does not, INCONCLUSIVE when no source can tell.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -75,3 +88,121 @@ def decide(per_row: dict[int, torch.Tensor], rows: list[torch.Tensor], claimed: 
     # head counts the evaluation cannot tell apart from the best: within the margin or z_min standard errors
     plausible = [h for h in per_row if losses[h] - losses[best] <= margin or z[h] <= z_min]
     return Verdict(losses, z, best, plausible, claimed if claimed in plausible else best)
+
+
+MIN_SHARE_KNOWN = 0.8  # a text with more than 20 % unknown tokens does not fit the model's vocabulary
+MIN_DISTINCT = 16  # distinct tokens a text needs (fewer when the vocabulary is small: a quarter of it)
+
+
+@dataclass(frozen=True)
+class TextFit:
+    """Whether an evaluation text fits the model, and why not (``problems``, empty when it fits)."""
+
+    unknown_share: float  # share of predicted tokens that are the tokenizer's unknown token
+    distinct_tokens: int  # distinct predicted tokens
+    model_loss: float  # the model's loss on the text (its best layout), nats
+    unigram_loss: float  # loss of the text's own token frequencies (a unigram model fit to it), nats
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+
+def text_fit(rows: list[torch.Tensor], model_loss: float, n_vocab: int, unknown_id: int | None = None) -> TextFit:
+    """Check an evaluation text (rows ``[(N_i, T_i)]``, first column BOS) against the model that reads it.
+
+    >>> fit = text_fit([torch.tensor([[1, 0, 0, 0, 0]])], model_loss=4.17, n_vocab=66, unknown_id=0)
+    >>> fit.fits, fit.problems[0]
+    (False, '100% of its tokens are the unknown token')
+    """
+    targets = torch.cat([r[:, 1:].flatten() for r in rows])  # predicted tokens (the BOS column is never one)
+    counts = torch.bincount(targets).double()
+    p = counts[counts > 0] / counts.sum()
+    unigram = max(0.0, float(-(p * p.log()).sum()))
+    unknown = float((targets == unknown_id).double().mean()) if unknown_id is not None else 0.0
+    distinct = int((counts > 0).sum())
+    problems = []
+    if unknown > 1 - MIN_SHARE_KNOWN:
+        problems.append(f"{unknown:.0%} of its tokens are the unknown token")
+    need = min(MIN_DISTINCT, max(2, n_vocab // 4))
+    if distinct < need:
+        problems.append(f"only {distinct} distinct tokens (fewer than {need})")
+    if not model_loss < unigram:
+        problems.append(f"the model predicts it no better than its token frequencies "
+                        f"({model_loss:.3f} vs {unigram:.3f} nats)")
+    return TextFit(unknown, distinct, model_loss, unigram, problems)
+
+
+def status(v: Verdict, claimed: int) -> str:
+    """``passed`` when the claim is the only plausible layout, ``failed`` when it is not plausible at all,
+    else ``inconclusive`` (the claim fits, but so does another layout: nothing was tested)."""
+    if claimed not in v.plausible:
+        return "failed"
+    return "passed" if v.plausible == [claimed] else "inconclusive"
+
+
+@dataclass(frozen=True)
+class Source:
+    """One evaluation source and what its losses say about the layouts."""
+
+    name: str  # "text" | "random tokens"
+    description: str
+    verdict: Verdict
+    status: str  # see :func:`status`
+    separation: float  # nats from the best layout to the runner-up (how clearly it separates them)
+    fit: TextFit  # random tokens fit a model that copies: it predicts them better than their frequencies
+
+    @property
+    def usable(self) -> bool:
+        """Whether this source can decide: it fits the model and separates the claim from the rest."""
+        return self.fit.fits and self.status != "inconclusive"
+
+
+def weigh_source(name: str, description: str, per_row: dict[int, torch.Tensor], rows: list[torch.Tensor],
+                 claimed: int, margin: float, z_min: float, n_vocab: int, unknown_id: int | None = None) -> Source:
+    """:func:`decide` on one source, and its :func:`text_fit` (random token ids fit only a model that copies
+    them: without a copy it predicts them no better than their frequencies, and its layouts' losses on
+    them are noise, however far apart)."""
+    v = decide(per_row, rows, claimed, margin, z_min)
+    gaps = sorted(loss - v.losses[v.best] for h, loss in v.losses.items() if h != v.best)
+    fit = text_fit(rows, v.losses[v.best], n_vocab, unknown_id)
+    return Source(name, description, v, status(v, claimed), gaps[0] if gaps else 0.0, fit)
+
+
+def choose(sources: list[Source]) -> tuple[Source, str]:
+    """The source the verdict is taken from, and the verdict: the usable source that separates the layouts
+    most clearly; with none usable, ``inconclusive`` (shown on the random-token source, the last)."""
+    usable = [s for s in sources if s.usable]
+    if not usable:
+        return sources[-1], "inconclusive"
+    best = max(usable, key=lambda s: s.separation if math.isfinite(s.separation) else 0.0)
+    return best, best.status
+
+
+def source_warnings(sources: list[Source], verdict: str) -> list[str]:
+    """Say which texts do not fit the model and, when inconclusive, why and what would help (the random
+    tokens only then: a model that does not copy is no fault of the checkpoint)."""
+    out = [f"the {s.name} ({s.description}) do{'' if s.name.endswith('s') else 'es'} not fit this model: "
+           f"{'; '.join(s.fit.problems)}; not used for the verdict" for s in sources
+           if not s.fit.fits and (s.name == "text" or verdict == "inconclusive")]  # copying is optional
+    if verdict == "inconclusive":
+        out.append("inconclusive: no evaluation source separates the head layouts (untrained weights, or text "
+                   "the model does not predict); give text the model was trained on (--text)")
+    return out
+
+
+def source_reports(sources: list[Source], chosen: Source, d_head: Any, n_kv: Any = None) -> list[Any]:
+    """Every source as a :class:`~headlens.doctor.report.SourceEvidence`; ``d_head(h)`` / ``n_kv(h)`` give the
+    head width and key/value heads of the layout with ``h`` query heads."""
+    from headlens.doctor.report import HeadCountEvidence, SourceEvidence
+
+    out = []
+    for s in sources:
+        v = s.verdict
+        evidence = [HeadCountEvidence(h, d_head(h), v.losses[h], v.losses[h] - v.losses[v.best], v.z[h],
+                                      None if n_kv is None else n_kv(h)) for h in sorted(v.losses)]
+        out.append(SourceEvidence(s.name, s.description, s.status, s.separation, s is chosen, evidence,
+                                  s.fit.fits, list(s.fit.problems), s.fit.unknown_share, s.fit.distinct_tokens,
+                                  s.fit.unigram_loss))
+    return out

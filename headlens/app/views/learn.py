@@ -166,16 +166,21 @@ def head_count_step(ref: str, model: Any, text: str, layer: int) -> None:
     with st.spinner("Running headlens doctor on the checkpoint..."):
         report = attempt("The doctor could not check this checkpoint", cache.get_checkpoint_report, ref,
                          _show=st.warning)
-    inferred = report[1]["inferred_n_heads"] if report else None
+    inferred = report[1]["inferred_n_heads"] if report and report[1].get("verdict") != "inconclusive" else None
     fig = viz_lesson.head_count_figure([r.n_heads for r in rows], [r.loss for r in rows], H, inferred)
     st.plotly_chart(fig, key="learn_head_count", config={"displayModeBar": False})
     html_download(fig, f"{model.name}-learn-head-count")
     if report:
         text_report, fields = report
         ok = fields["passed"]
-        (st.success if ok else st.error)(
-            f"**headlens doctor:** the weights were trained with **{fields['inferred_n_heads']}** heads; the config "
-            f"says {fields['config_n_heads']} ({'PASSED' if ok else 'FAILED'}; loss measured on {fields['evaluation']}).")
+        if fields.get("verdict") == "inconclusive":
+            st.warning(f"**headlens doctor:** INCONCLUSIVE: no evaluation source separates the head counts; the "
+                       f"config says {fields['config_n_heads']}, which nothing here confirms or contradicts.")
+        else:
+            (st.success if ok else st.error)(
+                f"**headlens doctor:** the weights were trained with **{fields['inferred_n_heads']}** heads; the "
+                f"config says {fields['config_n_heads']} ({'PASSED' if ok else 'FAILED'}; loss measured on "
+                f"{fields['evaluation']}).")
         with st.expander("The doctor's full report"):
             st.code(text_report, language=None)
     counts = [r.n_heads for r in rows]
