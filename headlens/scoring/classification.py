@@ -373,6 +373,7 @@ def classify(
         "scan_path": "+".join(sorted(set(paths.values()))) or "none",
         "skipped": skipped, "warnings": notes, "batch_size": batch_size, "world_size": rank.world_size,
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "device": str(model.device),
+        "substitutions": list(getattr(model, "substitutions", [])),  # what ran in place of what the model asked for
     })
     if "retrieval" in set(df["detector"]):  # Wu et al.'s own rule next to ours
         r = df[(df["detector"] == "retrieval") & (df["score"] > WU_THRESHOLD)].sort_values("score", ascending=False)

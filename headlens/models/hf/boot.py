@@ -4,6 +4,11 @@ Where the reference points is :mod:`headlens.models.hf.hub`'s business; this mod
 tokenizer the way TransformerBridge would (so a model that ships none can still boot, with a
 one-token stand-in the headlens surface never uses), boots the bridge in the dtype and on the
 device asked for, and wraps it in :class:`headlens.models.hf.bridge.BridgeModel`.
+
+Nothing is swapped silently: when what runs is not what the directory asks for (a built-in class in
+place of the repository's own code, another tokenizer class than ``tokenizer_config.json`` names,
+another attention implementation than ``config.json`` names), :func:`substitutions` words it in one
+line each; each is a warning and lands in ``BridgeModel.substitutions`` (the table's provenance).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from headlens.errors import ModelReferenceError, ProbeError
-from headlens.models.hf.hub import HFSource, resolve
+from headlens.models.hf.hub import HFSource, remote_code_note, resolve
 from headlens.models.tokenizer import Tokenizer
 
 _HEADLESS_SUFFIXES = ("Model",)
@@ -58,6 +63,37 @@ def _load_tokenizer(src: HFSource, trust_remote_code: bool) -> Any:
                                   f"do not load: {first}") from None
     # a hub repository's tokenizer files land in the same snapshot as its config.json
     return tokenizer if src.tokenizer_files() and len(tokenizer) > 0 else None
+
+
+def _asked(path: Path, *keys: str) -> str | None:
+    import json
+
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, json.JSONDecodeError):
+        return None
+    return next((str(data[k]) for k in keys if isinstance(data.get(k), str)), None)
+
+
+def substitutions(src: HFSource, trust_remote_code: bool, tokenizer: Any, hf_model: Any) -> list[str]:
+    """One line for each thing that runs in place of what ``src`` asks for (see the module docstring)."""
+    out = [note] if (note := remote_code_note(src, trust_remote_code)) else []
+    want = _asked(src.files / "tokenizer_config.json", "tokenizer_class")
+    got = type(tokenizer).__name__ if tokenizer is not None else None
+
+    def base(name: str) -> str:
+        return name.removesuffix("Fast")
+
+    generic = {"PreTrainedTokenizerFast", "TokenizersBackend"}  # one class under two names in transformers 5
+    if want and got and base(want) != base(got) and not {want, got} <= generic:
+        out.append(f"{src.name!r}: tokenizer_config.json names tokenizer_class={want!r}, which this transformers "
+                   f"does not provide; {got} reads the tokenizer files instead")
+    attn = _asked(src.files / "config.json", "attn_implementation", "_attn_implementation")
+    ran = getattr(getattr(hf_model, "config", None), "_attn_implementation", None)
+    if attn and ran and attn != ran:
+        out.append(f"{src.name!r}: config.json asks for attn_implementation={attn!r}; it runs with {ran!r} "
+                   f"(attention patterns are read from the eager path)")
+    return out
 
 
 def _stand_in_tokenizer() -> Any:
@@ -118,6 +154,9 @@ def load_bridge(
         bridge, name=name or src.name, output_kind=_output_kind(src.config),
         native_tokenizer=_native_tokenizer(src.config), hf_config=src.config, tokenizer_dir=str(src.files),
     )
+    model.substitutions = substitutions(src, trust_remote_code, tokenizer, getattr(bridge, "original_model", None))
+    for line in model.substitutions:
+        warnings.warn(line, stacklevel=2)
     if tokenizer is None:
         bridge.tokenizer = None  # never tokenize text with the stand-in
         model.tokenizer = None

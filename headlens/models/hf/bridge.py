@@ -103,6 +103,7 @@ class BridgeModel:
         self.bridge = bridge
         self.hf_config = dict(hf_config or {})
         self.tokenizer_dir = tokenizer_dir  # where tokenizer files were looked for (for error messages)
+        self.substitutions: list[str] = []  # what runs in place of what the directory asks for (boot.substitutions)
         self.native_tokenizer = native_tokenizer  # set for directories written by headlens export-hf
         self.name = name
         self.output_kind = output_kind

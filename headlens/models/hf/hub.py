@@ -14,7 +14,9 @@ Why it looks like this:
 * **No repository code runs unless asked.** A config whose ``auto_map`` points at the
   repository's own Python, for a ``model_type`` transformers does not know, is refused with a
   line that says how to allow it (``--trust-remote-code``). A known ``model_type`` loads with
-  transformers' own classes and ``trust_remote_code=False``, whatever ``auto_map`` says.
+  transformers' own classes and ``trust_remote_code=False``, whatever ``auto_map`` says, and
+  :func:`remote_code_note` says so in one line (the user studies transformers' model, not the
+  repository author's) that goes to the user and into the table's provenance.
 
 Imports ``huggingface_hub`` only (no torch, no transformers) so a bad reference fails fast.
 """
@@ -181,3 +183,30 @@ def check_remote_code(src: HFSource, trust_remote_code: bool) -> None:
         f"{src.name!r} needs its repository's own Python code (config auto_map, model_type={model_type!r}); "
         f"headlens never runs it unless you pass --trust-remote-code (API: trust_remote_code=True)"
     )
+
+
+def _auto_map(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text()).get("auto_map") if path.is_file() else None
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def remote_code_note(src: HFSource, trust_remote_code: bool) -> str | None:
+    """One line when ``src`` asks for its own code (``auto_map`` in ``config.json`` or ``tokenizer_config.json``)
+    and a built-in transformers class runs instead (``trust_remote_code`` not given); else None.
+
+    :func:`check_remote_code` has already refused the case where no built-in class exists.
+    """
+    if trust_remote_code:
+        return None
+    asked = {**_auto_map(src.files / "tokenizer_config.json"), **(src.config.get("auto_map") or {})}
+    if not asked:
+        return None
+    code = sorted({str(v if isinstance(v, str) else next((x for x in v if x), "")).split(".")[0].split("--")[-1]
+                   for v in asked.values()} - {""})
+    return (f"{src.name!r} asks for its own code ({', '.join(f'{c}.py' for c in code) or 'auto_map'}); "
+            f"without --trust-remote-code transformers' built-in model_type={src.config.get('model_type')!r} "
+            f"classes run instead, so this is not the repository author's model (pass --trust-remote-code "
+            f"to run its code)")
