@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from headlens.app import MODEL_ENV
 from headlens.errors import HeadlensError, ProbeError
 from headlens.probes.texts import example_text as example_text  # the page prefills the text box with it
+from headlens.scoring.primary import ranked, strength
 from headlens.scoring.table import COLUMNS
 
 if TYPE_CHECKING:
@@ -247,7 +248,8 @@ def heads_table(scores: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=list(HEAD_COLUMNS))
     wide = scores.pivot_table(index=["layer", "head"], columns="detector", values="score", sort=True)
     wide = wide.reset_index()
-    labelled = scores[scores["label"].fillna(False).astype(bool)].sort_values("lift", ascending=False)
+    labelled = scores[scores["label"].fillna(False).astype(bool)]
+    labelled = labelled.assign(_s=strength(labelled)).sort_values("_s", ascending=False)  # strongest first
     labels = labelled.groupby(["layer", "head"])["detector"].agg(", ".join).to_dict()
     pairs = list(zip(wide["layer"].astype(int), wide["head"].astype(int), strict=True))
     kv_col = scores["kv_head"] if "kv_head" in scores.columns else scores["head"]  # older tables: no GQA
@@ -267,16 +269,17 @@ def heads_table(scores: pd.DataFrame) -> pd.DataFrame:
 
 def preference_rows(scores: pd.DataFrame, detector: str) -> pd.DataFrame:
     """``detector``'s rows when they carry a preference accuracy (annotated head types with
-    distractors, e.g. coreference), else an empty frame."""
+    distractors, e.g. coreference), best first by it (their primary statistic), else an empty frame."""
     if scores.empty or "preference" not in scores.columns:
         return scores.iloc[0:0]
     rows = scores[scores["detector"] == detector]
-    return rows if rows["preference"].notna().any() else rows.iloc[0:0]
+    return ranked(scores, detector) if rows["preference"].notna().any() else rows.iloc[0:0]
 
 
 def default_detector(scores: pd.DataFrame) -> str:
     """The detector the grid opens on: induction when some head carries that label, else the label
-    of the most lifted labelled head, else induction (or the first detector scored)."""
+    of the strongest labelled head (:func:`headlens.scoring.primary.strength`: preference over chance
+    for types with distractors, lift otherwise), else induction (or the first detector scored)."""
     if scores.empty:
         return "induction"
     detectors = list(dict.fromkeys(scores["detector"]))
@@ -284,7 +287,7 @@ def default_detector(scores: pd.DataFrame) -> str:
     if "induction" in set(labelled["detector"]):
         return "induction"
     if not labelled.empty:
-        return str(labelled.sort_values("lift", ascending=False).iloc[0]["detector"])
+        return str(labelled.assign(_s=strength(labelled)).sort_values("_s", ascending=False).iloc[0]["detector"])
     return "induction" if "induction" in detectors else detectors[0]
 
 

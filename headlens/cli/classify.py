@@ -89,25 +89,29 @@ def print_results(df: Any, console: Any) -> None:
 
 
 def print_rankings(df: Any, console: Any) -> None:
-    """For annotated head types with distractors (coreference ...): the top heads by score with
-    their preference accuracy, labelled or not, so a census without labels still shows its ranking."""
+    """For annotated head types with distractors (coreference ...): the top heads by preference accuracy
+    (their primary statistic, Clark et al. 2019) with the attention mass, labelled or not, so a census
+    without labels still shows its ranking."""
     from rich.table import Table
+
+    from headlens.scoring.primary import ranked
 
     if "preference" not in df.columns:
         return
     for det, rows in df[df["preference"].notna()].groupby("detector", sort=False):
-        top = rows.sort_values("score", ascending=False).head(N_RANKED)
+        top = ranked(rows, str(det)).head(N_RANKED)
         n_lab = int(rows["label"].sum())
         chance = df.attrs.get("probes", {}).get(f"annotated:{det}", {}).get("preference_chance")
-        table = Table(title=f"{det}: top {len(top)} heads by score ({n_lab} labelled)",
-                      caption=f"preference = how often the target beats the distractors (chance "
+        table = Table(title=f"{det}: top {len(top)} heads by preference accuracy ({n_lab} labelled)",
+                      caption=f"preference = how often the target beats the distractors; mass = attention on "
+                              f"it (chance "
                               f"{'-' if chance is None else f'{chance:.2f}'})")
-        for col in ("head", "score", "95% CI", "lift", "preference", "95% CI ", "label"):
+        for col in ("head", "preference", "95% CI", "mass", "95% CI ", "lift", "label"):
             table.add_column(col, justify="left" if col == "head" else "right")
         for r in top.itertuples():
-            table.add_row(f"L{r.layer}H{r.head}", f"{r.score:.3f}", f"[{r.ci_low:.3f}, {r.ci_high:.3f}]",
-                          f"{r.lift:.1f}", f"{r.preference:.3f}",
-                          f"[{r.preference_ci_low:.3f}, {r.preference_ci_high:.3f}]", "yes" if r.label else "no")
+            table.add_row(f"L{r.layer}H{r.head}", f"{r.preference:.3f}",
+                          f"[{r.preference_ci_low:.3f}, {r.preference_ci_high:.3f}]", f"{r.score:.3f}",
+                          f"[{r.ci_low:.3f}, {r.ci_high:.3f}]", f"{r.lift:.1f}", "yes" if r.label else "no")
         console.print(table)
 
 

@@ -17,6 +17,11 @@ Definitions (HEAD_SCORES.md, with a target's query *span* in place of one query 
   same way, from the same query). A tie at the top earns ``1 / (number tied)``, so uniform
   attention over equal-sized candidates scores exactly the chance level
   ``1 / (1 + n_distractors)``. Its interval bootstraps prompts too.
+* **Preference is the primary statistic** where there are distractors: it ranks the heads, it
+  decides the label (:func:`headlens.scoring.stats.preference_label`) and the grid's strongest
+  label (:func:`headlens.scoring.primary.strength`); the mass stays in the table. Clark et al. judge a coreference head by
+  how often it picks the antecedent over the other candidates, and a head can put much mass on
+  the antecedent while putting as much on the distractor.
 
 Mechanics: one hook per layer on ``blocks.{l}.attn.hook_pattern``; each ``(query row, key)``
 pair of every target is one entry, read from the flattened pattern with one gather and
@@ -247,3 +252,4 @@ def with_preference(rows: list[dict[str, Any]], pref: Summary | None) -> list[di
                                                      float(pref.ci_high[i]))
         row.update(zip(PREFERENCE_COLUMNS, vals, strict=True))
     return rows
+

@@ -47,8 +47,10 @@ from headlens.scoring.stats import (
     DEFAULT_THRESHOLD,
     MIN_LIFT,
     N_BOOT,
+    PREFERENCE_MARGIN,
     Summary,
     label,
+    preference_label,
     summarize,
 )
 
@@ -347,9 +349,8 @@ def classify(
             skipped[name] = why
             continue
         lift, pref = s.lift, preferences.get(name)
-        labels = label(s.ci_low, lift, taus[name])
-        if pref is not None:  # and the referent must beat the distractors more often than chance
-            labels &= pref.ci_low > pref.baseline
+        # with distractors, preference accuracy is the primary statistic (Clark et al. 2019); mass stays in the table
+        labels = label(s.ci_low, lift, taus[name]) if pref is None else preference_label(pref, s)
         new_rows = _rows(model.name, name, s, lift, labels, L, kv)
         rows += with_preference(new_rows, pref) if name in preferences else new_rows
     columns = list(empty_table().columns) + (list(PREFERENCE_COLUMNS) if preferences else [])
@@ -364,6 +365,8 @@ def classify(
         "seed": seed,
         "scoring": "tl_compatible" if tl_compatible else "headlens",
         "thresholds": {n: taus[n] for n in [d.name for d in dets] + user_types}, "min_lift": MIN_LIFT,
+        "preference_rule": (f"with distractors: preference ci_low >= chance + {PREFERENCE_MARGIN} * (1 - chance) "
+                            f"and mass ci_low > its uniform baseline (Clark et al. 2019)"),
         "n_boot": n_boot,
         "probes": {**{pr.name: {**pr.settings, "n_prompts": len(pr), "detectors": [d.name for d in sv],
                                 "scan_path": paths[pr.name]} for pr, sv in groups},

@@ -17,6 +17,7 @@ DEFAULT_THRESHOLD = 0.4  # τ for pattern detectors: the community's usual cut-o
 COPYING_THRESHOLD = 0.9  # τ for the weight-based copying score (no probe, no lift)
 MIN_LIFT = 3.0
 N_BOOT = 1000
+PREFERENCE_MARGIN = 0.5  # "well above chance": the accuracy CI's low end at least halfway from chance to 1
 
 
 @dataclass(frozen=True)
@@ -87,3 +88,21 @@ def label(ci_low: torch.Tensor, lift: torch.Tensor, threshold: float = DEFAULT_T
     [True, False, False]
     """
     return (ci_low >= threshold) & (lift >= min_lift)
+
+
+def preference_label(pref: Summary, mass: Summary, margin: float = PREFERENCE_MARGIN) -> torch.Tensor:
+    """The label rule of head types with distractors (coreference): Clark et al. 2019's preference accuracy
+    is the primary statistic. A head carries the label when the accuracy's 95 % CI lies well above chance
+    (``pref.ci_low >= chance + margin * (1 - chance)``: 0.75 for one distractor) and its attention on the
+    target is above its uniform baseline (``mass.ci_low > mass.baseline``: it attends there, not merely
+    less elsewhere). The mass threshold τ does not apply.
+
+    >>> pref = Summary(torch.tensor([0.95, 0.74, 0.95]), torch.tensor([0.92, 0.68, 0.92]),
+    ...                torch.tensor([0.98, 0.80, 0.98]), 0.5, 100, 100)
+    >>> mass = Summary(torch.tensor([0.2, 0.5, 0.05]), torch.tensor([0.15, 0.45, 0.04]),
+    ...                torch.tensor([0.25, 0.55, 0.06]), 0.1, 100, 100)
+    >>> preference_label(pref, mass).tolist()
+    [True, False, False]
+    """
+    chance = pref.baseline
+    return (pref.ci_low >= chance + margin * (1 - chance)) & (mass.ci_low > mass.baseline)

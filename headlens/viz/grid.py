@@ -16,6 +16,8 @@ import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from headlens.scoring.primary import primary, strength
+
 if TYPE_CHECKING:
     import pandas as pd
     import plotly.graph_objects as go
@@ -63,11 +65,12 @@ def _fmt(x: Any, digits: int = 3) -> str:
 
 
 def _labels_by_head(scores: pd.DataFrame) -> dict[tuple[int, int], list[str]]:
-    """Detectors each head is labelled with, strongest lift first."""
+    """Detectors each head is labelled with, strongest first (:func:`headlens.scoring.primary.strength`)."""
     if "label" not in scores.columns or scores.empty:
         return {}
     labelled = scores[scores["label"].fillna(False).astype(bool)]
-    labelled = labelled.sort_values("lift", ascending=False) if "lift" in labelled else labelled
+    if "lift" in labelled:  # strongest first: the lift of each type's primary statistic over its chance level
+        labelled = labelled.assign(_strength=strength(labelled)).sort_values("_strength", ascending=False)
     out: dict[tuple[int, int], list[str]] = {}
     for row in labelled.itertuples(index=False):
         out.setdefault((int(row.layer), int(row.head)), []).append(str(row.detector))
@@ -178,15 +181,21 @@ def _tint(hex_color: str, strength: float) -> str:
     return "#" + "".join(f"{round(255 - (255 - c) * s):02x}" for c in (r, g, b))
 
 
+def _is_num(x: Any) -> bool:
+    return isinstance(x, int | float) and not math.isnan(x)
+
+
 def _label_grid(scores: pd.DataFrame, n_layers: int, n_heads: int, selected: Iterable[tuple[int, int]],
                 title: str | None) -> go.Figure:
-    """The head grid coloured by each head's strongest label (hue) and its score (intensity)."""
+    """The head grid coloured by each head's strongest label (hue) and its primary statistic (intensity: the
+    score, or the preference accuracy of a type with distractors)."""
     import plotly.graph_objects as go
 
     best: dict[tuple[int, int], Any] = {}
     if not scores.empty and "label" in scores.columns:
-        labelled = scores[scores["label"].fillna(False).astype(bool)].sort_values("lift", ascending=False)
-        for row in labelled.itertuples(index=False):
+        labelled = scores[scores["label"].fillna(False).astype(bool)]
+        labelled = labelled.assign(_strength=strength(labelled), primary_stat=primary(labelled))
+        for row in labelled.sort_values("_strength", ascending=False).itertuples(index=False):
             best.setdefault((int(row.layer), int(row.head)), row)
     labels = _labels_by_head(scores)
     chosen = {(int(lay), int(hd)) for lay, hd in selected}
@@ -195,14 +204,18 @@ def _label_grid(scores: pd.DataFrame, n_layers: int, n_heads: int, selected: Ite
         for head in range(n_heads):
             row = best.get((layer, head))
             detector = str(row.detector) if row is not None else ""
-            score = float(row.score) if row is not None else float("nan")
+            score = float(row.primary_stat) if row is not None else float("nan")  # preference where it is primary
             xs.append(head)
             ys.append(layer)
             colors.append(_tint(LABEL_COLORS.get(detector, "#444444"), 0.25 + 0.75 * score) if row is not None
                           else UNLABELLED_COLOR)
             texts.append(LABEL_MARKS.get(detector, detector[:3]) if row is not None else "")
-            custom.append([layer, head, head_name(layer, head), detector or "none", _fmt(getattr(row, "score", None)),
-                           _fmt(getattr(row, "ci_low", None)), _fmt(getattr(row, "ci_high", None)),
+            pref = row is not None and _is_num(getattr(row, "preference", None))
+            stat, lo, hi = (("preference", "preference_ci_low", "preference_ci_high") if pref
+                            else ("score", "ci_low", "ci_high"))
+            custom.append([layer, head, head_name(layer, head), (detector + (" preference" if pref else ""))
+                           or "none", _fmt(getattr(row, stat, None)),
+                           _fmt(getattr(row, lo, None)), _fmt(getattr(row, hi, None)),
                            _fmt(getattr(row, "lift", None), 2), ", ".join(labels.get((layer, head), [])) or "none"])
             is_sel = (layer, head) in chosen
             line_colors.append(SELECTED_COLOR if is_sel else "#ffffff")

@@ -13,22 +13,26 @@ if TYPE_CHECKING:
 
 
 def ranking_figure(scores: pd.DataFrame, detector: str, top: int = 12, threshold: float = 0.4) -> go.Figure:
-    """The ``top`` heads of ``detector`` by score: score and (when the table has it) preference
-    accuracy side by side, each with its 95 % CI, the label threshold τ and the chance level.
+    """The ``top`` heads of ``detector`` by its primary statistic (preference accuracy when the table has
+    it, Clark et al. 2019; else the score): score and preference accuracy side by side, each with its 95 %
+    CI, the label bars (τ on the score without distractors; with them, the preference bar
+    ``chance + ½ (1 - chance)`` and the uniform baseline of the mass) and the chance level.
 
     Args:
         scores: a scores table (``headlens.classify``), with ``preference`` columns for
             annotated head types that have distractors.
         detector: which detector's heads to rank.
         top: how many heads to show.
-        threshold: τ of the label rule (drawn as a dashed line on the score panel).
+        threshold: τ of the label rule without distractors (a dashed line on the score panel).
     """
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
+    from headlens.scoring.primary import preference_chance, ranked
+    from headlens.scoring.stats import PREFERENCE_MARGIN
     from headlens.viz.grid import head_name
 
-    rows = scores[scores["detector"] == detector].sort_values("score", ascending=False).head(top).iloc[::-1]
+    rows = ranked(scores, detector).head(top).iloc[::-1]
     names = [head_name(r.layer, r.head) + (" ✓" if r.label else "") for r in rows.itertuples()]
     has_pref = "preference" in rows and rows["preference"].notna().any()
     fig = make_subplots(rows=1, cols=2 if has_pref else 1, shared_yaxes=True, horizontal_spacing=0.04,
@@ -42,16 +46,21 @@ def ranking_figure(scores: pd.DataFrame, detector: str, top: int = 12, threshold
 
     bars("score", "ci_low", "ci_high", "#3b6fb6", 1)
     base = float(rows["baseline"].iloc[0]) if len(rows) else float("nan")
-    fig.add_vline(x=threshold, line_dash="dash", line_color="#c0392b", row=1, col=1)
+    if not has_pref:
+        fig.add_vline(x=threshold, line_dash="dash", line_color="#c0392b", row=1, col=1)
     fig.add_vline(x=base, line_dash="dot", line_color="#777777", row=1, col=1)
     fig.update_xaxes(range=[0, 1], title_text="score (95% CI)", row=1, col=1)
+    bar = f"τ = {threshold}"
     if has_pref:
         bars("preference", "preference_ci_low", "preference_ci_high", "#2e8b57", 2)
-        chance = (scores.attrs.get("probes", {}).get(f"annotated:{detector}", {}).get("preference_chance")
-                  or 0.5)
+        chance = preference_chance(scores, detector)
+        need = chance + PREFERENCE_MARGIN * (1 - chance)
         fig.add_vline(x=chance, line_dash="dot", line_color="#777777", row=1, col=2)
+        fig.add_vline(x=need, line_dash="dash", line_color="#c0392b", row=1, col=2)
         fig.update_xaxes(range=[0, 1], title_text="target beats distractors (95% CI)", row=1, col=2)
+        bar = f"label: preference CI ≥ {need:.2f} and mass CI > uniform"
+    ranked_by = "preference accuracy" if has_pref else "score"
     fig.update_layout(height=120 + 26 * len(rows), margin=dict(l=70, r=20, t=50, b=50),
-                      title=dict(text=f"{detector}: top {len(rows)} heads (✓ labelled) · dashed τ = {threshold}, "
-                                      f"dotted: uniform / chance", x=0.01, font=dict(size=14)))
+                      title=dict(text=f"{detector}: top {len(rows)} heads by {ranked_by} (✓ labelled) · dashed: "
+                                      f"{bar}, dotted: uniform / chance", x=0.01, font=dict(size=14)))
     return fig
