@@ -4,7 +4,8 @@
    (``headlens.probes.coreference``: gender and number, the referent first or second at random).
    Writes the scores table and the ranking figure (score and preference accuracy with 95 % CIs).
 2. **Causal check**: on *held-out* sentences (another seed), zero-ablate the top-k heads by
-   coreference score, and k random heads (other sets of the same size, excluding the top
+   preference accuracy (the primary statistic of a head type with distractors, Clark et al. 2019;
+   ties by mass), and k random heads (other sets of the same size, excluding the top
    heads), and measure how far the model still resolves the pronoun
    (``headlens.interventions.metrics.coreference_margins``): the sentence-embedding margin
    ``cos(s, "Mary needed help.") - cos(s, "John needed help.")`` and the token-level margin of
@@ -15,6 +16,7 @@
 
     python analyses/coreference_heads.py [--out artifacts/coreference] [--n-score 200]
         [--n-test 96] [--k 1,3] [--n-random 8] [--method zero|mean] [--png docs/coreference_minilm.png]
+        [--ablation-png docs/coreference_ablation.png]
 
 PNG figures are rendered by Debian's chromium through Playwright (no kaleido needed);
 ``--png`` also writes the README's figure.
@@ -55,6 +57,8 @@ def png(fig: Any, path: Path, width: int = 1000) -> None:
 def by_kind(model: Any, n: int, seed: int) -> Any:
     """The census split by sentence kind, through the annotated-prompts API: the same generated
     rows, renamed ``coreference_gender`` / ``coreference_number``, passed as dicts."""
+    import pandas as pd
+
     import headlens
     from headlens.probes import coreference as C
 
@@ -62,7 +66,9 @@ def by_kind(model: Any, n: int, seed: int) -> Any:
     table = headlens.classify(model, prompts=rows, detectors="coreference_gender,coreference_number", seed=seed)
     cols = ["detector", "layer", "head", "score", "ci_low", "ci_high", "preference", "preference_ci_low",
             "preference_ci_high", "label"]
-    return table.sort_values(["detector", "score"], ascending=[True, False]).groupby("detector").head(6)[cols]
+    from headlens.scoring.primary import ranked
+
+    return pd.concat([ranked(table, d).head(6) for d in sorted(set(table["detector"]))])[cols]
 
 
 def _subsets(examples: list[Any]) -> dict[str, torch.Tensor]:
@@ -104,8 +110,9 @@ def causal_check(model: Any, table: Any, n_test: int, ks: list[int], n_random: i
     rows = [{"heads": "none (clean)", "kind": "clean", "sentences": name, "metric": m, "drop": 0.0, "ci_low": 0.0,
              "ci_high": 0.0, "ablated_mean": float(v[sel].mean()), "ablated_correct": float((v[sel] > 0).double().mean())}
             for m, v in clean.items() for name, sel in subsets.items()]
-    ranked = table.sort_values("score", ascending=False)
-    order = [f"L{r.layer}H{r.head}" for r in ranked.itertuples()]
+    from headlens.scoring.primary import ranked
+
+    order = [f"L{r.layer}H{r.head}" for r in ranked(table, "coreference").itertuples()]
     gen = torch.Generator().manual_seed(seed)
     for k in ks:
         top = order[:k]
@@ -130,7 +137,7 @@ def causal_check(model: Any, table: Any, n_test: int, ks: list[int], n_random: i
     return pd.DataFrame(rows)
 
 
-def effects_figure(effects: Any, method: str = "zero") -> Any:
+def effects_figure(effects: Any, method: str = "zero", n_random: int = 8) -> Any:
     """Drop of each margin for the top-k heads and pooled random k heads, grouped by sentence kind."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
@@ -155,7 +162,8 @@ def effects_figure(effects: Any, method: str = "zero") -> Any:
     fig.update_layout(height=430, barmode="group", margin=dict(l=60, r=20, t=100, b=80),
                       legend=dict(orientation="h", y=1.2, x=1, xanchor="right"),
                       title=dict(text=f"MiniLM: {method}-ablating the top coreference heads vs random heads", x=0.01))
-    fig.add_annotation(text=f"top heads by score: {biggest.replace('+', ', ')}; random: pooled over 10 sets of the "
+    fig.add_annotation(text=f"top heads by preference accuracy: {biggest.replace('+', ', ')}; random: pooled over "
+                            f"{n_random} sets of the "
                             f"same size; positive = ablation hurt resolution", xref="paper", yref="paper", x=0,
                        y=-0.2, showarrow=False, xanchor="left", font=dict(size=11))
     return fig
@@ -170,7 +178,8 @@ def main() -> None:
     ap.add_argument("--n-random", type=int, default=8, help="random head sets per size")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--method", default="zero", choices=("zero", "mean"), help="how heads are ablated")
-    ap.add_argument("--png", type=Path, default=None, help="also write the ranking figure here (README)")
+    ap.add_argument("--png", type=Path, default=None, help="also write the ranking figure here (docs)")
+    ap.add_argument("--ablation-png", type=Path, default=None, help="also write the ablation figure here (docs)")
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("HEADLENS_THREADS", "1")))
 
@@ -188,7 +197,9 @@ def main() -> None:
         png(fig, path)
     cols = ["layer", "head", "score", "ci_low", "ci_high", "lift", "label", "preference", "preference_ci_low",
             "preference_ci_high"]
-    print(table.sort_values("score", ascending=False)[cols].head(8).to_string(index=False))
+    from headlens.scoring.primary import ranked
+
+    print(ranked(table, "coreference")[cols].head(8).to_string(index=False))
     print("labelled:", int(table["label"].sum()))
     kinds = by_kind(model, args.n_score, args.seed)
     kinds.to_csv(args.out / "coreference_by_kind.csv", index=False)
@@ -196,9 +207,10 @@ def main() -> None:
     effects = causal_check(model, table, args.n_test, [int(k) for k in args.k.split(",")], args.n_random, args.seed,
                            args.method)
     effects.to_csv(args.out / "coreference_ablation.csv", index=False)
-    fig = effects_figure(effects, args.method)
+    fig = effects_figure(effects, args.method, args.n_random)
     (args.out / "coreference_ablation.html").write_text(figure_html(fig), encoding="utf-8")
-    png(fig, args.out / "coreference_ablation.png")
+    for path in [args.out / "coreference_ablation.png", *([args.ablation_png] if args.ablation_png else [])]:
+        png(fig, path)
     print(effects[~effects["kind"].str.match(r"random-\d+$")].to_string(index=False))
 
 

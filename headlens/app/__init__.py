@@ -15,6 +15,11 @@ from pathlib import Path
 SHARED_IMPORTS = threading.Event()
 SHARED_IMPORTS.set()
 
+# Set by the page once it has drawn a zoo model's grid from its shipped scores (or found none to draw):
+# `headlens dashboard`'s warm-up waits for it before importing torch, whose import would otherwise hold the
+# GIL while the first page runs (the first paint does not need torch; the views under the grid do).
+FIRST_PAINT = threading.Event()
+
 MODEL_ENV = "HEADLENS_DASHBOARD_MODEL"  # `headlens dashboard --model REF` hands the first model over in it
 DTYPE_ENV = "HEADLENS_DASHBOARD_DTYPE"  # ... and --dtype / --device, the sidebar's starting precision and device
 DEVICE_ENV = "HEADLENS_DASHBOARD_DEVICE"

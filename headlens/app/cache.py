@@ -41,12 +41,25 @@ Placement = tuple[str, str]  # (dtype, device) the model runs in: the sidebar's 
 DEFAULT_PLACEMENT: Placement = ("float32", "cpu")
 
 
+_LOADED: set[tuple[str, str, Placement]] = set()  # (ref, fingerprint, placement) loaded in this process
+
+
 @st.cache_resource(max_entries=4, show_spinner=False)
 def _load_model(ref: str, key: str, placement: Placement = DEFAULT_PLACEMENT) -> Any:
     from headlens.models.loading import load
 
     dtype, device = placement
-    return load(ref, dtype=dtype, device=device)
+    model = load(ref, dtype=dtype, device=device)
+    _LOADED.add((ref, key, tuple(placement)))
+    return model
+
+
+def ready_model(ref: str, placement: Placement = DEFAULT_PLACEMENT) -> Any | None:
+    """The model behind ``ref`` when this process has loaded it already, else None (without loading it or
+    importing torch: the page draws what it can before that)."""
+    if (ref, hd.fingerprint(ref), tuple(placement)) not in _LOADED:
+        return None
+    return get_model(ref, placement)  # cached (or, evicted since, loaded again)
 
 
 def get_model(ref: str, placement: Placement = DEFAULT_PLACEMENT) -> Any:
@@ -79,6 +92,22 @@ def _scores(ref: str, key: str, n_prompts: int, seed: int, corpus: str | None,
         return table
     with exclusive(get_model(ref, placement)) as model:
         return hd.compute_scores(model, n_prompts=n_prompts, seed=seed, corpus=corpus)
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def _shipped(ref: str, key: str, n_prompts: int, seed: int) -> pd.DataFrame | None:
+    from headlens.zoo import scores as shipped
+
+    return shipped.read(ref, n_prompts, seed)
+
+
+def get_shipped_scores(ref: str, n_prompts: int = hd.DEFAULT_N_PROMPTS, seed: int = 0, corpus: str | None = None,
+                       placement: Placement = DEFAULT_PLACEMENT) -> pd.DataFrame | None:
+    """A zoo model's shipped scores for this scan, read without torch; None when none apply (not a zoo model,
+    another scan or precision). They may lack a plugin's detector: :func:`get_scores` then scans afresh."""
+    if corpus or placement[0] != "float32":
+        return None
+    return _shipped(ref, hd.fingerprint(ref), int(n_prompts), int(seed))
 
 
 def get_scores(ref: str, n_prompts: int = hd.DEFAULT_N_PROMPTS, seed: int = 0, corpus: str | None = None,

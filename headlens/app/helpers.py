@@ -14,6 +14,7 @@ import math
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -156,6 +157,25 @@ def release_hooks(model: Any) -> list[str]:
     if leaked and hasattr(model, "reset_hooks"):
         model.reset_hooks()
     return leaked
+
+
+@dataclass(frozen=True)
+class TableShape:
+    """What the grid needs of a model (name, layers, heads), read from a scores table's provenance: the page
+    draws a zoo model's grid from its shipped scores with it before the model (and torch) has loaded."""
+
+    name: str
+    n_layers: int
+    n_heads: int
+
+    @classmethod
+    def of(cls, scores: pd.DataFrame) -> TableShape:
+        """>>> import pandas as pd; t = pd.DataFrame(); t.attrs.update(model="code", n_layers=3, n_heads=4)
+        >>> TableShape.of(t)
+        TableShape(name='code', n_layers=3, n_heads=4)
+        """
+        a = scores.attrs
+        return cls(str(a["model"]), int(a["n_layers"]), int(a["n_heads"]))
 
 
 def model_summary(model: Any) -> str:

@@ -8,6 +8,10 @@ package so ``headlens dashboard`` works after a plain ``pip install``; ``apps/da
 in a source checkout runs it too.
 
 Every failure is shown as a readable ``st.error`` and the page keeps working.
+
+First paint: for a zoo model whose shipped scores fit the scan, the first run draws the grid from them
+(:func:`first_paint`: pandas and plotly, no torch), says the views are loading, loads the model and reruns;
+every later run finds the model cached and draws the whole page.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import streamlit as st
 
-from headlens.app import DEVICE_ENV, DTYPE_ENV, SHARED_IMPORTS, cache
+from headlens.app import DEVICE_ENV, DTYPE_ENV, FIRST_PAINT, SHARED_IMPORTS, cache
 from headlens.app import helpers as hd
 from headlens.app.ui import attempt
 from headlens.app.views import ablation, compare, grid, learn, patterns, table, training
@@ -108,13 +112,20 @@ def main() -> None:
     status = st.container()  # spinners and errors, above the grid
     layout = grid.grid_layout(ref)
     placed = placement()
+    n_prompts, seed, corpus = scan_settings()
+    if cache.ready_model(ref, placed) is None and first_paint(ref, status, layout, n_prompts, seed, corpus, placed):
+        with status, st.spinner(f"Loading {ref} for the views below..."):
+            loaded = attempt(f"Could not load model {ref!r}", cache.get_model, ref, placed)
+        if loaded is not None:
+            st.rerun()  # the whole page again, the model cached: text box and views fill in
+        return
+    FIRST_PAINT.set()  # nothing to draw before the model: let the warm-up import torch
     with status, st.spinner(f"Loading {ref}..."):
         model = attempt(f"Could not load model {ref!r}", cache.get_model, ref, placed)
     if model is None:
         layout[2].empty()
         return
     status.caption(f"**{model.name}** · {hd.model_summary(model)}")
-    n_prompts, seed, corpus = scan_settings()
     with status, st.spinner("Scoring every head..."):
         scores = attempt("Could not score the heads", cache.get_scores, ref, n_prompts, seed, corpus,
                          placed, _show=st.warning)
@@ -129,6 +140,24 @@ def main() -> None:
     selected = grid.head_overview(ref, model, scores, detector, color_by, layout)
 
     text_and_views(ref, model, scores, detector, color_by, selected, n_prompts, seed, corpus)
+
+
+def first_paint(ref: str, status: Any, layout: Any, n_prompts: int, seed: int, corpus: str | None,
+                placed: tuple[str, str]) -> bool:
+    """Draw a zoo model's grid from its shipped scores before the model (and torch) has loaded; the views
+    that need the model say they are loading. False when no shipped scores apply (nothing drawn)."""
+    scores = attempt("Could not read the shipped scores", cache.get_shipped_scores, ref, n_prompts, seed, corpus,
+                     placed, _show=st.warning)
+    if scores is None:
+        return False
+    shape = hd.TableShape.of(scores)
+    status.caption(f"**{shape.name}** · {shape.n_layers} layers x {shape.n_heads} heads (shipped scores)")
+    detector, color_by = pick_detector(scores)
+    grid.head_overview(ref, shape, scores, detector, color_by, layout)
+    st.info(f"Loading {ref}: the text box and the views (patterns, Learn, Compare, Ablation, Training) appear "
+            f"when it is ready.", icon=":material/hourglass_top:")
+    FIRST_PAINT.set()
+    return True
 
 
 @st.fragment

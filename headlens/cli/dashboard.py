@@ -6,7 +6,8 @@ after a plain (non-editable) ``pip install``. Streamlit runs in this process (it
 imports torch, loads the first model and scores its heads into the app's caches, so the first
 page shows the grid without waiting for a scan. ``import headlens`` does not import torch, so
 the server answers before torch has loaded, and the page draws a placeholder figure at once so
-that the browser parses plotly while the server scores. The first model is handed over in
+that the browser parses plotly while the server scores. A zoo model's grid is drawn from its
+shipped scores before torch is imported at all; the views under it fill in once the model is loaded. The first model is handed over in
 ``HEADLENS_DASHBOARD_MODEL``.
 """
 
@@ -82,11 +83,27 @@ def import_shared() -> None:
         SHARED_IMPORTS.set()
 
 
+FIRST_PAINT_WAIT_S = 10.0  # how long the warm-up waits for a page to draw shipped scores before importing torch
+
+
+def _shipped(ref: str) -> bool:
+    """Whether zoo model ``ref`` ships the scores of the dashboard's default scan (read without torch)."""
+    from headlens.app import helpers as hd
+    from headlens.zoo import scores
+
+    try:
+        return scores.read(ref, hd.DEFAULT_N_PROMPTS, 0) is not None
+    except (OSError, ValueError, KeyError):
+        return False
+
+
 def _warm_up() -> None:
     """Import the heavy modules at once; load and score the first model once Streamlit's runtime exists.
 
     Runs beside the server's start-up, so importing torch overlaps with Streamlit starting and
-    the browser loading the page. The Streamlit caches wait for the runtime: ``st.cache_data``
+    the browser loading the page; for a zoo model with shipped scores it first waits (at most
+    ``FIRST_PAINT_WAIT_S``) until the page has drawn the grid from them without torch
+    (``headlens.app.FIRST_PAINT``): torch's import holds the GIL for seconds. The Streamlit caches wait for the runtime: ``st.cache_data``
     used before it exists warns and stores into a throwaway cache.
     """
     import contextlib
@@ -97,20 +114,22 @@ def _warm_up() -> None:
     with contextlib.suppress(Exception):  # the page reports any failure itself
         from streamlit import runtime
 
+        from headlens.app import DEVICE_ENV, DTYPE_ENV, FIRST_PAINT
+        from headlens.app import helpers as hd
+
+        ref = hd.initial_model() or hd.model_choices()[0]
+        if ref == hd.CUSTOM_CHOICE:
+            return
+        placed = (os.environ.get(DTYPE_ENV) or "float32", os.environ.get(DEVICE_ENV) or "cpu")
+        if placed[0] == "float32" and _shipped(ref):  # the page draws the grid without torch: let it go first
+            FIRST_PAINT.wait(timeout=FIRST_PAINT_WAIT_S)
         import headlens.models.gpt  # noqa: F401  (torch)
 
         deadline = time.monotonic() + 120
         while not runtime.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
         from headlens.app import cache
-        from headlens.app import helpers as hd
 
-        ref = hd.initial_model() or hd.model_choices()[0]
-        if ref == hd.CUSTOM_CHOICE:
-            return
-        from headlens.app import DEVICE_ENV, DTYPE_ENV
-
-        placed = (os.environ.get(DTYPE_ENV) or "float32", os.environ.get(DEVICE_ENV) or "cpu")
         cache.get_model(ref, placed)
         cache.get_scores(ref, placement=placed)
         typer.echo(f"headlens dashboard: {ref} loaded and scored in {time.monotonic() - started:.1f} s", err=True)
