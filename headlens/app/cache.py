@@ -54,6 +54,33 @@ def _load_model(ref: str, key: str, placement: Placement = DEFAULT_PLACEMENT) ->
     return model
 
 
+_BACKGROUND: dict[tuple[str, str, Placement], threading.Thread] = {}
+_BACKGROUND_ERRORS: dict[tuple[str, str, Placement], Exception] = {}
+
+
+def load_in_background(ref: str, placement: Placement = DEFAULT_PLACEMENT) -> None:
+    """Start loading ``ref`` into the model cache on a thread (once per model file and placement), so the
+    page run that drew the first paint can end and let its messages go out while torch imports."""
+    key = (ref, hd.fingerprint(ref), tuple(placement))
+    with _LOCKS_GUARD:
+        if key in _LOADED or key in _BACKGROUND:  # loaded, loading, or failed (a changed file is another key)
+            return
+
+        def work() -> None:
+            try:
+                get_model(ref, placement)
+            except Exception as err:  # the page shows it on its next run
+                _BACKGROUND_ERRORS[key] = err
+
+        _BACKGROUND[key] = threading.Thread(target=work, name="headlens-model-load", daemon=True)
+        _BACKGROUND[key].start()
+
+
+def background_error(ref: str, placement: Placement = DEFAULT_PLACEMENT) -> Exception | None:
+    """Why the background load of ``ref`` failed (None while it runs or when it succeeded)."""
+    return _BACKGROUND_ERRORS.get((ref, hd.fingerprint(ref), tuple(placement)))
+
+
 def ready_model(ref: str, placement: Placement = DEFAULT_PLACEMENT) -> Any | None:
     """The model behind ``ref`` when this process has loaded it already, else None (without loading it or
     importing torch: the page draws what it can before that)."""

@@ -10,8 +10,9 @@ in a source checkout runs it too.
 Every failure is shown as a readable ``st.error`` and the page keeps working.
 
 First paint: for a zoo model whose shipped scores fit the scan, the first run draws the grid from them
-(:func:`first_paint`: pandas and plotly, no torch), says the views are loading, loads the model and reruns;
-every later run finds the model cached and draws the whole page.
+(:func:`first_paint`: pandas and plotly, no torch), says the views are loading and ends; a polling fragment
+(:func:`await_model`) then loads the model on a thread and reruns the page once it is cached, and every
+later run draws the whole page.
 """
 
 from __future__ import annotations
@@ -114,10 +115,7 @@ def main() -> None:
     placed = placement()
     n_prompts, seed, corpus = scan_settings()
     if cache.ready_model(ref, placed) is None and first_paint(ref, status, layout, n_prompts, seed, corpus, placed):
-        with status, st.spinner(f"Loading {ref} for the views below..."):
-            loaded = attempt(f"Could not load model {ref!r}", cache.get_model, ref, placed)
-        if loaded is not None:
-            st.rerun()  # the whole page again, the model cached: text box and views fill in
+        await_model(ref, placed)  # loads the model, then reruns the whole page: text box and views fill in
         return
     FIRST_PAINT.set()  # nothing to draw before the model: let the warm-up import torch
     with status, st.spinner(f"Loading {ref}..."):
@@ -142,6 +140,27 @@ def main() -> None:
     text_and_views(ref, model, scores, detector, color_by, selected, n_prompts, seed, corpus)
 
 
+@st.fragment(run_every=0.3)
+def await_model(ref: str, placed: tuple[str, str]) -> None:
+    """After the first paint: load the model on a thread, poll, then rerun the whole page (or say why it failed).
+
+    The load starts on the fragment's first timed run, not in the page run that drew the grid: the timer
+    starts once the browser has the page, so torch's import (seconds, holding the GIL) does not delay
+    sending and drawing the grid.
+    """
+    key = f"await_model::{ref}"
+    if not st.session_state.get(key):
+        st.session_state[key] = True
+        return  # the page run that drew the first paint
+    FIRST_PAINT.set()  # the warm-up may import torch now too (one load per cache key: they share it)
+    cache.load_in_background(ref, placed)
+    err = cache.background_error(ref, placed)
+    if err is not None:
+        st.error(f"Could not load model {ref!r}: {err}")
+    elif cache.ready_model(ref, placed) is not None:
+        st.rerun(scope="app")
+
+
 def first_paint(ref: str, status: Any, layout: Any, n_prompts: int, seed: int, corpus: str | None,
                 placed: tuple[str, str]) -> bool:
     """Draw a zoo model's grid from its shipped scores before the model (and torch) has loaded; the views
@@ -153,10 +172,9 @@ def first_paint(ref: str, status: Any, layout: Any, n_prompts: int, seed: int, c
     shape = hd.TableShape.of(scores)
     status.caption(f"**{shape.name}** · {shape.n_layers} layers x {shape.n_heads} heads (shipped scores)")
     detector, color_by = pick_detector(scores)
-    grid.head_overview(ref, shape, scores, detector, color_by, layout)
+    grid.head_overview(ref, shape, scores, detector, color_by, layout, detail=False)
     st.info(f"Loading {ref}: the text box and the views (patterns, Learn, Compare, Ablation, Training) appear "
-            f"when it is ready.", icon=":material/hourglass_top:")
-    FIRST_PAINT.set()
+            f"when it is ready.")
     return True
 
 

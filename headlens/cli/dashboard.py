@@ -98,18 +98,25 @@ def _shipped(ref: str) -> bool:
 
 
 def _warm_up() -> None:
-    """Import the heavy modules at once; load and score the first model once Streamlit's runtime exists.
+    """Import the heavy modules once Streamlit's runtime exists; then load and score the first model.
 
-    Runs beside the server's start-up, so importing torch overlaps with Streamlit starting and
-    the browser loading the page; for a zoo model with shipped scores it first waits (at most
-    ``FIRST_PAINT_WAIT_S``) until the page has drawn the grid from them without torch
-    (``headlens.app.FIRST_PAINT``): torch's import holds the GIL for seconds. The Streamlit caches wait for the runtime: ``st.cache_data``
-    used before it exists warns and stores into a throwaway cache.
+    Runs beside the server, so pandas' and plotly's imports overlap with the browser loading the page
+    (not with the server starting: the GIL would make both slower); for a zoo model with shipped scores
+    it then waits (at most ``FIRST_PAINT_WAIT_S``) until the page has drawn the grid from them without
+    torch (``headlens.app.FIRST_PAINT``): torch's import holds the GIL for seconds. The Streamlit caches
+    wait for the runtime too: ``st.cache_data`` used before it exists warns and stores into a throwaway
+    cache.
     """
     import contextlib
     import time
 
     started = time.monotonic()
+    with contextlib.suppress(Exception):
+        from streamlit import runtime
+
+        deadline = time.monotonic() + 120
+        while not runtime.exists() and time.monotonic() < deadline:  # let the server start first, alone
+            time.sleep(0.02)
     import_shared()
     with contextlib.suppress(Exception):  # the page reports any failure itself
         from streamlit import runtime

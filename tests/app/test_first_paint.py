@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -39,17 +40,24 @@ sys.meta_path.insert(0, NoTorch())
 from streamlit.testing.v1 import AppTest
 
 os.environ["HEADLENS_DASHBOARD_MODEL"] = sys.argv[2]
+import threading
+
 at = AppTest.from_file(sys.argv[1], default_timeout=120)
-at.run()
+at.run()  # the first paint
 charts = [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
 grid = [c for c in charts if c["data"] and c["data"][0].get("marker", {}).get("symbol") == "square"]
-print(json.dumps({
+first = {
     "exceptions": [str(e.value) for e in at.exception],
     "grid_points": len(grid[0]["data"][0]["x"]) if grid else 0,
     "grid_title": grid[0]["layout"]["title"]["text"] if grid else "",
-    "info": [i.value for i in at.info], "errors": [e.value for e in at.error],
-    "text_areas": len(at.text_area), "torch_imported": "torch" in sys.modules,
-}))
+    "info": [i.value for i in at.info], "text_areas": len(at.text_area), "torch_imported": "torch" in sys.modules,
+}
+at.run()  # the next run (in the browser: the polling fragment's) starts loading the model on a thread
+for t in threading.enumerate():
+    if t.name == "headlens-model-load":
+        t.join(60)
+at.run()  # and the one after says why it did not load
+print(json.dumps({**first, "errors": [e.value for e in at.error]}))
 '''
 
 
@@ -77,7 +85,13 @@ def test_views_fill_in_once_the_model_is_cached(monkeypatch):
 
     monkeypatch.setenv(hd.MODEL_ENV, DEFAULT_MODEL)
     at = AppTest.from_file(str(ENTRY), default_timeout=300)
-    at.run()  # first paint, model load, rerun
+    at.run()  # first paint
+    assert not at.exception, [e.value for e in at.exception]
+    at.run()  # in the browser the polling fragment's first tick: the model starts loading on a thread
+    for t in threading.enumerate():
+        if t.name == "headlens-model-load":
+            t.join(120)
+    at.run()  # in the browser the polling fragment triggers this rerun
     assert not at.exception, [e.value for e in at.exception]
     assert len(at.text_area) == 1 and not [i for i in at.info if "appear when it is ready" in i.value]
     assert any(f"**{DEFAULT_MODEL}**" in c.value and "d_model" in c.value for c in at.caption)

@@ -39,8 +39,10 @@ def grid_layout(ref: str) -> tuple[Any, Any, Any]:
 
 
 def head_overview(ref: str, model: Any, scores: pd.DataFrame, detector: str, color_by: str,
-                  layout: tuple[Any, Any, Any]) -> list[tuple[int, int]]:
-    """The head grid (in ``layout``'s slot) and the mirrored multiselect; returns the selected heads."""
+                  layout: tuple[Any, Any, Any], detail: bool = True) -> list[tuple[int, int]]:
+    """The head grid (in ``layout``'s slot) and the mirrored multiselect; returns the selected heads.
+    ``detail=False`` (the first paint) leaves out the selected heads' profile and table: their chart and
+    table components would load in the browser before the grid is drawn."""
     heads_key, chart_key, last_key = f"heads::{ref}", f"grid::{ref}", f"grid_last::{ref}"
     options = hd.all_heads(model.n_layers, model.n_heads)
     chart = hd.heads_from_selection(st.session_state.get(chart_key))
@@ -56,7 +58,8 @@ def head_overview(ref: str, model: Any, scores: pd.DataFrame, detector: str, col
         chosen = st.multiselect("Selected heads", options, key=heads_key,
                                 help="Click squares in the grid (shift-click for several) or pick them here.")
         selected = [hd.parse_head(h) for h in chosen]
-        head_detail(scores, selected)
+        if detail:
+            head_detail(scores, selected)
     with grid_col:
         labelled = int(scores["label"].fillna(False).astype(bool).sum()) if not scores.empty else 0
         fig = viz.head_grid_figure(
