@@ -144,15 +144,14 @@ def main() -> None:
 def await_model(ref: str, placed: tuple[str, str]) -> None:
     """After the first paint: load the model on a thread, poll, then rerun the whole page (or say why it failed).
 
-    The load starts on the fragment's first timed run, not in the page run that drew the grid: the timer
-    starts once the browser has the page, so torch's import (seconds, holding the GIL) does not delay
-    sending and drawing the grid.
+    The page run that drew the grid does not load the model itself: it ends, so its messages go out and the
+    browser draws the grid while the warm-up thread (``headlens dashboard``) imports torch; the fragment's
+    first timed run starts the load here too (the same cache entry: without a warm-up, the only load).
     """
     key = f"await_model::{ref}"
     if not st.session_state.get(key):
         st.session_state[key] = True
         return  # the page run that drew the first paint
-    FIRST_PAINT.set()  # the warm-up may import torch now too (one load per cache key: they share it)
     cache.load_in_background(ref, placed)
     err = cache.background_error(ref, placed)
     if err is not None:
@@ -175,6 +174,7 @@ def first_paint(ref: str, status: Any, layout: Any, n_prompts: int, seed: int, c
     grid.head_overview(ref, shape, scores, detector, color_by, layout, detail=False)
     st.info(f"Loading {ref}: the text box and the views (patterns, Learn, Compare, Ablation, Training) appear "
             f"when it is ready.")
+    FIRST_PAINT.set()  # this run's messages are queued: the warm-up may import torch and load the model now
     return True
 
 
