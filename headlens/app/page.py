@@ -9,7 +9,8 @@ in a source checkout runs it too.
 
 Every failure is shown as a readable ``st.error`` and the page keeps working.
 
-First paint: for a zoo model whose shipped scores fit the scan, the first run draws the grid from them
+First paint: while torch is not imported yet, for a zoo model whose shipped scores fit the scan, the first
+run draws the grid from them
 (:func:`first_paint`: pandas and plotly, no torch), says the views are loading and ends; a polling fragment
 (:func:`await_model`) then loads the model on a thread and reruns the page once it is cached, and every
 later run draws the whole page.
@@ -18,6 +19,7 @@ later run draws the whole page.
 from __future__ import annotations
 
 import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 import streamlit as st
@@ -114,7 +116,9 @@ def main() -> None:
     layout = grid.grid_layout(ref)
     placed = placement()
     n_prompts, seed, corpus = scan_settings()
-    if cache.ready_model(ref, placed) is None and first_paint(ref, status, layout, n_prompts, seed, corpus, placed):
+    torch_pending = "torch" not in sys.modules  # else nothing slow stands before the model: load it here
+    if torch_pending and cache.ready_model(ref, placed) is None and first_paint(ref, status, layout, n_prompts,
+                                                                                seed, corpus, placed):
         await_model(ref, placed)  # loads the model, then reruns the whole page: text box and views fill in
         return
     FIRST_PAINT.set()  # nothing to draw before the model: let the warm-up import torch
