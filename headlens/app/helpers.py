@@ -170,8 +170,12 @@ class TableShape:
 
     @classmethod
     def of(cls, scores: pd.DataFrame) -> TableShape:
-        """>>> import pandas as pd; t = pd.DataFrame(); t.attrs.update(model="code", n_layers=3, n_heads=4)
-        >>> TableShape.of(t)
+        """The shape a scores table's provenance records.
+
+        >>> import pandas as pd
+        >>> table = pd.DataFrame()
+        >>> table.attrs.update(model="code", n_layers=3, n_heads=4)
+        >>> TableShape.of(table)
         TableShape(name='code', n_layers=3, n_heads=4)
         """
         a = scores.attrs
