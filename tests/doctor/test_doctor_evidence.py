@@ -28,7 +28,9 @@ KW = dict(n_rows=16, seq_len=64)
 @pytest.fixture(scope="session")
 def word_dirs(request, tmp_path_factory) -> dict[str, Path]:
     """honest / lying / untrained directories, trained once (a few seconds) and kept in pytest's cache."""
-    cache = request.config.cache.mkdir(f"word-llama-{word_llama.STEPS}-torch{torch.__version__}")
+    name = f"word-llama-{word_llama.STEPS}-torch{torch.__version__}"
+    cache = (request.config.cache.mkdir(name) if getattr(request.config, "cache", None) is not None
+             else tmp_path_factory.mktemp(name))  # -p no:cacheprovider: trained again, a few seconds
     out = {}
     for name, steps in (("honest", word_llama.STEPS), ("untrained", 0)):
         d = cache / name
