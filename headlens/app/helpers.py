@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from headlens.app import MODEL_ENV
 from headlens.errors import HeadlensError, ProbeError
 from headlens.probes.texts import example_text as example_text  # the page prefills the text box with it
+from headlens.scoring import defaults
 from headlens.scoring.primary import ranked, strength
 from headlens.scoring.table import COLUMNS
 
@@ -35,7 +36,7 @@ LABELS_CHOICE = "strongest label"  # grid colouring: each head's top label (type
 _HEAD_RE = re.compile(r"^\s*L(\d+)\s*H(\d+)\s*$", re.IGNORECASE)
 
 # shared scan settings: small, so a first view of a model is quick on a laptop CPU
-DEFAULT_N_PROMPTS = 16
+DEFAULT_N_PROMPTS = defaults.N_PROMPTS  # the CLI's default scan, so the dashboard shows the same labels
 TRAINING_DETECTORS = ("previous_token", "induction", "bracket_matching", "first_token")
 # what the heads are scored on: headlens' generated probes, or windows of real Python source
 SCORE_SOURCES = {"generated probes": None, "real Python (stdlib)": "stdlib"}

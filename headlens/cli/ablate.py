@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from headlens.cli import options as opt
-from headlens.errors import OutputError, ProbeError
+from headlens.cli.failure import fail
+from headlens.errors import HeadlensError, ProbeError
 
 
 def read_prompts(path: Path) -> list[str]:
@@ -34,39 +33,6 @@ def read_prompts(path: Path) -> list[str]:
     if not prompts:
         raise ProbeError(f"prompts file {str(path)!r} has no prompts (one per line)")
     return prompts
-
-
-def check_output(path: Path) -> None:
-    """Refuse an unknown suffix or a missing / read-only folder before any work is done."""
-    suffix = path.suffix.lower()
-    if suffix not in (".csv", ".json", ".parquet"):
-        raise OutputError(f"unknown output suffix {suffix or '(none)'!r} for {str(path)!r}; use .csv, .json or .parquet")
-    if not path.parent.is_dir():
-        raise OutputError(f"cannot write {str(path)!r}: folder {str(path.parent)!r} does not exist")
-    if not os.access(path.parent, os.W_OK):
-        raise OutputError(f"cannot write {str(path)!r}: folder {str(path.parent)!r} is not writable")
-
-
-def write_table(df: Any, path: Path) -> None:
-    """Write ``df`` atomically as .csv, .json or .parquet (``OutputError`` otherwise)."""
-    check_output(path)
-    suffix = path.suffix.lower()
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=suffix)
-    except OSError as err:
-        raise OutputError(f"cannot write {str(path)!r}: {err.strerror}") from None
-    os.close(fd)
-    try:
-        if suffix == ".csv":
-            df.to_csv(tmp, index=False)
-        elif suffix == ".json":
-            df.to_json(tmp, orient="records", indent=1)
-        else:
-            df.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def render(df: Any, title: str) -> Any:
@@ -91,64 +57,91 @@ def render(df: Any, title: str) -> Any:
 def register(app: typer.Typer) -> None:
     @app.command("ablate")
     def ablate_cmd(
-        model: Annotated[str | None, typer.Option(help="model reference (default: the bundled default model)")] = None,
-        heads: Annotated[str | None, typer.Option(help="heads ablated together, e.g. L1H2,L0H3")] = None,
-        method: Annotated[str, typer.Option(help="zero | mean | resample | uniform")] = "zero",
-        metric: Annotated[str, typer.Option(
-            help="comma-separated: repeated_loss, first_half_loss, bracket_accuracy, lm_loss, kl")] = "repeated_loss",
-        prompts: Annotated[Path | None, typer.Option(help="prompts file (one per line, or JSONL with 'text')")] = None,
+        model: opt.Model = None,
+        heads: Annotated[str | None, typer.Option("--heads", help="heads ablated together, e.g. L1H2,L0H3")] = None,
+        method: Annotated[str, typer.Option("--method", help="{methods}")] = "zero",
+        metric: Annotated[str, typer.Option("--metric", help="comma-separated: {metrics}")] = "repeated_loss",
+        prompts: opt.Prompts = None,
+        corpus: opt.Corpus = None,
         sweep_all: Annotated[bool, typer.Option("--sweep", help="also ablate every single head")] = False,
-        out: Annotated[Path | None, typer.Option(help="write the table to .csv, .json or .parquet")] = None,
-        n_prompts: Annotated[int, typer.Option(min=2, help="probe prompts per metric")] = 32,
-        n_control: Annotated[int, typer.Option(min=0, help="random control groups per group")] = 8,
+        out: opt.Out = None,
+        n_prompts: Annotated[int, typer.Option("--n-prompts", min=2, help="probe prompts per metric")] = 32,
+        seq_len: Annotated[int | None, typer.Option("--seq-len", min=8, help="tokens per generated probe "
+                           "prompt, capped by the context (default: each metric's probe's own)")] = None,
+        batch_size: Annotated[int | None, typer.Option("--batch-size", min=1, help="prompt rows per forward "
+                              "pass when head groups are stacked (speed only; default 4096 tokens' worth)")] = None,
+        n_control: Annotated[int, typer.Option("--n-control", min=0, help="random control groups per group")] = 8,
         control: Annotated[str, typer.Option(
-            help="where control heads are drawn: layer (the group's own layers), model (anywhere), "
-                 "auto (layer while the group's layers have heads to spare, else model)")] = "auto",
-        seed: Annotated[int, typer.Option(help="seeds probes, controls, resampling, bootstrap")] = 0,
+            "--control", help="{controls}: where control heads are drawn: the group's own layers, anywhere, or "
+            "auto (layer while the group's layers have heads to spare, else model)")] = "auto",
+        seed: opt.Seed = 0,
+        quiet: opt.Quiet = False,
         resume: opt.Resume = None,
         device: opt.Device = "cpu",
         dtype: opt.Dtype = "float32",
         trust_remote_code: opt.TrustRemoteCode = False,
     ) -> None:
-        """Ablate heads (zero, mean, resample or uniform attention) and report the effect on task metrics with CIs and controls."""
-        from rich.console import Console
-        from rich.progress import Progress
+        """Ablate heads (zero, mean, resample or uniform attention) and report the effect on task metrics
+        with CIs and random-head controls; the table is headlens.sweep(...)."""
+        try:
+            run_ablate(model, heads, method, metric, prompts, corpus, sweep_all, out, n_prompts, seq_len, batch_size,
+                       n_control, control, seed, quiet, resume, device, dtype, trust_remote_code)
+        except HeadlensError as e:  # one line and the class's exit code, also under CliRunner
+            raise fail(e) from None
 
-        from headlens.interventions.ablation import AblationError, check_method, parse_heads
-        from headlens.interventions.metrics import get_metric
-        from headlens.interventions.sweep import sweep
-        from headlens.scoring.classification import resolve_model
-        from headlens.scoring.distributed import current
-        from headlens.zoo import DEFAULT_MODEL
 
-        check_method(method)
-        metrics = [get_metric(m.strip()).name for m in metric.split(",") if m.strip()]
-        if out is not None:
-            check_output(out)
-        if not heads and not sweep_all:
-            raise AblationError("give --heads L1H2,... or --sweep (every single head)")
-        texts = read_prompts(prompts) if prompts is not None else None
-        rank = current()  # under torchrun: ranks share the head groups out, rank 0 reports
-        err = Console(stderr=True, quiet=not rank.is_main)
-        err.print(f"loading {model or DEFAULT_MODEL} ...")
-        # None: the bundled default, else another zoo model
-        m = resolve_model(model, device=rank.device(device), dtype=dtype, trust_remote_code=trust_remote_code)
-        groups: list[Any] = [tuple(parse_heads(heads, m.n_layers, m.n_heads))] if heads else []
-        if sweep_all:
-            groups += [((layer, h),) for layer in range(m.n_layers) for h in range(m.n_heads)]
-        groups = list(dict.fromkeys(groups))
-        with Progress(console=err, transient=True, disable=not rank.is_main) as bar:
-            task = bar.add_task("ablating", total=None)
-            df = sweep(m, groups=groups, method=method, metrics=metrics, prompts=texts, n_prompts=n_prompts,
-                       n_control=n_control, control=control, seed=seed, resume=resume,
-                       progress=lambda done, total: bar.update(task, completed=done, total=total))
-        if df is None:  # a rank other than 0: its head groups went to rank 0
-            return
-        shown = df.sort_values("delta", key=abs, ascending=False) if sweep_all else df
-        Console(width=None if sys.stdout.isatty() else 160).print(render(shown, f"{getattr(m, 'name', model)}: {method} ablation"))
-        for name, rho in df.attrs.get("attribution_spearman", {}).items():
-            if rho == rho:
-                err.print(f"attribution patching vs exact ({name}): Spearman {rho:.3f}")
-        if out is not None:
-            write_table(df, out)
-            err.print(f"wrote {out}")
+def run_ablate(model: str | None, heads: str | None, method: str, metric: str, prompts: Path | None,
+               corpus: str | None, sweep_all: bool, out: Path | None, n_prompts: int, seq_len: int | None,
+               batch_size: int | None, n_control: int, control: str, seed: int, quiet: bool, resume: Path | None,
+               device: str, dtype: str, trust_remote_code: bool) -> None:
+    """The command body: every argument checked before the model loads, errors left to the caller."""
+    from rich.console import Console
+
+    from headlens.cli.progress import progress
+    from headlens.interventions.ablation import AblationError, check_method, parse_heads
+    from headlens.interventions.controls import CONTROLS
+    from headlens.interventions.metrics import get_metric
+    from headlens.interventions.sweep import sweep
+    from headlens.scoring.classification import resolve_model
+    from headlens.scoring.distributed import current
+    from headlens.scoring.output import check_output, write_frame
+    from headlens.zoo import DEFAULT_MODEL
+
+    check_method(method)
+    metrics = [get_metric(m.strip()).name for m in metric.split(",") if m.strip()]
+    if not metrics:
+        raise AblationError(f"--metric {metric!r} names no metric")
+    opt.check_choice("--control", control, CONTROLS)
+    dtype = opt.check_dtype(dtype)
+    if corpus is not None:
+        opt.check_choice("--corpus", corpus, ("stdlib",))
+        if prompts is not None:
+            raise AblationError("give --prompts or --corpus, not both")
+    if out is not None:
+        check_output(out)
+    if not heads and not sweep_all:
+        raise AblationError("give --heads L1H2,... or --sweep (every single head)")
+    texts = read_prompts(prompts) if prompts is not None else None
+    rank = current()  # under torchrun: ranks share the head groups out, rank 0 reports
+    quiet = quiet or not rank.is_main
+    err = Console(stderr=True, quiet=quiet)
+    err.print(f"loading {model or DEFAULT_MODEL} ...")
+    m = resolve_model(model, device=rank.device(device), dtype=dtype, trust_remote_code=trust_remote_code)
+    groups: list[Any] = [tuple(parse_heads(heads, m.n_layers, m.n_heads))] if heads else []
+    if sweep_all:
+        groups += [((layer, h),) for layer in range(m.n_layers) for h in range(m.n_heads)]
+    groups = list(dict.fromkeys(groups))
+    with progress("ablating", quiet=quiet) as bar:
+        df = sweep(m, groups=groups, method=method, metrics=metrics, prompts=texts, n_prompts=n_prompts,
+                   n_control=n_control, control=control, seed=seed, resume=resume, seq_len=seq_len, corpus=corpus,
+                   batch_size=batch_size, progress=lambda done, total: bar.update(done, total))
+    if df is None:  # a rank other than 0: its head groups went to rank 0
+        return
+    shown = df.sort_values("delta", key=abs, ascending=False) if sweep_all else df
+    Console(width=None if sys.stdout.isatty() else 160).print(render(shown, f"{getattr(m, 'name', model)}: {method} ablation"))
+    for name, rho in df.attrs.get("attribution_spearman", {}).items():
+        if rho == rho:
+            err.print(f"attribution patching vs exact ({name}): Spearman {rho:.3f}")
+    if out is not None:
+        write_frame(df, out)
+        err.print(f"wrote {len(df)} rows to {out} (provenance: {'sidecar ' + out.name + '.json' if out.suffix.lower() == '.csv' else 'in the file'})")

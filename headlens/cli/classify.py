@@ -28,13 +28,8 @@ import typer
 from headlens.cli import options as opt
 from headlens.cli.failure import fail
 from headlens.errors import HeadlensError, ProbeError
+from headlens.scoring import defaults
 
-SHORT = {  # overview cell for each label
-    "previous_token": "prev", "next_token": "next", "current_token": "self", "first_token": "sink",
-    "duplicate_token": "dup", "induction": "ind", "bracket_matching": "brk",
-    "bracket_matching_hard": "brk!", "open_bracket": "open", "open_bracket_hard": "open!", "copying": "copy",
-    "coreference": "coref",
-}
 N_RANKED = 8  # heads listed per annotated head type, labelled or not
 
 
@@ -49,11 +44,33 @@ def _confirm_fn() -> Any:
     raise HeadlensError("--confirm needs headlens.interventions.confirm.confirm, which this install does not have")
 
 
-def print_results(df: Any, console: Any) -> None:
-    """The labelled heads (strongest first), then a layer x head overview of their top labels."""
+def _cells(r: Any) -> list[str]:
+    """score, 95% CI, baseline, lift, positions of one labelled row; a weight-based score (copying: no probe,
+    no positions, no baseline) says "weights" instead of a degenerate CI."""
+    if int(r.n_positions) == 0 and r.lift != r.lift:
+        return [f"{r.score:.3f}", "weights", "-", "-", "-"]
+    return [f"{r.score:.3f}", f"[{r.ci_low:.3f}, {r.ci_high:.3f}]", f"{r.baseline:.3f}",
+            "-" if r.lift != r.lift else f"{r.lift:.1f}", str(r.n_positions)]
+
+
+def _confirm_cell(r: Any) -> list[str]:
+    """The ablation check in words: metric, rounded change, confirmed or not."""
+    metric = getattr(r, "ablation_metric", None)
+    delta = getattr(r, "ablation_delta", float("nan"))
+    if not metric or delta != delta:
+        return ["-", "-"]
+    return [f"{metric} {delta:+.3f}", "yes" if bool(r.confirmed) else "no"]
+
+
+def print_results(df: Any, console: Any, asked: list[str] | None = None) -> None:
+    """The labelled heads (strongest first), then a layer x head overview of their top labels.
+
+    ``asked``: the detectors the user named; a detector skipped without being asked for is not reported.
+    """
     from rich.table import Table
 
     from headlens.scoring.table import head_labels, labelled_heads
+    from headlens.viz.grid import label_mark
 
     attrs = df.attrs
     title = f"{attrs.get('model', '?')}: labelled heads ({attrs.get('scoring', 'headlens')} scores)"
@@ -61,31 +78,32 @@ def print_results(df: Any, console: Any) -> None:
     table = Table(title=title)
     for col in ("head", "kv_head", "detector", "score", "95% CI", "baseline", "lift", "positions"):
         table.add_column(col, justify="left" if col in ("head", "detector") else "right")
-    extra = [c for c in ("ablation_delta", "confirmed") if c in lab.columns]
-    for c in extra:
-        table.add_column(c, justify="right")
+    confirmed = "ablation_delta" in lab.columns
+    if confirmed:
+        table.add_column("ablation (metric, change)", justify="right")
+        table.add_column("confirmed", justify="right")
     for r in lab.itertuples():
         kv = getattr(r, "kv_head", r.head)  # the key/value group (== head without GQA)
-        cells = [f"L{r.layer}H{r.head}", str(kv), r.detector, f"{r.score:.3f}", f"[{r.ci_low:.3f}, {r.ci_high:.3f}]",
-                 f"{r.baseline:.3f}", "-" if r.lift != r.lift else f"{r.lift:.1f}", str(r.n_positions)]
-        cells += [str(getattr(r, c)) for c in extra]
-        table.add_row(*cells)
+        table.add_row(f"L{r.layer}H{r.head}", str(kv), r.detector, *_cells(r), *(_confirm_cell(r) if confirmed else []))
     if not len(lab):
         table.add_row("-", "", "no head passes the rule", "", "", "", "", "")
     console.print(table)
     labels = head_labels(df)
     n_layers, n_heads = int(attrs.get("n_layers", 0)), int(attrs.get("n_heads", 0))
-    grid = Table(title="layer x head: top label", caption="· = no label", padding=(0, 1))
+    grid = Table(title="layer x head: top label", caption="· no label (marks: headlens detectors)",
+                 padding=(0, 1))
     grid.add_column("")
     for h in range(n_heads):
         grid.add_column(f"H{h}", justify="center")
     for layer in range(n_layers):
-        grid.add_row(f"L{layer}", *[SHORT.get(labels[(layer, h)][0], labels[(layer, h)][0][:4])
-                                     if (layer, h) in labels else "·" for h in range(n_heads)])
+        grid.add_row(f"L{layer}", *[label_mark(labels[(layer, h)][0]) if (layer, h) in labels else "·"
+                                     for h in range(n_heads)])
     console.print(grid)
     print_rankings(df, console)
+    wanted = {n.split("(")[0] for n in asked or []}
     for name, why in attrs.get("skipped", {}).items():
-        console.print(f"[dim]skipped {name}: {why}[/dim]")
+        if name.split("(")[0] in wanted:
+            console.print(f"[dim]skipped {name}: {why}[/dim]")
 
 
 def print_rankings(df: Any, console: Any) -> None:
@@ -127,9 +145,10 @@ def run_classify(
     Under torchrun only rank 0 shows progress, warnings and results and writes ``out``.
     """
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from headlens.cli.progress import progress
     from headlens.scoring.classification import classify, resolve_model
+    from headlens.scoring.defaults import SCAN_PATHS
     from headlens.scoring.distributed import current
     from headlens.scoring.table import check_output_path, write_table
     from headlens.viz.report import check_report_path, write_report
@@ -137,6 +156,11 @@ def run_classify(
     rank = current()
     quiet = quiet or not rank.is_main
     err = Console(stderr=True)
+    opt.check_choice("--scan-path", scan_path, SCAN_PATHS)
+    if corpus is not None:
+        opt.check_choice("--corpus", corpus, ("stdlib",))
+    if load_options and "dtype" in load_options:
+        load_options = {**load_options, "dtype": opt.check_dtype(load_options["dtype"])}
     if out is not None:
         check_output_path(out)  # fail before the scan, not after
     if report is not None:
@@ -146,17 +170,11 @@ def run_classify(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         loaded = resolve_model(model, device=rank.device(device), **(load_options or {}))
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=err, disable=quiet, transient=True) as bar:
-            task = bar.add_task("scanning", total=None)
-
-            def progress(done: int, total: int, stage: str) -> None:
-                bar.update(task, completed=done, total=total, description=f"scanning {stage}")
-
+        with progress("scanning", quiet=quiet) as bar:
             df = classify(loaded, detectors=detectors, prompts=prompts, n_prompts=n_prompts, seq_len=seq_len,
                           batch_size=batch_size, seed=seed, threshold=threshold, tl_compatible=tl_compatible,
-                          progress=progress, truncate=truncate, corpus=corpus, scan_path=scan_path,
-                          resume=resume)
+                          progress=lambda done, total, stage: bar.update(done, total, f"scanning {stage}"),
+                          truncate=truncate, corpus=corpus, scan_path=scan_path, resume=resume)
         if df is None:  # a rank other than 0: its rows went to rank 0
             return
         if confirm:
@@ -176,41 +194,33 @@ def run_classify(
         write_report(loaded, df, report)
         if not quiet:
             err.print(f"wrote the report to {report} (one page, opens offline)")
-    print_results(df, Console(file=sys.stdout, width=max(100, Console().width)))
+    asked = [n.strip() for n in detectors.split(",")] if detectors else []
+    print_results(df, Console(file=sys.stdout, width=max(100, Console().width)), asked)
 
 
 def register(app: typer.Typer) -> None:
     @app.command("classify")
     def classify_cmd(
-        model: Annotated[str | None, typer.Option("--model", "-m", help="zoo name, .safetensors path, "
-                         "hf:<dir>, hf:ORG/NAME[@REVISION] or minilm (default: the bundled default model)")] = None,
-        detectors: Annotated[str | None, typer.Option("--detectors", "-d", help="comma-separated detector "
-                             "names or module:attribute references to your own headlens.Detector (default: every "
-                             "registered detector the model supports, headlens.detectors entry points included)")] = None,
+        model: opt.Model = None,
+        detectors: opt.Detectors = None,
         prompts: Annotated[Path | None, typer.Option("--prompts", "-p", help="your texts: one per line, or "
                            "JSONL with a 'text' field; JSONL rows with 'targets' (character spans) define "
-                           "head types from data (see README) (default: generated probes)")] = None,
-        corpus: Annotated[str | None, typer.Option("--corpus", help="'stdlib': real Python source (held-out "
-                          "standard-library files) instead of generated probes")] = None,
-        n_prompts: Annotated[int, typer.Option("--n-prompts", min=1, help="prompts per generated probe "
-                             "(or corpus windows)")] = 64,
-        seq_len: Annotated[int, typer.Option("--seq-len", min=8, help="tokens per generated prompt "
-                           "(or corpus window), capped by the context")] = 64,
-        batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="prompts per forward pass")] = 32,
-        seed: Annotated[int, typer.Option("--seed", help="seeds probes and bootstrap")] = 0,
-        threshold: Annotated[float | None, typer.Option("--threshold", min=0.0, max=1.0, help="label when "
-                             "ci_low >= this and lift >= 3 (default 0.4)")] = None,
+                           "head types from data (see the docs) (default: generated probes)")] = None,
+        corpus: opt.Corpus = None,
+        n_prompts: opt.NPrompts = defaults.N_PROMPTS,
+        seq_len: opt.SeqLen = defaults.SEQ_LEN,
+        batch_size: opt.BatchSize = defaults.BATCH_SIZE,
+        seed: opt.Seed = defaults.SEED,
+        threshold: opt.Threshold = None,
         tl_compatible: Annotated[bool, typer.Option("--tl-compatible", help="TransformerLens detect_head "
                                  "numbers for its 3 head types")] = False,
-        out: Annotated[Path | None, typer.Option("--out", "-o", help="write the scores table "
-                       "(.csv, .parquet, .json), atomically")] = None,
-        quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
+        out: opt.Out = None,
+        quiet: opt.Quiet = False,
         truncate: Annotated[bool, typer.Option("--truncate", help="cut prompts longer than the context "
                             "(with a warning) instead of refusing them (exit 5)")] = False,
-        confirm: Annotated[bool, typer.Option("--confirm", help="confirm labels by ablation "
-                           "(headlens.interventions.confirm)")] = False,
-        scan_path: Annotated[str, typer.Option("--scan-path", help="auto | dense (read the attention "
-                             "pattern) | sparse (q, k and log-sum-exp, no T x T pattern: long contexts)")] = "auto",
+        confirm: Annotated[bool, typer.Option("--confirm", help="confirm labels by ablation: each labelled "
+                           "head's effect on its label's task metric against random heads")] = False,
+        scan_path: opt.ScanPath = defaults.SCAN_PATH,
         resume: opt.Resume = None,
         device: opt.Device = "cpu",
         device_map: opt.DeviceMap = None,

@@ -147,7 +147,7 @@ def register(app: typer.Typer) -> None:
     def dashboard(
         model: str = typer.Option(None, "--model", "-m", help="Model shown first: zoo name, path.safetensors, "
                                   "hf:<dir> or minilm (default: the bundled default model)."),
-        port: int = typer.Option(8501, "--port", "-p", min=1, max=65535, help="Port on 127.0.0.1."),
+        port: int = typer.Option(8501, "--port", min=1, max=65535, help="Port on 127.0.0.1."),
         warm: bool = typer.Option(True, "--warm/--no-warm", help="Score the first model while the server starts."),
         dtype: opt.Dtype = "float32",
         device: opt.Device = "cpu",

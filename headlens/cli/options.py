@@ -1,8 +1,15 @@
-"""Options shared by the commands that load models or scale out: precision, device, remote code, resume
-folder, and device maps for big models."""
+"""Options shared by the commands, defined once: every command that scans spells them the same, with
+the same letters (``-m`` model, ``-d`` detectors, ``-p`` prompts, ``-o`` out, ``-q`` quiet), and their
+lists of choices come from the registries, so help cannot drift from what the code accepts.
+
+The registries import torch, and ``import headlens.cli`` must not (``headlens dashboard`` starts its
+server while torch loads). So a help text names its choices with a placeholder (``{metrics}``) and
+:func:`fill_help` writes the lists in when ``--help`` is asked for (:data:`CHOICES`).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -10,13 +17,145 @@ import typer
 
 from headlens.errors import ConfigError
 
+EXIT_CODES = {  # documented in every command's --help and in docs/cli.md
+    0: "success",
+    1: "any other headlens error",
+    2: "bad option value or usage (unknown choice, out-of-range head, malformed list)",
+    3: "checkpoint missing, corrupt or mismatched",
+    4: "model reference cannot be resolved (unknown name, missing path, hub miss)",
+    5: "prompts or probe unusable (missing or empty file, too long, no target positions)",
+    6: "unknown or unsupported detector",
+    7: "output path cannot be written (missing or read-only folder, unknown suffix, run folder in use)",
+    8: "doctor found a problem (config and weights disagree)",
+    9: "doctor inconclusive (no evaluation source separates the head layouts; never a pass)",
+    130: "interrupted (Ctrl+C)",
+}
+EXIT_CODES_HELP = "Exit codes: " + "; ".join(f"{code} {what}" for code, what in EXIT_CODES.items()) + "."
+
+
+def _metrics() -> list[str]:
+    from headlens.interventions.metrics import METRICS
+
+    return list(METRICS)
+
+
+def _detectors() -> list[str]:
+    from headlens.detectors import all_detectors
+
+    return list(all_detectors())
+
+
+def _recipes() -> list[str]:
+    from headlens.training.recipes import RECIPES
+
+    return list(RECIPES)
+
+
+def _methods() -> list[str]:
+    from headlens.interventions.ablation import METHODS
+
+    return list(METHODS)
+
+
+def _controls() -> list[str]:
+    from headlens.interventions.controls import CONTROLS
+
+    return list(CONTROLS)
+
+
+def _scan_paths() -> list[str]:
+    from headlens.scoring.defaults import SCAN_PATHS
+
+    return list(SCAN_PATHS)
+
+
+def _corpora() -> list[str]:
+    from headlens.probes.base import CORPORA
+
+    return list(CORPORA)
+
+
+def _dtypes() -> list[str]:
+    from headlens.models.placement import DTYPES
+
+    return list(DTYPES)
+
+
+CHOICES: dict[str, Callable[[], list[str]]] = {  # placeholder -> the registry that lists its choices
+    "metrics": _metrics, "detectors": _detectors, "recipes": _recipes, "methods": _methods,
+    "controls": _controls, "scan_paths": _scan_paths, "corpora": _corpora, "dtypes": _dtypes,
+}
+
+
+def fill_help(command: Any) -> None:
+    """Write the registries' choices into the help of ``command`` and its subcommands (click objects)."""
+    lists = {key: " | ".join(fn()) for key, fn in CHOICES.items()}
+    for param in getattr(command, "params", []):
+        if param.help and "{" in param.help:
+            param.help = _fill(param.help, lists)
+    if getattr(command, "help", None) and "{" in command.help:
+        command.help = _fill(command.help, lists)
+    for sub in getattr(command, "commands", {}).values():
+        fill_help(sub)
+
+
+def _fill(text: str, lists: dict[str, str]) -> str:
+    for key, value in lists.items():
+        text = text.replace("{" + key + "}", value)
+    return text
+
+
+def check_choice(option: str, value: str, choices: Sequence[str]) -> str:
+    """``value`` when it is one of ``choices``, else a ``ConfigError`` (exit 2) naming them.
+
+    >>> check_choice("--scan-path", "dense", ("auto", "dense", "sparse"))
+    'dense'
+    """
+    if value not in choices:
+        raise ConfigError(f"{option} {value!r} is not one of {', '.join(choices)}")
+    return value
+
+
+# -- what to scan ------------------------------------------------------------------------------
+Model = Annotated[str | None, typer.Option(
+    "--model", "-m", help="zoo name, .safetensors path, hf:<dir>, hf:ORG/NAME[@REVISION] or minilm "
+    "(default: the bundled default model; `headlens models` lists them)")]
+Detectors = Annotated[str | None, typer.Option(
+    "--detectors", "-d", help="comma-separated detector names ({detectors}; settings as in 'streaming(w=128)') "
+    "or module:attribute references to your own headlens.Detector (default: every registered detector the "
+    "model supports; `headlens detectors` lists them)")]
+Prompts = Annotated[Path | None, typer.Option(
+    "--prompts", "-p", help="your texts: one per line, or JSONL with a 'text' field (default: generated probes)")]
+Corpus = Annotated[str | None, typer.Option(
+    "--corpus", help="{corpora}: real text windows (held-out standard-library source) instead of generated "
+    "probes")]
+NPrompts = Annotated[int, typer.Option("--n-prompts", min=1, help="prompts per generated probe (or corpus windows)")]
+SeqLen = Annotated[int, typer.Option("--seq-len", min=8, help="tokens per generated prompt (or corpus window), "
+                                     "capped by the context")]
+BatchSize = Annotated[int, typer.Option("--batch-size", min=1, help="prompts per forward pass")]
+Seed = Annotated[int, typer.Option("--seed", help="seeds the probes, the bootstrap (and controls, resampling)")]
+Threshold = Annotated[float | None, typer.Option(
+    "--threshold", min=0.0, max=1.0, help="label a head when ci_low >= this and lift >= 3 (default 0.4; "
+    "weight-based copying 0.9)")]
+ScanPath = Annotated[str, typer.Option(
+    "--scan-path", help="{scan_paths}: dense reads the attention pattern; sparse reads q, k and each row's "
+    "log-sum-exp (no T x T pattern: long contexts)")]
+
+# -- what to write -----------------------------------------------------------------------------
+Out = Annotated[Path | None, typer.Option(
+    "--out", "-o", help="write the table (.csv + .csv.json provenance sidecar, .parquet, or .json with a "
+    "provenance block), atomically; the folder is checked before any work")]
+Quiet = Annotated[bool, typer.Option(
+    "--quiet", "-q", help="no progress (a bar on a terminal, else a line to stderr every ~10 s or 10 %)")]
+
+# -- how to run --------------------------------------------------------------------------------
 Resume = Annotated[Path | None, typer.Option(
     "--resume", help="folder for finished shards: a rerun with the same arguments computes only the missing ones")]
 Device = Annotated[str, typer.Option(
     "--device", help="cpu, cuda (under torchrun: each rank's own cuda:LOCAL_RANK), cuda:1, mps, or auto "
     "(a GPU when there is one)")]
 Dtype = Annotated[str, typer.Option(
-    "--dtype", help="float32 | bfloat16 | float16: the precision the model runs in (statistics stay float64)")]
+    "--dtype", help="{dtypes}: the precision the model runs in (statistics stay float64)")]
 TrustRemoteCode = Annotated[bool, typer.Option(
     "--trust-remote-code", help="let an hf: repository run its own Python code (never otherwise)")]
 DeviceMap = Annotated[str | None, typer.Option(
@@ -56,3 +195,10 @@ def load_options(device_map: str | None, max_memory: str | None, offload_folder:
     if offload_folder is not None:
         opts["offload_folder"] = str(offload_folder)
     return opts
+
+
+def check_dtype(dtype: str) -> str:
+    """Refuse an unknown ``--dtype`` (exit 2) before a model loads; its canonical name otherwise."""
+    from headlens.models.placement import dtype_name
+
+    return dtype_name(dtype)

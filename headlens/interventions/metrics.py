@@ -298,22 +298,32 @@ def needle_task(model: Any, n_prompts: int = 32, seq_len: int | None = None, see
 
 
 def make_task(model: Any, metric: str, prompts: Sequence[str] | None = None, n_prompts: int = 32,
-              seed: int = 0) -> Task:
-    """The task ``metric`` is measured on (for ``kl``: the prompts if given, else the repeated probe)."""
+              seed: int = 0, seq_len: int | None = None, corpus: str | None = None) -> Task:
+    """The task ``metric`` is measured on (for ``kl``: the prompts if given, else the repeated probe).
+
+    ``seq_len`` sets the length of generated prompts (capped by the context; default: each probe's own),
+    ``corpus="stdlib"`` puts real source windows under the text metrics (``lm_loss``, ``kl``).
+    """
     m = get_metric(metric)
+    if corpus is not None and corpus != "stdlib":
+        raise AblationError(f"unknown corpus {corpus!r}; expected 'stdlib'")
+    if corpus is not None and prompts is not None:
+        raise AblationError("give prompts or a corpus, not both")
     if getattr(model, "output_kind", "logits") != "logits":
         raise ProbeError(f"metric {metric!r} reads logits; {model.name!r} has no output head (it returns hidden states)")
     if m.probe in ("repeated", "brackets", "needle") or metric == "lm_loss":
         if not model.is_causal:
             raise ProbeError(f"metric {metric!r} scores next-token predictions; this model is bidirectional")
-    if m.probe == "repeated" or (metric == "kl" and prompts is None and model.is_causal):
-        task = repeated_task(model, n_prompts, seed=seed)
+    n_ctx = model.cfg.n_ctx
+    if m.probe == "repeated" or (metric == "kl" and prompts is None and corpus is None and model.is_causal):
+        seg = None if seq_len is None else max(2, min((seq_len - 1) // 2, (n_ctx - 1) // 2))
+        task = repeated_task(model, n_prompts, seg_len=seg, seed=seed)
         return task.with_positions(first_half_positions(task)) if metric == "first_half_loss" else task
     if m.probe == "brackets":
-        return bracket_task(model, n_prompts, seed=seed)
+        return bracket_task(model, n_prompts, length=None if seq_len is None else min(seq_len, n_ctx - 1), seed=seed)
     if m.probe == "needle":
-        return needle_task(model, n_prompts, seed=seed)
-    task = prompts_task(model, prompts, n_prompts, seed=seed)
+        return needle_task(model, n_prompts, seq_len=None if seq_len is None else min(seq_len, n_ctx), seed=seed)
+    task = prompts_task(model, prompts, n_prompts, seed=seed, **({} if seq_len is None else {"seq_len": seq_len}))
     if metric == "kl" and task.attention_mask is not None:  # every real position counts for kl
         task = task.with_positions(task.attention_mask.bool())
     return task

@@ -37,11 +37,12 @@ from headlens.interventions.controls import CONTROLS, Group, control_groups, con
 from headlens.interventions.metrics import Task, bootstrap_ci, get_metric, make_task
 from headlens.models.gpt import GPT
 from headlens.scoring.distributed import Rank, current, gather_objects, run_everywhere
+from headlens.scoring.output import provenance
 
 SHARD_GROUPS = 16  # head groups per resume shard (a kill loses at most one shard's work)
 
-COLUMNS = [
-    "heads", "method", "metric", "clean", "ablated", "delta", "ci_low", "ci_high",
+COLUMNS = [  # "model" first, as in the scores table: a file keeps what it measured
+    "model", "heads", "method", "metric", "clean", "ablated", "delta", "ci_low", "ci_high",
     "control_delta", "control_ci_low", "control_ci_high", "excess_ci_low", "excess_ci_high",
     "beats_control", "attribution", "n_prompts", "control",
 ]
@@ -222,6 +223,9 @@ def sweep(
     attribution: bool = True,
     progress: Callable[[int, int], None] | None = None,
     resume: Any = None,
+    seq_len: int | None = None,
+    corpus: str | None = None,
+    batch_size: int | None = None,
 ) -> Any:
     """Ablate each group of heads and measure ``metrics`` against clean and random-head controls.
 
@@ -244,6 +248,10 @@ def sweep(
         progress: called as ``progress(done, total)`` after each evaluated group (``total`` is None
             under torchrun: the count is this rank's share).
         resume: a folder for finished blocks of head groups (:mod:`headlens.scoring.resume`).
+        seq_len: tokens per generated probe prompt (capped by the context; default: each probe's own).
+        corpus: ``"stdlib"``: real source windows for the text metrics (``lm_loss``, ``kl``).
+        batch_size: prompt rows per forward pass when single-layer groups are stacked (at least one
+            group's prompts; default: ``max_tokens`` of 4096 tokens). Changes speed, not the numbers.
 
     Under ``torchrun`` the head groups (and their controls) are shared out to the ranks in contiguous
     blocks and rank 0 builds the table; the other ranks return None.
@@ -268,7 +276,7 @@ def sweep(
     scopes = {g: control_scope(g, H, control) for g in targets}
     controls = {g: control_groups(g, H, n_control, rng, n_layers=L, scope=scopes[g]) for g in targets}
     todo = list(dict.fromkeys([*targets, *(c for cs in controls.values() for c in cs)]))
-    tasks = {m: make_task(model, m, prompts, n_prompts, seed) for m in metrics}
+    tasks = {m: make_task(model, m, prompts, n_prompts, seed, seq_len=seq_len, corpus=corpus) for m in metrics}
     per_prompt: dict[tuple[Group, str], np.ndarray] = {}
     clean: dict[str, np.ndarray] = {}
     attrib: dict[str, torch.Tensor] = {}
@@ -287,7 +295,7 @@ def sweep(
         ref = tasks[names[0]].tokens if reference is None else reference
         replacement = Replacement.build(model, range(L), method, ref, seed)
         run_everywhere(rank, _measure, model, names, tasks, todo, replacement, fast, clean, per_prompt, tick,
-                       rank, store)
+                       rank, store, batch_size)
         if attribution and rank.is_main and any(len(g) == 1 for g in targets):  # estimates only single heads
             for m in names:
                 attrib[m] = attribution_patching(model, tasks[m], m, replacement).mean(0)  # (L, H)
@@ -295,8 +303,9 @@ def sweep(
     if gathered is None:
         return None
     per_prompt = dict(gathered)
+    name = str(getattr(model, "name", None) or type(model).__name__)
     rows = [
-        [*_row(g, method, m, clean[m], per_prompt, controls[g], attrib.get(m), n_boot, seed), scopes[g]]
+        [name, *_row(g, method, m, clean[m], per_prompt, controls[g], attrib.get(m), n_boot, seed), scopes[g]]
         for g in targets for m in metrics
     ]
     df = pd.DataFrame(rows, columns=COLUMNS)
@@ -305,13 +314,17 @@ def sweep(
         m: spearman(df.loc[singles & (df.metric == m), "attribution"], df.loc[singles & (df.metric == m), "delta"])
         for m in metrics
     } if attribution else {}
-    df.attrs["world_size"] = rank.world_size
+    df.attrs.update(provenance(model, table="ablation sweep", method=method, metrics=metrics, n_prompts=n_prompts,
+                               user_prompts=prompts is not None, reference=reference is not None,
+                               seq_len=seq_len, corpus=corpus, batch_size=batch_size,
+                               n_control=n_control, control=control, n_boot=n_boot, seed=seed,
+                               world_size=rank.world_size))
     return df
 
 
 def _measure(model: Any, names: list[str], tasks: dict[str, Task], todo: list[Group], replacement: Replacement,
              fast: bool, clean: dict, per_prompt: dict, tick: Callable[[], None], rank: Rank | None = None,
-             store: Any = None) -> None:
+             store: Any = None, batch_size: int | None = None) -> None:
     """Per-prompt values of metrics ``names`` (one shared probe) clean and for this rank's groups of ``todo``.
 
     The runner's units of work are dealt out to ranks in contiguous blocks (a unit keeps the shapes it
@@ -323,7 +336,8 @@ def _measure(model: Any, names: list[str], tasks: dict[str, Task], todo: list[Gr
     with torch.no_grad():
         if fast and isinstance(model, GPT):
             read = torch.stack([tasks[m].positions for m in names]).any(0)  # (B, T): positions any metric reads
-            runner: NaiveRunner = ResumeRunner(model, task, replacement, read)
+            budget = {} if batch_size is None else {"max_tokens": batch_size * task.tokens.shape[1]}
+            runner: NaiveRunner = ResumeRunner(model, task, replacement, read, **budget)
         else:
             runner = NaiveRunner(model, task, replacement)
         for m in names:

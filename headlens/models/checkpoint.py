@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import torch
 
 from headlens.errors import CheckpointError, ConfigError, ProbeError
 from headlens.models.config import ModelConfig
+from headlens.models.files import atomic_write
 from headlens.models.gpt import GPT
 from headlens.models.tokenizer import Tokenizer
 
@@ -53,14 +53,7 @@ def save_checkpoint(
         "metadata": json.dumps(metadata or {}),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=header)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=header))  # the umask's mode, not 0600
     return path
 
 

@@ -31,6 +31,7 @@ from headlens.probes.base import CORPORA, Probe, short_of
 from headlens.probes.generated import brackets, random_tokens, repeated_segments
 from headlens.probes.haystack import needle_haystack
 from headlens.probes.text import stdlib_windows, text_prompts
+from headlens.scoring import defaults
 from headlens.scoring.annotated import (
     PREFERENCE_COLUMNS,
     annotated_jobs,
@@ -201,9 +202,9 @@ def classify(
     model_or_ref: Any = None,
     detectors: Sequence[str | Detector] | str | None = None,
     prompts: Sequence[str] | str | os.PathLike | None = None,
-    n_prompts: int = 64,
-    seq_len: int = 64,
-    batch_size: int = 32,
+    n_prompts: int = defaults.N_PROMPTS,
+    seq_len: int = defaults.SEQ_LEN,
+    batch_size: int = defaults.BATCH_SIZE,
     seed: int = 0,
     threshold: float | dict[str, float] | None = None,
     tl_compatible: bool = False,

@@ -39,14 +39,14 @@ from typing import Any
 import torch
 
 from headlens.detectors.base import Detector
-from headlens.errors import HeadlensError
+from headlens.errors import ConfigError, HeadlensError
 from headlens.models.attention import AttentionSpec
 from headlens.models.vocab import vocab
 from headlens.probes.base import Probe, ProbeBatch, collate
+from headlens.scoring.defaults import SCAN_PATHS
 from headlens.scoring.lse import heads_first
 
 Progress = Callable[[int], None]  # called with the number of prompts just scanned
-SCAN_PATHS = ("auto", "dense", "sparse")
 DENSE_BYTES = 256 * 2**20  # auto: above this many bytes of one layer's dense pattern, go sparse
 DENSE_MAX_T = 512  # auto: from this many positions on, go sparse (measured crossover 256..512, README)
 
@@ -83,7 +83,7 @@ def choose_path(path: str, model: Any, batch_shape: tuple[int, int], supported: 
     (None: ask the backend for its attention specs).
     """
     if path not in SCAN_PATHS:
-        raise HeadlensError(f"unknown scan path {path!r}; expected one of {', '.join(SCAN_PATHS)}")
+        raise ConfigError(f"unknown scan path {path!r}; expected one of {', '.join(SCAN_PATHS)}")
     if supported is None:
         supported = attention_specs(model) is not None
     if path == "sparse" and not supported:

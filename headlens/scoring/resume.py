@@ -20,12 +20,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
 
 from headlens.errors import OutputError
+from headlens.models import files
 
 
 def digest(*parts: Any) -> str:
@@ -76,15 +76,9 @@ def file_hash(path: str | os.PathLike) -> str:
 
 
 def atomic_write(path: Path, write: Any) -> None:
-    """Call ``write(tmp_path)`` on a temporary file beside ``path``, then ``os.replace`` it into place."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    """Call ``write(tmp_path)`` on a temporary file beside ``path``, then ``os.replace`` it into place
+    (:func:`headlens.models.files.atomic_write`: the umask's mode)."""
+    files.atomic_write(path, write)
 
 
 class ShardStore:

@@ -20,6 +20,7 @@ import glob
 import json
 import os
 import re
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,12 +40,18 @@ class Checkpoint:
         ref: the model reference ``headlens.load`` takes.
         step: training step (metadata, else the last number in the name; else the position).
         loss: training loss stored with the snapshot, or NaN.
+        recipe, seed, config, steps: the run it came from (its recipe, seed, model config and length;
+            headlens snapshots carry them), or None.
     """
 
     name: str
     ref: str
     step: int
     loss: float = float("nan")
+    recipe: str | None = None
+    seed: int | None = None
+    config: str | None = None
+    steps: int | None = None
 
 
 def _last_number(text: str) -> int | None:
@@ -54,16 +61,40 @@ def _last_number(text: str) -> int | None:
 
 def _from_file(path: Path, index: int) -> Checkpoint:
     meta: dict[str, Any] = {}
+    config = None
     try:
-        from headlens.models.checkpoint import load_metadata
+        from headlens.models.checkpoint import load_metadata, read_header
 
         meta = load_metadata(path)
+        config = read_header(path).get("config")
     except Exception:  # not a headlens checkpoint: its name is all we know
         meta = {}
     step = meta.get("step", _last_number(path.stem))
     loss = meta.get("loss")
     return Checkpoint(path.stem, str(path), int(index if step is None else step),
-                      float("nan") if loss is None else float(loss))
+                      float("nan") if loss is None else float(loss), meta.get("recipe"), meta.get("seed"), config,
+                      meta.get("steps"))
+
+
+def mixed_runs(series: Sequence[Checkpoint]) -> str | None:
+    """One sentence when the checkpoints come from different recipes, seeds or model configs, else None.
+
+    >>> a, b = Checkpoint("a", "a", 1, recipe="code", seed=0), Checkpoint("b", "b", 2, recipe="code", seed=1)
+    >>> mixed_runs([a, b])
+    'the checkpoints come from different runs (seeds 0, 1); steps from different runs do not form one series'
+    """
+    parts = []
+    for what, values in (("recipes", [c.recipe for c in series]), ("seeds", [c.seed for c in series]),
+                         ("configs", [c.config for c in series]),
+                         ("runs of", [c.steps for c in series])):
+        known = list(dict.fromkeys(v for v in values if v is not None))
+        if len(known) > 1:
+            parts.append(f"{len(known)} model configs" if what == "configs" else
+                         f"{what} {', '.join(str(v) for v in known)}" + (" steps" if what == "runs of" else ""))
+    if not parts:
+        return None
+    return (f"the checkpoints come from different runs ({'; '.join(parts)}); steps from different runs do not "
+            f"form one series")
 
 
 def _expand(item: str | os.PathLike) -> list[str]:
@@ -194,6 +225,8 @@ def trajectory(
     from headlens.scoring.table import validate
 
     series = checkpoints(models)
+    if (mixed := mixed_runs(series)) is not None:
+        warnings.warn(mixed, stacklevel=2)
     rank = current()
     settings = {"detectors": detectors, "n_prompts": n_prompts, "seq_len": seq_len, "batch_size": batch_size,
                 "seed": seed, "threshold": threshold, "n_boot": N_BOOT if n_boot is None else n_boot}

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from headlens.errors import CheckpointError, ConfigError
+from headlens.models.files import atomic_write
 from headlens.models.tokenizer import Tokenizer
 from headlens.zoo import HF_WEIGHTS as WEIGHTS_FILE  # what save_pretrained writes and the bridge reads
 
@@ -144,11 +145,7 @@ def save_state(model: LlamaLM, path: str | os.PathLike, metadata: dict[str, Any]
     tensors = {k: (v.detach().cpu().half() if half else v.detach().cpu().float()).contiguous()
                for k, v in model.hf.state_dict().items()}
     header = {"format": "pt", "headlens": json.dumps(_header(model, metadata))}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    os.close(fd)
-    save_file(tensors, tmp, metadata=header)
-    os.chmod(tmp, 0o644)  # mkstemp makes it 0600; a shipped file must be readable by every user
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=header))  # the umask's mode, not 0600
     return path
 
 

@@ -107,6 +107,36 @@ def _batch_loss(model: torch.nn.Module, batch: TrainBatch,
     return loss, objective
 
 
+def prepare_run_folder(out_dir: str | Path, overwrite: bool = False) -> Path:
+    """Create the run folder, or refuse a non-empty one unless ``overwrite`` (then remove the old run's files:
+    ``snapshots/``, ``*.safetensors``, ``log.json``, ``card.json``; a Hugging Face run directory is replaced).
+
+    A second run written over a first would leave the first run's snapshots beside its own, and
+    ``headlens trajectory`` would read both as one series.
+    """
+    import shutil
+
+    from headlens.errors import OutputError
+
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"run folder {str(out)!r} is a file")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise OutputError(f"run folder {str(out)!r} is not empty (a previous run?); pass --overwrite to "
+                              f"replace it, or choose another --out")
+        for child in out.iterdir():  # only what a run writes: never a user's other files
+            if child.name == "snapshots" and child.is_dir():
+                shutil.rmtree(child)
+            elif child.is_file() and (child.suffix == ".safetensors" or child.name in ("log.json", "card.json")):
+                child.unlink()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OutputError(f"cannot create run folder {str(out)!r}: {err.strerror or err}") from None
+    return out
+
+
 def train(
     recipe: Recipe,
     out_dir: str | Path,
@@ -115,6 +145,7 @@ def train(
     snapshots: int | None = None,
     on_step: StepCallback | None = None,
     log_every: int = 10,
+    overwrite: bool = False,
 ) -> TrainResult:
     """Train ``recipe`` from scratch and write checkpoint, snapshots and loss log.
 
@@ -126,6 +157,8 @@ def train(
         snapshots: how many intermediate checkpoints to keep (default: the recipe's).
         on_step: progress callback ``(step, total, loss, tokens_per_second)``.
         log_every: record the mean loss every this many steps in the JSON log.
+        overwrite: replace the run already in ``out_dir`` (its snapshots are removed, so two runs never mix
+            in one series); without it a non-empty ``out_dir`` is refused with an ``OutputError``.
 
     Returns:
         A :class:`TrainResult`.
@@ -137,8 +170,7 @@ def train(
         raise ConfigError(f"steps must be positive, got {steps}")
     if n_snap < 0:
         raise ConfigError(f"snapshots must be >= 0, got {n_snap}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_run_folder(out_dir, overwrite)
 
     torch.manual_seed(seed)
     model = recipe.build_model()
@@ -183,8 +215,8 @@ def train(
             window = []
         if step in snap_at:
             path = out / "snapshots" / f"step_{step:05d}.safetensors"
-            meta = {"recipe": recipe.name, "seed": seed, "step": step,
-                    "loss": round(sum(recent) / len(recent), 5)}
+            meta = {"recipe": recipe.name, "seed": seed, "step": step, "steps": steps,  # the run: trajectory
+                    "loss": round(sum(recent) / len(recent), 5)}                # warns when runs mix
             _save(recipe, model, path, meta, half=True)
             snap_paths.append(path)
         if on_step is not None:

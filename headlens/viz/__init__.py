@@ -23,6 +23,7 @@ from headlens.viz.grid import (
     UNLABELLED_COLOR,
     head_grid_figure,
     head_name,
+    label_mark,
     placeholder_figure,
 )
 from headlens.viz.patterns import (
@@ -51,6 +52,7 @@ __all__ = [
     "head_name",
     "head_profile_figure",
     "induction_distance_figure",
+    "label_mark",
     "panels_per_row",
     "pattern_figure",
     "patterns_figure",

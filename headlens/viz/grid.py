@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     import pandas as pd
     import plotly.graph_objects as go
 
-# short marks drawn on labelled squares of the head grid
+# The one vocabulary of label abbreviations: the dashboard's grid, the HTML report and the CLI's
+# layer x head overview all print these (never a detector's name cut short: `sink` is a detector).
 LABEL_MARKS = {
     "previous_token": "PT",
     "next_token": "NT",
@@ -31,10 +32,27 @@ LABEL_MARKS = {
     "duplicate_token": "DUP",
     "induction": "IND",
     "bracket_matching": "BR",
+    "bracket_matching_hard": "BR!",
     "open_bracket": "OB",
+    "open_bracket_hard": "OB!",
     "copying": "CPY",
     "coreference": "REF",
+    "sink": "SNK",
+    "streaming": "STR",
+    "retrieval": "RET",
 }
+
+
+def label_mark(detector: str) -> str:
+    """The abbreviation of ``detector`` (a variant ``streaming(w=128)`` takes its base's; others their first
+    three letters).
+
+    >>> label_mark("first_token"), label_mark("streaming(w=128)"), label_mark("two_back")
+    ('1st', 'STR', 'two')
+    """
+    base = str(detector).split("(")[0]
+    return LABEL_MARKS.get(base, base[:3])
+
 
 SELECTED_COLOR = "#ff2d55"  # border of the heads selected in the dashboard
 # one hue per head type for the grid's "strongest label" colouring (intensity = score)
@@ -125,7 +143,7 @@ def head_grid_figure(
             xs.append(head)
             ys.append(layer)
             colors.append(None if math.isnan(value) else value)
-            texts.append(" ".join(LABEL_MARKS.get(d, d[:3]) for d in head_labels))
+            texts.append(" ".join(label_mark(d) for d in head_labels))
             custom.append([
                 layer, head, head_name(layer, head),
                 _fmt(getattr(row, "score", None)), _fmt(getattr(row, "ci_low", None)),
@@ -209,7 +227,7 @@ def _label_grid(scores: pd.DataFrame, n_layers: int, n_heads: int, selected: Ite
             ys.append(layer)
             colors.append(_tint(LABEL_COLORS.get(detector, "#444444"), 0.25 + 0.75 * score) if row is not None
                           else UNLABELLED_COLOR)
-            texts.append(LABEL_MARKS.get(detector, detector[:3]) if row is not None else "")
+            texts.append(label_mark(detector) if row is not None else "")
             pref = row is not None and _is_num(getattr(row, "preference", None))
             stat, lo, hi = (("preference", "preference_ci_low", "preference_ci_high") if pref
                             else ("score", "ci_low", "ci_high"))

@@ -16,12 +16,13 @@ import datetime
 import html
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from headlens.errors import OutputError
+from headlens.models.files import check_writable, write_text
 
+PROVENANCE_TAG = '<script type="application/json" id="headlens-provenance">'
 MAX_PATTERNS = 16  # labelled heads whose pattern is drawn (strongest first); the table lists them all
 
 _STYLE = """
@@ -60,7 +61,11 @@ def report_html(model: Any, table: Any, prompt: str | None = None) -> str:
              "<h2>Labelled heads</h2>", _labelled_table(labelled_heads(table))]
     prompt = prompt if prompt is not None else example_text(model)
     parts += _patterns(model, table, prompt)
-    parts += ["<h2>Provenance</h2>", f"<pre>{html.escape(json.dumps(attrs, indent=1, default=str), quote=False)}</pre>"]
+    prov = json.dumps(attrs, indent=1, default=str)
+    embedded = prov.replace("</", "<\\/")  # JSON-equal; cannot close the script element
+    parts += ["<h2>Provenance</h2>", f"<pre>{html.escape(prov, quote=False)}</pre>",
+              # the same, machine-readable: json.loads(page.split(PROVENANCE_TAG)[1].split("</script>")[0])
+              f"{PROVENANCE_TAG}{embedded}</script>"]
     return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>headlens report: {html.escape(name)}"
             f"</title><style>{_STYLE}</style></head><body>{''.join(parts)}</body></html>\n")
 
@@ -115,24 +120,14 @@ def check_report_path(path: str | os.PathLike) -> Path:
     p = Path(path)
     if p.suffix.lower() not in (".html", ".htm"):
         raise OutputError(f"report path {str(path)!r} must end in .html")
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        raise OutputError(f"cannot write the report to {str(path)!r}: folder {str(parent)!r} does not exist")
-    if not os.access(parent, os.W_OK) or p.is_dir():
-        raise OutputError(f"cannot write the report to {str(path)!r}: permission denied or it is a folder")
-    return p
+    return check_writable(p, (".html", ".htm"), what="the report")
 
 
 def write_report(model: Any, table: Any, path: str | os.PathLike, prompt: str | None = None) -> Path:
-    """Write :func:`report_html` to ``path`` (``.html``), atomically; returns the path.
+    """Write :func:`report_html` to ``path`` (``.html``), atomically, with the umask's mode; returns the path.
 
-    Raises ``OutputError`` for another suffix or a folder that cannot be written.
+    Raises ``OutputError`` for another suffix or a folder that cannot be written (checked before the
+    page is computed).
     """
     p = check_report_path(path)
-    parent = p.parent if str(p.parent) else Path(".")
-    page = report_html(model, table, prompt)
-    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{p.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(page)
-    os.replace(tmp, p)
-    return p
+    return write_text(p, report_html(model, table, prompt))
