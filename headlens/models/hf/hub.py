@@ -132,6 +132,15 @@ def _hub_config(repo: str, revision: str | None) -> Path:
     )
 
     at = f"@{revision}" if revision else ""
+    offline = bool(constants.HF_HUB_OFFLINE)
+    if not offline and not hub_reachable(constants.ENDPOINT):  # no network: the cache or one line, not retries
+        try:
+            return Path(hf_hub_download(repo, "config.json", revision=revision, local_files_only=True))
+        except (LocalEntryNotFoundError, EntryNotFoundError, OSError, ValueError):
+            raise ModelReferenceError(
+                _cache_miss(repo, revision, constants.HF_HUB_CACHE, False)
+                + f" ({constants.ENDPOINT} did not answer within {REACH_TIMEOUT_S:g} s; set HF_HUB_OFFLINE=1 to "
+                "use only the local cache)") from None
     try:
         return Path(hf_hub_download(repo, "config.json", revision=revision))
     except GatedRepoError:
@@ -153,6 +162,34 @@ def _hub_config(repo: str, revision: str | None) -> Path:
     except (HfHubHTTPError, OSError, ValueError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ModelReferenceError(f"cannot fetch {repo + at!r} from the hub: {first}") from None
+
+
+REACH_TIMEOUT_S = 2.0  # how long the hub gets to accept a connection before we call it offline
+
+
+def hub_reachable(endpoint: str, timeout: float = REACH_TIMEOUT_S) -> bool:
+    """Whether a TCP connection to the hub (or the HTTPS proxy in the environment) opens within ``timeout``.
+
+    huggingface_hub retries a refused or silent connection five times with growing waits (~25 s and a
+    dozen log lines); one short connection attempt tells "no network" apart at once.
+
+    >>> hub_reachable("http://127.0.0.1:9", timeout=0.5)  # the discard port: nothing listens
+    False
+    """
+    import os
+    import socket
+    from urllib.parse import urlsplit
+
+    proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy") or os.environ.get("ALL_PROXY")
+    url = urlsplit(proxy if proxy and urlsplit(endpoint).scheme == "https" else endpoint)
+    if not url.hostname:
+        return True  # cannot tell: let huggingface_hub try
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def _cache_miss(repo: str, revision: str | None, cache: str, offline: bool) -> str:
