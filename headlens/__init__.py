@@ -7,6 +7,11 @@ by the functions that use them.
 >>> import headlens
 >>> model = headlens.load("induction-2l")  # doctest: +SKIP
 >>> table = headlens.classify(model)  # doctest: +SKIP
+>>> effects = headlens.sweep(model, metrics=["repeated_loss"])  # doctest: +SKIP
+
+Every name in ``__all__`` is a function or a class. ``headlens.doctor`` stays importable, but it is the
+doctor *package* (``headlens.doctor.check_checkpoint(path)``; ``headlens doctor`` on the command line),
+so it is not in ``__all__``.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
+import types
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +41,8 @@ _LAZY = {
     "register_detector": "headlens.detectors",
     "trajectory": "headlens.scoring.series",
     "ablate": "headlens.interventions.ablation",
-    "doctor": "headlens.doctor",
+    "sweep": "headlens.interventions.sweep",
+    "doctor": "headlens.doctor",  # the package, not a function: headlens.doctor.check_checkpoint(path)
     "write_report": "headlens.viz.report",
     **{name: "headlens.errors" for name in (
         "CheckpointError", "ConfigError", "DetectorError", "HeadlensError", "ModelReferenceError",
@@ -71,6 +78,19 @@ _MOVED = {
 }
 
 
+class _CallableModule(types.ModuleType):
+    """A moved module under an old path that is also a top-level function's name: its attributes are the
+    module's, and calling it calls the function (``import headlens.sweep`` binds ``headlens.sweep`` to this)."""
+
+    def __init__(self, module: Any, function: Any) -> None:
+        super().__init__(module.__name__, module.__doc__)
+        self.__dict__.update(vars(module))
+        self._function = function
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._function(*args, **kwargs)
+
+
 class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Imports a moved module under its old name: the new module itself, with a DeprecationWarning."""
 
@@ -82,6 +102,9 @@ class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         warnings.warn(f"{spec.name} moved to {new}; the old path goes in the next release",
                       DeprecationWarning, stacklevel=2)
         module = importlib.import_module(new)
+        name = spec.name.removeprefix("headlens.")
+        if name in _LAZY and name != "doctor":  # the old module path of a top-level function (headlens.sweep):
+            module = _CallableModule(module, getattr(module, name))  # importing it must not rebind the function
         sys.modules[spec.name] = module
         return module
 
@@ -94,7 +117,6 @@ if not any(isinstance(f, _MovedFinder) for f in sys.meta_path):
 
 
 if TYPE_CHECKING:
-    from headlens import doctor
     from headlens.detectors import register_detector
     from headlens.detectors.base import Detector
     from headlens.errors import (
@@ -107,6 +129,7 @@ if TYPE_CHECKING:
         ProbeError,
     )
     from headlens.interventions.ablation import ablate
+    from headlens.interventions.sweep import sweep
     from headlens.models.checkpoint import load_checkpoint, save_checkpoint
     from headlens.models.config import ModelConfig
     from headlens.models.gpt import GPT
@@ -146,12 +169,12 @@ __all__ = [
     "__version__",
     "ablate",
     "classify",
-    "doctor",
     "induction_curve",
     "load",
     "load_checkpoint",
     "register_detector",
     "save_checkpoint",
+    "sweep",
     "trajectory",
     "write_report",
 ]

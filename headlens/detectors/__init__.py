@@ -1,4 +1,4 @@
-"""Detector registry: one module per head type, one entry here (HEAD_SCORES.md).
+"""Detector registry: one module per head type, one entry here (definitions: docs/scores.md, "What each score means").
 
 Detectors with settings (``sink``: s; ``streaming``: s, w) are registered with their defaults and
 a ``factory``; ``get_detector("streaming(s=16,w=256)")`` builds a variant (named like that in the

@@ -2,7 +2,7 @@
 more than ablating random heads of the same layer does?
 
 A pattern score says what a head looks at; the ablation says whether the model needs it
-for the task the label names (HEAD_SCORES.md, "Causal confirmation"):
+for the task the label names (docs/scores.md and docs/ablate.md):
 
 | label | task metric |
 |---|---|

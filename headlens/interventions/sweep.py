@@ -227,7 +227,13 @@ def sweep(
     corpus: str | None = None,
     batch_size: int | None = None,
 ) -> Any:
-    """Ablate each group of heads and measure ``metrics`` against clean and random-head controls.
+    """Ablate each group of heads and measure ``metrics`` against clean and random-head controls: the table
+    behind ``headlens ablate`` (top level: ``headlens.sweep``).
+
+    >>> import headlens
+    >>> model = headlens.load("induction-2l")  # doctest: +SKIP
+    >>> table = headlens.sweep(model, groups=["L1H1"], metrics=["repeated_loss"])  # doctest: +SKIP
+    >>> table[["model", "heads", "metric", "delta", "ci_low", "ci_high", "beats_control"]]  # doctest: +SKIP
 
     Args:
         model: any headlens backend (the cached fast path is used for native ``GPT`` models).
@@ -257,8 +263,10 @@ def sweep(
     blocks and rank 0 builds the table; the other ranks return None.
 
     Returns:
-        A tidy ``pandas.DataFrame`` with ``COLUMNS``; ``df.attrs["attribution_spearman"]`` maps each
-        metric to the rank correlation of attribution estimates with exact single-head deltas.
+        A tidy ``pandas.DataFrame`` with ``COLUMNS`` (``model`` first); ``df.attrs`` holds the provenance
+        (headlens version, model, method, metrics, probe sizes, seed; written with the table by
+        :func:`headlens.scoring.output.write_frame`) and ``attribution_spearman``: each metric's rank
+        correlation of attribution estimates with exact single-head deltas.
     """
     import pandas as pd
 

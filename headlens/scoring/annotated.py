@@ -1,6 +1,6 @@
 """Scoring heads on annotated targets: attention mass from query spans to key spans, and preference.
 
-Definitions (HEAD_SCORES.md, with a target's query *span* in place of one query row):
+Definitions (docs/scores.md, with a target's query *span* in place of one query row):
 
 * A target's value for one head is ``m = mean_{q in query} sum_{k in keys} A[q, k]``. Its
   uniform baseline is the same expression under uniform attention,

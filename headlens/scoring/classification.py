@@ -221,7 +221,7 @@ def classify(
     dtype: Any = None,
     trust_remote_code: bool = False,
 ) -> Any:
-    """Score every head on every detector and label it (HEAD_SCORES.md).
+    """Score every head on every detector and label it (definitions and the label rule: docs/scores.md, "What each score means").
 
     Args:
         model_or_ref: a loaded model or a reference (zoo name, ``.safetensors`` path, ``hf:<dir>``,

@@ -1,6 +1,6 @@
 """Induction by distance: how well each head copies as the gap between two copies grows (issue 13).
 
-Definition (HEAD_SCORES.md, long-context set): the induction target restricted to rows whose
+Definition (docs/scores.md, long-context detectors): the induction target restricted to rows whose
 earlier copy lies g tokens back. On a prompt where a segment r reappears g tokens after its first
 occurrence, a row q inside the second copy (``x_{q-g} = x_q`` and ``x_{q-1-g} = x_{q-1}``: a copy
 of the context, not a chance repeat of one token) has the single target ``q - g + 1``, the token

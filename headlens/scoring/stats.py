@@ -1,7 +1,7 @@
 """Statistics: pooled scores, uniform baselines, bootstrap intervals and the labelling rule.
 
 A score is a ratio of per-prompt sums, ``Σ_b num_b / Σ_b den_b`` (attention mass on targets
-over rows with a target, pooled over prompts, HEAD_SCORES.md). Its 95 % interval resamples
+over rows with a target, pooled over prompts, docs/scores.md). Its 95 % interval resamples
 *prompts* with replacement (rows within a prompt are not independent); every resample is one
 row of a multinomial count matrix ``W`` (n_boot x P), so all heads are bootstrapped at once by
 ``W @ num`` and ``W @ den``. Seeded, so a table is reproducible.
@@ -82,7 +82,7 @@ def summarize(num: torch.Tensor, den: torch.Tensor, base: torch.Tensor, seed: in
 
 def label(ci_low: torch.Tensor, lift: torch.Tensor, threshold: float = DEFAULT_THRESHOLD,
           min_lift: float = MIN_LIFT) -> torch.Tensor:
-    """HEAD_SCORES' rule: a head carries the label when ``ci_low >= τ`` and ``lift >= 3``.
+    """The label rule (docs/scores.md): a head carries the label when ``ci_low >= τ`` and ``lift >= 3``.
 
     >>> label(torch.tensor([0.5, 0.5, 0.3]), torch.tensor([4.0, 2.0, 9.0])).tolist()
     [True, False, False]

@@ -1,7 +1,7 @@
 """Model-card measurements for the zoo recipes: losses and which heads formed.
 
 Every probe is drawn from a fixed generator, so a card's numbers are reproducible.
-Thresholds follow HEAD_SCORES.md: pattern detectors at 0.4, first-token sinks at 0.3.
+Thresholds follow the scores page of the docs (docs/scores.md): pattern detectors at 0.4, first-token sinks at 0.3.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Direct attention-pattern measurements used by the zoo's model cards and tests.
 
-A deliberately small, independent implementation of the HEAD_SCORES.md definitions
+A deliberately small, independent implementation of the definitions on the scores page of the docs (docs/scores.md)
 (target mass averaged over the query rows that have a target), so that the zoo can
 say which heads formed without depending on the classification engine.
 """
