@@ -113,10 +113,8 @@ def run_ablate(model: str | None, heads: str | None, method: str, metric: str, p
         raise AblationError(f"--metric {metric!r} names no metric")
     opt.check_choice("--control", control, CONTROLS)
     dtype = opt.check_dtype(dtype)
-    if corpus is not None:
-        opt.check_choice("--corpus", corpus, ("stdlib",))
-        if prompts is not None:
-            raise AblationError("give --prompts or --corpus, not both")
+    if corpus is not None and prompts is not None:
+        raise AblationError("give --prompts or --corpus, not both")
     if out is not None:
         check_output(out)
     if not heads and not sweep_all:

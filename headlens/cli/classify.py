@@ -157,8 +157,6 @@ def run_classify(
     quiet = quiet or not rank.is_main
     err = Console(stderr=True)
     opt.check_choice("--scan-path", scan_path, SCAN_PATHS)
-    if corpus is not None:
-        opt.check_choice("--corpus", corpus, ("stdlib",))
     if load_options and "dtype" in load_options:
         load_options = {**load_options, "dtype": opt.check_dtype(load_options["dtype"])}
     if out is not None:

@@ -112,7 +112,7 @@ def check_choice(option: str, value: str, choices: Sequence[str]) -> str:
     'dense'
     """
     if value not in choices:
-        raise ConfigError(f"{option} {value!r} is not one of {', '.join(choices)}")
+        raise ConfigError(f"unknown {option} {value!r}; expected one of {', '.join(choices)}")
     return value
 
 

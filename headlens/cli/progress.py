@@ -2,7 +2,7 @@
 
 On a terminal: a rich bar that redraws itself. Elsewhere (``> log 2>&1``, CI, a job scheduler) a bar
 would print nothing useful, so :class:`LineProgress` writes one plain line to stderr whenever ~10 s have
-passed or another 10 % is done, and one at the end::
+passed or another 10 % is done, and one at the end; work that ends within 2 s prints none::
 
     headlens: train induction-2l: 500/2500 (20 %) loss 2.1034 31,204 tok/s, 42 s
 """
@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 EVERY_S = 10.0  # a line at least this often while work goes on ...
 EVERY_FRACTION = 0.1  # ... and whenever another 10 % is done
+QUIET_START_S = 2.0  # work done sooner than this prints no progress at all (a short run's log stays clean)
 
 
 class LineProgress:
@@ -47,14 +48,17 @@ class LineProgress:
             self.description = description
         now = self.clock()
         fraction = done / self.total if self.total else 0.0
+        if now - self.start < QUIET_START_S:
+            return
         if now - self.last_time >= EVERY_S or (self.total and fraction - self.last_fraction >= EVERY_FRACTION - 1e-9):
             self._line(now)
             self.last_fraction = math.floor(fraction / EVERY_FRACTION + 1e-9) * EVERY_FRACTION  # on the 10 % grid
 
     def finish(self) -> None:
-        """The final line (unless the last one already said 100 %)."""
-        if not (self.total and self.last_fraction >= 1.0 - 1e-9) and self.done:
-            self._line(self.clock())
+        """The final line (unless the last one already said 100 %, or the work took under ``QUIET_START_S``)."""
+        now = self.clock()
+        if self.done and now - self.start >= QUIET_START_S and not (self.total and self.last_fraction >= 1 - 1e-9):
+            self._line(now)
 
     def _line(self, now: float) -> None:
         count = f"{self.done}/{self.total} ({100 * self.done / self.total:.0f} %)" if self.total else f"{self.done}"
@@ -109,10 +113,8 @@ def progress(description: str, total: int | None = None, quiet: bool = False,
     if not is_terminal():
         line = LineProgress(description, fields=fields)
         line.total = total
-        try:
-            yield line
-        finally:
-            line.finish()
+        yield line  # on an error, no final line: the error is the last word
+        line.finish()
         return
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

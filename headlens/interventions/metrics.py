@@ -306,7 +306,7 @@ def make_task(model: Any, metric: str, prompts: Sequence[str] | None = None, n_p
     """
     m = get_metric(metric)
     if corpus is not None and corpus != "stdlib":
-        raise AblationError(f"unknown corpus {corpus!r}; expected 'stdlib'")
+        raise ProbeError(f"unknown corpus {corpus!r}; expected 'stdlib'")
     if corpus is not None and prompts is not None:
         raise AblationError("give prompts or a corpus, not both")
     if getattr(model, "output_kind", "logits") != "logits":

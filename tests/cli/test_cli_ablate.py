@@ -48,8 +48,10 @@ def test_sweep_to_json(monkeypatch, capsys, ckpt, tmp_path):
     dest = tmp_path / "res.json"
     code, _, err = run(monkeypatch, capsys, "--model", ckpt, "--sweep", "--heads", "L0H0", "--n-prompts", "4",
                        "--out", str(dest))
-    rows = json.loads(dest.read_text())
+    data = json.loads(dest.read_text())
+    rows = data["rows"]  # a provenance block beside the rows, as for classify
     assert code == 0 and len(rows) == 8  # the given group is one of the singles: no duplicate row
+    assert {r["model"] for r in rows} == {"gpt"} and data["provenance"]["method"] == "zero"  # the saved name
     assert "Spearman" in err  # attribution vs exact, on stderr
 
 

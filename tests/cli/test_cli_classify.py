@@ -37,7 +37,7 @@ def test_classify_prints_labelled_heads_and_writes_the_table(ckpt, tmp_path):
     result = _run("--model", ckpt, "--n-prompts", "12", "--seq-len", "32", "--out", str(out), "--quiet")
     assert result.exit_code == 0, result.output
     assert "L0H0" in result.stdout and "L1H0" in result.stdout
-    assert "prev" in result.stdout and "ind" in result.stdout  # the layer x head overview
+    assert "PT" in result.stdout and "IND" in result.stdout  # the layer x head overview (viz.grid.LABEL_MARKS)
     table = read_table(out)
     assert sorted(map(tuple, table[table.label][["layer", "head"]].to_numpy().tolist())) == [(0, 0), (1, 0)]
     assert json.loads(out.read_text())["provenance"]["model"] == "planted"
@@ -115,4 +115,4 @@ def test_scan_path_flag_runs_sparse_and_rejects_unknown_paths(ckpt, tmp_path):
                   "previous_token,streaming(s=1,w=8)", "--scan-path", "sparse", "--out", str(out), "--quiet")
     assert result.exit_code == 0, result.output
     assert "sparse" in out.read_text() and "streaming(s=1,w=8)" in out.read_text()
-    _one_error_line(_run("--model", ckpt, "--scan-path", "fast", "--quiet"), 1, "unknown scan path 'fast'")
+    _one_error_line(_run("--model", ckpt, "--scan-path", "fast", "--quiet"), 2, "unknown --scan-path 'fast'")  # a bad value: 2

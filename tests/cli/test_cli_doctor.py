@@ -11,7 +11,6 @@ from doctor_subjects import TRUE_N_HEADS, evaluation_texts, trained_model, write
 from typer.testing import CliRunner
 
 from headlens.cli import app
-from headlens.errors import HeadlensError
 from headlens.models.checkpoint import save_checkpoint
 
 runner = CliRunner()
@@ -54,8 +53,9 @@ def test_help_and_bad_inputs_give_one_line(files, tmp_path) -> None:
     assert runner.invoke(app, ["doctor", "--help"]).exit_code == 0
     for args, code in (([str(files["ok"]), "--n-heads", "5"], 2),
                        ([str(files["ok"]), "--text", str(tmp_path / "nope.txt")], 5)):
-        result = runner.invoke(app, ["doctor", *args])
-        assert isinstance(result.exception, HeadlensError) and result.exception.exit_code == code, args
+        result = runner.invoke(app, ["doctor", *args])  # in-process too: one line and the error's exit code
+        assert result.exit_code == code, (args, result.output)
+        assert result.stderr.startswith("headlens: error:") and len(result.stderr.strip().splitlines()) == 1
     # the real console script: one line on stderr, the error's exit code, no traceback
     proc = subprocess.run([sys.executable, "-m", "headlens", "doctor", str(tmp_path / "missing.safetensors")],
                           capture_output=True, text=True)
