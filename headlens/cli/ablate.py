@@ -97,7 +97,7 @@ def run_ablate(model: str | None, heads: str | None, method: str, metric: str, p
     """The command body: every argument checked before the model loads, errors left to the caller."""
     from rich.console import Console
 
-    from headlens.cli.progress import progress
+    from headlens.cli.progress import is_terminal, progress
     from headlens.interventions.ablation import AblationError, check_method, parse_heads
     from headlens.interventions.controls import CONTROLS
     from headlens.interventions.metrics import get_metric
@@ -123,7 +123,8 @@ def run_ablate(model: str | None, heads: str | None, method: str, metric: str, p
     rank = current()  # under torchrun: ranks share the head groups out, rank 0 reports
     quiet = quiet or not rank.is_main
     err = Console(stderr=True, quiet=quiet)
-    err.print(f"loading {model or DEFAULT_MODEL} ...")
+    if is_terminal():  # progress talk: in a log, the progress lines and the result say enough
+        err.print(f"loading {model or DEFAULT_MODEL} ...")
     m = resolve_model(model, device=rank.device(device), dtype=dtype, trust_remote_code=trust_remote_code)
     groups: list[Any] = [tuple(parse_heads(heads, m.n_layers, m.n_heads))] if heads else []
     if sweep_all:

@@ -136,3 +136,48 @@ def test_cli_refuses_remote_code_in_one_line(hf_home):
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("headlens: error: ") and "--trust-remote-code" in lines[0], lines
     assert "repository code ran" not in res.stderr + res.stdout
+
+
+@pytest.fixture
+def unreachable_hub(hf_home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """HF_HUB_OFFLINE unset, but the endpoint is a loopback port where nothing listens (no network)."""
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_HOME", str(hf_home))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hf_home / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    return hf_home / "hub"
+
+
+def test_an_unreachable_hub_is_one_line_that_suggests_offline_mode_without_retrying(unreachable_hub, monkeypatch):
+    import huggingface_hub
+
+    from headlens.models.hf import hub
+
+    calls = []
+    real = huggingface_hub.hf_hub_download
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download",
+                        lambda *a, **kw: calls.append(kw.get("local_files_only", False)) or real(*a, **kw))
+    with pytest.raises(ModelReferenceError, match=r"not in the Hugging Face cache .*set HF_HUB_OFFLINE=1") as err:
+        resolve("headlens-test/absent")
+    assert "\n" not in str(err.value) and "127.0.0.1:9 did not answer" in str(err.value)
+    assert calls == [True]  # the cache only: never the network call that retries for ~25 s
+    assert not hub.hub_reachable("http://127.0.0.1:9")
+
+
+def test_an_unreachable_hub_still_loads_what_the_cache_holds(unreachable_hub):
+    assert resolve(f"{REPO}@step3000").files.name == STEP
+
+
+def test_cli_offline_miss_is_one_line_and_exit_4(hf_home):
+    env = dict(os.environ, HF_HOME=str(hf_home), HF_ENDPOINT="http://127.0.0.1:9", PYTHONPATH=str(ROOT))
+    for var in ("HF_HUB_OFFLINE", "HF_HUB_CACHE", "HTTPS_PROXY", "https_proxy", "ALL_PROXY"):
+        env.pop(var, None)
+    proc = subprocess.run([sys.executable, "-m", "headlens", "classify", "-m", "hf:headlens-test/absent"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 4, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "HF_HUB_OFFLINE=1" in proc.stderr and "Retry" not in proc.stderr

@@ -1,0 +1,136 @@
+"""Plausible mistakes a new user makes with every command: each ends in one line on stderr
+(``headlens: error: ...``), an exit code documented in ``--help`` (:data:`headlens.cli.options.EXIT_CODES`),
+and no traceback. In-process (typer's CliRunner) so the whole list runs in seconds."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from headlens.cli import app
+from headlens.cli.options import EXIT_CODES
+from headlens.models.checkpoint import save_checkpoint
+from headlens.testing import planted_model
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mistakes")
+    ckpt = save_checkpoint(planted_model(), root / "planted.safetensors")
+    (root / "empty.txt").write_text("\n  \n")
+    (root / "folder").mkdir()
+    (root / "run").mkdir()
+    (root / "run" / "log.json").write_text("{}")
+    (root / "a_file").write_text("not a folder")
+    return {"ckpt": str(ckpt), "root": root}
+
+
+def unwritable(root) -> str:
+    """A folder nobody can write to: ``/sys`` refuses even root; otherwise a folder made read-only."""
+    import os
+
+    if os.geteuid() == 0:
+        return "/sys"
+    folder = root / "read-only"
+    folder.mkdir(exist_ok=True)
+    folder.chmod(0o555)
+    return str(folder)
+
+
+M = "{ckpt}"  # placeholders filled from the fixture
+R = "{root}"
+U = "{unwritable}"
+
+MISTAKES = [
+    # classify
+    ("classify: unknown model", ["classify", "-m", "no-such-model"], 4, "unknown model reference"),
+    ("classify: zoo name typo", ["classify", "-m", "inductoin-2l"], 4, "inductoin-2l"),
+    ("classify: detector typo", ["classify", "-m", M, "-d", "inductoin"], 6, "unknown detector 'inductoin'"),
+    ("classify: detector setting typo", ["classify", "-m", M, "-d", "streaming(x=3)"], 6, "streaming"),
+    ("classify: spreadsheet suffix", ["classify", "-m", M, "-o", "scores.xlsx"], 7, "unknown output suffix"),
+    ("classify: folder missing", ["classify", "-m", M, "-o", "/no/such/dir/s.csv"], 7, "does not exist"),
+    ("classify: folder unwritable", ["classify", "-m", M, "-o", U + "/s.csv"], 7, "not writable"),
+    ("classify: --out is a folder", ["classify", "-m", M, "-o", R + "/folder"], 7, "unknown output suffix"),
+    ("classify: --out below a file", ["classify", "-m", M, "-o", R + "/a_file/s.csv"], 7, "is a file"),
+    ("classify: report as pdf", ["classify", "-m", M, "--report", "r.pdf"], 7, "must end in .html"),
+    ("classify: report unwritable", ["classify", "-m", M, "--report", U + "/r.html"], 7, "not writable"),
+    ("classify: prompts file missing", ["classify", "-m", M, "-p", R + "/nope.txt"], 5, "does not exist"),
+    ("classify: prompts file empty", ["classify", "-m", M, "-p", R + "/empty.txt"], 5, "prompts"),
+    ("classify: zero prompts", ["classify", "-m", M, "--n-prompts", "0"], 2, "--n-prompts"),
+    ("classify: seq-len too short", ["classify", "-m", M, "--seq-len", "4"], 2, "--seq-len"),
+    ("classify: threshold as percent", ["classify", "-m", M, "--threshold", "40"], 2, "--threshold"),
+    ("classify: unknown scan path", ["classify", "-m", M, "--scan-path", "fast"], 2, "unknown --scan-path"),
+    ("classify: unknown dtype", ["classify", "-m", M, "--dtype", "float8"], 2, "unknown dtype"),
+    ("classify: unknown corpus", ["classify", "-m", M, "--corpus", "wiki"], 5, "wiki"),
+    ("classify: short flag that does not exist", ["classify", "-n", "8"], 2, "No such option: -n"),
+    ("classify: long flag typo", ["classify", "--n-promts", "8"], 2, "--n-prompts"),
+    ("classify: batch size not a number", ["classify", "--batch-size", "big"], 2, "--batch-size"),
+    ("classify: max-memory without device-map", ["classify", "-m", M, "--max-memory", "0=1GiB"], 2,
+     "need --device-map"),
+    # ablate
+    ("ablate: malformed head", ["ablate", "-m", M, "--heads", "L1X2"], 2, "malformed head id"),
+    ("ablate: layer out of range", ["ablate", "-m", M, "--heads", "L5H0"], 2, "out of range"),
+    ("ablate: head out of range", ["ablate", "-m", M, "--heads", "L0H9"], 2, "out of range"),
+    ("ablate: unknown method", ["ablate", "-m", M, "--heads", "L0H0", "--method", "drop"], 2, "drop"),
+    ("ablate: unknown metric", ["ablate", "-m", M, "--heads", "L0H0", "--metric", "acc"], 2, "unknown metric"),
+    ("ablate: nothing to ablate", ["ablate", "-m", M], 2, "give --heads"),
+    ("ablate: text suffix", ["ablate", "-m", M, "--heads", "L0H0", "-o", "x.txt"], 7, "unknown output suffix"),
+    ("ablate: folder unwritable", ["ablate", "-m", M, "--heads", "L0H0", "-o", U + "/a.csv"], 7, "not writable"),
+    ("ablate: unknown control", ["ablate", "-m", M, "--heads", "L0H0", "--control", "nearby"], 2, "--control"),
+    ("ablate: prompts and corpus", ["ablate", "-m", M, "--heads", "L0H0", "-p", R + "/empty.txt", "--corpus",
+                                    "stdlib"], 2, "not both"),
+    ("ablate: one prompt", ["ablate", "-m", M, "--heads", "L0H0", "--n-prompts", "1"], 2, "--n-prompts"),
+    ("ablate: unknown dtype", ["ablate", "-m", M, "--heads", "L0H0", "--dtype", "f8"], 2, "unknown dtype"),
+    ("ablate: empty prompts file", ["ablate", "-m", M, "--heads", "L0H0", "-p", R + "/empty.txt"], 5, "no prompts"),
+    # train
+    ("train: recipe typo", ["train", "induction2l"], 2, "unknown recipe 'induction2l'"),
+    ("train: run folder in use", ["train", "induction-2l", "-o", R + "/run", "--steps", "1"], 7, "--overwrite"),
+    ("train: zero steps", ["train", "induction-2l", "--steps", "0"], 2, "--steps"),
+    ("train: zero threads", ["train", "induction-2l", "--threads", "0"], 2, "--threads"),
+    # trajectory
+    ("trajectory: glob matches nothing", ["trajectory", "--models", R + "/none/*.safetensors"], 4, "no checkpoints"),
+    ("trajectory: --models forgotten", ["trajectory"], 2, "--models"),
+    ("trajectory: figure as png", ["trajectory", "--models", M, "--figure", "f.png"], 7, "unknown output suffix"),
+    ("trajectory: out unwritable", ["trajectory", "--models", M, "-o", U + "/t.csv"], 7, "not writable"),
+    ("trajectory: unknown dtype", ["trajectory", "--models", M, "--dtype", "bogus"], 2, "unknown dtype"),
+    # doctor
+    ("doctor: checkpoint missing", ["doctor", R + "/missing.safetensors"], 4, "missing.safetensors"),
+    ("doctor: head count that cannot be", ["doctor", M, "--n-heads", "5"], 2, "5"),
+    ("doctor: text file missing", ["doctor", M, "--text", R + "/nope.txt"], 5, "nope.txt"),
+    ("doctor: one row", ["doctor", M, "--rows", "1"], 2, "--rows"),
+    # export-hf
+    ("export-hf: model missing", ["export-hf", "-m", R + "/missing.safetensors", "-o", R + "/hf"], 4, "missing"),
+    ("export-hf: out below a file", ["export-hf", "-m", M, "-o", R + "/a_file/hf"], 7, "a_file"),
+    # dashboard (all refused before a server starts)
+    ("dashboard: unknown model", ["dashboard", "-m", "no-such-model"], 4, "unknown model reference"),
+    ("dashboard: port out of range", ["dashboard", "--port", "70000"], 2, "--port"),
+    ("dashboard: -p is --prompts elsewhere", ["dashboard", "-p", "8502"], 2, "No such option: -p"),
+    ("dashboard: unknown dtype", ["dashboard", "--dtype", "float8"], 2, "unknown dtype"),
+    # the rest
+    ("detectors: flag typo", ["detectors", "--jsn"], 2, "--json"),
+    ("models: stray argument", ["models", "induction-2l"], 2, "induction-2l"),
+    ("command typo", ["clasify"], 2, "clasify"),
+]
+
+
+def _fill(args, files, unwritable_dir):
+    return [a.replace(M, files["ckpt"]).replace(R, str(files["root"])).replace(U, unwritable_dir) for a in args]
+
+
+def test_there_are_forty_mistakes_across_every_command():
+    commands = {args[0] for _, args, _, _ in MISTAKES}
+    assert len(MISTAKES) >= 40
+    assert {c.name for c in app.registered_commands} <= commands
+
+
+@pytest.mark.parametrize(("what", "args", "code", "needle"), MISTAKES, ids=[m[0] for m in MISTAKES])
+def test_a_mistake_is_one_line_and_a_documented_exit_code(files, what, args, code, needle):
+    result = runner.invoke(app, _fill(args, files, unwritable(files["root"])))
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == code, (what, result.exit_code, result.output)
+    assert code in EXIT_CODES
+    assert len(lines) == 1 and lines[0].startswith("headlens: error:"), (what, result.stderr)
+    assert needle in lines[0], (what, lines[0])
+    assert "Traceback" not in result.output
