@@ -77,11 +77,11 @@ def print_results(df: Any, console: Any, asked: list[str] | None = None) -> None
     lab = labelled_heads(df)
     table = Table(title=title)
     for col in ("head", "kv_head", "detector", "score", "95% CI", "baseline", "lift", "positions"):
-        table.add_column(col, justify="left" if col in ("head", "detector") else "right")
+        table.add_column(col, justify="left" if col in ("head", "detector") else "right", no_wrap=True)
     confirmed = "ablation_delta" in lab.columns
     if confirmed:
-        table.add_column("ablation (metric, change)", justify="right")
-        table.add_column("confirmed", justify="right")
+        table.add_column("ablation: metric change", justify="right", no_wrap=True)
+        table.add_column("confirmed", justify="right", no_wrap=True)
     for r in lab.itertuples():
         kv = getattr(r, "kv_head", r.head)  # the key/value group (== head without GQA)
         table.add_row(f"L{r.layer}H{r.head}", str(kv), r.detector, *_cells(r), *(_confirm_cell(r) if confirmed else []))
@@ -193,7 +193,7 @@ def run_classify(
         if not quiet:
             err.print(f"wrote the report to {report} (one page, opens offline)")
     asked = [n.strip() for n in detectors.split(",")] if detectors else []
-    print_results(df, Console(file=sys.stdout, width=max(100, Console().width)), asked)
+    print_results(df, Console(file=sys.stdout, width=None if sys.stdout.isatty() else 200), asked)  # logs: no cuts
 
 
 def register(app: typer.Typer) -> None:

@@ -129,4 +129,4 @@ def run_trajectory(models: list[str], detectors: str | None, n_prompts: int, seq
         write_text(figure, viz.figure_html(viz.trajectory_figure(df)))
         if not quiet:
             err.print(f"wrote {figure}")
-    print_series(df, Console(file=sys.stdout, width=max(100, Console().width)))
+    print_series(df, Console(file=sys.stdout, width=None if sys.stdout.isatty() else 200))  # logs: no cuts

@@ -84,11 +84,15 @@ def test_the_dashboard_scans_with_the_cli_defaults_and_ships_them():
     from headlens.zoo import scores
 
     assert hd.DEFAULT_N_PROMPTS == inspect.signature(classify).parameters["n_prompts"].default == 64
-    shipped = scores.read("induction-2l", hd.DEFAULT_N_PROMPTS, 0)
-    assert shipped is not None  # the shipped table was computed with these settings
-    labelled = shipped[shipped["label"]]
-    assert ((labelled.layer == 2) & (labelled.head == 3) & (labelled.detector == "induction")).any() or \
-        any(det == "induction" for det in labelled.detector)  # `headlens models` advertises an induction head
+    from headlens.zoo import DEFAULT_MODEL, ZOO
+
+    shipped = scores.read(DEFAULT_MODEL, hd.DEFAULT_N_PROMPTS, 0)
+    assert shipped is not None  # shipped with these settings (tests/training/test_zoo.py re-measures it)
+    labelled = {(int(r.layer), int(r.head), r.detector) for r in shipped[shipped["label"]].itertuples()}
+    for det, heads in ZOO[DEFAULT_MODEL].known_heads.items():  # what `headlens models` advertises
+        for head in heads:
+            layer, h = map(int, re.fullmatch(r"L(\d+)H(\d+)", head).groups())
+            assert (layer, h, det) in labelled, (head, det)
 
 
 # -- readable output ----------------------------------------------------------------------------
@@ -246,3 +250,34 @@ def test_shared_options_have_the_same_letters_everywhere():
                  "--dtype", "--device", "--trust-remote-code", "--resume"):
         assert all(flag in flags[c] for c in scanning if not (c == "ablate" and flag == "--detectors")), flag
     assert "--corpus" in flags["ablate"] and "--threshold" in flags["trajectory"]
+
+
+def test_the_docs_list_every_exit_code_and_command():
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
+    rows = dict(re.findall(r"^\| (\d+) \| (.+) \|$", page, flags=re.M))
+    assert set(map(int, rows)) == set(EXIT_CODES)
+    assert all(f"`headlens {c.name}`" in page for c in app.registered_commands)
+
+
+# -- the API ------------------------------------------------------------------------------------
+def test_top_level_names_are_callable_and_sweep_is_the_ablate_table():
+    import headlens.interventions.sweep as sweep_module
+
+    assert headlens.sweep is sweep_module.sweep and "headlens ablate" in headlens.sweep.__doc__
+    assert all(callable(getattr(headlens, n)) for n in headlens.__all__ if n != "__version__")
+    import importlib
+
+    assert callable(importlib.import_module("headlens.doctor").check_checkpoint)  # the package stays importable
+    assert "doctor" not in headlens.__all__
+
+
+def test_no_docstring_or_card_cites_the_missing_head_scores_file():
+    from pathlib import Path
+
+    root = Path(headlens.__file__).parent
+    cited = [str(p) for p in root.rglob("*") if p.suffix in (".py", ".md", ".json") and p.is_file()
+             and "HEAD_SCORES" in p.read_text(errors="ignore")]
+    assert cited == []
+    assert "docs/scores.md" in headlens.classify.__doc__

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -290,7 +291,7 @@ def test_trajectory_cli_writes_table_and_figure(tmp_path):
                                    "--n-prompts", "10", "-q", "-o", str(tmp_path / "t.csv"),
                                    "--figure", str(tmp_path / "t.html")])
     assert res.exit_code == 0, res.output
-    assert "L1H1 induction" in res.stdout and "4900" in res.stdout and "4.106" in res.stdout  # head, step, loss
+    assert re.search(r"L1H1 +│ induction", res.stdout) and "4900" in res.stdout and "4.106" in res.stdout  # per head
     table = read_table(tmp_path / "t.csv")
     assert sorted(set(table["step"])) == [700, 4900] and len(table) == 2 * 8
     html = (tmp_path / "t.html").read_text()
