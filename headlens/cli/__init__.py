@@ -30,7 +30,8 @@ class _Group(TyperGroup):
     first (:func:`headlens.cli.options.fill_help`; only then, because the registries import torch)."""
 
     def invoke(self, ctx: Any) -> Any:
-        if any(a in ("--help", "-h") for a in [*ctx._protected_args, *ctx.args]):
+        rest = [*getattr(ctx, "_protected_args", getattr(ctx, "protected_args", [])), *ctx.args]
+        if any(a in ("--help", "-h") for a in rest):
             from headlens.cli.options import fill_help
 
             fill_help(self)
@@ -61,6 +62,8 @@ class _Group(TyperGroup):
             code = fail(err).exit_code
         else:
             code = rv if isinstance(rv, int) else 0
+            if code == 130:  # typer turns Ctrl+C into Exit(130)
+                say("headlens: interrupted")
         if not standalone_mode:
             return code
         sys.exit(code)
