@@ -179,13 +179,14 @@ def test_cli_refuses_an_unknown_model_and_a_busy_port_in_one_line():
 
     runner = CliRunner()
     result = runner.invoke(app, ["dashboard", "--model", "/no/such/model.safetensors"])
-    assert result.exit_code != 0 and "unknown model reference" in str(result.exception)
+    assert result.exit_code == 4 and "unknown model reference" in result.stderr  # one line, the exit code
+    assert result.stderr.count("\n") == 1
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         port = sock.getsockname()[1]
         result = runner.invoke(app, ["dashboard", "--port", str(port)])
-    assert result.exit_code != 0 and f"port {port}" in str(result.exception)
+    assert result.exit_code == 7 and f"port {port}" in result.stderr
     help_text = runner.invoke(app, ["dashboard", "--help"]).output
     assert "--model" in help_text and "--port" in help_text
 

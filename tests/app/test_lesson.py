@@ -14,6 +14,7 @@ from conftest import make_gpt
 
 import headlens
 from headlens.app import lesson
+from headlens.app.helpers import DEFAULT_N_PROMPTS  # the shipped tables are scanned with it
 from headlens.doctor import check_attention
 from headlens.doctor.inject import LESSON_BUGS, BuggedAttention, inject_bug
 from headlens.errors import ConfigError, ProbeError
@@ -101,7 +102,7 @@ def test_head_count_sweep_picks_out_the_trained_count_and_examples_show_each_hea
     assert all(r.patterns.shape == (r.n_heads, len(tokens), len(tokens)) for r in rows)
     assert tokens == ind.to_str_tokens(text)
     # labelled heads, each with its best example: the induction head at the second 'F' looks at 'M'
-    str_tokens, examples = lesson.head_examples(ind, text, shipped.read("induction-2l", 16, 0))
+    str_tokens, examples = lesson.head_examples(ind, text, shipped.read("induction-2l", DEFAULT_N_PROMPTS, 0))
     by_head = {(e.layer, e.head): e for e in examples}
     pt, induction = by_head[(0, 0)], by_head[(1, 1)]
     assert (pt.detector, induction.detector) == ("previous_token", "induction")
