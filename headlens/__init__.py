@@ -20,7 +20,6 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
-import types
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -66,8 +65,8 @@ _MOVED = {
         ("classification", "classification"), ("annotated", "annotated"), ("table", "table"),
         ("induction_distance", "induction_distance"), ("series", "series"), ("distributed", "distributed"),
         ("resume", "resume"))},
-    **{f"headlens.{m}": f"headlens.interventions.{m}" for m in ("ablation", "sweep", "attribution", "confirm",
-                                                                "metrics")},
+    # not "sweep": headlens.sweep is now the top-level function (the table behind `headlens ablate`)
+    **{f"headlens.{m}": f"headlens.interventions.{m}" for m in ("ablation", "attribution", "confirm", "metrics")},
     **{f"headlens.{old}": f"headlens.viz.{new}" for old, new in (
         ("viz_patterns", "patterns"), ("viz_lesson", "lesson"), ("viz_compare", "compare"),
         ("viz_ranking", "ranking"), ("viz_training", "training"), ("tokenview", "tokenview"),
@@ -76,19 +75,6 @@ _MOVED = {
                                                                 "measure", "ship")},
     "headlens.lesson": "headlens.app.lesson",
 }
-
-
-class _CallableModule(types.ModuleType):
-    """A moved module under an old path that is also a top-level function's name: its attributes are the
-    module's, and calling it calls the function (``import headlens.sweep`` binds ``headlens.sweep`` to this)."""
-
-    def __init__(self, module: Any, function: Any) -> None:
-        super().__init__(module.__name__, module.__doc__)
-        self.__dict__.update(vars(module))
-        self._function = function
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._function(*args, **kwargs)
 
 
 class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -102,9 +88,6 @@ class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         warnings.warn(f"{spec.name} moved to {new}; the old path goes in the next release",
                       DeprecationWarning, stacklevel=2)
         module = importlib.import_module(new)
-        name = spec.name.removeprefix("headlens.")
-        if name in _LAZY and name != "doctor":  # the old module path of a top-level function (headlens.sweep):
-            module = _CallableModule(module, getattr(module, name))  # importing it must not rebind the function
         sys.modules[spec.name] = module
         return module
 
