@@ -35,6 +35,7 @@ _LAZY = {
     "register_detector": "headlens.detectors",
     "trajectory": "headlens.scoring.series",
     "ablate": "headlens.interventions.ablation",
+    "circuit": "headlens.circuits.api",
     "doctor": "headlens.doctor",
     "write_report": "headlens.viz.report",
     **{name: "headlens.errors" for name in (
@@ -95,6 +96,7 @@ if not any(isinstance(f, _MovedFinder) for f in sys.meta_path):
 
 if TYPE_CHECKING:
     from headlens import doctor
+    from headlens.circuits.api import circuit
     from headlens.detectors import register_detector
     from headlens.detectors.base import Detector
     from headlens.errors import (
@@ -145,6 +147,7 @@ __all__ = [
     "Tokenizer",
     "__version__",
     "ablate",
+    "circuit",
     "classify",
     "doctor",
     "induction_curve",
