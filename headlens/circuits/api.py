@@ -64,15 +64,15 @@ def setup(model: Any, metric: str = "repeated_loss", method: str = "mean", promp
 
 
 def head_labels(labels: Any) -> dict[str, str] | None:
-    """``{"L1H1": "induction", ...}`` from a dict or a ``classify`` scores table (None stays None)."""
+    """``{"L1H1": "induction", ...}`` from a dict or a ``classify`` scores table (each head's labelled
+    detectors, comma-joined); None stays None."""
     if labels is None or isinstance(labels, dict):
         return labels
-    out: dict[str, str] = {}
+    out: dict[str, list[str]] = {}
     for row in labels.itertuples():
-        name = f"L{row.layer}H{row.head}"
-        if getattr(row, "label", "") and not out.get(name):
-            out[name] = str(row.label)
-    return out
+        if bool(row.label):
+            out.setdefault(f"L{row.layer}H{row.head}", []).append(str(row.detector))
+    return {name: ",".join(dets) for name, dets in out.items()}
 
 
 def circuit(
