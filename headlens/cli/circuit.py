@@ -44,6 +44,8 @@ def register(app: typer.Typer) -> None:
         per_group: Annotated[bool, typer.Option("--per-group", help="GQA: k/v edges per key/value group")] = False,
         prompts: Annotated[Path | None, typer.Option(help="prompts file (one per line, or JSONL with 'text')")] = None,
         out: Annotated[Path | None, typer.Option(help="write the edge table to .csv, .json or .parquet")] = None,
+        report: Annotated[Path | None, typer.Option(
+            help="also classify the heads (labels) and write an HTML report with the circuit graph")] = None,
         n_prompts: Annotated[int, typer.Option(min=2, help="probe prompts")] = 32,
         n_control: Annotated[int, typer.Option(min=0, help="random control senders per edge")] = 8,
         seed: Annotated[int, typer.Option(help="seeds probes, controls, resampling, the null, bootstrap")] = 0,
@@ -59,7 +61,8 @@ def register(app: typer.Typer) -> None:
         from headlens.circuits.senders import check_method
         from headlens.cli.ablate import check_output, read_prompts, write_table
         from headlens.interventions.metrics import get_metric
-        from headlens.scoring.classification import resolve_model
+        from headlens.scoring.classification import classify, resolve_model
+        from headlens.viz.report import check_report_path, write_report
         from headlens.zoo import DEFAULT_MODEL
 
         check_method(method)
@@ -67,13 +70,16 @@ def register(app: typer.Typer) -> None:
         parse_inputs(inputs)
         if out is not None:
             check_output(out)
+        if report is not None:
+            check_report_path(report)
         texts = read_prompts(prompts) if prompts is not None else None
         err = Console(stderr=True)
         err.print(f"loading {model or DEFAULT_MODEL} ...")
         m = resolve_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+        scores = classify(m, seed=seed) if report is not None else None
         df = circuit(m, receivers=receivers, senders=senders, inputs=inputs, metric=metric, method=method,
                      prompts=texts, n_prompts=n_prompts, n_control=n_control, per_group=per_group,
-                     positions=positions, seed=seed)
+                     positions=positions, seed=seed, labels=scores)
         shown = df.sort_values("effect", key=abs, ascending=False)
         title = f"{getattr(m, 'name', model)}: {metric}, {method} ablation on the direct path (clean {df.attrs['clean']:.4f})"
         Console(width=None if sys.stdout.isatty() else 180).print(render(shown, title))
@@ -82,3 +88,6 @@ def register(app: typer.Typer) -> None:
         if out is not None:
             write_table(df, out)
             err.print(f"wrote {out}")
+        if report is not None:
+            write_report(m, scores, report, edges=df)
+            err.print(f"wrote {report}")

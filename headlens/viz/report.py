@@ -3,7 +3,7 @@
 The page opens offline (plotly.js is inlined once, every figure after it reuses it) and holds:
 the head grid coloured by each head's strongest label, the labelled heads with their 95 %
 confidence intervals, each labelled head's pattern on an example prompt (heatmap and coloured
-text), and the provenance of the scores (model, probes, seeds, thresholds, headlens version).
+text), the circuit when an edge table is given (graph and table), and the provenance of the scores (model, probes, seeds, thresholds, headlens version).
 
 >>> import headlens
 >>> model = headlens.load("induction-2l")  # doctest: +SKIP
@@ -34,7 +34,7 @@ pre { background: #f6f6f6; padding: 0.8em; overflow-x: auto; font-size: 0.85em; 
 """
 
 
-def report_html(model: Any, table: Any, prompt: str | None = None) -> str:
+def report_html(model: Any, table: Any, prompt: str | None = None, edges: Any = None) -> str:
     """The report page for ``table`` (a ``headlens.classify`` result on ``model``) as one HTML string.
 
     Args:
@@ -42,6 +42,8 @@ def report_html(model: Any, table: Any, prompt: str | None = None) -> str:
         table: the scores table; its ``attrs`` are the provenance.
         prompt: the example text the patterns are drawn on (default: a text with a repeated
             segment and nested brackets in the model's own alphabet).
+        edges: an edge table (``headlens.circuit``): adds the circuit graph of its significant
+            edges and the whole table.
     """
     from headlens.probes.texts import example_text
     from headlens.scoring.table import labelled_heads
@@ -60,6 +62,8 @@ def report_html(model: Any, table: Any, prompt: str | None = None) -> str:
              "<h2>Labelled heads</h2>", _labelled_table(labelled_heads(table))]
     prompt = prompt if prompt is not None else example_text(model)
     parts += _patterns(model, table, prompt)
+    if edges is not None:
+        parts += _circuit(model, table, edges)
     parts += ["<h2>Provenance</h2>", f"<pre>{html.escape(json.dumps(attrs, indent=1, default=str), quote=False)}</pre>"]
     return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>headlens report: {html.escape(name)}"
             f"</title><style>{_STYLE}</style></head><body>{''.join(parts)}</body></html>\n")
@@ -110,6 +114,33 @@ def _patterns(model: Any, table: Any, prompt: str) -> list[str]:
     return out
 
 
+def _circuit(model: Any, table: Any, edges: Any) -> list[str]:
+    """The circuit section: the graph of the significant edges (heads coloured by label) and every edge."""
+    from headlens.circuits.api import head_labels
+    from headlens.circuits.edges import significant_mask
+    from headlens.viz.circuit import circuit_figure
+
+    labels = head_labels(table) or {}
+    sig = edges[significant_mask(edges)]
+    fig = circuit_figure(sig, model.n_layers, model.n_heads, labels,
+                         title=f"significant edges for {edges.attrs.get('metric', '')} ({len(sig)} of {len(edges)})")
+    cols = ["sender", "receiver", "kv_head", "input", "effect", "ci_low", "ci_high", "control", "composition",
+            "composition_z", "disagree", "label"]
+    rows = "".join("<tr>" + "".join(f"<td>{_cell(getattr(r, c))}</td>" for c in cols) + "</tr>"
+                   for r in edges.itertuples())
+    head = "".join(f"<th>{c}</th>" for c in cols)
+    return ["<h2>Circuit</h2>", f"<p>Edges sender → receiver.input by exact patching on the direct path "
+            f"({html.escape(str(edges.attrs.get('method', '')))} ablation; clean "
+            f"{html.escape(str(edges.attrs.get('metric', '')))} {edges.attrs.get('clean', float('nan')):.4f}).</p>",
+            fig.to_html(full_html=False, include_plotlyjs=False), f"<table><tr>{head}</tr>{rows}</table>"]
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, float):
+        return "-" if v != v else f"{v:+.3f}"
+    return html.escape(str(v))
+
+
 def check_report_path(path: str | os.PathLike) -> Path:
     """Fail early (``OutputError``) on a suffix other than ``.html`` or a place that cannot be written."""
     p = Path(path)
@@ -123,14 +154,15 @@ def check_report_path(path: str | os.PathLike) -> Path:
     return p
 
 
-def write_report(model: Any, table: Any, path: str | os.PathLike, prompt: str | None = None) -> Path:
+def write_report(model: Any, table: Any, path: str | os.PathLike, prompt: str | None = None,
+                 edges: Any = None) -> Path:
     """Write :func:`report_html` to ``path`` (``.html``), atomically; returns the path.
 
     Raises ``OutputError`` for another suffix or a folder that cannot be written.
     """
     p = check_report_path(path)
     parent = p.parent if str(p.parent) else Path(".")
-    page = report_html(model, table, prompt)
+    page = report_html(model, table, prompt, edges)
     fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{p.name}.", suffix=".tmp")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(page)

@@ -45,6 +45,16 @@ def test_edges_to_csv(monkeypatch, capsys, ckpt, tmp_path):
     assert set(df.input) == {"k", "resid"} and "effect_second_half" in df.columns
 
 
+def test_report_flag_writes_the_circuit_section(monkeypatch, capsys, ckpt, tmp_path):
+    page = tmp_path / "r.html"
+    code, _, err = run(monkeypatch, capsys, "--model", ckpt, "--receivers", "L1H0", "--n-prompts", "3",
+                       "--n-control", "2", "--report", str(page))
+    assert code == 0 and f"wrote {page}" in err.replace("\n", "")
+    assert "<h2>Circuit</h2>" in page.read_text()
+    code, _, err = run(monkeypatch, capsys, "--model", ckpt, "--receivers", "L1H0", "--report", str(tmp_path / "r.txt"))
+    assert code == 7 and "must end in .html" in err
+
+
 @pytest.mark.parametrize(("args", "message", "exit_code"), [
     (["--receivers", "L1X0"], "unknown node 'L1X0'", 2),
     (["--receivers", "L9H0"], "out of range", 2),
