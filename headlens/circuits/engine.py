@@ -16,7 +16,6 @@ import torch
 from headlens.circuits.bridge import BridgePatcher
 from headlens.circuits.native import NativePatcher, naive_logits
 from headlens.circuits.nodes import Edge
-from headlens.circuits.senders import SenderDeltas
 from headlens.interventions.metrics import Task, get_metric
 from headlens.models.gpt import GPT
 
@@ -42,16 +41,49 @@ def make_patcher(model: Any, task: Task, fast: bool = True, max_tokens: int = 81
     return BridgePatcher(model, task, fast, max_tokens)
 
 
-def edge_values(model: Any, task: Task, metrics: Sequence[str], edges: Sequence[Edge], deltas: SenderDeltas,
+LOGIT_BUDGET = 256 * 2**20  # bytes of float32 logits ``(K, B, T, V)`` one pass may hold
+
+
+class RowDeltas:
+    """Sender deltas of prompts ``rows`` only (a slice of the batch)."""
+
+    def __init__(self, inner: Any, rows: slice) -> None:
+        self.inner, self.rows = inner, rows
+
+    def delta(self, node: Any) -> torch.Tensor:
+        return self.inner.delta(node)[self.rows]
+
+
+def _rows(task: Task, rows: slice) -> Task:
+    mask = None if task.attention_mask is None else task.attention_mask[rows]
+    return Task(task.tokens[rows], task.positions[rows], mask, task.candidates, task.probe)
+
+
+def edge_values(model: Any, task: Task, metrics: Sequence[str], edges: Sequence[Edge], deltas: Any,
                 fast: bool = True, progress: Callable[[int], None] | None = None,
                 max_tokens: int = 8192) -> tuple[dict[str, np.ndarray], dict[tuple[Edge, str], np.ndarray]]:
     """Per-prompt values ``(B,)`` of ``metrics``, clean and with each edge patched.
 
+    Prompts go through in blocks whose logits fit :data:`LOGIT_BUDGET` (a 50k vocabulary makes
+    ``(B, T, V)`` the largest tensor of a run); each block caches its own clean run.
+
     Returns:
         ``(clean, values)``: ``clean[metric]`` and ``values[edge, metric]``, float64 arrays over prompts.
     """
+    B, T = task.tokens.shape
+    budget = min(max_tokens, max(T, LOGIT_BUDGET // (4 * model.cfg.d_vocab)))  # rows x positions per pass
+    per = max(1, budget // T)
+    parts = [_block(model, _rows(task, slice(i, i + per)), metrics, edges, RowDeltas(deltas, slice(i, i + per)),
+                    fast, progress if i == 0 else None, budget) for i in range(0, B, per)]
+    clean = {m: np.concatenate([p[0][m] for p in parts]) for m in metrics}
+    values = {k: np.concatenate([p[1][k] for p in parts]) for k in parts[0][1]}
+    return clean, values
+
+
+def _block(model: Any, task: Task, metrics: Sequence[str], edges: Sequence[Edge], deltas: Any, fast: bool,
+           progress: Callable[[int], None] | None, budget: int) -> tuple[dict, dict]:
     with torch.no_grad():
-        runner = make_patcher(model, task, fast, max_tokens)
+        runner = make_patcher(model, task, fast, budget)
         clean_logits = runner.clean_logits
         clean = {m: get_metric(m)(clean_logits, task, clean_logits).cpu().numpy() for m in metrics}
         values: dict[tuple[Edge, str], np.ndarray] = {}
