@@ -1,10 +1,11 @@
 """induction-2l's circuit for repeated_loss: discovery, the edge table and the graph (docs/circuits.md).
 
-    PYTHONPATH=. python analyses/circuit_induction2l.py --out docs/circuit_induction2l.html
-    chromium --headless --hide-scrollbars --window-size=1000,520 \
-        --screenshot=docs/circuit_induction2l.png docs/circuit_induction2l.html
+    PYTHONPATH=. python analyses/circuit_induction2l.py --out /tmp/circuit_induction2l.html
+    chromium --headless --no-sandbox --hide-scrollbars --window-size=1000,520 \
+        --screenshot=docs/circuit_induction2l.png /tmp/circuit_induction2l.html
 
-Writes the edge table next to the figure (``.csv``) and prints it. Single thread, about 2 s.
+Writes the edge table next to the figure (``.csv``) and prints it with the motifs. Single thread, about
+2 s. (No kaleido here, so the PNG is a headless-chromium screenshot of the HTML figure.)
 """
 
 from __future__ import annotations

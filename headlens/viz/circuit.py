@@ -43,7 +43,8 @@ def circuit_figure(edges: pd.DataFrame, n_layers: int, n_heads: int, labels: dic
 
     Args:
         edges: the edge table; every row is drawn (filter it first, e.g. to significant edges).
-        n_layers, n_heads: the model's shape (every head is drawn, grey when unlabelled).
+        n_layers: the model's layer count.
+        n_heads: heads per layer (every head is drawn, grey when unlabelled).
         labels: ``{"L1H1": "induction"}`` (``classify``'s labels) colouring the heads.
         title: the figure title.
     """
