@@ -20,12 +20,15 @@ def test_local_effect_equals_the_hooked_pattern(ref):
     s = setup(model, "repeated_loss", "mean", n_prompts=6)
     receivers = "L1H1" if ref != "gpt" else "L1H1,L2H3"
     edges = make_edges(model, parse_nodes(receivers, model), None, "qk")
-    clean, values = receiver_effects(model, s.task, edges, s.deltas, max_tokens=300)
+    _, values = receiver_effects(model, s.task, edges, s.deltas, max_tokens=300)
     for e in edges:
-        seen = {}
+        seen: dict[str, torch.Tensor] = {}
         layer, head = e.receiver.layer, e.receiver.head
-        with torch.no_grad(), model.hooks([(f"blocks.{layer}.attn.hook_pattern",
-                                            lambda x, hook: seen.setdefault("p", x))]):
+
+        def keep(x: torch.Tensor, hook: object, seen: dict = seen) -> None:
+            seen.setdefault("p", x)
+
+        with torch.no_grad(), model.hooks([(f"blocks.{layer}.attn.hook_pattern", keep)]):
             naive_logits(model, s.task, e, s.deltas.delta(e.sender))
         ref_mass = _induction_mass(seen["p"][:, head][None], induction_targets(s.task))[0].numpy()
         assert np.abs(ref_mass - values[e]).max() < 1e-5, e.name
