@@ -11,7 +11,7 @@ import torch
 
 from headlens.circuits.edges import control_edges, edge_table
 from headlens.circuits.engine import edge_values
-from headlens.circuits.nodes import Edge, Node, make_edges, parse_inputs, parse_nodes
+from headlens.circuits.nodes import CircuitError, Edge, Node, make_edges, parse_inputs, parse_nodes
 from headlens.circuits.senders import SenderDeltas, check_method
 from headlens.interventions.metrics import Task, get_metric, make_task
 
@@ -42,12 +42,21 @@ class Setup:
     progress: Callable[[int], None] | None = None
 
     def table(self, edges: Sequence[Edge], composition: bool = True) -> Any:
+        """The edge table of ``edges`` (with their controls). Under torchrun each rank patches a
+        contiguous block of the edges, rank 0 builds the table and the other ranks return None."""
+        from headlens.scoring.distributed import current, gather_objects, run_everywhere
+
         controls = control_edges(self.model, edges, self.n_control, self.seed)
         todo = list(dict.fromkeys([*edges, *(c for cs in controls.values() for c in cs)]))
-        clean, values = edge_values(self.model, self.task, [self.metric], todo, self.deltas, self.fast,
-                                    self.progress)
-        return edge_table(self.model, self.metric, edges, clean[self.metric], values, controls, self.labels,
-                          self.n_boot, self.seed, composition)
+        rank = current()
+        mine = [todo[i] for i in rank.block(len(todo))]
+        clean, values = run_everywhere(rank, edge_values, self.model, self.task, [self.metric], mine, self.deltas,
+                                       self.fast, self.progress)
+        gathered = gather_objects(rank, list(values.items()))
+        if gathered is None:
+            return None
+        return edge_table(self.model, self.metric, edges, clean[self.metric], dict(gathered), controls,
+                          self.labels, self.n_boot, self.seed, composition)
 
 
 def setup(model: Any, metric: str = "repeated_loss", method: str = "mean", prompts: Sequence[str] | None = None,
@@ -124,6 +133,9 @@ def circuit(
         progress: called with the number of edges just finished.
         device: where a model reference is loaded.
 
+    Under ``torchrun`` (receivers given) the edges are shared out to the ranks in contiguous blocks and rank 0
+    returns the table; the other ranks return None.
+
     Returns:
         A pandas DataFrame with :data:`headlens.circuits.edges.COLUMNS`; ``attrs`` hold the metric, its clean
         value, the method and the random composition baseline (discovery adds faithfulness).
@@ -143,10 +155,16 @@ def circuit(
     s = setup(model, metric, method, prompts, reference, n_prompts, n_control, n_boot, seed, fast, labels, progress)
     if recv is None:
         from headlens.circuits.discovery import discover
+        from headlens.scoring.distributed import current
+
+        if current().world_size > 1:
+            raise CircuitError("discovery runs in one process; under torchrun give --receivers")
 
         df = discover(s, inputs=ins, senders=send)
     else:
         df = s.table(edges)
+        if df is None:  # a rank other than 0 under torchrun: its edges went to rank 0
+            return None
         if positions:
             add_position_split(s, df, edges)
     df.attrs["method"] = method

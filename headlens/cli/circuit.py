@@ -73,13 +73,18 @@ def register(app: typer.Typer) -> None:
         if report is not None:
             check_report_path(report)
         texts = read_prompts(prompts) if prompts is not None else None
-        err = Console(stderr=True)
+        from headlens.scoring.distributed import current
+
+        rank = current()  # under torchrun: ranks share the edges out, rank 0 reports
+        err = Console(stderr=True, quiet=not rank.is_main)
         err.print(f"loading {model or DEFAULT_MODEL} ...")
-        m = resolve_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+        m = resolve_model(model, device=rank.device(device), dtype=dtype, trust_remote_code=trust_remote_code)
         scores = classify(m, seed=seed) if report is not None else None
         df = circuit(m, receivers=receivers, senders=senders, inputs=inputs, metric=metric, method=method,
                      prompts=texts, n_prompts=n_prompts, n_control=n_control, per_group=per_group,
                      positions=positions, seed=seed, labels=scores)
+        if df is None:  # a rank other than 0
+            return
         shown = df.sort_values("effect", key=abs, ascending=False)
         title = f"{getattr(m, 'name', model)}: {metric}, {method} ablation on the direct path (clean {df.attrs['clean']:.4f})"
         Console(width=None if sys.stdout.isatty() else 180).print(render(shown, title))
