@@ -146,19 +146,24 @@ def parse_inputs(spec: str) -> tuple[str, ...]:
 
 def make_edges(model: Any, receivers: Sequence[Node], senders: Sequence[Node] | None, inputs: Sequence[str],
                per_group: bool = False, strict: bool = True) -> list[Edge]:
-    """Every valid (sender, receiver, input) edge. ``strict``: a named sender after its receiver is an error.
+    """Every valid (sender, receiver, input) edge, receivers first, senders in the order given.
 
+    ``strict``: a named sender that can feed none of the receivers (it runs after, or with, every one of
+    them) is an error; pairs where it runs after one receiver but before another are skipped.
     ``per_group``: key/value edges once per key/value group (the group's first query head names the
     receiver) instead of once per query head.
     """
     edges: dict[Edge, None] = {}
     grouped = per_group and n_kv_heads(model) < model.cfg.n_heads
+    pool = senders if senders is not None else all_senders(model)
+    if strict and senders is not None:
+        for s in pool:
+            if not any(r.reads_after(s) for r in receivers):
+                late = ", ".join(r.name for r in receivers)
+                raise CircuitError(f"sender {s} runs after (or with) receiver {late}: {s} cannot feed their inputs")
     for r in receivers:
-        pool = senders if senders is not None else all_senders(model)
         for s in pool:
             if not r.reads_after(s):
-                if strict and senders is not None:
-                    raise CircuitError(f"sender {s} runs after (or with) receiver {r}: {s} cannot feed {r}'s input")
                 continue
             for c in (("resid",) if r.kind == "logits" else inputs):
                 if grouped and c != "q":  # the group's edge, named by its first query head

@@ -71,6 +71,8 @@ def test_bad_names_and_order_are_refused():
         circuit(model, receivers="L7H0")
     with pytest.raises(CircuitError, match="runs after"):
         circuit(model, receivers="L0H1", senders="L1H0")
+    edges = make_edges(model, parse_nodes("L0H1,logits", model), parse_nodes("L1H0", model), "q")
+    assert [e.name for e in edges] == ["L1H0->logits.resid"]  # fed where it can be, skipped where not
     with pytest.raises(CircuitError, match="attention-only"):
         circuit(make_gpt(attn_only=True, normalization="none"), receivers="L1H0", senders="mlp0")
 
