@@ -12,7 +12,7 @@ from headlens.zoo import ZOO
 
 def _zoo(name: str):
     if not (name in ZOO and ZOO[name].available):
-        pytest.skip(f"zoo model {name} is not installed")
+        pytest.skip(f"zoo model {name}: weights not installed")
     torch.set_num_threads(min(2, torch.get_num_threads()))
     return headlens.load(name)
 
