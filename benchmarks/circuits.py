@@ -7,7 +7,8 @@
    every receiver depth once) and extrapolated to all 132 edges (TL's side of the full run takes many
    minutes on two shared cores):
    * TL: its own per-edge step (``_make_direct_path_hook`` under the split q/k/v forks, one forward each);
-   * ours through the bridge (forks, batched) and one forward per edge (naive);
+   * ours through the bridge: a plain GPT-2 runs on its native twin (the fast path); the forks, batched,
+     as every other family runs; one forward per edge (naive);
    * ours native: the fast path (layers from the receiver on) and naive; receiver-local (the receiver's
      own induction score, nothing downstream; measured on all 132 edges, it is cheap).
    Results are compared with TL's (goal: within 1e-4).
@@ -37,6 +38,7 @@ from headlens.circuits.api import setup
 from headlens.circuits.engine import edge_values
 from headlens.circuits.local import receiver_effects
 from headlens.circuits.nodes import Edge, Node
+from headlens.circuits.twin import native_twin
 from headlens.interventions.metrics import get_metric, repeated_task
 
 
@@ -94,12 +96,18 @@ def edge_benchmark(n_edges: int) -> None:
               f"corrupted-run method (1 thread, CPU s; per edge, then x132)")
         tl_cpu, tl = tl_edges(bridged, task, clean_tokens, edges)
         rows = [("TransformerLens direct path", tl_cpu, tl)]
-        for label, model, fast in (("ours, bridge, batched", bridged, True), ("ours, bridge, naive", bridged, False),
-                                   ("ours, native, fast", native, True), ("ours, native, naive", native, False)):
+        runs = (("ours, bridge, GPT-2 native twin", bridged, True, False), ("ours, bridge, forks batched", bridged, True, True),
+                ("ours, bridge, naive", bridged, False, False), ("ours, native, fast", native, True, False),
+                ("ours, native, naive", native, False, False))
+        for label, model, fast, forks_only in runs:
+            if forks_only:  # the path every other family takes: batched forks, no twin
+                twin, bridged._native_twin = native_twin(bridged), None
             deltas = _deltas(model, task, clean_tokens)  # like TL's two caches: built before the clock starts
             cpu, (_, values) = timed(lambda model=model, fast=fast, deltas=deltas: edge_values(
                 model, task, ["repeated_loss"], edges, deltas, fast))
             rows.append((label, cpu, np.array([values[e, "repeated_loss"].mean() for e in edges])))
+            if forks_only:
+                bridged._native_twin = twin
         deltas = _deltas(native, task, clean_tokens)
         local_cpu, _ = timed(lambda: receiver_effects(native, task, all_edges, deltas))  # all 132: it is cheap
         for label, cpu, vals in rows:

@@ -1,7 +1,8 @@
 """Which patcher runs the edges, and the per-prompt metric values it yields.
 
 Native models take the cached fast path (:mod:`~headlens.circuits.native`) or, with ``fast=False``,
-one hooked forward per edge; Hugging Face models go through the bridge's forks
+one hooked forward per edge. A bridged plain GPT-2 takes the fast path on its native twin
+(:mod:`~headlens.circuits.twin`); other Hugging Face models go through the bridge's forks
 (:mod:`~headlens.circuits.bridge`), batched or one edge per forward.
 """
 
@@ -16,6 +17,7 @@ import torch
 from headlens.circuits.bridge import BridgePatcher
 from headlens.circuits.native import NativePatcher, naive_logits
 from headlens.circuits.nodes import Edge
+from headlens.circuits.twin import native_twin
 from headlens.interventions.metrics import Task, get_metric
 from headlens.models.gpt import GPT
 
@@ -38,6 +40,9 @@ def make_patcher(model: Any, task: Task, fast: bool = True, max_tokens: int = 81
     """The patcher for ``model``: cached fast path, batched bridge forks, or a forward per edge."""
     if isinstance(model, GPT):
         return NativePatcher(model, task, task.positions, max_tokens) if fast else NaiveNative(model, task)
+    twin = native_twin(model) if fast else None  # a bridged plain GPT-2 runs on the native fast path
+    if twin is not None:
+        return NativePatcher(twin, task, task.positions, max_tokens)
     return BridgePatcher(model, task, fast, max_tokens)
 
 

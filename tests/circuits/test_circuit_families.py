@@ -141,3 +141,18 @@ def test_corrupted_method_equals_transformer_lens_direct_path(built):
         _, values = edge_values(model, s.task, ["repeated_loss"], edges, s.deltas)
         ours = torch.tensor([values[e, "repeated_loss"].mean() for e in edges])
         assert torch.allclose(ours, tl[1].double().cpu(), atol=1e-4), (c, ours, tl[1])
+
+
+def test_a_bridged_gpt2_runs_on_its_native_twin(built):
+    from headlens.circuits.engine import make_patcher
+    from headlens.circuits.native import NativePatcher
+    from headlens.circuits.twin import native_twin
+
+    _, model = built("gpt2")
+    twin = native_twin(model)
+    tokens = torch.randint(5, 250, (2, 24))
+    with torch.no_grad():
+        assert (twin(tokens) - model(tokens)).abs().max() < 1e-5
+    s = setup(model, "repeated_loss", "mean", n_prompts=2)
+    assert isinstance(make_patcher(model, s.task, fast=True), NativePatcher)
+    assert native_twin(built("llama")[1]) is None  # not a GPT-2: the forks path
