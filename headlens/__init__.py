@@ -41,6 +41,7 @@ _LAZY = {
     "trajectory": "headlens.scoring.series",
     "ablate": "headlens.interventions.ablation",
     "sweep": "headlens.interventions.sweep",
+    "circuit": "headlens.circuits.api",
     "doctor": "headlens.doctor",  # the package, not a function: headlens.doctor.check_checkpoint(path)
     "write_report": "headlens.viz.report",
     **{name: "headlens.errors" for name in (
@@ -100,6 +101,7 @@ if not any(isinstance(f, _MovedFinder) for f in sys.meta_path):
 
 
 if TYPE_CHECKING:
+    from headlens.circuits.api import circuit
     from headlens.detectors import register_detector
     from headlens.detectors.base import Detector
     from headlens.errors import (
@@ -151,6 +153,7 @@ __all__ = [
     "Tokenizer",
     "__version__",
     "ablate",
+    "circuit",
     "classify",
     "induction_curve",
     "load",

@@ -78,6 +78,40 @@ def planted_model(sharpness: float = 30.0, n_ctx: int = 32, alphabet: str = PLAN
     return model.eval()
 
 
+
+# the planted circuit's edges (sender, receiver, input) that carry the task, and ones that carry exactly nothing
+PLANTED_EDGES = [("L0H0", "L1H0", "k"), ("embed", "L1H0", "q"), ("embed", "L1H0", "v")]
+PLANTED_ZERO_EDGES = [("L0H0", "L1H0", "q"), ("L0H0", "L1H0", "v"),
+                      *((f"L0H{h}", "L1H0", c) for h in (1, 2, 3) for c in "qkv")]
+
+
+def planted_circuit_model(sharpness: float = 30.0, n_ctx: int = 32, readout: float = 10.0) -> GPT:
+    """:func:`planted_model` with an induction *circuit* that predicts: L1H0's value copies the token it
+    attends to into an output subspace, and the unembedding reads it (``readout`` logits per unit).
+
+    Its known edges (:data:`PLANTED_EDGES`): L0H0 -> L1H0.k (the previous token, what induction keys on),
+    embed -> L1H0.q (the current token) and embed -> L1H0.v (the token copied). Known zeros
+    (:data:`PLANTED_ZERO_EDGES`): L0H0 writes only the previous-token subspace, which L1H0's query and
+    value do not read, and L0H1..3 have zero weights, so their deltas are exactly zero.
+
+    >>> model = planted_circuit_model()
+    >>> model.lm_head.weight.shape[0] == model.cfg.d_vocab
+    True
+    """
+    model = planted_model(sharpness, n_ctx)
+    V, D = model.cfg.d_vocab, model.cfg.d_model
+    OUT = 2 * V + n_ctx
+    if OUT + V > D:
+        raise ValueError("no room for the output subspace in the residual stream")
+    with torch.no_grad():
+        attn = model.transformer.h[1].attn
+        for i in range(V):
+            attn.c_attn.weight[2 * D + i, i] = 1.0  # v: the attended token (TOK is dims 0..V-1)
+            attn.c_proj.weight[OUT + i, i] = 1.0  # o: into OUT
+        model.lm_head.weight = torch.nn.Parameter(torch.zeros(V, D))  # untied from the embedding
+        model.lm_head.weight[:, OUT:OUT + V] = readout * torch.eye(V)
+    return model.eval()
+
 PatternFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (tokens (B,T), valid (B,T)) -> (B,Q,K)
 
 

@@ -265,3 +265,20 @@ def get_examples(ref: str, text: str, n_prompts: int = hd.DEFAULT_N_PROMPTS, see
                  corpus: str | None = None, placement: Placement = DEFAULT_PLACEMENT) -> Any:
     """:func:`headlens.app.lesson.head_examples` with the scores the grid shows (cached)."""
     return _examples(ref, hd.fingerprint(ref), text, int(n_prompts), int(seed), corpus, tuple(placement))
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def _circuit(ref: str, key: str, receivers: tuple[str, ...], method: str, metric: str, n_prompts: int, seed: int,
+             labels: tuple[tuple[str, str], ...], placement: Placement = DEFAULT_PLACEMENT) -> pd.DataFrame:
+    from headlens.circuits.api import circuit
+
+    with exclusive(get_model(ref, placement)) as model:
+        return circuit(model, receivers=list(receivers), method=method, metric=metric, n_prompts=n_prompts,
+                       seed=seed, labels=dict(labels))
+
+
+def get_circuit(ref: str, receivers: Sequence[str], method: str, metric: str, n_prompts: int = 16, seed: int = 0,
+                labels: dict[str, str] | None = None, placement: Placement = DEFAULT_PLACEMENT) -> pd.DataFrame:
+    """``headlens.circuit`` edges into ``receivers`` on the cached model (results cached too)."""
+    return _circuit(ref, hd.fingerprint(ref), tuple(receivers), method, metric, int(n_prompts), int(seed),
+                    tuple(sorted((labels or {}).items())), tuple(placement))

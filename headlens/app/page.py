@@ -27,13 +27,13 @@ import streamlit as st
 from headlens.app import DEVICE_ENV, DTYPE_ENV, FIRST_PAINT, SHARED_IMPORTS, cache
 from headlens.app import helpers as hd
 from headlens.app.ui import attempt
-from headlens.app.views import ablation, compare, grid, learn, patterns, table, training
+from headlens.app.views import ablation, circuit, compare, grid, learn, patterns, table, training
 from headlens.errors import HeadlensError
 
 if TYPE_CHECKING:  # pandas is imported by the library calls; the first paint does not wait for it
     import pandas as pd
 
-VIEWS = ("Patterns", "Learn", "Compare", "Ablation", "Training", "All heads")
+VIEWS = ("Patterns", "Learn", "Compare", "Ablation", "Circuit", "Training", "All heads")
 
 
 # -- sidebar ----------------------------------------------------------------------------------
@@ -209,6 +209,8 @@ def text_and_views(ref: str, model: Any, scores: pd.DataFrame, detector: str, co
         compare.compare_view(ref, model, scores, detector, color_by, n_prompts, seed, corpus)
     elif view == "Ablation":
         ablation.ablation_view(ref, model, text, selected, n_prompts, seed)
+    elif view == "Circuit":
+        circuit.circuit_view(ref, model, text, scores, selected, n_prompts, seed)
     elif view == "Training":
         training.training_view(ref, model, scores, detector, selected)
     else:

@@ -8,6 +8,7 @@ the comparison (:mod:`headlens.viz.compare`) and the report (:mod:`headlens.viz.
 from their modules.
 """
 
+from headlens.viz.circuit import circuit_figure, selected_edge
 from headlens.viz.figures import (
     ablation_figure,
     figure_html,
@@ -46,6 +47,7 @@ __all__ = [
     "SELECTED_COLOR",
     "UNLABELLED_COLOR",
     "ablation_figure",
+    "circuit_figure",
     "display_token",
     "figure_html",
     "head_grid_figure",
@@ -58,6 +60,7 @@ __all__ = [
     "patterns_figure",
     "placeholder_figure",
     "ranking_figure",
+    "selected_edge",
     "token_loss_figure",
     "token_window",
     "training_figure",

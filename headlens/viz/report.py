@@ -3,7 +3,7 @@
 The page opens offline (plotly.js is inlined once, every figure after it reuses it) and holds:
 the head grid coloured by each head's strongest label, the labelled heads with their 95 %
 confidence intervals, each labelled head's pattern on an example prompt (heatmap and coloured
-text), and the provenance of the scores (model, probes, seeds, thresholds, headlens version).
+text), the circuit when an edge table is given (graph and table), and the provenance of the scores (model, probes, seeds, thresholds, headlens version).
 
 >>> import headlens
 >>> model = headlens.load("induction-2l")  # doctest: +SKIP
@@ -35,7 +35,7 @@ pre { background: #f6f6f6; padding: 0.8em; overflow-x: auto; font-size: 0.85em; 
 """
 
 
-def report_html(model: Any, table: Any, prompt: str | None = None) -> str:
+def report_html(model: Any, table: Any, prompt: str | None = None, edges: Any = None) -> str:
     """The report page for ``table`` (a ``headlens.classify`` result on ``model``) as one HTML string.
 
     Args:
@@ -43,6 +43,8 @@ def report_html(model: Any, table: Any, prompt: str | None = None) -> str:
         table: the scores table; its ``attrs`` are the provenance.
         prompt: the example text the patterns are drawn on (default: a text with a repeated
             segment and nested brackets in the model's own alphabet).
+        edges: an edge table (``headlens.circuit``): adds the circuit graph of its significant
+            edges and the whole table.
     """
     from headlens.probes.texts import example_text
     from headlens.scoring.table import labelled_heads
@@ -61,6 +63,8 @@ def report_html(model: Any, table: Any, prompt: str | None = None) -> str:
              "<h2>Labelled heads</h2>", _labelled_table(labelled_heads(table))]
     prompt = prompt if prompt is not None else example_text(model)
     parts += _patterns(model, table, prompt)
+    if edges is not None:
+        parts += _circuit(model, table, edges)
     prov = json.dumps(attrs, indent=1, default=str)
     embedded = prov.replace("</", "<\\/")  # JSON-equal; cannot close the script element
     parts += ["<h2>Provenance</h2>", f"<pre>{html.escape(prov, quote=False)}</pre>",
@@ -115,6 +119,33 @@ def _patterns(model: Any, table: Any, prompt: str) -> list[str]:
     return out
 
 
+def _circuit(model: Any, table: Any, edges: Any) -> list[str]:
+    """The circuit section: the graph of the significant edges (heads coloured by label) and every edge."""
+    from headlens.circuits.api import head_labels
+    from headlens.circuits.edges import significant_mask
+    from headlens.viz.circuit import circuit_figure
+
+    labels = head_labels(table) or {}
+    sig = edges[significant_mask(edges)]
+    fig = circuit_figure(sig, model.n_layers, model.n_heads, labels,
+                         title=f"significant edges for {edges.attrs.get('metric', '')} ({len(sig)} of {len(edges)})")
+    cols = ["sender", "receiver", "kv_head", "input", "effect", "ci_low", "ci_high", "control", "composition",
+            "composition_z", "disagree", "label"]
+    rows = "".join("<tr>" + "".join(f"<td>{_cell(getattr(r, c))}</td>" for c in cols) + "</tr>"
+                   for r in edges.itertuples())
+    head = "".join(f"<th>{c}</th>" for c in cols)
+    return ["<h2>Circuit</h2>", f"<p>Edges sender → receiver.input by exact patching on the direct path "
+            f"({html.escape(str(edges.attrs.get('method', '')))} ablation; clean "
+            f"{html.escape(str(edges.attrs.get('metric', '')))} {edges.attrs.get('clean', float('nan')):.4f}).</p>",
+            fig.to_html(full_html=False, include_plotlyjs=False), f"<table><tr>{head}</tr>{rows}</table>"]
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, float):
+        return "-" if v != v else f"{v:+.3f}"
+    return html.escape(str(v))
+
+
 def check_report_path(path: str | os.PathLike) -> Path:
     """Fail early (``OutputError``) on a suffix other than ``.html`` or a place that cannot be written."""
     p = Path(path)
@@ -123,11 +154,12 @@ def check_report_path(path: str | os.PathLike) -> Path:
     return check_writable(p, (".html", ".htm"), what="the report")
 
 
-def write_report(model: Any, table: Any, path: str | os.PathLike, prompt: str | None = None) -> Path:
+def write_report(model: Any, table: Any, path: str | os.PathLike, prompt: str | None = None,
+                 edges: Any = None) -> Path:
     """Write :func:`report_html` to ``path`` (``.html``), atomically, with the umask's mode; returns the path.
 
     Raises ``OutputError`` for another suffix or a folder that cannot be written (checked before the
     page is computed).
     """
     p = check_report_path(path)
-    return write_text(p, report_html(model, table, prompt))
+    return write_text(p, report_html(model, table, prompt, edges))

@@ -61,3 +61,18 @@ def test_a_model_without_labels_still_gets_a_page(planted):
     table = classify(model, n_prompts=8, seq_len=32).assign(label=False)
     page = report_html(model, table, prompt="abcd")
     assert "No head passes the labelling rule" in page and 'class="head"' not in page
+
+
+def test_report_with_edges_has_the_circuit_graph_and_table(tmp_path):
+    from headlens.circuits.api import circuit
+    from headlens.testing import PLANTED_EDGES, planted_circuit_model
+
+    model = planted_circuit_model()
+    table = classify(model, n_prompts=12, seq_len=32)
+    edges = circuit(model, receivers="L1H0", n_prompts=8, n_control=3, labels=table)
+    page = write_report(model, table, tmp_path / "r.html", prompt="abcdabcd", edges=edges).read_text()
+    assert "<h2>Circuit</h2>" in page and "significant edges for repeated_loss (3 of" in page
+    for sender, receiver, c in PLANTED_EDGES:
+        assert f"<td>{sender}</td><td>{receiver}</td><td>0</td><td>{c}</td>" in page
+    assert "previous_token -&gt; induction" in page  # the label column joins classify's labels
+    assert page.count("* plotly.js v") == 1

@@ -1,0 +1,90 @@
+"""Circuit: which heads feed the chosen receivers, through q, k or v, measured by exact edge patching.
+
+The graph's edge markers are selectable; the selection is mirrored into a select box (which tests
+drive, since chart clicks cannot be injected) and the chosen edge's sender and receiver patterns
+are drawn side by side on the user's text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import streamlit as st
+
+from headlens import viz
+from headlens.app import cache
+from headlens.app import helpers as hd
+from headlens.app.ui import attempt, current_placement, html_download
+
+
+def receiver_choices(model: Any) -> list[str]:
+    """Heads past layer 0 (they have senders) and the logits."""
+    return [f"L{layer}H{h}" for layer in range(1, model.n_layers) for h in range(model.n_heads)] + ["logits"]
+
+
+def circuit_view(ref: str, model: Any, text: str, scores: Any, selected: list[tuple[int, int]],
+                 n_prompts: int, seed: int) -> None:
+    metrics = attempt("Could not list metrics", hd.ablation_metrics, model)
+    if not metrics:
+        st.info("Circuit metrics score next-token predictions; this model has no output head to score.")
+        return
+    from headlens.circuits.api import head_labels
+    from headlens.circuits.senders import METHODS
+
+    choices = receiver_choices(model)
+    picked = [hd.format_head(layer, head) for layer, head in selected if layer > 0]
+    if "circuit_receivers" not in st.session_state:
+        st.session_state.circuit_receivers = picked or choices[-1 - model.n_heads:-1]
+    c1, c2, c3 = st.columns([3, 1, 1])
+    receivers = c1.multiselect("Receivers", choices, key="circuit_receivers",
+                               help="heads (or the logits) whose q, k and v inputs are patched, one sender at a time")
+    method = c2.selectbox("Method", METHODS, key="circuit_method",
+                          help="what the sender becomes on the edge: its mean, another prompt's output, zero, "
+                               "or a corrupted run's")
+    metric = c3.selectbox("Metric", metrics, key="circuit_metric")
+    labels = head_labels(scores) if scores is not None and not scores.empty else {}
+    params = (ref, tuple(receivers), method, metric, n_prompts, seed)
+    if st.button("Find edges", type="primary", disabled=not receivers, key="run_circuit"):
+        st.session_state.circuit_params = params
+    last = st.session_state.get("circuit_params")
+    if not last or last[0] != ref:
+        st.caption("Choose receivers, a method and a metric, then press Find edges.")
+        return
+    with st.spinner("Patching edges..."):
+        df = attempt("Circuit failed", cache.get_circuit, last[0], list(last[1]), last[2], last[3], last[4],
+                     last[5], labels, placement=current_placement())
+    if df is None:
+        return
+    show_circuit(ref, model, text, df, labels)
+
+
+def show_circuit(ref: str, model: Any, text: str, df: Any, labels: dict[str, str]) -> None:
+    from headlens.circuits.edges import significant_mask
+
+    sig = df[significant_mask(df)]
+    st.caption(f"{len(sig)} of {len(df)} edges beat their control; clean {df.attrs['metric']} "
+               f"{df.attrs['clean']:.4f}, {df.attrs['n_prompts']} prompts.")
+    fig = viz.circuit_figure(sig, model.n_layers, model.n_heads, labels, title=f"{model.name}: significant edges")
+    event = st.plotly_chart(fig, key="circuit_graph", on_select="rerun", selection_mode="points",
+                            config={"displayModeBar": False})
+    html_download(fig, f"{model.name}-circuit")
+    names = [f"{r.sender} -> {r.receiver}.{r.input}" for r in df.itertuples()]
+    chosen = viz.selected_edge(event) if event else None
+    if chosen is not None and f"{chosen[0]} -> {chosen[1]}.{chosen[2]}" in names:
+        st.session_state.circuit_edge = f"{chosen[0]} -> {chosen[1]}.{chosen[2]}"
+    edge = st.selectbox("Edge", names, key="circuit_edge", help="or click an edge's diamond in the graph")
+    st.dataframe(df, hide_index=True, key="circuit_table")
+    sender, rest = edge.split(" -> ")
+    receiver = rest.split(".")[0]
+    heads = [hd.parse_head(n) for n in (sender, receiver) if n.startswith("L")]
+    if not heads or not text:
+        return
+    tokens, patterns = attempt("Could not draw the patterns", cache.get_patterns, ref, text, heads,
+                               placement=current_placement()) or ([], {})
+    cols = st.columns(len(heads))
+    for col, head in zip(cols, heads, strict=True):
+        if head in patterns:
+            name = hd.format_head(*head)
+            col.plotly_chart(viz.pattern_figure(patterns[head], tokens, title=f"{name}: {labels.get(name, '')}",
+                                                causal=model.is_causal),
+                             key=f"circuit_pattern_{name}", config={"displayModeBar": False})

@@ -1,0 +1,181 @@
+"""``headlens.circuit``: the edge table for chosen receivers, or the circuit discovered for a metric."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from headlens.circuits.edges import control_edges, edge_table
+from headlens.circuits.engine import edge_values
+from headlens.circuits.nodes import CircuitError, Edge, Node, make_edges, parse_inputs, parse_nodes
+from headlens.circuits.senders import SenderDeltas, check_method
+from headlens.interventions.metrics import Task, get_metric, make_task
+
+
+class MaskedDeltas:
+    """Sender deltas kept at the positions of ``mask`` ``(B, T)`` only (the effect split by position)."""
+
+    def __init__(self, inner: SenderDeltas, mask: torch.Tensor) -> None:
+        self.inner, self.mask = inner, mask
+
+    def delta(self, node: Node) -> torch.Tensor:
+        return self.inner.delta(node) * self.mask[:, :, None].to(self.inner.clean["embed"])
+
+
+@dataclass
+class Setup:
+    """What every edge run of one call shares: the model, task, sender deltas and settings."""
+
+    model: Any
+    metric: str
+    task: Task
+    deltas: SenderDeltas
+    n_control: int
+    n_boot: int
+    seed: int
+    fast: bool
+    labels: dict[str, str] | None
+    progress: Callable[[int], None] | None = None
+
+    def table(self, edges: Sequence[Edge], composition: bool = True) -> Any:
+        """The edge table of ``edges`` (with their controls). Under torchrun each rank patches a
+        contiguous block of the edges, rank 0 builds the table and the other ranks return None."""
+        from headlens.scoring.distributed import current, gather_objects, run_everywhere
+
+        controls = control_edges(self.model, edges, self.n_control, self.seed)
+        todo = list(dict.fromkeys([*edges, *(c for cs in controls.values() for c in cs)]))
+        rank = current()
+        mine = [todo[i] for i in rank.block(len(todo))]
+        clean, values = run_everywhere(rank, edge_values, self.model, self.task, [self.metric], mine, self.deltas,
+                                       self.fast, self.progress)
+        gathered = gather_objects(rank, list(values.items()))
+        if gathered is None:
+            return None
+        return edge_table(self.model, self.metric, edges, clean[self.metric], dict(gathered), controls,
+                          self.labels, self.n_boot, self.seed, composition)
+
+
+def setup(model: Any, metric: str = "repeated_loss", method: str = "mean", prompts: Sequence[str] | None = None,
+          reference: Any = None, n_prompts: int = 32, n_control: int = 8, n_boot: int = 1000, seed: int = 0,
+          fast: bool = True, labels: Any = None, progress: Callable[[int], None] | None = None) -> Setup:
+    """Resolve the metric's task, the reference and the sender deltas once."""
+    check_method(method)
+    metric = get_metric(metric).name
+    task = make_task(model, metric, prompts, n_prompts, seed)
+    if method == "corrupted" and reference is None:  # a fresh draw of the same probe: same shape, other tokens
+        reference = make_task(model, metric, prompts, n_prompts, seed + 1).tokens
+    deltas = SenderDeltas(model, task.tokens, method, reference, seed, task.attention_mask)
+    return Setup(model, metric, task, deltas, n_control, n_boot, seed, fast, head_labels(labels), progress)
+
+
+def head_labels(labels: Any) -> dict[str, str] | None:
+    """``{"L1H1": "induction", ...}`` from a dict or a ``classify`` scores table (each head's labelled
+    detectors, comma-joined); None stays None."""
+    if labels is None or isinstance(labels, dict):
+        return labels
+    out: dict[str, list[str]] = {}
+    for row in labels.itertuples():
+        if bool(row.label):
+            out.setdefault(f"L{row.layer}H{row.head}", []).append(str(row.detector))
+    return {name: ",".join(dets) for name, dets in out.items()}
+
+
+def circuit(
+    model: Any,
+    receivers: str | Sequence[str] | None = None,
+    senders: str | Sequence[str] | None = None,
+    inputs: str = "qkv",
+    metric: str = "repeated_loss",
+    method: str = "mean",
+    prompts: Sequence[str] | None = None,
+    reference: Any = None,
+    n_prompts: int = 32,
+    n_control: int = 8,
+    per_group: bool = False,
+    positions: bool = False,
+    labels: Any = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+    fast: bool = True,
+    progress: Callable[[int], None] | None = None,
+    device: str = "cpu",
+) -> Any:
+    """Measure how heads work together: the edge table (ARCHITECTURE.md) for ``receivers``, or a discovered circuit.
+
+    Args:
+        model: a loaded model or a reference (zoo name, ``.safetensors`` path, ``hf:<dir>``).
+        receivers: ``"L1H0,L1H1"`` (heads, or ``logits``); None: discover the circuit for ``metric``
+            (:func:`headlens.circuits.discovery.discover`).
+        senders: ``"L0H0,embed,mlp0"``; None: every sender that runs before each receiver. A named sender
+            that runs after its receiver is an error.
+        inputs: which receiver inputs, letters of ``"qkv"``.
+        metric: a registered task metric (``repeated_loss``, ``lm_loss``, ``kl``, ``bracket_accuracy``,
+            ``needle_recall``, ...); the effect is ``metric(patched) - metric(clean)``.
+        method: how the sender is ablated on the edge: ``mean``, ``resample``, ``zero`` or ``corrupted``
+            (the same row of a corrupted run: ``reference``, default a fresh draw of the metric's probe).
+        prompts: the user's prompts (``lm_loss``, ``kl``).
+        reference: reference prompts for ``mean``/``resample`` (default: the task's own), corrupted ones
+            for ``corrupted``.
+        n_prompts: probe prompts.
+        n_control: random senders of the sender's layer per edge, for the control.
+        per_group: under grouped-query attention, key/value edges per key/value group (named by the
+            group's first query head) instead of per query head.
+        positions: add ``effect_first_half`` / ``effect_second_half`` columns: the edge patched only
+            at positions ``t <= T // 2`` or only after (for ``BOS + r + r``: the first copy vs the repeat).
+        labels: ``classify``'s scores table or ``{"L1H1": "induction"}``: fills the ``label`` column.
+        n_boot: bootstrap resamples for the CIs.
+        seed: seeds the probe, the controls, resampling, the null and the bootstrap.
+        fast: the cached / batched path (same numbers as ``fast=False``, one forward per edge).
+        progress: called with the number of edges just finished.
+        device: where a model reference is loaded.
+
+    Under ``torchrun`` (receivers given) the edges are shared out to the ranks in contiguous blocks and rank 0
+    returns the table; the other ranks return None.
+
+    Returns:
+        A pandas DataFrame with :data:`headlens.circuits.edges.COLUMNS`; ``attrs`` hold the metric, its clean
+        value, the method and the random composition baseline (discovery adds faithfulness).
+
+    >>> import headlens
+    >>> df = headlens.circuit("induction-2l", receivers="L1H1", senders="L0H0", inputs="k")  # doctest: +SKIP
+    """
+    from headlens.scoring.classification import resolve_model
+
+    if isinstance(model, str) or model is None:
+        model = resolve_model(model, device=device)
+    ins = parse_inputs(inputs)
+    recv = parse_nodes(receivers, model)
+    send = parse_nodes(senders, model)
+    if recv is not None:  # names first: a bad edge fails before any forward
+        edges = make_edges(model, recv, send, ins, per_group)
+    s = setup(model, metric, method, prompts, reference, n_prompts, n_control, n_boot, seed, fast, labels, progress)
+    if recv is None:
+        from headlens.circuits.discovery import discover
+        from headlens.scoring.distributed import current
+
+        if current().world_size > 1:
+            raise CircuitError("discovery runs in one process; under torchrun give --receivers")
+
+        df = discover(s, inputs=ins, senders=send)
+    else:
+        df = s.table(edges)
+        if df is None:  # a rank other than 0 under torchrun: its edges went to rank 0
+            return None
+        if positions:
+            add_position_split(s, df, edges)
+    df.attrs["method"] = method
+    return df
+
+
+def add_position_split(s: Setup, df: Any, edges: Sequence[Edge]) -> None:
+    """``effect_first_half`` / ``effect_second_half``: the edge patched at positions ``t <= T // 2`` / after."""
+    T = s.task.tokens.shape[1]
+    first = (torch.arange(T, device=s.task.tokens.device) <= T // 2).expand_as(s.task.tokens)
+    for name, mask in (("effect_first_half", first), ("effect_second_half", ~first)):
+        part = Setup(s.model, s.metric, s.task, MaskedDeltas(s.deltas, mask), 0, s.n_boot, s.seed, s.fast, None)
+        clean, values = edge_values(part.model, part.task, [s.metric], edges, part.deltas, part.fast)
+        df[name] = [float(np.mean(values[e, s.metric] - clean[s.metric])) for e in edges]

@@ -1,0 +1,103 @@
+"""Which patcher runs the edges, and the per-prompt metric values it yields.
+
+Native models take the cached fast path (:mod:`~headlens.circuits.native`) or, with ``fast=False``,
+one hooked forward per edge. A bridged plain GPT-2 takes the fast path on its native twin
+(:mod:`~headlens.circuits.twin`); other Hugging Face models go through the bridge's forks
+(:mod:`~headlens.circuits.bridge`), batched or one edge per forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from headlens.circuits.bridge import BridgePatcher
+from headlens.circuits.native import NativePatcher, naive_logits
+from headlens.circuits.nodes import Edge
+from headlens.circuits.twin import native_twin
+from headlens.interventions.metrics import Task, get_metric
+from headlens.models.gpt import GPT
+
+
+class NaiveNative:
+    """The reference on native models: one full hooked forward per edge."""
+
+    def __init__(self, model: Any, task: Task) -> None:
+        self.model, self.task = model, task
+        self.clean_logits = model(task.tokens)
+
+    def chunks(self, edges: Sequence[Edge]) -> list[list[Edge]]:
+        return [[e] for e in edges]
+
+    def logits(self, chunk: Sequence[Edge], deltas: torch.Tensor) -> torch.Tensor:
+        return naive_logits(self.model, self.task, chunk[0], deltas[0])[None]  # (1, B, T, V)
+
+
+def make_patcher(model: Any, task: Task, fast: bool = True, max_tokens: int = 8192) -> Any:
+    """The patcher for ``model``: cached fast path, batched bridge forks, or a forward per edge."""
+    if isinstance(model, GPT):
+        return NativePatcher(model, task, task.positions, max_tokens) if fast else NaiveNative(model, task)
+    twin = native_twin(model) if fast else None  # a bridged plain GPT-2 runs on the native fast path
+    if twin is not None:
+        return NativePatcher(twin, task, task.positions, max_tokens)
+    return BridgePatcher(model, task, fast, max_tokens)
+
+
+LOGIT_BUDGET = 256 * 2**20  # bytes of float32 logits ``(K, B, T, V)`` one pass may hold
+
+
+class RowDeltas:
+    """Sender deltas of prompts ``rows`` only (a slice of the batch)."""
+
+    def __init__(self, inner: Any, rows: slice) -> None:
+        self.inner, self.rows = inner, rows
+
+    def delta(self, node: Any) -> torch.Tensor:
+        return self.inner.delta(node)[self.rows]
+
+
+def _rows(task: Task, rows: slice) -> Task:
+    mask = None if task.attention_mask is None else task.attention_mask[rows]
+    return Task(task.tokens[rows], task.positions[rows], mask, task.candidates, task.probe)
+
+
+def edge_values(model: Any, task: Task, metrics: Sequence[str], edges: Sequence[Edge], deltas: Any,
+                fast: bool = True, progress: Callable[[int], None] | None = None,
+                max_tokens: int = 8192) -> tuple[dict[str, np.ndarray], dict[tuple[Edge, str], np.ndarray]]:
+    """Per-prompt values ``(B,)`` of ``metrics``, clean and with each edge patched.
+
+    Prompts go through in blocks whose logits fit :data:`LOGIT_BUDGET` (a 50k vocabulary makes
+    ``(B, T, V)`` the largest tensor of a run); each block caches its own clean run.
+
+    Returns:
+        ``(clean, values)``: ``clean[metric]`` and ``values[edge, metric]``, float64 arrays over prompts.
+    """
+    B, T = task.tokens.shape
+    budget = min(max_tokens, max(T, LOGIT_BUDGET // (4 * model.cfg.d_vocab)))  # rows x positions per pass
+    per = max(1, budget // T)
+    parts = [_block(model, _rows(task, slice(i, i + per)), metrics, edges, RowDeltas(deltas, slice(i, i + per)),
+                    fast, progress if i == 0 else None, budget) for i in range(0, B, per)]
+    clean = {m: np.concatenate([p[0][m] for p in parts]) for m in metrics}
+    values = {k: np.concatenate([p[1][k] for p in parts]) for k in parts[0][1]}
+    return clean, values
+
+
+def _block(model: Any, task: Task, metrics: Sequence[str], edges: Sequence[Edge], deltas: Any, fast: bool,
+           progress: Callable[[int], None] | None, budget: int) -> tuple[dict, dict]:
+    with torch.no_grad():
+        runner = make_patcher(model, task, fast, budget)
+        clean_logits = runner.clean_logits
+        clean = {m: get_metric(m)(clean_logits, task, clean_logits).cpu().numpy() for m in metrics}
+        values: dict[tuple[Edge, str], np.ndarray] = {}
+        for chunk in runner.chunks(list(dict.fromkeys(edges))):
+            d = torch.stack([deltas.delta(e.sender) for e in chunk])  # (K, B, T, D)
+            logits = runner.logits(chunk, d)  # (K, B, T, V)
+            for e, lg in zip(chunk, logits, strict=True):
+                for m in metrics:
+                    values[e, m] = get_metric(m)(lg, task, clean_logits).cpu().numpy()
+            if progress is not None:
+                progress(len(chunk))
+    return clean, values

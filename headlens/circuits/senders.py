@@ -1,0 +1,114 @@
+"""Each sender's ablation delta: what its direct write to the residual stream changes by when it is ablated.
+
+One clean run caches every head's ``hook_z``, every MLP's ``hook_mlp_out`` and the embedding
+(``blocks.0.hook_resid_pre``: token plus position embedding, scaled as the model scales it). A sender's
+delta ``(B, T, d_model)`` is its replaced activation minus its clean one, written to the residual stream:
+``(z_repl - z)[:, :, h] @ W_O[h]`` for a head (the output projection's bias is shared and stays),
+``out_repl - out`` for an MLP or the embedding.
+
+Methods (what the sender's activation becomes), as in :mod:`headlens.interventions.ablation`:
+
+* ``zero``, ``mean`` (per position over the reference prompts), ``resample`` (another reference prompt,
+  chosen with ``seed``; never a prompt's own row when the reference is the input);
+* ``corrupted``: the same row of a corrupted run (reference row ``b`` for input row ``b``), as
+  TransformerLens' ``get_act_patch_direct_path`` does. The reference needs at least as many prompts
+  and positions as the input.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from headlens.circuits.nodes import CircuitError, Node, has_mlp
+from headlens.errors import ProbeError
+from headlens.interventions.ablation import Replacement, reference_tokens
+
+METHODS = ("mean", "resample", "zero", "corrupted")
+
+
+def check_method(method: str) -> str:
+    if method not in METHODS:
+        raise CircuitError(f"unknown edge ablation method {method!r}; expected one of {', '.join(METHODS)}")
+    return method
+
+
+def w_o(model: Any, layer: int) -> torch.Tensor:
+    """The output projection of ``layer`` per head: ``(H, d_head, d_model)``, ``z_h @ W_O[h]`` is head h's write."""
+    if hasattr(model, "bridge"):
+        return model.bridge.blocks[layer].attn.W_O.detach()  # (H, d_head, D)
+    w = model.transformer.h[layer].attn.c_proj.weight  # (D, H*d_head): nn.Linear is (out, in)
+    return w.detach().T.reshape(model.cfg.n_heads, model.cfg.d_head, -1)  # (H, d_head, D)
+
+
+def activation_names(model: Any) -> dict[str, str]:
+    """Cache key of each sender family: ``z{l}``, ``mlp{l}``, ``embed`` -> hook name."""
+    names = {"embed": "blocks.0.hook_resid_pre"}
+    for layer in range(model.cfg.n_layers):
+        names[f"z{layer}"] = f"blocks.{layer}.attn.hook_z"
+        if has_mlp(model):
+            names[f"mlp{layer}"] = f"blocks.{layer}.hook_mlp_out"
+    return names
+
+
+def _run(model: Any, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    names = activation_names(model)
+    kwargs = {} if attention_mask is None else {"attention_mask": attention_mask}
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=list(names.values()), **kwargs)
+    return {key: cache[name].detach() for key, name in names.items()}
+
+
+def replaced(clean: torch.Tensor, ref: torch.Tensor | None, method: str, seed: int) -> torch.Tensor:
+    """``clean`` ``(B, T, ...)`` replaced under ``method`` from reference activations ``(R, T_ref, ...)``."""
+    if method == "zero":
+        return torch.zeros_like(clean)
+    B, T = clean.shape[:2]
+    if method == "corrupted":
+        if ref.shape[0] < B or ref.shape[1] < T:
+            raise ProbeError(f"corrupted patching needs a reference of at least {B} prompts x {T} tokens, "
+                             f"got {ref.shape[0]} x {ref.shape[1]}")
+        return ref[:B, :T].to(clean)
+    flat = clean.reshape(B, T, 1, -1)  # (B, T, 1, n): Replacement works on (B, T, H, d)
+    rep = Replacement(method, {0: ref.reshape(*ref.shape[:2], 1, -1)}, seed)
+    return rep.z(0, flat).reshape(clean.shape).to(clean)
+
+
+class SenderDeltas:
+    """Every sender's delta ``(B, T, d_model)`` on ``tokens``, from one clean and one reference run.
+
+    Attributes:
+        clean: cached clean activations by key (``z{l}``, ``mlp{l}``, ``embed``).
+    """
+
+    def __init__(self, model: Any, tokens: torch.Tensor, method: str = "mean", reference: Any = None,
+                 seed: int = 0, attention_mask: torch.Tensor | None = None) -> None:
+        check_method(method)
+        self.model, self.method, self.seed = model, method, seed
+        self.clean = _run(model, tokens, attention_mask)
+        self.ref: dict[str, torch.Tensor] = {}
+        if method != "zero":
+            ref = tokens if reference is None else reference_tokens(model, reference)
+            self.ref = self.clean if ref is tokens else _run(model, ref)
+        self._w_o: dict[int, torch.Tensor] = {}
+        self._repl: dict[str, torch.Tensor] = {}
+
+    def _replaced(self, key: str) -> torch.Tensor:
+        if key not in self._repl:
+            self._repl[key] = replaced(self.clean[key], self.ref.get(key), self.method, self.seed)
+        return self._repl[key]
+
+    def delta(self, node: Node) -> torch.Tensor:
+        """``(B, T, d_model)``: how much ``node``'s write to the residual stream changes when it is ablated."""
+        if node.kind == "embed":
+            return self._replaced("embed") - self.clean["embed"]
+        if node.kind == "mlp":
+            return self._replaced(f"mlp{node.layer}") - self.clean[f"mlp{node.layer}"]
+        if node.kind != "head":
+            raise CircuitError(f"{node} cannot be a sender; expected a head, embed or mlp<layer>")
+        key = f"z{node.layer}"
+        dz = self._replaced(key)[:, :, node.head] - self.clean[key][:, :, node.head]  # (B, T, d_head)
+        if node.layer not in self._w_o:
+            self._w_o[node.layer] = w_o(self.model, node.layer)
+        return dz @ self._w_o[node.layer][node.head].to(dz)  # (B, T, D)

@@ -1,0 +1,31 @@
+"""Discovery and motifs: the planted circuit is found whole and nothing else; induction-2l's circuit and motif."""
+
+from __future__ import annotations
+
+import headlens
+from headlens.circuits.edges import significant_mask
+from headlens.circuits.motifs import motifs
+from headlens.testing import PLANTED_EDGES, planted_circuit_model
+
+
+def test_discovery_finds_the_planted_circuit_and_is_seeded():
+    model = planted_circuit_model()
+    a = headlens.circuit(model, method="mean", n_prompts=8, n_control=3, seed=1)
+    b = headlens.circuit(model, method="mean", n_prompts=8, n_control=3, seed=1)
+    assert a.equals(b) and a.attrs["faithfulness_curve"] == b.attrs["faithfulness_curve"]
+    assert a.attrs["roots"] == ["L0H0", "L1H0"]  # the only heads whose ablation matters
+    found = set(zip(a.sender, a.receiver, a.input, strict=True))
+    assert set(PLANTED_EDGES) <= found
+    assert not any(s.startswith("L0H") and s != "L0H0" for s in a.sender)  # zero-weight heads never appear
+    assert significant_mask(a).all()
+    assert a.attrs["faithfulness"] > 0.99  # the circuit's heads alone do the task
+
+
+def test_induction_2l_discovery_and_the_induction_motif():
+    df = headlens.circuit("induction-2l", method="zero", n_prompts=16)
+    assert {"L0H0", "L1H1"} <= set(df.attrs["roots"])
+    edges = set(zip(df.sender, df.receiver, df.input, strict=True))
+    assert {("L0H0", "L1H1", "k"), ("L0H0", "L1H1", "q"), ("L0H2", "L1H1", "k")} <= edges
+    table = motifs(df, {"L0H0": "previous_token", "L1H1": "induction"})
+    assert list(zip(table.motif, table.sender, table.receiver, strict=True)) == [("induction circuit", "L0H0", "L1H1")]
+    assert df.attrs["faithfulness"] > 0.9

@@ -1,0 +1,36 @@
+"""The circuit graph: heads where they belong, one edge per row coloured by input, hover with CI and composition."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from headlens.circuits.edges import COLUMNS
+from headlens.viz import circuit_figure, selected_edge
+from headlens.viz.circuit import INPUT_COLORS, node_xy
+
+
+def _table() -> pd.DataFrame:
+    rows = [["m", "L0H0", "L1H1", 1, "k", 3.4, 3.3, 3.5, 1.2, 1.1, 1.3, 0.16, 7.0, False, ""],
+            ["m", "L0H2", "L1H1", 1, "k", 1.0, 0.9, 1.1, 1.2, 1.1, 1.3, 0.12, 1.0, True, ""],
+            ["m", "embed", "L1H1", 1, "q", 2.0, 1.9, 2.1, float("nan"), float("nan"), float("nan"),
+             float("nan"), float("nan"), False, ""]]
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def test_graph_places_heads_and_draws_each_edge():
+    fig = circuit_figure(_table(), 2, 4, {"L0H0": "previous_token", "L1H1": "induction"})
+    lines = [t for t in fig.data if t.mode == "lines"]
+    assert len(lines) == 3
+    widths = sorted(t.line.width for t in lines)
+    assert widths[-1] == 10 and widths[0] < widths[-1]  # widest: the largest |effect|
+    k_marks = next(t for t in fig.data if t.name == "k edges")
+    assert k_marks.marker.color == INPUT_COLORS["k"] and len(k_marks.customdata) == 2
+    assert "composition 0.160 (z +7.0)" in k_marks.hovertext[0] and "weights disagree" in k_marks.hovertext[1]
+    heads = next(t for t in fig.data if t.name == "heads")
+    assert len(heads.x) == 1 + 8  # embed and every head
+    assert node_xy("L1H1", 2, 4) == (2.0, 1.0)
+
+
+def test_selected_edge_reads_an_edge_marker_and_ignores_heads():
+    assert selected_edge({"selection": {"points": [{"customdata": ["L1H1"]}]}}) is None
+    assert selected_edge([{"customdata": ["L0H0", "L1H1", "k"]}]) == ("L0H0", "L1H1", "k")
