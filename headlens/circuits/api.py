@@ -14,6 +14,7 @@ from headlens.circuits.engine import edge_values
 from headlens.circuits.nodes import CircuitError, Edge, Node, make_edges, parse_inputs, parse_nodes
 from headlens.circuits.senders import SenderDeltas, check_method
 from headlens.interventions.metrics import Task, get_metric, make_task
+from headlens.scoring.output import provenance
 
 
 class MaskedDeltas:
@@ -168,6 +169,9 @@ def circuit(
         if positions:
             add_position_split(s, df, edges)
     df.attrs["method"] = method
+    made = provenance(model, table="circuit edges", metric=metric, method=method, inputs=inputs,
+                      n_prompts=n_prompts, n_control=n_control, per_group=per_group, seed=seed)
+    df.attrs.update({k: v for k, v in made.items() if k not in df.attrs})  # what the engine recorded wins
     return df
 
 

@@ -32,23 +32,24 @@ def render(df: Any, title: str) -> Any:
 def register(app: typer.Typer) -> None:
     @app.command("circuit")
     def circuit_cmd(
-        model: Annotated[str | None, typer.Option(help="model reference (default: the bundled default model)")] = None,
+        model: opt.Model = None,
         receivers: Annotated[str | None, typer.Option(
-            help="receiver heads (or logits), e.g. L1H0,L1H1; none: discover the circuit for --metric")] = None,
-        senders: Annotated[str | None, typer.Option(help="senders, e.g. L0H0,embed,mlp0 (default: all earlier)")] = None,
-        inputs: Annotated[str, typer.Option(help="receiver inputs: letters of qkv")] = "qkv",
-        metric: Annotated[str, typer.Option(
-            help="repeated_loss, first_half_loss, lm_loss, kl, bracket_accuracy, needle_recall")] = "repeated_loss",
-        method: Annotated[str, typer.Option(help="mean | resample | zero | corrupted")] = "mean",
+            "--receivers", help="receiver heads (or logits), e.g. L1H0,L1H1; none: discover the circuit for --metric")] = None,
+        senders: Annotated[str | None, typer.Option(
+            "--senders", help="senders, e.g. L0H0,embed,mlp0 (default: all earlier)")] = None,
+        inputs: Annotated[str, typer.Option("--inputs", help="receiver inputs: letters of qkv")] = "qkv",
+        metric: Annotated[str, typer.Option("--metric", help="{metrics}")] = "repeated_loss",
+        method: Annotated[str, typer.Option("--method", help="mean | resample | zero | corrupted")] = "mean",
         positions: Annotated[bool, typer.Option("--positions", help="add the effect split by position half")] = False,
         per_group: Annotated[bool, typer.Option("--per-group", help="GQA: k/v edges per key/value group")] = False,
-        prompts: Annotated[Path | None, typer.Option(help="prompts file (one per line, or JSONL with 'text')")] = None,
-        out: Annotated[Path | None, typer.Option(help="write the edge table to .csv, .json or .parquet")] = None,
+        prompts: opt.Prompts = None,
+        out: opt.Out = None,
         report: Annotated[Path | None, typer.Option(
-            help="also classify the heads (labels) and write an HTML report with the circuit graph")] = None,
-        n_prompts: Annotated[int, typer.Option(min=2, help="probe prompts")] = 32,
-        n_control: Annotated[int, typer.Option(min=0, help="random control senders per edge")] = 8,
-        seed: Annotated[int, typer.Option(help="seeds probes, controls, resampling, the null, bootstrap")] = 0,
+            "--report", help="also classify the heads (labels) and write an HTML report with the circuit graph")] = None,
+        n_prompts: Annotated[int, typer.Option("--n-prompts", min=2, help="probe prompts")] = 32,
+        n_control: Annotated[int, typer.Option("--n-control", min=0, help="random control senders per edge")] = 8,
+        seed: opt.Seed = 0,
+        quiet: opt.Quiet = False,
         device: opt.Device = "cpu",
         dtype: opt.Dtype = "float32",
         trust_remote_code: opt.TrustRemoteCode = False,
@@ -59,9 +60,11 @@ def register(app: typer.Typer) -> None:
         from headlens.circuits.api import circuit
         from headlens.circuits.nodes import parse_inputs
         from headlens.circuits.senders import check_method
-        from headlens.cli.ablate import check_output, read_prompts, write_table
+        from headlens.cli.ablate import read_prompts
+        from headlens.cli.progress import is_terminal, progress
         from headlens.interventions.metrics import get_metric
         from headlens.scoring.classification import classify, resolve_model
+        from headlens.scoring.output import check_output, write_frame
         from headlens.viz.report import check_report_path, write_report
         from headlens.zoo import DEFAULT_MODEL
 
@@ -76,13 +79,21 @@ def register(app: typer.Typer) -> None:
         from headlens.scoring.distributed import current
 
         rank = current()  # under torchrun: ranks share the edges out, rank 0 reports
-        err = Console(stderr=True, quiet=not rank.is_main)
-        err.print(f"loading {model or DEFAULT_MODEL} ...")
+        err = Console(stderr=True, quiet=quiet or not rank.is_main)
+        if is_terminal():  # progress talk: in a log, the progress lines and the result say enough
+            err.print(f"loading {model or DEFAULT_MODEL} ...")
         m = resolve_model(model, device=rank.device(device), dtype=dtype, trust_remote_code=trust_remote_code)
         scores = classify(m, seed=seed) if report is not None else None
-        df = circuit(m, receivers=receivers, senders=senders, inputs=inputs, metric=metric, method=method,
-                     prompts=texts, n_prompts=n_prompts, n_control=n_control, per_group=per_group,
-                     positions=positions, seed=seed, labels=scores)
+        with progress("patching edges", quiet=quiet or not rank.is_main) as bar:
+            done = [0]
+
+            def step(n: int) -> None:
+                done[0] += n
+                bar.update(done[0])
+
+            df = circuit(m, receivers=receivers, senders=senders, inputs=inputs, metric=metric, method=method,
+                         prompts=texts, n_prompts=n_prompts, n_control=n_control, per_group=per_group,
+                         positions=positions, seed=seed, labels=scores, progress=step)
         if df is None:  # a rank other than 0
             return
         shown = df.sort_values("effect", key=abs, ascending=False)
@@ -91,7 +102,7 @@ def register(app: typer.Typer) -> None:
         if "faithfulness" in df.attrs:
             err.print(f"faithfulness (circuit heads clean, the rest ablated): {df.attrs['faithfulness']:.3f}")
         if out is not None:
-            write_table(df, out)
+            write_frame(df, out)
             err.print(f"wrote {out}")
         if report is not None:
             write_report(m, scores, report, edges=df)

@@ -70,6 +70,17 @@ MISTAKES = [
     ("classify: max-memory without device-map", ["classify", "-m", M, "--max-memory", "0=1GiB"], 2,
      "need --device-map"),
     # ablate
+    # circuit
+    ("circuit: receiver layer out of range", ["circuit", "-m", M, "--receivers", "L9H0"], 2, "out of range"),
+    ("circuit: malformed receiver", ["circuit", "-m", M, "--receivers", "L1X0"], 2, "unknown node 'L1X0'"),
+    ("circuit: sender after its receiver", ["circuit", "-m", M, "--receivers", "L0H0", "--senders", "L1H1"], 2,
+     "runs after"),
+    ("circuit: inputs typo", ["circuit", "-m", M, "--receivers", "L1H1", "--inputs", "qx"], 2, "'qx'"),
+    ("circuit: unknown method", ["circuit", "-m", M, "--receivers", "L1H1", "--method", "drop"], 2, "drop"),
+    ("circuit: unknown metric", ["circuit", "-m", M, "--receivers", "L1H1", "--metric", "acc"], 2, "unknown metric"),
+    ("circuit: text suffix", ["circuit", "-m", M, "--receivers", "L1H1", "-o", "x.txt"], 7, "unknown output suffix"),
+    ("circuit: folder unwritable", ["circuit", "-m", M, "--receivers", "L1H1", "-o", U + "/e.csv"], 7,
+     "not writable"),
     ("ablate: malformed head", ["ablate", "-m", M, "--heads", "L1X2"], 2, "malformed head id"),
     ("ablate: layer out of range", ["ablate", "-m", M, "--heads", "L5H0"], 2, "out of range"),
     ("ablate: head out of range", ["ablate", "-m", M, "--heads", "L0H9"], 2, "out of range"),
