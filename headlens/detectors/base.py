@@ -1,4 +1,4 @@
-"""What a detector is: a pure function from a probe batch to its target positions.
+"""What a detector is: a pure function from a probe batch to its target positions, or a rule over (query, key).
 
 **The target format** (issue 13): every pattern detector returns ``(B, Q, M)`` long key indices,
 ``targets[b, q, m]`` = a key position that query row q of prompt b attends to *on target*, with
@@ -27,10 +27,21 @@ Detectors with settings (``streaming``: s sinks and a window of w) carry ``param
 
 Every target function already drops the rows a detector must not count (pads, special
 tokens, rows outside the definition).
+
+**Targets as a predicate** (issue 23). A detector may instead (or as well) give ``predicate``:
+``(batch, q, k) -> bool``, with ``q`` the ``(C, 1)`` and ``k`` the ``(1, K)`` long positions of a block of
+query rows and keys; the result broadcasts to ``(B, C, K)``. ``previous_token`` is ``k == q - 1``,
+``duplicate_token`` is ``tok[k] == tok[q]`` for an earlier ordinary k. Whatever it returns is then
+limited as :func:`finish_targets` limits an index list (countable rows, real keys, ``k <= q`` when causal),
+by :func:`predicate_mask`. The scan evaluates it on each query block of scores it already forms and
+drops the block, so memory is O(block + T) whatever the number of targets (:mod:`headlens.scoring.scan`
+picks, per batch, whichever of the two forms is cheaper). A detector given only a predicate gets
+``targets`` built from it (:func:`predicate_targets`), for the code that wants index lists.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -40,6 +51,8 @@ import torch
 from headlens.probes.base import ProbeBatch
 
 TargetFn = Callable[[ProbeBatch], torch.Tensor]
+Predicate = Callable[[ProbeBatch, torch.Tensor, torch.Tensor], torch.Tensor]  # (batch, q (C, 1), k (1, K)) -> (B, C, K)
+PREDICATE_BYTES = 16 * 2**20  # a (B, C, K) block of a predicate evaluated at once (int64 intermediates)
 
 
 @dataclass(frozen=True)
@@ -62,6 +75,14 @@ class Detector:
         windowed: True when ``targets`` honours ``batch.rows`` (returns ``(B, r1 - r0, M)``), so the
             scan can ask for a window of rows at a time: set detectors whose rows grow with T
             (duplicate token, induction) stay O(window x M) in memory at long context.
+        predicate: ``(batch, q (C, 1), k (1, K)) -> (B, C, K)`` bool, the same targets as a rule (module
+            docstring); with ``targets=None`` the index lists are built from it.
+
+    >>> two_back = Detector("two_back", "mask", None, "random_tokens", "attends two tokens back",
+    ...                     predicate=lambda batch, q, k: k == q - 2)
+    >>> t = torch.tensor([[9, 1, 2, 3]]); v = torch.ones(1, 4, dtype=torch.bool)
+    >>> two_back.targets(ProbeBatch(t, torch.tensor([4]), v, t == 9, causal=True))[0, :, 0].tolist()
+    [-1, -1, 0, 1]
     """
 
     name: str
@@ -75,6 +96,12 @@ class Detector:
     factory: Callable[..., Detector] | None = None
     windowed: bool = False
     default: bool = True
+    predicate: Predicate | None = None
+
+    def __post_init__(self) -> None:
+        if self.targets is None and self.predicate is not None:  # index lists from the rule, row window by window
+            object.__setattr__(self, "targets", functools.partial(predicate_targets, self.predicate))
+            object.__setattr__(self, "windowed", True)
 
 
 def as_targets(t: torch.Tensor, batch: ProbeBatch) -> torch.Tensor:
@@ -189,6 +216,50 @@ def same_token_targets(keys: torch.Tensor, queries: torch.Tensor, key_ok: torch.
     for b, o in enumerate(out):
         idx[b, :, : o.shape[1]] = o
     return finish_targets(idx, batch)
+
+
+def predicate_mask(pred: Predicate, batch: ProbeBatch, q0: int, q1: int, k0: int, k1: int) -> torch.Tensor:
+    """``(B, C, K)`` bool: the predicate on query rows ``q0 .. q1-1`` and keys ``k0 .. k1-1``, limited like
+    :func:`finish_targets` (countable rows, real keys, ``k <= q`` in causal models).
+
+    >>> t = torch.tensor([[9, 1, 2, 1]]); v = torch.ones(1, 4, dtype=torch.bool)
+    >>> b = ProbeBatch(t, torch.tensor([4]), v, t == 9, causal=True)
+    >>> predicate_mask(lambda b, q, k: k <= q, b, 2, 4, 0, 4).int().tolist()  # row 0 (BOS) would not count
+    [[[1, 1, 1, 0], [1, 1, 1, 1]]]
+    """
+    B = batch.tokens.shape[0]
+    dev = batch.tokens.device
+    q = torch.arange(q0, q1, device=dev)[:, None]  # (C, 1)
+    k = torch.arange(k0, k1, device=dev)[None, :]  # (1, K)
+    ok = batch.query_ok[:, q0:q1, None] & batch.valid[:, None, k0:k1]  # (B, C, K)
+    if batch.causal:
+        ok = ok & (k <= q)[None]
+    hit = torch.as_tensor(pred(batch, q, k), device=dev)
+    return ok & hit.bool().expand(B, q1 - q0, k1 - k0)
+
+
+def predicate_rows(B: int, T: int, budget: int = PREDICATE_BYTES) -> int:
+    """How many query rows of a predicate block ``(B, C, T)`` fit ``budget`` (8 bytes an entry: int64 intermediates)."""
+    return max(1, budget // max(1, 8 * B * T))
+
+
+def predicate_targets(pred: Predicate, batch: ProbeBatch) -> torch.Tensor:
+    """``(B, Q, M)`` key indices of the rows ``batch.row_range`` from a predicate, a block of rows at a time."""
+    B, T = batch.tokens.shape
+    r0, r1 = batch.row_range
+    step = predicate_rows(B, T)
+    parts = [mask_to_targets(predicate_mask(pred, batch, c0, min(r1, c0 + step), 0, T)) for c0 in range(r0, r1, step)]
+    if not parts:
+        return torch.full((B, 0, 1), -1, dtype=torch.long, device=batch.tokens.device)
+    M = max(p.shape[2] for p in parts)
+    return torch.cat([torch.nn.functional.pad(p, (0, M - p.shape[2]), value=-1) for p in parts], 1)  # (B, Q, M)
+
+
+def predicate_counts(pred: Predicate, batch: ProbeBatch) -> torch.Tensor:
+    """``(B, T)`` long: how many targets each row has under the predicate, never holding more than one block."""
+    B, T = batch.tokens.shape
+    step = predicate_rows(B, T)
+    return torch.cat([predicate_mask(pred, batch, c0, min(T, c0 + step), 0, T).sum(-1) for c0 in range(0, T, step)], 1)
 
 
 def n_targets(idx: torch.Tensor) -> torch.Tensor:

@@ -13,4 +13,9 @@ def targets(batch: ProbeBatch) -> torch.Tensor:
     return finish_index(positions(batch), batch)
 
 
-DETECTOR = Detector("current_token", "index", targets, "random_tokens", "attends to itself")
+def predicate(batch: ProbeBatch, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``(C, K)``: k is q."""
+    return k == q
+
+
+DETECTOR = Detector("current_token", "index", targets, "random_tokens", "attends to itself", predicate=predicate)

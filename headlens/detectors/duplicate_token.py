@@ -20,5 +20,11 @@ def targets(batch: ProbeBatch) -> torch.Tensor:
     return same_token_targets(x, x, ~batch.special, batch, -1 if batch.causal else None)
 
 
+def predicate(batch: ProbeBatch, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``(B, C, K)``: ``x_k == x_q`` for an ordinary k other than q (earlier than q in causal models)."""
+    x = batch.tokens
+    return (x[:, k] == x[:, q]) & ~batch.special[:, k] & (k != q)  # (B, 1, K) vs (B, C, 1)
+
+
 DETECTOR = Detector("duplicate_token", "mask", targets, "repeated_segments",
-                    "attends to earlier copies of the current token", windowed=True)
+                    "attends to earlier copies of the current token", windowed=True, predicate=predicate)

@@ -17,4 +17,10 @@ def targets(batch: ProbeBatch) -> torch.Tensor:
     return finish_index(torch.where(pos >= 1, torch.zeros_like(pos), torch.full_like(pos, -1)), batch)
 
 
-DETECTOR = Detector("first_token", "index", targets, "random_tokens", "attends to the first token (sink)")
+def predicate(batch: ProbeBatch, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``(C, K)``: k is position 0 and q is not."""
+    return (k == 0) & (q >= 1)
+
+
+DETECTOR = Detector("first_token", "index", targets, "random_tokens", "attends to the first token (sink)",
+                    predicate=predicate)

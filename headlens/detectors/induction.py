@@ -30,10 +30,17 @@ def targets(batch: ProbeBatch) -> torch.Tensor:
     return finish_targets(torch.where(j >= 0, j + 1, j), batch)
 
 
+def predicate(batch: ProbeBatch, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``(B, C, K)``: ``x_{k-1} == x_q`` for k <= q - 1 whose predecessor is an ordinary token."""
+    j = (k - 1).clamp_min(0)  # (1, K): the earlier copy's position
+    x = batch.tokens
+    return (x[:, j] == x[:, q]) & ~batch.special[:, j] & (k >= 1) & (k <= q - 1)  # (B, C, K)
+
+
 def _as_causal(batch: ProbeBatch) -> ProbeBatch:
     return dataclasses.replace(batch, causal=True)
 
 
 DETECTOR = Detector("induction", "mask", targets, "repeated_segments",
                     "attends to the token after an earlier copy of the current token",
-                    windowed=True)
+                    windowed=True, predicate=predicate)

@@ -13,5 +13,10 @@ def targets(batch: ProbeBatch) -> torch.Tensor:
     return finish_index(positions(batch) + 1, batch)
 
 
+def predicate(batch: ProbeBatch, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``(C, K)``: k is the key right after q."""
+    return k == q + 1
+
+
 DETECTOR = Detector("next_token", "index", targets, "random_tokens", "attends to the next token",
-                    bidirectional_only=True)
+                    bidirectional_only=True, predicate=predicate)

@@ -1,4 +1,4 @@
-"""previous_token: T(q) = {q-1}; the BOS/CLS row has no target."""
+"""previous_token: T(q) = {q-1}; the BOS/CLS row has no target. Predicate: ``k == q - 1``."""
 
 from __future__ import annotations
 
@@ -20,4 +20,10 @@ def targets(batch: ProbeBatch) -> torch.Tensor:
     return finish_index(positions(batch) - 1, batch)
 
 
-DETECTOR = Detector("previous_token", "index", targets, "random_tokens", "attends to the previous token")
+def predicate(batch: ProbeBatch, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``(C, K)``: k is the key right before q."""
+    return k == q - 1
+
+
+DETECTOR = Detector("previous_token", "index", targets, "random_tokens", "attends to the previous token",
+                    predicate=predicate)

@@ -36,7 +36,7 @@ def make(s: int = SINKS) -> Detector:
     name = "sink" if s == SINKS else f"sink(s={s})"
     return Detector(name, "mask", lambda batch: sink_targets(batch, s), "random_tokens",
                     f"attends to the first {s} positions (StreamingLLM's attention sinks)",
-                    params={"s": s}, factory=make, windowed=True)
+                    params={"s": s}, factory=make, windowed=True, predicate=lambda batch, q, k: (k < s) & (q >= s))
 
 
 DETECTOR = make()

@@ -35,6 +35,11 @@ def streaming_targets(batch: ProbeBatch, s: int, w: int) -> torch.Tensor:
     return finish_targets(keys[None].expand(B, -1, -1), batch)
 
 
+def streaming_predicate(q: torch.Tensor, k: torch.Tensor, s: int, w: int) -> torch.Tensor:
+    """``(C, K)``: k is a sink or one of the last w keys (q included), for rows q >= s + w."""
+    return (q >= s + w) & ((k < s) | ((q - k >= 0) & (q - k < w)))
+
+
 def make(s: int = SINKS, w: int = WINDOW) -> Detector:
     """The streaming detector with ``s`` sinks and a window of ``w`` recent keys."""
     s, w = int(s), int(w)
@@ -43,7 +48,8 @@ def make(s: int = SINKS, w: int = WINDOW) -> Detector:
     name = "streaming" if (s, w) == (SINKS, WINDOW) else f"streaming(s={s},w={w})"
     return Detector(name, "mask", lambda batch: streaming_targets(batch, s, w), "random_tokens",
                     f"attends to the first {s} positions and the last {w} (DuoAttention's streaming heads)",
-                    params={"s": s, "w": w}, factory=make, windowed=True)
+                    params={"s": s, "w": w}, factory=make, windowed=True,
+                    predicate=lambda batch, q, k: streaming_predicate(q, k, s, w))
 
 
 DETECTOR = make()

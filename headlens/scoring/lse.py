@@ -17,6 +17,12 @@ backend's fused kernel (``scaled_dot_product_attention``), which never stores th
 
 ``p`` is formed in float64 from the float32 scores and LSE and summed in float64; it agrees with
 the softmax the dense path reads to ~1e-7.
+
+Targets come in two forms (issue 23). :class:`PackedTargets` lists the (query, key) pairs: cheapest
+while they are few. :class:`PredicateTargets` keeps the detector's rule over (query, key) instead: each
+block's ``p = exp(s - LSE)`` is formed once, the rule's ``(B, C, K)`` mask is made for the same block,
+the mass under it is summed (in float64) and both are dropped, so memory stays O(block + T) even when
+the pairs number ~T²/100 (duplicate tokens in byte-level code).
 """
 
 from __future__ import annotations
@@ -27,7 +33,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from headlens.detectors.base import Predicate, predicate_mask
 from headlens.models.attention import AttentionSpec
+from headlens.probes.base import ProbeBatch
 
 BLOCK_BYTES = 16 * 2**20  # the largest scores block the LSE path holds at once
 
@@ -78,6 +86,37 @@ class PackedTargets:
         ptr, b, q, k = self._expanded
         lo, hi = ptr[q0 * self.B], ptr[q1 * self.B]
         return b[lo:hi], q[lo:hi] - q0, k[lo:hi]
+
+
+@dataclass
+class PredicateTargets:
+    """One detector's targets on one batch as its rule over (query, key): a block's mask is made when asked.
+
+    Attributes:
+        predicate: the detector's predicate (:mod:`headlens.detectors.base`).
+        batch: the batch it is evaluated on.
+        n: ``(B, T)`` long targets per row (counted once, block by block).
+    """
+
+    predicate: Predicate
+    batch: ProbeBatch
+    n: torch.Tensor
+
+    def counts(self) -> torch.Tensor:
+        """``(B, T)`` long: targets per row."""
+        return self.n
+
+    def mask(self, q0: int, q1: int, k0: int, k1: int) -> torch.Tensor:
+        """``(B, C, K)`` bool: the targets among rows ``q0 .. q1-1`` and keys ``k0 .. k1-1``."""
+        return predicate_mask(self.predicate, self.batch, q0, q1, k0, k1)
+
+
+Targets = PackedTargets | PredicateTargets
+
+
+def mass_under(p: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``(B, H)`` float64: the attention ``p`` ``(B, H, C, K)`` summed where ``mask`` ``(B, C, K)`` holds."""
+    return torch.where(mask[:, None], p, 0.0).sum((2, 3), dtype=torch.float64)
 
 
 def gather_heads(x: torch.Tensor, b: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -135,14 +174,14 @@ def out_of_view(gap: torch.Tensor, spec: AttentionSpec) -> torch.Tensor:
     return hidden
 
 
-def target_mass(q: torch.Tensor, k: torch.Tensor, spec: AttentionSpec, targets: Sequence[PackedTargets],
+def target_mass(q: torch.Tensor, k: torch.Tensor, spec: AttentionSpec, targets: Sequence[Targets],
                 key_valid: torch.Tensor | None, budget: int = BLOCK_BYTES) -> torch.Tensor:
     """Attention mass of every head on every detector's targets, summed over query rows.
 
     Args:
         q: ``(B, H, T, d)`` queries; k: ``(B, H_kv, T, d)`` keys (``H_kv`` divides ``H``: GQA).
         spec: how the scores are made.
-        targets: one :class:`PackedTargets` per detector.
+        targets: one :class:`PackedTargets` or :class:`PredicateTargets` per detector.
         key_valid: ``(B, T)`` bool, False at keys the model masks out (padding); None: all real.
         budget: bytes a block of scores may take.
 
@@ -170,6 +209,8 @@ def target_mass(q: torch.Tensor, k: torch.Tensor, spec: AttentionSpec, targets: 
         s[..., k0 - kbeg:].masked_fill_(hidden, float("-inf"))
         lse = _with_sinks(torch.logsumexp(s, dim=-1, keepdim=True), sinks)  # (B, H, C, 1)
         for i, tg in enumerate(targets):
+            if isinstance(tg, PredicateTargets):
+                continue
             b, qr, kk = tg.entries(q0, q1)
             if kbeg:  # targets before the window get no attention
                 seen = kk >= kbeg
@@ -179,6 +220,11 @@ def target_mass(q: torch.Tensor, k: torch.Tensor, spec: AttentionSpec, targets: 
             g = gather_heads(s, b, qr, kk - kbeg).double()  # (H, nnz): the target scores
             p = torch.exp(g - gather_heads(lse, b, qr, torch.zeros_like(kk)).double())  # (H, nnz)
             add_by_prompt(out, p.nan_to_num(0.0), b, i)
+        rules = [(i, tg) for i, tg in enumerate(targets) if isinstance(tg, PredicateTargets)]
+        if rules:
+            p = s.sub_(lse).exp_()  # (B, H, C, K'): the block's attention, in place (its scores are read)
+            for i, tg in rules:
+                out[:, :, i] += mass_under(p, tg.mask(q0, q1, kbeg, kend))
         del s
     return out
 

@@ -13,14 +13,23 @@ from typing import Any
 
 import torch
 
-from headlens.detectors.base import Detector, as_targets
+from headlens.detectors.base import Detector, as_targets, predicate_counts
 from headlens.errors import DetectorError
 from headlens.probes.base import Probe, ProbeBatch
 from headlens.scoring.engine import DetectorStats, Progress, Reducer, run_batches
-from headlens.scoring.lse import PackedTargets, add_by_prompt, gather_heads, target_mass
+from headlens.scoring.lse import (
+    PackedTargets,
+    PredicateTargets,
+    Targets,
+    add_by_prompt,
+    gather_heads,
+    mass_under,
+    target_mass,
+)
 from headlens.scoring.top1 import scan_top1
 
 WINDOW_BYTES = 16 * 2**20  # a windowed detector is asked for this many bytes of (B, C, T) targets at a time
+INDEX_MAX = 2**19  # a set detector with a predicate keeps an index list up to this many targets a batch (~15 MiB)
 
 
 def _windows(det: Detector, batch: ProbeBatch) -> Iterator[torch.Tensor]:
@@ -35,13 +44,22 @@ def _windows(det: Detector, batch: ProbeBatch) -> Iterator[torch.Tensor]:
         yield t if t.dtype != torch.bool else as_targets(t, batch)[:, r0:r0 + rows]
 
 
-def _targets(batch: ProbeBatch, dets: Sequence[Detector]) -> tuple[list[PackedTargets], torch.Tensor, torch.Tensor]:
-    """Every detector's targets, packed, with per-prompt row counts and uniform baselines ``(B, D)``."""
-    B, T = batch.tokens.shape
+def _form(det: Detector, batch: ProbeBatch) -> Targets:
+    """The cheaper form of a detector's targets on ``batch``: its rule when the index list would pass
+    ``INDEX_MAX`` targets (set detectors with a predicate), else the index list, packed."""
+    if det.predicate is not None and det.windowed:  # one target a row (previous_token ...) is always a short list
+        n = predicate_counts(det.predicate, batch)  # (B, T), one block of the rule at a time
+        if int(n.sum()) > INDEX_MAX:
+            return PredicateTargets(det.predicate, batch, n)
+    return PackedTargets.pack(_windows(det, batch), *batch.tokens.shape)
+
+
+def _targets(batch: ProbeBatch, dets: Sequence[Detector]) -> tuple[list[Targets], torch.Tensor, torch.Tensor]:
+    """Every detector's targets in their cheaper form, with per-prompt row counts and uniform baselines ``(B, D)``."""
     visible = batch.n_visible.to(batch.tokens.device)  # (B, Q)
     packed, counts, base = [], [], []
     for d in dets:
-        tg = PackedTargets.pack(_windows(d, batch), B, T)
+        tg = _form(d, batch)
         n = tg.counts()  # (B, Q): |T(q)|
         counts.append((n > 0).sum(-1).double())  # (B,)
         base.append((n / visible).sum(-1))  # (B,)
@@ -49,11 +67,16 @@ def _targets(batch: ProbeBatch, dets: Sequence[Detector]) -> tuple[list[PackedTa
     return packed, torch.stack(counts, 1), torch.stack(base, 1)
 
 
-def _reduce_pattern(pattern: torch.Tensor, targets: Sequence[PackedTargets]) -> torch.Tensor:
+def _reduce_pattern(pattern: torch.Tensor, targets: Sequence[Targets]) -> torch.Tensor:
     """``(B, H, Q, K)`` pattern -> ``(B, H, D)`` float64 per-prompt target mass (the dense path)."""
-    B, H, Q, _ = pattern.shape
+    B, H, Q, K = pattern.shape
     out = torch.zeros(B, H, len(targets), dtype=torch.float64, device=pattern.device)
     for i, tg in enumerate(targets):
+        if isinstance(tg, PredicateTargets):  # the rule, a block of rows at a time
+            step = max(1, WINDOW_BYTES // (4 * B * H * K))
+            for q0 in range(0, Q, step):
+                out[:, :, i] += mass_under(pattern[:, :, q0:q0 + step], tg.mask(q0, min(Q, q0 + step), 0, K))
+            continue
         b, q, k = tg.entries(0, Q)
         if len(k):
             add_by_prompt(out, gather_heads(pattern, b, q, k), b, i)

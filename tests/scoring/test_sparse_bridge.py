@@ -6,14 +6,17 @@ downloads): GPT-2 (no rotary, fused qkv), GPT-NeoX (partial rotary), GPT-J (inte
 Gemma (multi-query, its own scaling), Phi-3 (fused qkv), BERT and RoBERTa (bidirectional, padded).
 Beyond the matrix: Gemma-2 (logit soft-capping) and GPT-OSS (attention sinks), which SDPA cannot do.
 Sparse scans run the HF attention fused (``headlens.models.hf.fused``) on all of them.
+Issue 23: targets given as a predicate over (query, key) score the same as index lists on all of them.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from headlens.detectors import DETECTORS
+from headlens.detectors import DETECTORS, get_detector
 from headlens.models.hf.boot import load_bridge
 from headlens.probes.text import text_prompts
 from headlens.scoring.lse import heads_first, implied_pattern
@@ -60,18 +63,32 @@ def test_implied_patterns_equal_eager_attention(family):
         torch.testing.assert_close(ours * rows, ref[layer] * rows, atol=2e-5, rtol=0)
 
 
-def test_bridge_sparse_scan_equals_dense(family):
+def test_bridge_sparse_scan_equals_dense(family, monkeypatch):
+    """Index lists and predicates (every set detector by its rule: ``INDEX_MAX = 0``), dense and fused sparse,
+    under GQA, Mistral's sliding window, soft-capping, sinks and BERT's padding: one set of scores to 1e-6."""
     _, model, _ = family
-    dets = [d for d in DETECTORS.values() if d.kind not in ("weights", "annotated")
+    monkeypatch.setattr("headlens.scoring.lse.BLOCK_BYTES", 4 * 2 * 4 * 40 * 5)  # blocks of a few query rows
+    dets = [d for d in [*DETECTORS.values(), get_detector("streaming(s=2,w=5)")]
+            if d.kind not in ("weights", "annotated")
             and (not d.bidirectional_only or not model.is_causal) and d.targets is not None]
+    rules = [dataclasses.replace(d, name=f"{d.name}~rule", targets=None) for d in dets if d.predicate is not None]
     probe = text_prompts(model, TEXTS)
     info_d, info_s = {}, {}
     dense = scan(model, probe, dets, batch_size=2, path="dense", info=info_d)
     sparse = scan(model, probe, dets, batch_size=2, path="sparse", info=info_s)
+    monkeypatch.setattr("headlens.scoring.scan.INDEX_MAX", 0)
+    by_rule = {**scan(model, probe, rules, batch_size=2, path="sparse"),
+               **{f"{k}@dense": v for k, v in scan(model, probe, rules, batch_size=2, path="dense").items()}}
     assert (info_d["scan_path"], info_s["scan_path"]) == ("dense", "sparse")
+    assert {"duplicate_token~rule", "induction~rule", "streaming~rule"} <= set(by_rule)
     for det in dense:
         n = dense[det].counts.clamp_min(1)[:, None, None]
         torch.testing.assert_close(sparse[det].sums / n, dense[det].sums / n, atol=1e-6, rtol=0)
+        for twin in (f"{det}~rule", f"{det}~rule@dense"):
+            if twin in by_rule:
+                torch.testing.assert_close(by_rule[twin].sums / n, dense[det].sums / n, atol=1e-6, rtol=0)
+                assert torch.equal(by_rule[twin].counts, dense[det].counts)
+    assert float(dense["duplicate_token"].counts.sum()) > 0
     assert model.active_hooks() == []
 
 

@@ -1,24 +1,47 @@
-"""Issue 13: sparse targets and the LSE scan agree with the dense reference to 1e-6."""
+"""Issue 13: sparse targets and the LSE scan agree with the dense reference to 1e-6.
+Issue 23: so do targets given as a predicate over (query, key), evaluated block by block."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
-from headlens.detectors import DETECTORS
-from headlens.detectors.base import lower, mask_to_targets, targets_to_mask
+from headlens.detectors import DETECTORS, get_detector
+from headlens.detectors.base import (
+    lower,
+    mask_to_targets,
+    n_targets,
+    predicate_counts,
+    predicate_mask,
+    predicate_targets,
+    targets_to_mask,
+)
 from headlens.models.attention import AttentionSpec
 from headlens.probes.base import ProbeBatch
 from headlens.probes.generated import random_tokens, repeated_segments
 from headlens.probes.text import stdlib_windows, text_prompts
 from headlens.scoring.engine import choose_path
-from headlens.scoring.lse import target_mass
-from headlens.scoring.scan import _reduce_pattern, _targets, scan
+from headlens.scoring.lse import PackedTargets, PredicateTargets, target_mass
+from headlens.scoring.scan import _form, _reduce_pattern, _targets, scan
 from tests.conftest import make_gpt
 
 PATTERN = [d for d in DETECTORS.values() if d.kind not in ("weights", "annotated")]  # annotated: headlens.scoring.annotated
+VARIANTS = [get_detector("sink(s=2)"), get_detector("streaming(s=2,w=5)")]
+RULES = [d for d in [*PATTERN, *VARIANTS] if d.predicate is not None]
+
+
+def as_rule(det):
+    """The same detector defined by its predicate alone (index lists built from it when asked)."""
+    return dataclasses.replace(det, name=f"{det.name}~rule", targets=None)
+
+
+def test_every_position_detector_has_a_rule():
+    assert {d.name for d in RULES} >= {"previous_token", "next_token", "current_token", "first_token",
+                                       "duplicate_token", "induction", "sink", "streaming"}
+    assert as_rule(DETECTORS["previous_token"]).windowed  # built from the rule, a row window at a time
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +87,39 @@ def test_set_targets_equal_the_old_masks_without_building_them(causal):
     assert torch.equal(targets_to_mask(mask_to_targets(m), 40), m)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_predicates_equal_the_index_lists(causal):
+    """Every rule gives the detector's own index lists, counts and row windows (padding, specials inside)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randint(0, 6, (3, 90), generator=g)
+    b = _batch(x, [90, 37, 3], causal)
+    for det in RULES:
+        ref = targets_to_mask(det.targets(b), 90)
+        assert torch.equal(predicate_mask(det.predicate, b, 0, 90, 0, 90), ref), det.name
+        assert torch.equal(predicate_mask(det.predicate, b, 20, 41, 7, 60), ref[:, 20:41, 7:60]), det.name
+        assert torch.equal(targets_to_mask(predicate_targets(det.predicate, b), 90), ref), det.name
+        rows = [as_rule(det).targets(b.window(r0, min(90, r0 + 13))) for r0 in range(0, 90, 13)]
+        assert torch.equal(torch.cat([targets_to_mask(w, 90) for w in rows], 1), ref), det.name
+        assert torch.equal(predicate_counts(det.predicate, b), n_targets(det.targets(b))), det.name
+    assert int(targets_to_mask(DETECTORS["duplicate_token"].targets(b), 90).sum()) > 500  # many targets
+
+
+def test_the_scan_takes_the_cheaper_form(monkeypatch):
+    g = torch.Generator().manual_seed(4)
+    b = _batch(torch.randint(1, 4, (1, 200), generator=g), [200], True)
+    dup = DETECTORS["duplicate_token"]
+    n = int(n_targets(dup.targets(b)).sum())  # ~200^2 / 6 pairs
+    monkeypatch.setattr("headlens.scoring.scan.INDEX_MAX", n)
+    assert isinstance(_form(dup, b), PackedTargets)
+    monkeypatch.setattr("headlens.scoring.scan.INDEX_MAX", n - 1)
+    assert isinstance(_form(dup, b), PredicateTargets)
+    monkeypatch.setattr("headlens.scoring.scan.PackedTargets.pack", None)  # a rule never lists its pairs
+    assert isinstance(_form(dup, b), PredicateTargets)
+    monkeypatch.setattr("headlens.scoring.scan.INDEX_MAX", 0)
+    with pytest.raises(TypeError):  # one target a row: always the list
+        _form(DETECTORS["previous_token"], b)
+
+
 def _dense_reference(q, k, spec, key_valid):
     """The pattern the spec implies, built the O(T^2) way: (B, H, Q, K)."""
     _, H, T, d = q.shape
@@ -95,12 +151,20 @@ def test_target_mass_equals_the_dense_pattern(causal, window, softcap, kv, sinks
     q, k = torch.randn(B, H, T, d, generator=g) * 2, torch.randn(B, kv, T, d, generator=g) * 2
     x = torch.randint(1, 5, (B, T), generator=g)
     b = _batch(x, [T, 15], causal)
-    packed, _, _ = _targets(b, [DETECTORS[n] for n in ("previous_token", "duplicate_token", "induction")])
+    packed, counts, _ = _targets(b, RULES)
+    rules = [PredicateTargets(d.predicate, b, predicate_counts(d.predicate, b)) for d in RULES]
+    assert [int(r.n.sum()) for r in rules] == [int(p.counts().sum()) for p in packed]
+    per_row = counts.clamp_min(1)[:, None, :]  # (B, 1, D): scores are mass per counted row
     spec = AttentionSpec("q", "k", "BHTD", 0.3, causal, window, softcap, sinks)
-    dense = _reduce_pattern(_dense_reference(q, k, spec, b.valid), packed)
+    pattern = _dense_reference(q, k, spec, b.valid)
+    dense = _reduce_pattern(pattern, packed) / per_row
+    torch.testing.assert_close(_reduce_pattern(pattern, rules) / per_row, dense, atol=1e-6, rtol=0)
+    assert dense[..., [d.name for d in RULES].index("duplicate_token")].min() > 0.01  # the test sees real mass
     for budget in (1, 10_000, 10**9):  # one row per block, a few rows, everything at once
-        sparse = target_mass(q, k, spec, packed, b.valid, budget=budget)
+        sparse = target_mass(q, k, spec, packed, b.valid, budget=budget) / per_row
         torch.testing.assert_close(sparse, dense, atol=1e-6, rtol=0)
+        by_rule = target_mass(q, k, spec, [*rules, *packed], b.valid, budget=budget)  # both forms in one call
+        torch.testing.assert_close(by_rule / per_row.repeat(1, 1, 2), torch.cat([dense, dense], -1), atol=1e-6, rtol=0)
 
 
 def _scan_both(model, probe, dets, **kw):
@@ -111,10 +175,14 @@ def _scan_both(model, probe, dets, **kw):
     return dense, sparse
 
 
-def test_native_sparse_scan_equals_dense_on_every_detector_with_padding(model, monkeypatch):
+@pytest.mark.parametrize("index_max", [2**19, 0])  # lists where short / every set detector by its rule
+def test_native_sparse_scan_equals_dense_on_every_detector_with_padding(model, monkeypatch, index_max):
     monkeypatch.setattr("headlens.scoring.scan.WINDOW_BYTES", 20_000)  # set detectors asked for a few rows at a time
+    monkeypatch.setattr("headlens.scoring.lse.BLOCK_BYTES", 4 * 3 * 4 * 160 * 9)  # blocks of ~9 query rows
+    monkeypatch.setattr("headlens.scoring.scan.INDEX_MAX", index_max)
     texts = ["def f(x): return [x, (x)]", "a", "import os", "{'k': [1, 2]} (", "aaaa bbbb aaaa bbbb", "x = y"]
-    dets = [d for d in PATTERN if not d.bidirectional_only]
+    dets = [d for d in [*PATTERN, *VARIANTS] if not d.bidirectional_only]
+    dets += [as_rule(d) for d in RULES if not d.bidirectional_only]  # the rule alone: lists, or rule when over
     for probe in (text_prompts(model, texts),
                   repeated_segments(model, 3, 150, torch.Generator().manual_seed(0)),
                   stdlib_windows(model, 2, 120, torch.Generator().manual_seed(0))):
@@ -123,6 +191,11 @@ def test_native_sparse_scan_equals_dense_on_every_detector_with_padding(model, m
             n = dense[name].counts.clamp_min(1)[:, None, None]
             torch.testing.assert_close(sparse[name].sums / n, dense[name].sums / n, atol=1e-6, rtol=0)
             assert torch.equal(sparse[name].counts, dense[name].counts)
+            if name.endswith("~rule"):  # the rule and the list give the same scores on both paths
+                base = name.removesuffix("~rule")
+                torch.testing.assert_close(sparse[name].sums / n, dense[base].sums / n, atol=1e-6, rtol=0)
+                assert torch.equal(sparse[name].counts, dense[base].counts)
+                torch.testing.assert_close(sparse[name].baseline, dense[base].baseline, atol=1e-9, rtol=0)
         assert any(float(s.counts.sum()) > 0 for s in dense.values())
 
 
