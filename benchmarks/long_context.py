@@ -5,6 +5,8 @@
     python benchmarks/long_context.py --figure docs/long_context.png
     python benchmarks/long_context.py --family llama --lengths 1024 8192 --paths sparse-unfused sparse
     python benchmarks/long_context.py --family gpt2 --lengths 1024 8192  # also mistral, bert, gemma2
+    python benchmarks/long_context.py --paths sparse --detectors all --lengths 1024 8192 --code . /work/main
+    python benchmarks/long_context.py --paths sparse --detectors previous_token --lengths 32768
 
 The run: a random 4-layer x 8-head, d_model 256 native GPT (byte-level; n_ctx 8,192 up to 8k
 tokens, 32,768 beyond), ``headlens.classify(model, corpus="stdlib", batch_size=1, n_prompts=2,
@@ -27,6 +29,13 @@ Its memory paths: ``sparse`` (the fused
 attention of ``headlens.models.hf.fused``), ``sparse-unfused`` (the bridge's own attention, which builds
 the pattern: the sparse scan before fusing) and ``dense``; ``--paths`` picks them (memory only).
 
+``--detectors`` picks what is scored: ``four`` (the list above, the default), ``all`` (every default
+detector of ``classify``: position, token, bracket, sink and streaming heads, copying) or names.
+``--code DIR ...`` runs the same workers against other source trees (``PYTHONPATH=DIR``; e.g. this
+checkout and main's, to compare two versions of the scan on one machine at one time), alternately,
+``--repeats`` times in memory-only mode. ``--timeout-s`` stops a worker that runs too long and
+reports the last progress line it printed (prompts done, elapsed time, peak RSS so far).
+
 Nothing is asserted; a table is printed and, with ``--figure``, a two-panel plot is written
 (``.html``, or ``.png`` through the headless Chromium the dashboard screenshots use).
 """
@@ -43,8 +52,9 @@ import sys
 import time
 from pathlib import Path
 
-DETECTORS = ["previous_token", "first_token", "duplicate_token", "induction"]
+DETECTORS: list[str] | None = ["previous_token", "first_token", "duplicate_token", "induction"]  # --detectors
 FAMILY = "gpt"  # --family
+N_PROMPTS = 2  # --n-prompts
 DENSE_MAX = 8192  # dense needs 4 * 8 heads * T^2 bytes per layer pattern and more: 16k is > 8 GB
 
 
@@ -102,8 +112,15 @@ def classify(model, T: int, path: str):
         model.fused_attention = None
         path = "sparse"
     corpus = None if FAMILY in HF_FAMILIES else "stdlib"
-    return headlens.classify(model, detectors=DETECTORS, corpus=corpus, batch_size=1, n_prompts=2,
-                             seq_len=T, scan_path=path, n_boot=100)
+    t0 = time.perf_counter()
+
+    def progress(done: int, total: int, what: str) -> None:
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(f"progress: {what} {done}/{total} prompts, {time.perf_counter() - t0:.0f} s, peak RSS {rss:.0f} MiB",
+              file=sys.stderr, flush=True)
+
+    return headlens.classify(model, detectors=DETECTORS, corpus=corpus, batch_size=1, n_prompts=N_PROMPTS,
+                             seq_len=T, scan_path=path, n_boot=100, progress=progress)
 
 
 def worker(T: int, paths: list[str], repeats: int) -> dict:
@@ -128,20 +145,32 @@ def worker(T: int, paths: list[str], repeats: int) -> dict:
             "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "max_abs_diff": diff}
 
 
-def run_worker(T: int, paths: list[str], repeats: int, as_limit_gb: float | None = None) -> dict:
+def run_worker(T: int, paths: list[str], repeats: int, as_limit_gb: float | None = None, code: str | None = None,
+               timeout_s: float | None = None) -> dict:
     def limit() -> None:
         if as_limit_gb:
             cap = int(as_limit_gb * 2**30)
             resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
     cmd = [sys.executable, __file__, "--worker", str(T), "--paths", *paths, "--repeats", str(repeats),
-           "--family", FAMILY]
+           "--family", FAMILY, "--n-prompts", str(N_PROMPTS),
+           "--detectors", "all" if DETECTORS is None else ",".join(DETECTORS)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if code is not None:  # import headlens from that source tree
+        env["PYTHONPATH"] = str(Path(code).resolve())
     t0 = time.perf_counter()
-    out = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=limit, env=env)
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=limit, env=env, timeout=timeout_s)
+    except subprocess.TimeoutExpired as err:
+        err_text = err.stderr.decode() if isinstance(err.stderr, bytes) else (err.stderr or "")
+        done = [x for x in err_text.splitlines() if x.startswith("progress:")] or ["progress: none"]
+        return {"T": T, "paths": paths, "error": f"stopped after {timeout_s:.0f} s; last {done[-1]}",
+                "wall_s": time.perf_counter() - t0}
     if out.returncode != 0:
-        tail = (out.stderr.strip().splitlines() or ["?"])[-1]
-        return {"T": T, "paths": paths, "error": tail, "wall_s": time.perf_counter() - t0}
+        lines = out.stderr.strip().splitlines() or ["?"]
+        done = [x for x in lines if x.startswith("progress:")]
+        return {"T": T, "paths": paths, "error": lines[-1] + (f" (last {done[-1]})" if done else ""),
+                "wall_s": time.perf_counter() - t0}
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -190,18 +219,35 @@ def main() -> None:
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--paths", nargs="+", default=None, help="memory only, these paths (HF families: sparse-unfused sparse)")
     ap.add_argument("--family", choices=["gpt", *HF_FAMILIES], default="gpt", help="native GPT or a bridged HF model")
+    ap.add_argument("--detectors", default="four", help="four (the default list), all (classify's defaults) or names")
+    ap.add_argument("--n-prompts", type=int, default=2)
+    ap.add_argument("--code", nargs="+", default=None, help="source trees to import headlens from (memory-only mode)")
+    ap.add_argument("--timeout-s", type=float, default=None, help="stop a worker after this long (memory-only mode)")
     args = ap.parse_args()
-    global FAMILY
-    FAMILY = args.family
+    global FAMILY, DETECTORS, N_PROMPTS
+    FAMILY, N_PROMPTS = args.family, args.n_prompts
+    if args.detectors != "four":
+        DETECTORS = None if args.detectors == "all" else args.detectors.split(",")
     if args.worker is not None:
         print(json.dumps(worker(args.worker, args.paths, args.repeats)))
         return
-    if args.family in HF_FAMILIES or args.paths:  # memory only, one fresh process per (T, path)
+    if args.family in HF_FAMILIES or args.paths:  # memory only, one fresh process per (T, path, code, repeat)
+        print(f"load average at start: {os.getloadavg()[0]:.1f}; detectors {args.detectors}; 1 thread per run", flush=True)
+        codes = args.code or [None]
         for T in args.lengths:
             for p in args.paths or ["sparse-unfused", "sparse"]:
-                r = run_worker(T, [p], 1)
-                print(f"{args.family} T={T:>6} {p:>14}: " + (r.get("error") or
-                      f"peak RSS {r['maxrss_mib']:.0f} MiB, {r['time_s'][p]:.1f} s"), flush=True)
+                times: dict[str | None, list[float]] = {c: [] for c in codes}
+                for _ in range(args.repeats if args.code else 1):
+                    for c in codes:
+                        r = run_worker(T, [p], 1, code=c, timeout_s=args.timeout_s)
+                        if "error" not in r:
+                            times[c].append(r["time_s"][p])
+                        print(f"{args.family} T={T:>6} {p:>14}{'' if c is None else ' ' + c}: " + (r.get("error") or
+                              f"peak RSS {r['maxrss_mib']:.0f} MiB, {r['time_s'][p]:.1f} s"), flush=True)
+                if args.code and args.repeats > 1:
+                    print("  median time: " + ", ".join(f"{c} {statistics.median(v):.1f} s" for c, v in times.items()
+                                                        if v), flush=True)
+        print(f"load average at end: {os.getloadavg()[0]:.1f}", flush=True)
         return
     if args.figure_only:
         figure(json.loads(args.json.read_text()), args.figure)
