@@ -231,11 +231,10 @@ def predicate_mask(pred: Predicate, batch: ProbeBatch, q0: int, q1: int, k0: int
     dev = batch.tokens.device
     q = torch.arange(q0, q1, device=dev)[:, None]  # (C, 1)
     k = torch.arange(k0, k1, device=dev)[None, :]  # (1, K)
-    ok = batch.query_ok[:, q0:q1, None] & batch.valid[:, None, k0:k1]  # (B, C, K)
+    hit = torch.as_tensor(pred(batch, q, k), device=dev).bool()
     if batch.causal:
-        ok = ok & (k <= q)[None]
-    hit = torch.as_tensor(pred(batch, q, k), device=dev)
-    return ok & hit.bool().expand(B, q1 - q0, k1 - k0)
+        hit = hit & (k <= q)  # (C, K), or (B, C, K) when the rule reads tokens
+    return (hit & batch.valid[:, None, k0:k1] & batch.query_ok[:, q0:q1, None]).expand(B, q1 - q0, k1 - k0)
 
 
 def predicate_rows(B: int, T: int, budget: int = PREDICATE_BYTES) -> int:
@@ -248,7 +247,12 @@ def predicate_targets(pred: Predicate, batch: ProbeBatch) -> torch.Tensor:
     B, T = batch.tokens.shape
     r0, r1 = batch.row_range
     step = predicate_rows(B, T)
-    parts = [mask_to_targets(predicate_mask(pred, batch, c0, min(r1, c0 + step), 0, T)) for c0 in range(r0, r1, step)]
+    parts = []
+    for c0 in range(r0, r1, step):
+        c1 = min(r1, c0 + step)
+        kend = c1 if batch.causal else T  # a causal block has no target past its last row
+        hit = mask_to_targets(predicate_mask(pred, batch, c0, c1, 0, kend))  # (B, C, M_block)
+        parts.append(hit)
     if not parts:
         return torch.full((B, 0, 1), -1, dtype=torch.long, device=batch.tokens.device)
     M = max(p.shape[2] for p in parts)
@@ -259,7 +263,8 @@ def predicate_counts(pred: Predicate, batch: ProbeBatch) -> torch.Tensor:
     """``(B, T)`` long: how many targets each row has under the predicate, never holding more than one block."""
     B, T = batch.tokens.shape
     step = predicate_rows(B, T)
-    return torch.cat([predicate_mask(pred, batch, c0, min(T, c0 + step), 0, T).sum(-1) for c0 in range(0, T, step)], 1)
+    ends = [(c0, min(T, c0 + step)) for c0 in range(0, T, step)]  # causal: keys up to the block's last row
+    return torch.cat([predicate_mask(pred, batch, c0, c1, 0, c1 if batch.causal else T).sum(-1) for c0, c1 in ends], 1)
 
 
 def n_targets(idx: torch.Tensor) -> torch.Tensor:

@@ -37,7 +37,8 @@ def streaming_targets(batch: ProbeBatch, s: int, w: int) -> torch.Tensor:
 
 def streaming_predicate(q: torch.Tensor, k: torch.Tensor, s: int, w: int) -> torch.Tensor:
     """``(C, K)``: k is a sink or one of the last w keys (q included), for rows q >= s + w."""
-    return (q >= s + w) & ((k < s) | ((q - k >= 0) & (q - k < w)))
+    gap = q - k  # (C, K)
+    return ((k < s) | ((gap >= 0) & (gap < w))) & (q >= s + w)
 
 
 def make(s: int = SINKS, w: int = WINDOW) -> Detector:

@@ -118,9 +118,10 @@ def mass_under(p: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``(B, H)`` float64: the attention ``p`` ``(B, H, C, K)`` summed where ``mask`` ``(B, C, K)`` holds.
 
     Each row is summed in p's dtype (a row's mass is at most 1; torch sums pairwise), the rows in float64:
-    as close as an all-float64 sum, at a fifth of its time.
+    as close as an all-float64 sum (~1e-9), at a sixth of its time; a matrix-vector product over the whole
+    block would be faster still but drifts by ~1e-5. A row that sees no key at all (NaN) has no mass.
     """
-    return torch.where(mask[:, None], p, 0.0).sum(-1).sum(-1, dtype=torch.float64)  # (B, H, C) -> (B, H)
+    return (p * mask[:, None]).sum(-1).nan_to_num_(0.0).sum(-1, dtype=torch.float64)  # (B, H, C) -> (B, H)
 
 
 def gather_heads(x: torch.Tensor, b: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:

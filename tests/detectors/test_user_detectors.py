@@ -114,3 +114,43 @@ def test_docs_example_runs(clean_registry):
     table = scope["table"]
     assert set(table.detector) == {"two_back", "previous_token"} and "two_back" in clean_registry
     assert table[table.detector == "two_back"].score.max() < 0.4  # induction-2l has no two-back head
+
+
+def _docs_block(containing: str) -> tuple[str, str]:
+    """The first ```python block of the docs pages that contains ``containing``, and its page."""
+    docs = Path(__file__).parents[2] / "docs"
+    for page in ("detectors.md", "long-context.md"):
+        path = docs / page
+        blocks = path.read_text().split("```python\n")[1:] if path.exists() else []
+        for block in (b.split("```", 1)[0] for b in blocks):
+            if containing in block:
+                return block, page
+    raise AssertionError(f"no python example with {containing!r} in docs/detectors.md or docs/long-context.md")
+
+
+def test_docs_predicate_example_runs(clean_registry, monkeypatch):
+    """The docs' own head type defined by a predicate: it runs, its rule is what it says, and the scan scores it
+    the same from the rule block by block (sparse, INDEX_MAX = 0) as from the index lists built from it (dense)."""
+    from headlens.detectors.base import targets_to_mask
+    from headlens.probes.base import ProbeBatch
+
+    block, page = _docs_block("predicate=")
+    scope: dict = {}
+    exec(compile(block, page, "exec"), scope)
+    det = next(v for v in scope.values() if isinstance(v, headlens.Detector) and v.predicate is not None)
+    table = scope["table"]
+    assert det.name in set(table.detector) and len(table) == 2 * 2 * 4  # two detectors x induction-2l's 2 x 4 heads
+    x = torch.tensor([[0, 5, 6, 5, 5, 7, 6, 5]])  # BOS, then repeats
+    valid = torch.ones_like(x, dtype=torch.bool)
+    got = targets_to_mask(det.targets(ProbeBatch(x, torch.tensor([8]), valid, x == 0, causal=True)), 8)[0]
+    want = torch.zeros(8, 8, dtype=torch.bool)
+    for q in range(1, 8):
+        for k in range(1, q):
+            want[q, k] = bool(x[0, k] == x[0, q]) and q - k <= 32
+    assert torch.equal(got, want) and int(want.sum()) == 4
+    model = headlens.load("induction-2l")
+    kw = dict(detectors=[det], n_prompts=4, seq_len=96, n_boot=20)
+    dense = headlens.classify(model, scan_path="dense", **kw)
+    monkeypatch.setattr("headlens.scoring.scan.INDEX_MAX", 0)
+    sparse = headlens.classify(model, scan_path="sparse", **kw)
+    assert (dense.score - sparse.score).abs().max() <= 1e-6 and dense.score.max() > 0.01
