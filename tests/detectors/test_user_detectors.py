@@ -140,16 +140,19 @@ def test_docs_predicate_example_runs(clean_registry, monkeypatch):
     det = next(v for v in scope.values() if isinstance(v, headlens.Detector) and v.predicate is not None)
     table = scope["table"]
     assert det.name in set(table.detector) and len(table) == 2 * 2 * 4  # two detectors x induction-2l's 2 x 4 heads
-    x = torch.tensor([[0, 5, 6, 5, 5, 7, 6, 5]])  # BOS, then repeats
+    x = torch.randint(5, 9, (1, 80), generator=torch.Generator().manual_seed(0))
+    x[0, 0] = 0  # BOS, then 79 tokens of 4 kinds: copies near and far
     valid = torch.ones_like(x, dtype=torch.bool)
-    got = targets_to_mask(det.targets(ProbeBatch(x, torch.tensor([8]), valid, x == 0, causal=True)), 8)[0]
-    want = torch.zeros(8, 8, dtype=torch.bool)
-    for q in range(1, 8):
+    got = targets_to_mask(det.targets(ProbeBatch(x, torch.tensor([80]), valid, x == 0, causal=True)), 80)[0]
+    want = torch.zeros(80, 80, dtype=torch.bool)
+    far = 0
+    for q in range(1, 80):
         for k in range(1, q):
             want[q, k] = bool(x[0, k] == x[0, q]) and q - k <= 32
-    assert torch.equal(got, want) and int(want.sum()) == 4
+            far += bool(x[0, k] == x[0, q]) and q - k > 32
+    assert torch.equal(got, want) and int(want.sum()) > 100 and far > 100
     model = headlens.load("induction-2l")
-    kw = dict(detectors=[det], n_prompts=4, seq_len=96, n_boot=20)
+    kw = dict(detectors=[det], n_prompts=8, seq_len=64, n_boot=20)  # copies lie r <= 31 back: inside 32
     dense = headlens.classify(model, scan_path="dense", **kw)
     monkeypatch.setattr("headlens.scoring.scan.INDEX_MAX", 0)
     sparse = headlens.classify(model, scan_path="sparse", **kw)
