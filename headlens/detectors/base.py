@@ -63,7 +63,7 @@ class Detector:
         name: registry key, also the ``detector`` column of the scores table.
         kind: ``"index"``, ``"mask"``, ``"weights"``, ``"annotated"`` or ``"top1"`` (see the module docstring).
         targets: ``ProbeBatch -> (B, Q, M)`` long key indices, ``-1`` padded; None for weight and
-            annotated kinds.
+            annotated kinds (given None with a ``predicate``, built from the rule).
         probe: the generated probe that exercises it (``None`` for weight scores).
         description: one line for ``--help`` and the dashboard.
         bidirectional_only: True when the target lies to the right of the query.

@@ -1,7 +1,8 @@
 """Scan a probe: score every detector on every prompt, each by the engine that reads it.
 
 Attention-mass detectors (``kind == "mass"``) go through :func:`headlens.scoring.engine.run_batches`
-with the mass reducer (the pattern on short prompts, q·k and the row log-sum-exp on long ones);
+with the mass reducer (the pattern on short prompts, q·k and the row log-sum-exp on long ones), each
+detector's targets in the cheaper of their two forms (:func:`_form`: an index list, or its rule);
 ``"top1"`` detectors (retrieval heads) through :func:`headlens.scoring.top1.scan_top1`. The engine's
 docstring says why it works as it does.
 """
