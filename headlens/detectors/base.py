@@ -263,8 +263,14 @@ def predicate_counts(pred: Predicate, batch: ProbeBatch) -> torch.Tensor:
     """``(B, T)`` long: how many targets each row has under the predicate, never holding more than one block."""
     B, T = batch.tokens.shape
     step = predicate_rows(B, T)
-    ends = [(c0, min(T, c0 + step)) for c0 in range(0, T, step)]  # causal: keys up to the block's last row
-    return torch.cat([predicate_mask(pred, batch, c0, c1, 0, c1 if batch.causal else T).sum(-1) for c0, c1 in ends], 1)
+    # one output up front: a small per-block result kept between the growing masks would pin the allocator's
+    # heap below each freed mask, and the process would grow by every block (T^2 / 2 bytes at 32k: 0.5 GB);
+    # the last rows first: a causal block's mask shrinks from block to block, so each fits the last one's hole
+    out = torch.zeros(B, T, dtype=torch.long, device=batch.tokens.device)
+    for c0 in reversed(range(0, T, step)):
+        c1 = min(T, c0 + step)
+        out[:, c0:c1] = predicate_mask(pred, batch, c0, c1, 0, c1 if batch.causal else T).sum(-1)  # causal: keys <= c1
+    return out
 
 
 def n_targets(idx: torch.Tensor) -> torch.Tensor:

@@ -201,7 +201,7 @@ def target_mass(q: torch.Tensor, k: torch.Tensor, spec: AttentionSpec, targets: 
     sinks = _sink_logits(spec, q.device)
     rows = block_rows(B, H, T, budget)
     keys = torch.arange(T, device=q.device)
-    for q0 in range(0, T, rows):
+    for q0 in reversed(range(0, T, rows)):  # last rows first: causal blocks shrink, each fits the freed one's place
         q1 = min(T, q0 + rows)
         kend = q1 if spec.causal else T  # a causal block sees no key past its last row
         kbeg = 0 if spec.window is None else max(0, q0 - spec.window + 1)  # keys before it: outside every row's window
