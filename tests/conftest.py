@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
@@ -26,6 +27,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+def run_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """Run ``headlens ARGV...`` in-process as a user would: (exit code, stdout, stderr)."""
+    from headlens.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["headlens", *argv])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    out, err = capsys.readouterr()
+    return exit_info.value.code or 0, out, err
 
 
 def make_gpt(seed: int = 0, **overrides) -> GPT:

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import pandas as pd
 import pytest
 import torch
-from conftest import make_gpt
+from conftest import make_gpt, run_cli
 
 from headlens import save_checkpoint
-from headlens.cli import main
 
 torch.set_num_threads(1)  # tiny models: one thread is fastest on a shared 2-core machine
 
@@ -22,11 +20,7 @@ def ckpt(tmp_path_factory):
 
 
 def run(monkeypatch, capsys, *args):
-    monkeypatch.setattr(sys, "argv", ["headlens", "ablate", *args])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    out, err = capsys.readouterr()
-    return exit_info.value.code or 0, out, err
+    return run_cli(monkeypatch, capsys, "ablate", *args)
 
 
 def test_help(monkeypatch, capsys):

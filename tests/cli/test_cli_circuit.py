@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import sys
-
 import pandas as pd
 import pytest
 import torch
-from conftest import make_gpt
+from conftest import make_gpt, run_cli
 from hf_families import build
 
 from headlens import save_checkpoint
 from headlens.circuits.edges import COLUMNS
-from headlens.cli import main
 
 torch.set_num_threads(1)
 
@@ -23,11 +20,7 @@ def ckpt(tmp_path_factory):
 
 
 def run(monkeypatch, capsys, *args):
-    monkeypatch.setattr(sys, "argv", ["headlens", "circuit", *args])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    out, err = capsys.readouterr()
-    return exit_info.value.code or 0, out, err
+    return run_cli(monkeypatch, capsys, "circuit", *args)
 
 
 def test_help(monkeypatch, capsys):

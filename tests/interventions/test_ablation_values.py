@@ -8,16 +8,14 @@ positions, the ablation and the losses are computed without headlens' ablation o
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 from ablation_reference import logits, per_prompt_kl, per_prompt_loss, repeated_positions
+from conftest import run_cli
 
 import headlens
-from headlens.cli import main
 from headlens.interventions.metrics import bootstrap_ci, repeated_task
 from headlens.zoo import ZOO
 
@@ -36,11 +34,7 @@ def model():
 
 
 def _cli(monkeypatch, capsys, *args):
-    monkeypatch.setattr(sys, "argv", ["headlens", "ablate", *args])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    out, err = capsys.readouterr()
-    return exit_info.value.code or 0, out, err
+    return run_cli(monkeypatch, capsys, "ablate", *args)
 
 
 @pytest.mark.parametrize("method", ["zero", "mean"])
