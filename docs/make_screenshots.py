@@ -175,6 +175,10 @@ def main() -> None:
             settle(page)
             page.screenshot(path=str(DOCS / "dashboard_ablation.png"))
             page.set_viewport_size({"width": 1500, "height": 1500})
+            open_view(page, "Circuit")
+            page.get_by_role("button", name="Find edges").click()
+            settle(page)
+            view_shot(page, "dashboard_circuit.png")
         with serve(args.training_model) as url:
             open_app(page, url)
             open_view(page, "Training")

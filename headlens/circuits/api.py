@@ -75,14 +75,12 @@ def setup(model: Any, metric: str = "repeated_loss", method: str = "mean", promp
 
 def head_labels(labels: Any) -> dict[str, str] | None:
     """``{"L1H1": "induction", ...}`` from a dict or a ``classify`` scores table (each head's labelled
-    detectors, comma-joined); None stays None."""
+    detectors, strongest lift first, comma-joined: the first is the colour a graph gives it); None stays None."""
     if labels is None or isinstance(labels, dict):
         return labels
-    out: dict[str, list[str]] = {}
-    for row in labels.itertuples():
-        if bool(row.label):
-            out.setdefault(f"L{row.layer}H{row.head}", []).append(str(row.detector))
-    return {name: ",".join(dets) for name, dets in out.items()}
+    from headlens.scoring.table import head_labels as by_head
+
+    return {f"L{layer}H{head}": ",".join(dets) for (layer, head), dets in by_head(labels).items()}
 
 
 def circuit(

@@ -104,3 +104,14 @@ def test_induction_2l_circuit_matches_the_issue():
     assert list(df.columns[:15]) == ["model", "sender", "receiver", "kv_head", "input", "effect", "ci_low",
                                      "ci_high", "control", "control_ci_low", "control_ci_high", "composition",
                                      "composition_z", "disagree", "label"]
+
+
+def test_head_labels_put_the_strongest_label_first():
+    """A graph colours a head by its first label: the one with the larger lift, not the table's order."""
+    import pandas as pd
+
+    from headlens.circuits.api import head_labels
+
+    table = pd.DataFrame({"layer": [1, 1, 0], "head": [1, 1, 0], "detector": ["first_token", "induction", "sink"],
+                          "label": [True, True, False], "lift": [12.2, 25.9, 9.0], "score": [0.7, 0.6, 0.9]})
+    assert head_labels(table) == {"L1H1": "induction,first_token"}
