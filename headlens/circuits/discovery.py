@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from headlens.circuits.edges import significant_mask
+from headlens.circuits.edges import EFFECT_FLOOR, effect_floor, significant_mask
 from headlens.circuits.nodes import Node, make_edges
 from headlens.interventions.ablation import ablate
 from headlens.interventions.metrics import get_metric
@@ -32,11 +32,12 @@ MAX_DEPTH = 4
 
 
 def heads_that_matter(s: Any) -> list[Node]:
-    """Single heads whose ablation beats random heads of their layer on the metric (sweep)."""
+    """Single heads whose ablation beats random heads of their layer on the metric (sweep) by more than
+    the effect floor (:func:`~headlens.circuits.edges.effect_floor` of the clean metric)."""
     method = "mean" if s.deltas.method == "corrupted" else s.deltas.method
     df = sweep(s.model, method=method, metrics=[s.metric], n_prompts=s.task.n_prompts, n_control=s.n_control,
                control="layer", n_boot=s.n_boot, seed=s.seed, attribution=False)
-    hits = df[df.beats_control]
+    hits = df[df.beats_control & (df.delta.abs() >= [effect_floor(c) for c in df.clean])]
     return [Node("head", int(h[1:].split("H")[0]), int(h.split("H")[1])) for h in hits.heads]
 
 
@@ -64,6 +65,11 @@ def discover(s: Any, inputs: Sequence[str] = ("q", "k", "v"), senders: Sequence[
     out = out.sort_values("effect", key=abs, ascending=False, kind="stable").reset_index(drop=True)
     out.attrs.update(tables[0].attrs if tables else {})
     out.attrs["roots"] = [n.name for n in roots]
+    out.attrs["verdict"] = "found" if len(out) else "inconclusive"
+    if not len(out):  # no evidence is no circuit: say so rather than report an empty "circuit"
+        out.attrs["why"] = (f"no head's ablation moves {s.metric} beyond random heads of its layer by more than "
+                            f"{EFFECT_FLOOR:g} of its clean value; the model shows no circuit for this metric "
+                            f"(untrained weights, or a metric it does not do)")
     curve = faithfulness_curve(s, out)
     out.attrs["faithfulness_curve"] = curve
     out.attrs["faithfulness"] = curve[-1] if curve else float("nan")

@@ -23,6 +23,9 @@ COLUMNS = ["model", "sender", "receiver", "kv_head", "input", "effect", "ci_low"
            "control_ci_low", "control_ci_high", "composition", "composition_z", "disagree", "label"]
 Z_STRONG = 3.0  # composition_z beyond which weights say "these heads compose"
 Z_WEAK = 2.0  # below which they say "no composition"
+# an effect smaller than this fraction of the clean metric is no evidence, however tight its CI: an untrained
+# model's heads move the loss by ~1e-7 nats with CIs that exclude zero (float noise, not a circuit)
+EFFECT_FLOOR = 1e-3
 
 
 def control_edges(model: Any, edges: Sequence[Edge], n_control: int, seed: int) -> dict[Edge, list[Edge]]:
@@ -39,13 +42,19 @@ def control_edges(model: Any, edges: Sequence[Edge], n_control: int, seed: int) 
     return out
 
 
-def significant(row: Any, higher_is_worse: bool) -> bool:
-    """CI on the harmful side of zero, and clear of the control's CI (when there is one)."""
+def significant(row: Any, higher_is_worse: bool, floor: float = 0.0) -> bool:
+    """CI on the harmful side of ``floor`` (an effect too small to be evidence, see :data:`EFFECT_FLOOR`),
+    and clear of the control's CI (when there is one)."""
     if higher_is_worse:
-        beyond = row.ci_low > 0 and not (row.control == row.control and row.ci_low <= row.control_ci_high)
+        beyond = row.ci_low > floor and not (row.control == row.control and row.ci_low <= row.control_ci_high)
     else:
-        beyond = row.ci_high < 0 and not (row.control == row.control and row.ci_high >= row.control_ci_low)
+        beyond = row.ci_high < -floor and not (row.control == row.control and row.ci_high >= row.control_ci_low)
     return bool(beyond)
+
+
+def effect_floor(clean: float) -> float:
+    """The smallest effect that counts as evidence for a metric whose clean value is ``clean``."""
+    return EFFECT_FLOOR * abs(float(clean)) if clean == clean else 0.0
 
 
 def edge_table(model: Any, metric: str, edges: Sequence[Edge], clean: np.ndarray,
@@ -90,4 +99,5 @@ def _label(e: Edge, labels: dict[str, str] | None) -> str:
 def significant_mask(df: Any) -> Any:
     """Boolean Series: which rows of an edge table are significant (see :func:`significant`)."""
     worse = get_metric(df.attrs.get("metric", "repeated_loss")).higher_is_worse
-    return df.apply(lambda row: significant(row, worse), axis=1).astype(bool) if len(df) else df["disagree"]
+    floor = effect_floor(df.attrs.get("clean", float("nan")))
+    return df.apply(lambda row: significant(row, worse, floor), axis=1).astype(bool) if len(df) else df["disagree"]

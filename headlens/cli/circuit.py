@@ -96,10 +96,14 @@ def register(app: typer.Typer) -> None:
                          positions=positions, seed=seed, labels=scores, progress=step)
         if df is None:  # a rank other than 0
             return
-        shown = df.sort_values("effect", key=abs, ascending=False)
-        title = f"{getattr(m, 'name', model)}: {metric}, {method} ablation on the direct path (clean {df.attrs['clean']:.4f})"
-        Console(width=None if sys.stdout.isatty() else 180).print(render(shown, title))
-        if "faithfulness" in df.attrs:
+        if df.attrs.get("verdict") == "inconclusive":  # discovery found no evidence: say so, not an empty circuit
+            print(f"inconclusive: {df.attrs['why']}")
+        else:
+            shown = df.sort_values("effect", key=abs, ascending=False)
+            title = (f"{getattr(m, 'name', model)}: {metric}, {method} ablation on the direct path "
+                     f"(clean {df.attrs['clean']:.4f})")
+            Console(width=None if sys.stdout.isatty() else 180).print(render(shown, title))
+        if df.attrs.get("verdict") != "inconclusive" and "faithfulness" in df.attrs:
             err.print(f"faithfulness (circuit heads clean, the rest ablated): {df.attrs['faithfulness']:.3f}")
         if out is not None:
             write_frame(df, out)

@@ -29,3 +29,28 @@ def test_induction_2l_discovery_and_the_induction_motif():
     table = motifs(df, {"L0H0": "previous_token", "L1H1": "induction"})
     assert list(zip(table.motif, table.sender, table.receiver, strict=True)) == [("induction circuit", "L0H0", "L1H1")]
     assert df.attrs["faithfulness"] > 0.9
+
+
+def test_an_untrained_model_has_no_circuit_and_discovery_says_inconclusive(monkeypatch, capsys):
+    """No evidence is no circuit: random weights move the loss by ~1e-7 nats, with CIs that exclude zero."""
+    import torch
+    from conftest import run_cli
+
+    from headlens.models.checkpoint import save_checkpoint
+    from headlens.models.gpt import GPT
+
+    torch.manual_seed(0)
+    trained = headlens.load("induction-2l")
+    untrained = GPT(trained.cfg, tokenizer=trained.tokenizer).eval()
+    untrained.name = "untrained"
+    df = headlens.circuit(untrained, n_prompts=12, metric="repeated_loss")
+    assert len(df) == 0 and df.attrs["verdict"] == "inconclusive" and "no circuit" in df.attrs["why"]
+    assert headlens.circuit(trained, n_prompts=12, metric="repeated_loss").attrs["verdict"] == "found"
+
+    import tempfile
+    from pathlib import Path
+
+    path = Path(tempfile.mkdtemp()) / "untrained.safetensors"
+    save_checkpoint(untrained, path)
+    code, out, _ = run_cli(monkeypatch, capsys, "circuit", "-m", str(path), "--n-prompts", "12")
+    assert code == 0 and out.startswith("inconclusive: no head's ablation moves repeated_loss")
