@@ -35,6 +35,21 @@ def attempt(what: str, fn: Callable[..., Any], *args: Any, _show: Callable[[str]
     return None
 
 
+def run_button(label: str, key: str, params: tuple, disabled: bool, what: str) -> tuple | None:
+    """A primary button that runs a view's computation; the parameters of its last run (``params[0]``: the
+    model reference) stay in ``st.session_state[f"{key}_params"]`` across reruns. Returns them, or None
+    (with a caption saying what to choose) until it has run for this model."""
+    if st.button(label, type="primary", disabled=disabled, key=f"run_{key}"):
+        st.session_state[f"{key}_params"] = params
+    last = st.session_state.get(f"{key}_params")
+    if not last or last[0] != params[0]:
+        st.caption(f"Choose {what}, then press {label}.")
+        return None
+    if last != params:
+        st.caption(f"Settings changed since the last run; press {label} to update.")
+    return last
+
+
 def current_placement() -> tuple[str, str]:
     """The (dtype, device) chosen in the sidebar's *Precision and device* this run."""
     return str(st.session_state.get("dtype", "float32")), str(st.session_state.get("device", "cpu"))

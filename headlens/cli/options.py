@@ -9,7 +9,7 @@ server while torch loads). So a help text names its choices with a placeholder (
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -33,63 +33,31 @@ EXIT_CODES = {  # documented in every command's --help and in docs/cli.md
 EXIT_CODES_HELP = "Exit codes: " + "; ".join(f"{code} {what}" for code, what in EXIT_CODES.items()) + "."
 
 
-def _metrics() -> list[str]:
-    from headlens.interventions.metrics import METRICS
-
-    return list(METRICS)
-
-
-def _detectors() -> list[str]:
-    from headlens.detectors import all_detectors
-
-    return list(all_detectors())
-
-
-def _recipes() -> list[str]:
-    from headlens.training.recipes import RECIPES
-
-    return list(RECIPES)
-
-
-def _methods() -> list[str]:
-    from headlens.interventions.ablation import METHODS
-
-    return list(METHODS)
-
-
-def _controls() -> list[str]:
-    from headlens.interventions.controls import CONTROLS
-
-    return list(CONTROLS)
-
-
-def _scan_paths() -> list[str]:
-    from headlens.scoring.defaults import SCAN_PATHS
-
-    return list(SCAN_PATHS)
-
-
-def _corpora() -> list[str]:
-    from headlens.probes.base import CORPORA
-
-    return list(CORPORA)
-
-
-def _dtypes() -> list[str]:
-    from headlens.models.placement import DTYPES
-
-    return list(DTYPES)
-
-
-CHOICES: dict[str, Callable[[], list[str]]] = {  # placeholder -> the registry that lists its choices
-    "metrics": _metrics, "detectors": _detectors, "recipes": _recipes, "methods": _methods,
-    "controls": _controls, "scan_paths": _scan_paths, "corpora": _corpora, "dtypes": _dtypes,
+# placeholder -> (module, name) of the registry that lists its choices; read only when --help is asked for
+CHOICES: dict[str, tuple[str, str]] = {
+    "metrics": ("headlens.interventions.metrics", "METRICS"),
+    "detectors": ("headlens.detectors", "all_detectors"),  # a function: entry-point plugins included
+    "recipes": ("headlens.training.recipes", "RECIPES"),
+    "methods": ("headlens.interventions.ablation", "METHODS"),
+    "controls": ("headlens.interventions.controls", "CONTROLS"),
+    "scan_paths": ("headlens.scoring.defaults", "SCAN_PATHS"),
+    "corpora": ("headlens.probes.base", "CORPORA"),
+    "dtypes": ("headlens.models.placement", "DTYPES"),
 }
+
+
+def choices(key: str) -> list[str]:
+    """The current choices of placeholder ``key`` (imports its registry)."""
+    import importlib
+
+    module, name = CHOICES[key]
+    registry = getattr(importlib.import_module(module), name)
+    return list(registry() if callable(registry) else registry)
 
 
 def fill_help(command: Any) -> None:
     """Write the registries' choices into the help of ``command`` and its subcommands (click objects)."""
-    lists = {key: " | ".join(fn()) for key, fn in CHOICES.items()}
+    lists = {key: " | ".join(choices(key)) for key in CHOICES}
     for param in getattr(command, "params", []):
         if param.help and "{" in param.help:
             param.help = _fill(param.help, lists)

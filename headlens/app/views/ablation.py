@@ -9,7 +9,7 @@ import streamlit as st
 from headlens import viz
 from headlens.app import cache
 from headlens.app import helpers as hd
-from headlens.app.ui import attempt, current_placement, html_download
+from headlens.app.ui import attempt, current_placement, html_download, run_button
 
 
 def ablation_view(ref: str, model: Any, text: str, selected: list[tuple[int, int]],
@@ -31,14 +31,9 @@ def ablation_view(ref: str, model: Any, text: str, selected: list[tuple[int, int
                                "window (Wu et al. 2024's masking of retrieval heads)")
     metric = c2.selectbox("Metric", metrics, key="ablation_metric")
     params = (ref, tuple(heads), method, metric, text, n_prompts, seed)
-    if st.button("Run ablation", type="primary", disabled=not heads, key="run_ablation"):
-        st.session_state.ablation_params = params
-    last = st.session_state.get("ablation_params")
-    if not last or last[0] != ref:
-        st.caption("Choose heads, a method and a metric, then press Run ablation.")
+    last = run_button("Run ablation", "ablation", params, not heads, "heads, a method and a metric")
+    if last is None:
         return
-    if last != params:
-        st.caption("Settings changed since the last run; press Run ablation to update.")
     with st.spinner("Ablating..."):
         result = attempt("Ablation failed", cache.get_ablation, *last,
                          placement=current_placement())

@@ -14,7 +14,7 @@ import streamlit as st
 from headlens import viz
 from headlens.app import cache
 from headlens.app import helpers as hd
-from headlens.app.ui import attempt, current_placement, html_download
+from headlens.app.ui import attempt, current_placement, html_download, run_button
 
 
 def receiver_choices(model: Any) -> list[str]:
@@ -44,11 +44,8 @@ def circuit_view(ref: str, model: Any, text: str, scores: Any, selected: list[tu
     metric = c3.selectbox("Metric", metrics, key="circuit_metric")
     labels = head_labels(scores) if scores is not None and not scores.empty else {}
     params = (ref, tuple(receivers), method, metric, n_prompts, seed)
-    if st.button("Find edges", type="primary", disabled=not receivers, key="run_circuit"):
-        st.session_state.circuit_params = params
-    last = st.session_state.get("circuit_params")
-    if not last or last[0] != ref:
-        st.caption("Choose receivers, a method and a metric, then press Find edges.")
+    last = run_button("Find edges", "circuit", params, not receivers, "receivers, a method and a metric")
+    if last is None:
         return
     with st.spinner("Patching edges..."):
         df = attempt("Circuit failed", cache.get_circuit, last[0], list(last[1]), last[2], last[3], last[4],
