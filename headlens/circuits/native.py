@@ -81,7 +81,7 @@ class NativePatcher:
         sel = clean[:, :, :, heads].permute(3, 2, 0, 1, 4)  # (K, qkv, B, T, d_head): each copy's receiver head
         mask = F.one_hot(which, 3).bool()[:, :, None, None, None]  # (K, qkv, 1, 1, 1): the patched input
         q, k, v = torch.where(mask, patched[:, None], sel).unbind(1)  # 3 x (K, B, T, d_head)
-        z_h = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (K, B, T, d_head)
+        z_h = F.scaled_dot_product_attention(q, k, v, is_causal=model.cfg.causal)  # (K, B, T, d_head)
         z = self.runner.cache[f"blocks.{layer}.attn.hook_z"][None].repeat(K, 1, 1, 1, 1)  # (K, B, T, H, d_head)
         z[torch.arange(K), :, :, heads] = z_h
         logits = self.runner._finish(layer, z.view(K * B, T, H, d), pre.repeat(K, 1, 1))  # (K*B, T, V)
@@ -101,8 +101,8 @@ def naive_logits(model: Any, task: Task, edge: Edge, delta: torch.Tensor) -> tor
             seen["pre"] = x  # (B, T, D): the receiver layer's clean input
 
         def patch(x: torch.Tensor, hook: Any) -> torch.Tensor:  # (B, T, H, d_head)
-            d, D = model.cfg.d_head, model.cfg.d_model
-            rows = slice(INPUTS.index(edge.input) * D + r.head * d, INPUTS.index(edge.input) * D + (r.head + 1) * d)
+            d, A = model.cfg.d_head, model.cfg.d_attn  # A = n_heads * d_head: c_attn's rows are q, k, v
+            rows = slice(INPUTS.index(edge.input) * A + r.head * d, INPUTS.index(edge.input) * A + (r.head + 1) * d)
             w, b = block.attn.c_attn.weight[rows], block.attn.c_attn.bias[rows]  # (d_head, D), (d_head,)
             out = x.clone()
             out[:, :, r.head] = F.linear(block.ln_1(seen["pre"] + delta), w, b)  # (B, T, d_head)

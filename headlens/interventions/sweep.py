@@ -193,17 +193,17 @@ def _block_at(block: Any, x: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     sweep tests compare it with the plain forward.
     """
     attn = block.attn
-    N, T, D = x.shape
-    H, d = attn.n_heads, attn.d_head
+    N, T, _ = x.shape  # batch, positions, d_model
+    H, d, A = attn.n_heads, attn.d_head, attn.d_attn  # A = H * d_head
     h = block.ln_1(x)  # (N, T, D)
-    w, b = attn.c_attn.weight, attn.c_attn.bias  # (3D, D), (3D,): rows are q, k, v
-    q = F.linear(h[:, cols], w[:D], b[:D]).view(N, len(cols), H, d).transpose(1, 2)  # (N, H, Q, d_head)
-    k, v = F.linear(h, w[D:], b[D:]).split(D, dim=2)  # 2 x (N, T, D)
+    w, b = attn.c_attn.weight, attn.c_attn.bias  # (3A, D), (3A,): rows are q, k, v
+    q = F.linear(h[:, cols], w[:A], b[:A]).view(N, len(cols), H, d).transpose(1, 2)  # (N, H, Q, d_head)
+    k, v = F.linear(h, w[A:], b[A:]).split(A, dim=2)  # 2 x (N, T, A)
     k = k.view(N, T, H, d).transpose(1, 2)  # (N, H, T, d_head)
     v = v.view(N, T, H, d).transpose(1, 2)  # (N, H, T, d_head)
-    causal = torch.arange(T, device=x.device)[None, :] <= cols[:, None]  # (Q, T): query at cols[i]
-    z = F.scaled_dot_product_attention(q, k, v, attn_mask=causal)  # (N, H, Q, d_head)
-    z = z.transpose(1, 2).reshape(N, len(cols), D)  # heads merged: (N, Q, H*d_head)
+    seen = torch.arange(T, device=x.device)[None, :] <= cols[:, None]  # (Q, T): query at cols[i]
+    z = F.scaled_dot_product_attention(q, k, v, attn_mask=seen if attn.causal else None)  # (N, H, Q, d_head)
+    z = z.transpose(1, 2).reshape(N, len(cols), A)  # heads merged: (N, Q, H*d_head)
     return _mlp(block, x[:, cols] + attn.c_proj(z))  # (N, Q, D)
 
 

@@ -28,13 +28,14 @@ class ModelConfig:
     d_model: int  # residual stream width
     n_ctx: int  # longest sequence the learned positional embedding covers
     d_vocab: int  # number of token ids (tokenizer size, special tokens included)
-    d_head: int = 0  # per-head width; 0 means d_model // n_heads (the GPT-2 convention)
+    d_head: int = 0  # per-head width; 0 means d_model // n_heads (the GPT-2 convention); else free (tracr's)
     d_mlp: int = 0  # MLP hidden width; 0 means 4 * d_model; ignored when attn_only
     attn_only: bool = False  # no MLP sublayers (the toy models of Elhage et al. 2021)
     normalization: Literal["LN", "none"] = "LN"  # pre-sublayer LayerNorm, or none at all
     positional_embedding: Literal["learned"] = "learned"  # GPT-2's learned absolute positions
     layer_norm_eps: float = 1e-5  # GPT-2's epsilon
-    act_fn: Literal["gelu_new"] = "gelu_new"  # GPT-2's tanh-approximated GELU
+    act_fn: Literal["gelu_new", "relu"] = "gelu_new"  # GPT-2's tanh-approximated GELU, or ReLU (tracr's)
+    causal: bool = True  # each position attends to itself and earlier ones; False: to every position
     tie_embeddings: bool = False  # lm_head shares wte (GPT-2 does); untied is easier to train small
     init_range: float = 0.02  # std of the normal init, GPT-2's value
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)  # free notes
@@ -44,7 +45,7 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"ModelConfig.{name} must be a positive int, got {value!r}")
-        if self.d_model % self.n_heads != 0:
+        if self.d_head == 0 and self.d_model % self.n_heads != 0:
             raise ConfigError(
                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}: "
                 f"each head needs an equal d_model/n_heads slice (divisors of {self.d_model}: "
@@ -52,18 +53,23 @@ class ModelConfig:
             )
         if self.d_head == 0:
             object.__setattr__(self, "d_head", self.d_model // self.n_heads)
-        if self.d_head * self.n_heads != self.d_model:
-            raise ConfigError(
-                f"d_head={self.d_head} x n_heads={self.n_heads} must equal d_model={self.d_model}"
-            )
+        if not isinstance(self.d_head, int) or self.d_head <= 0:
+            raise ConfigError(f"ModelConfig.d_head must be a positive int (or 0 for d_model // n_heads), got {self.d_head!r}")
         if self.d_mlp == 0:
             object.__setattr__(self, "d_mlp", 4 * self.d_model)
         if self.normalization not in ("LN", "none"):
             raise ConfigError(f"normalization must be 'LN' or 'none', got {self.normalization!r}")
+        if self.act_fn not in ("gelu_new", "relu"):
+            raise ConfigError(f"act_fn must be 'gelu_new' or 'relu', got {self.act_fn!r}")
         if self.positional_embedding != "learned":
             raise ConfigError(
                 f"positional_embedding must be 'learned', got {self.positional_embedding!r}"
             )
+
+    @property
+    def d_attn(self) -> int:
+        """Width of the heads side by side, ``n_heads * d_head`` (``d_model`` unless ``d_head`` was set freely)."""
+        return self.n_heads * self.d_head
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of every field (JSON-serialisable)."""

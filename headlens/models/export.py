@@ -272,6 +272,13 @@ def export_hf(model: GPT, out_dir: str | Path) -> Path:
     """
     if not isinstance(model, GPT):
         raise HeadlensError(f"export-hf needs a native headlens GPT, got {type(model).__name__}")
+    cfg = model.cfg
+    unlike = [what for what, odd in (("d_head != d_model / n_heads", cfg.d_attn != cfg.d_model),
+                                     ("ReLU MLPs", cfg.act_fn != "gelu_new"), ("bidirectional attention", not cfg.causal))
+              if odd]
+    if unlike:
+        raise HeadlensError(f"export-hf writes GPT-2, which has no {', '.join(unlike)}; {model.name!r} has them "
+                            f"(a compiled tracr model?): keep it as a headlens .safetensors instead")
     from safetensors.torch import save_file
     from transformers import PreTrainedTokenizerFast
 

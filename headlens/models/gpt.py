@@ -33,13 +33,18 @@ def gelu_new(x: torch.Tensor) -> torch.Tensor:
 
 
 class MultiHeadAttention(nn.Module):
-    """Causal multi-head self-attention with a hook at every per-head quantity."""
+    """Multi-head self-attention (causal unless ``cfg.causal`` is False) with a hook at every per-head quantity.
+
+    The heads side by side are ``d_attn = n_heads * d_head`` wide: ``d_model`` by default, free when
+    ``d_head`` is set (compiled tracr models).
+    """
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.n_heads, self.d_head, self.d_model, self.n_ctx = cfg.n_heads, cfg.d_head, cfg.d_model, cfg.n_ctx
-        self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_model)  # fused q, k, v projections
-        self.c_proj = nn.Linear(cfg.d_model, cfg.d_model)  # merge heads back into the residual
+        self.d_attn, self.causal = cfg.d_attn, cfg.causal
+        self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_attn)  # fused q, k, v projections
+        self.c_proj = nn.Linear(cfg.d_attn, cfg.d_model)  # merge heads back into the residual
         self.hook_q = HookPoint()  # (B, T, H, d_head)
         self.hook_k = HookPoint()  # (B, T, H, d_head)
         self.hook_v = HookPoint()  # (B, T, H, d_head)
@@ -49,9 +54,9 @@ class MultiHeadAttention(nn.Module):
 
     @property
     def mask(self) -> torch.Tensor:
-        """``(n_ctx, n_ctx)`` bool causal mask, built on demand (no stored buffer: it is O(n_ctx^2))."""
+        """``(n_ctx, n_ctx)`` bool mask of the keys each query sees, built on demand (no stored buffer: it is O(n_ctx^2))."""
         i = torch.arange(self.n_ctx, device=self.c_attn.weight.device)
-        return i[None, :] <= i[:, None]
+        return i[None, :] <= i[:, None] if self.causal else torch.ones(self.n_ctx, self.n_ctx, dtype=torch.bool, device=i.device)
 
     @property
     def needs_pattern(self) -> bool:
@@ -64,22 +69,23 @@ class MultiHeadAttention(nn.Module):
         return x.transpose(1, 2)  # (B, H, T, d_head): each head attends on its own
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, D = x.shape  # batch, positions, d_model
-        q, k, v = self.c_attn(x).split(self.d_model, dim=2)  # 3 x (B, T, D)
+        B, T, _ = x.shape  # batch, positions (d_model last)
+        q, k, v = self.c_attn(x).split(self.d_attn, dim=2)  # 3 x (B, T, H*d_head)
         q = self.split_heads(q, self.hook_q)  # (B, H, T, d_head)
         k = self.split_heads(k, self.hook_k)  # (B, H, T, d_head)
         v = self.split_heads(v, self.hook_v)  # (B, H, T, d_head)
         if self.needs_pattern:
             scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.d_head)  # (B, H, Q, K)
-            future = torch.arange(T, device=x.device)[None, :] > torch.arange(T, device=x.device)[:, None]  # (Q, K)
-            scores = scores.masked_fill(future, float("-inf"))
+            if self.causal:
+                future = torch.arange(T, device=x.device)[None, :] > torch.arange(T, device=x.device)[:, None]  # (Q, K)
+                scores = scores.masked_fill(future, float("-inf"))
             scores = self.hook_attn_scores(scores)
             pattern = self.hook_pattern(F.softmax(scores, dim=-1))  # (B, H, Q, K)
             z = pattern @ v  # (B, H, T, d_head)
         else:
-            z = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, d_head)
+            z = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)  # (B, H, T, d_head)
         z = self.hook_z(z.transpose(1, 2))  # (B, T, H, d_head)
-        return self.c_proj(z.reshape(B, T, D))  # heads merged: (B, T, H*d_head) -> (B, T, D)
+        return self.c_proj(z.reshape(B, T, self.d_attn))  # heads merged: (B, T, H*d_head) -> (B, T, D)
 
 
 class MLP(nn.Module):
@@ -88,9 +94,10 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(cfg.d_model, cfg.d_mlp)
         self.c_proj = nn.Linear(cfg.d_mlp, cfg.d_model)
         self.hook_post = HookPoint()  # (B, T, d_mlp)
+        self.act = gelu_new if cfg.act_fn == "gelu_new" else F.relu
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(self.hook_post(gelu_new(self.c_fc(x))))
+        return self.c_proj(self.hook_post(self.act(self.c_fc(x))))
 
 
 def _norm(cfg: ModelConfig) -> nn.Module:
@@ -123,7 +130,7 @@ class Block(nn.Module):
 
 
 class GPT(HookedRootModule):
-    """A GPT-2-compatible causal transformer with TransformerLens hook points.
+    """A GPT-2-compatible transformer with TransformerLens hook points (causal unless ``cfg.causal`` is False).
 
     >>> cfg = ModelConfig(n_layers=1, n_heads=2, d_model=8, n_ctx=16, d_vocab=257)
     >>> model = GPT(cfg)
@@ -131,8 +138,6 @@ class GPT(HookedRootModule):
     >>> tuple(cache["blocks.0.attn.hook_pattern"].shape)  # (batch, head, query_pos, key_pos)
     (1, 2, 3, 3)
     """
-
-    is_causal = True
 
     def __init__(self, cfg: ModelConfig, tokenizer: Tokenizer | None = None, name: str = "gpt") -> None:
         super().__init__()
@@ -175,6 +180,10 @@ class GPT(HookedRootModule):
         return self.cfg.n_heads
 
     @property
+    def is_causal(self) -> bool:
+        return self.cfg.causal
+
+    @property
     def bos_token_id(self) -> int:
         return self.tokenizer.bos_token_id
 
@@ -187,9 +196,10 @@ class GPT(HookedRootModule):
         return self.transformer.wte.weight.device
 
     def attention_specs(self) -> list[AttentionSpec]:
-        """Per layer: q and k hooks (``(B, T, H, d_head)``), scale ``1/sqrt(d_head)``, causal."""
+        """Per layer: q and k hooks (``(B, T, H, d_head)``), scale ``1/sqrt(d_head)``, causal unless configured not."""
         return [AttentionSpec(f"blocks.{layer}.attn.hook_q", f"blocks.{layer}.attn.hook_k", "BTHD",
-                              1.0 / math.sqrt(self.cfg.d_head), causal=True) for layer in range(self.cfg.n_layers)]
+                              1.0 / math.sqrt(self.cfg.d_head), causal=self.cfg.causal)
+                for layer in range(self.cfg.n_layers)]
 
     def to_tokens(self, text: str | list[str], prepend_bos: bool = True) -> torch.Tensor:
         """Tokenize one string (or several of equal token length) to ``(batch, pos)`` ids."""
@@ -213,10 +223,13 @@ class GPT(HookedRootModule):
         """Logits ``(B, T, d_vocab)`` for token ids ``(B, T)`` (or text, tokenized with BOS).
 
         ``attention_mask`` is accepted for interface parity with bidirectional backends and
-        ignored: pad on the right, and causal attention keeps real positions from seeing pads.
+        ignored: pad on the right, and causal attention keeps real positions from seeing pads. A
+        bidirectional native model (``cfg.causal=False``) has no padding mask and refuses padded batches.
         """
         if not isinstance(tokens, torch.Tensor):
             tokens = self.to_tokens(tokens)
+        if not self.cfg.causal and attention_mask is not None and not bool(attention_mask.bool().all()):
+            raise ProbeError("this bidirectional native model has no padding mask: give prompts of one token length")
         B, T = tokens.shape
         if T > self.cfg.n_ctx:
             raise ProbeError(f"input has {T} positions; this model's context is n_ctx={self.cfg.n_ctx}")

@@ -115,3 +115,19 @@ def test_head_labels_put_the_strongest_label_first():
     table = pd.DataFrame({"layer": [1, 1, 0], "head": [1, 1, 0], "detector": ["first_token", "induction", "sink"],
                           "label": [True, True, False], "lift": [12.2, 25.9, 9.0], "score": [0.7, 0.6, 0.9]})
     assert head_labels(table) == {"L1H1": "induction,first_token"}
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fast_equals_naive_on_tracr_shapes(causal):
+    """Free head width (d_head x n_heads != d_model), ReLU MLPs, no LayerNorm, bidirectional or causal
+    attention: what compiled tracr models are made of (tests/circuits/test_tracr.py converts real ones)."""
+    from tests.models.test_tracr_shapes import TRACR_LIKE
+
+    model = make_gpt(**(TRACR_LIKE | {"causal": causal, "n_layers": 3}))
+    prompts = ["def f(x): pass", "class A: pass ", "import os, sys"]  # one token length: no padding
+    s = setup(model, "kl", "resample", prompts=prompts, n_prompts=3, seed=1)
+    edges = make_edges(model, parse_nodes("L1H2,L2H0,logits", model), None, "qkv")
+    fast = edge_values(model, s.task, ["kl"], edges, s.deltas, fast=True, max_tokens=40)
+    naive = edge_values(model, s.task, ["kl"], edges, s.deltas, fast=False)
+    assert max(float(np.abs(fast[1][k] - naive[1][k]).max()) for k in naive[1]) < TOL
+    assert sum(float(naive[1][e, "kl"].max()) > 1e-3 for e in edges) > len(edges) // 2

@@ -184,3 +184,18 @@ def test_confirm_needs_a_classification_table():
 
     with pytest.raises(HeadlensError, match="columns"):
         confirm_mod.confirm(make_gpt(0), pd.DataFrame({"layer": [0], "head": [0]}))
+
+
+@pytest.mark.parametrize("method", ["mean", "uniform"])
+def test_fast_sweep_equals_naive_on_tracr_shapes(method):
+    """Bidirectional attention, free head width and ReLU (compiled tracr models): the fast path's last block,
+    computed at the read positions only, must let every query see every key."""
+    from tests.models.test_tracr_shapes import TRACR_LIKE
+
+    model = make_gpt(0, **(TRACR_LIKE | {"n_layers": 3}))
+    kw = dict(groups=[["L0H1"], ["L2H2"], ["L1H0", "L2H1"]], method=method, metrics=["kl"], n_prompts=3,
+              prompts=["def f(x): pass", "class A: pass ", "import os, sys"], n_control=2, n_boot=100,
+              attribution=False)
+    fast, naive = sweep(model, fast=True, **kw), sweep(model, fast=False, **kw)
+    pd.testing.assert_frame_equal(fast, naive, check_exact=False, rtol=1e-5, atol=1e-6)
+    assert fast.delta.abs().max() > 1e-3  # the ablations do something
