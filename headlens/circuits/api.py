@@ -41,6 +41,7 @@ class Setup:
     fast: bool
     labels: dict[str, str] | None
     progress: Callable[[int], None] | None = None
+    prompts: Sequence[str] | None = None  # the user's prompts, for the sweep that finds discovery's roots
 
     def table(self, edges: Sequence[Edge], composition: bool = True) -> Any:
         """The edge table of ``edges`` (with their controls). Under torchrun each rank patches a
@@ -70,7 +71,7 @@ def setup(model: Any, metric: str = "repeated_loss", method: str = "mean", promp
     if method == "corrupted" and reference is None:  # a fresh draw of the same probe: same shape, other tokens
         reference = make_task(model, metric, prompts, n_prompts, seed + 1).tokens
     deltas = SenderDeltas(model, task.tokens, method, reference, seed, task.attention_mask)
-    return Setup(model, metric, task, deltas, n_control, n_boot, seed, fast, head_labels(labels), progress)
+    return Setup(model, metric, task, deltas, n_control, n_boot, seed, fast, head_labels(labels), progress, prompts)
 
 
 def head_labels(labels: Any) -> dict[str, str] | None:

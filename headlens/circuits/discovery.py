@@ -1,7 +1,7 @@
 """Discovery: the circuit for a metric, found from the heads that matter down through significant edges.
 
 1. The heads that matter: ``sweep``'s single-head ablations (same method, same probe) whose effect beats
-   random heads of their layer.
+   random heads of their layer (in a one-head layer, which has none, whose CI clears the effect floor).
 2. Recursively, every edge into those heads' q/k/v (from ``embed``, earlier heads and MLPs), measured
    exactly; significant edges (:func:`~headlens.circuits.edges.significant`) are kept, and their head
    senders are expanded in turn. Every reported edge is measured by exact patching; no gradient
@@ -35,9 +35,13 @@ def heads_that_matter(s: Any) -> list[Node]:
     """Single heads whose ablation beats random heads of their layer on the metric (sweep) by more than
     the effect floor (:func:`~headlens.circuits.edges.effect_floor` of the clean metric)."""
     method = "mean" if s.deltas.method == "corrupted" else s.deltas.method
-    df = sweep(s.model, method=method, metrics=[s.metric], n_prompts=s.task.n_prompts, n_control=s.n_control,
+    df = sweep(s.model, method=method, metrics=[s.metric], prompts=s.prompts, n_prompts=s.task.n_prompts, n_control=s.n_control,
                control="layer", n_boot=s.n_boot, seed=s.seed, attribution=False)
-    hits = df[df.beats_control & (df.delta.abs() >= [effect_floor(c) for c in df.clean])]
+    floor = np.array([effect_floor(c) for c in df.clean])
+    worse = get_metric(s.metric).higher_is_worse
+    harmful = (df.ci_low > floor) if worse else (df.ci_high < -floor)
+    # a layer with one head has no other heads for a control (tracr's): then the CI alone must clear the floor
+    hits = df[(df.beats_control | (df.control_delta.isna() & harmful)) & (df.delta.abs() >= floor)]
     return [Node("head", int(h[1:].split("H")[0]), int(h.split("H")[1])) for h in hits.heads]
 
 

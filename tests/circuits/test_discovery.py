@@ -5,6 +5,7 @@ from __future__ import annotations
 import headlens
 from headlens.circuits.edges import significant_mask
 from headlens.circuits.motifs import motifs
+from headlens.circuits.nodes import Node
 from headlens.testing import PLANTED_EDGES, planted_circuit_model
 
 
@@ -54,3 +55,25 @@ def test_an_untrained_model_has_no_circuit_and_discovery_says_inconclusive(monke
     save_checkpoint(untrained, path)
     code, out, _ = run_cli(monkeypatch, capsys, "circuit", "-m", str(path), "--n-prompts", "12")
     assert code == 0 and out.startswith("inconclusive: no head's ablation moves repeated_loss")
+
+
+def test_discovery_roots_in_one_head_layers_and_on_the_users_prompts():
+    """A layer with one head has no other head for a control (compiled tracr models are like this): its head
+    is a root when its CI clears the floor. And the sweep that picks the roots reads the user's prompts
+    (a char-level model cannot take the default stdlib snippets)."""
+    import torch
+
+    from headlens.circuits.api import setup
+    from headlens.circuits.discovery import heads_that_matter
+    from headlens.models.config import ModelConfig
+    from headlens.models.gpt import GPT
+    from headlens.models.tokenizer import Tokenizer
+
+    torch.manual_seed(0)
+    tok = Tokenizer.char_level("abcdefgh")
+    model = GPT(ModelConfig(n_layers=2, n_heads=1, d_model=16, n_ctx=12, d_vocab=tok.d_vocab, init_range=0.5), tok).eval()
+    prompts = ["abcdefgh", "hgfedcba", "aabbccdd", "abcabcab", "ddccbbaa", "hahahaha"]
+    s = setup(model, "kl", "mean", prompts=prompts, n_prompts=6, n_control=3, n_boot=200)
+    assert heads_that_matter(s) == [Node("head", 0, 0), Node("head", 1, 0)]
+    df = headlens.circuit(model, metric="kl", method="mean", prompts=prompts, n_prompts=6, n_boot=200)
+    assert df.attrs["verdict"] == "found" and ("L0H0", "L1H0") in set(zip(df.sender, df.receiver, strict=True))
