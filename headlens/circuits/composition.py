@@ -16,7 +16,9 @@ both linear parts: the sender's ``W_O`` is centred (``W_O (I - 11^T / d_model)``
 mean subtraction leaves of its write) and ``gamma`` multiplies the rows of the receiver's ``W_Q``,
 ``W_K`` and ``W_V``. The division by the norm is one positive number per position: it scales ``A B``
 and cancels in no ratio, so the score ignores it (the exact edge effect does not). On Hugging Face
-models the raw weights are scored (RMSNorm has no centring; its scale is not folded).
+models the same is done from the bridge's weights: the attention norm's scale (read off the norm itself, so
+Gemma's ``1 + weight`` counts as Gemma computes it) multiplies the receiver's rows, and under LayerNorm
+(GPT-2, GPT-NeoX, Phi) the sender's write is centred; RMSNorm (Llama, Mistral, Qwen2, Gemma) has no centring.
 
 **The null.** A raw score has no scale of its own: random matrices of these shapes already score
 ``~sqrt(d_head / d_model)``. The null keeps each matrix's spectrum and randomly rotates the residual
@@ -34,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from headlens.circuits.nodes import Edge, kv_head
+from headlens.circuits.nodes import Edge, Node, kv_head
 
 _N_NULL = 200
 
@@ -42,8 +44,14 @@ _N_NULL = 200
 def head_weights(model: Any, layer: int) -> dict[str, torch.Tensor]:
     """``W_Q (H, D, d)``, ``W_K``/``W_V`` ``(H_kv, D, d)``, ``W_O (H, d, D)`` of ``layer``, float64, LN folded on native models."""
     if hasattr(model, "bridge"):
-        a = model.bridge.blocks[layer].attn
-        return {n: getattr(a, n).detach().double().cpu() for n in ("W_Q", "W_K", "W_V", "W_O")}
+        block = model.bridge.blocks[layer]
+        w = {n: getattr(block.attn, n).detach().double().cpu() for n in ("W_Q", "W_K", "W_V", "W_O")}
+        gamma = _norm_scale(block)
+        if gamma is not None:  # the norm's scale multiplies what the receiver reads
+            w.update({n: w[n] * gamma[None, :, None] for n in ("W_Q", "W_K", "W_V")})
+        if getattr(model.bridge.cfg, "normalization_type", None) == "LN":  # LN removes the mean of every write
+            w["W_O"] = w["W_O"] - w["W_O"].mean(-1, keepdim=True)
+        return w
     block = model.transformer.h[layer]
     H, d, D = model.cfg.n_heads, model.cfg.d_head, model.cfg.d_model
     w = block.attn.c_attn.weight.detach().double().cpu().view(3, H, d, D).transpose(-1, -2)  # (qkv, H, D, d)
@@ -54,6 +62,28 @@ def head_weights(model: Any, layer: int) -> dict[str, torch.Tensor]:
     if model.cfg.normalization == "LN":  # LN removes the mean of every write
         out = out - out.mean(-1, keepdim=True)
     return {"W_Q": w[0], "W_K": w[1], "W_V": w[2], "W_O": out}
+
+
+def _norm_scale(block: Any) -> torch.Tensor | None:
+    """``(D,)`` the per-channel scale the block's attention norm applies after normalizing, or None.
+
+    LayerNorm's scale is its ``weight``. RMSNorm's is read by running the norm on the rows ``sqrt(D) e_i``
+    (each of unit RMS): the output is ``sqrt(D) g_i e_i``, so every family's own convention (Gemma's
+    ``1 + weight``) comes out as the family computes it.
+    """
+    norm = getattr(block, "ln1", None)
+    if norm is None:
+        return None
+    weight = dict(norm.named_parameters()).get("_original_component.weight")
+    if weight is None:
+        return None
+    if dict(norm.named_parameters()).get("_original_component.bias") is not None:  # LayerNorm: gamma as stored
+        return weight.detach().double().cpu()
+    D = weight.shape[0]
+    probe = torch.eye(D, dtype=weight.dtype, device=weight.device)[None] * D**0.5  # (1, D, D): rows of unit RMS
+    with torch.no_grad():
+        out = norm(probe)[0]  # (D, D): row i is sqrt(D) g_i e_i
+    return (torch.diagonal(out) / D**0.5).detach().double().cpu()
 
 
 def _receiver_factors(W: dict[str, torch.Tensor], model: Any, head: int, c: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,7 +110,8 @@ def _sqrtm(m: torch.Tensor) -> torch.Tensor:
 
 
 def scores(model: Any, edges: Sequence[Edge], n_null: int = _N_NULL, seed: int = 0) -> dict[Edge, tuple[float, float]]:
-    """``edge -> (composition, composition_z)`` for head-to-head edges (others are left out)."""
+    """``edge -> (composition, composition_z)`` for head-to-head edges (others are left out); ``n_null=0``
+    skips the null (z is NaN): the raw score alone is cheap."""
     weights: dict[int, dict[str, torch.Tensor]] = {}
 
     def W(layer: int) -> dict[str, torch.Tensor]:
@@ -102,6 +133,9 @@ def scores(model: Any, edges: Sequence[Edge], n_null: int = _N_NULL, seed: int =
         norm_b = torch.trace((P.T @ P) @ G_R).sqrt()
         M = W_O @ P  # (d, d)
         score = float(torch.trace(M.T @ G_V @ M @ G_R).sqrt() / (norm_a * norm_b))
+        if n_null <= 0:
+            out[e] = (score, float("nan"))
+            continue
         if frames is None:
             frames = _frames(W_O.shape[1], W_O.shape[0], n_null, seed)  # (n, D, d)
         Y = frames @ _sqrtm(W_O @ W_O.T)  # (n, D, d): Q W_O^T, the sender's rotated write directions
@@ -110,6 +144,18 @@ def scores(model: Any, edges: Sequence[Edge], n_null: int = _N_NULL, seed: int =
         z = (score - float(null.mean())) / max(float(null.std()), 1e-12)
         out[e] = (score, z)
     return out
+
+
+def reference_scores(model: Any, c: str, n_pairs: int = 256, seed: int = 0) -> np.ndarray:
+    """Raw composition scores of ``n_pairs`` head pairs of this model (all pairs when there are fewer) for
+    receiver input ``c``: what "strong" and "weak" composition mean for these weights, which a trained
+    model pushes far above the rotation null almost everywhere."""
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    pairs = [(ls, hs, lr, hr) for lr in range(1, L) for hr in range(H) for ls in range(lr) for hs in range(H)]
+    if len(pairs) > n_pairs:
+        pairs = [pairs[i] for i in np.random.default_rng(seed).choice(len(pairs), n_pairs, replace=False)]
+    edges = [Edge(Node("head", ls, hs), Node("head", lr, hr), c) for ls, hs, lr, hr in pairs]
+    return np.array([v[0] for v in scores(model, edges, n_null=0).values()])
 
 
 def random_baseline(model: Any, n: int = 20, seed: int = 0) -> float:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from headlens.circuits.composition import random_baseline, scores
+from headlens.circuits.composition import random_baseline, reference_scores, scores
 from headlens.circuits.nodes import Edge, Node, kv_head
 from headlens.interventions.controls import control_groups
 from headlens.interventions.metrics import bootstrap_ci, get_metric
@@ -65,8 +65,9 @@ def edge_table(model: Any, metric: str, edges: Sequence[Edge], clean: np.ndarray
     import pandas as pd
 
     comp = scores(model, edges, seed=seed) if composition else {}
+    ref = {c: reference_scores(model, c, seed=seed) for c in {e.input for e in comp}}
     worse = get_metric(metric).higher_is_worse
-    rows = []
+    rows, says = [], []
     for e in edges:
         delta = values[e, metric] - clean
         lo, hi = bootstrap_ci(delta, n_boot, seed)
@@ -76,17 +77,33 @@ def edge_table(model: Any, metric: str, edges: Sequence[Edge], clean: np.ndarray
             c_mean = float(c_delta.mean())
             c_lo, c_hi = bootstrap_ci(c_delta, n_boot, seed)
         score, z = comp.get(e, (float("nan"), float("nan")))
+        says.append(_weights_say(score, z, ref.get(e.input)))
         r = e.receiver
         rows.append([getattr(model, "name", ""), e.sender.name, r.name,
                      kv_head(model, r.head) if r.kind == "head" else -1, e.input, float(delta.mean()), lo, hi,
                      c_mean, c_lo, c_hi, score, z, False, _label(e, labels)])
     df = pd.DataFrame(rows, columns=COLUMNS)
     sig = df.apply(lambda row: significant(row, worse), axis=1) if len(df) else df["disagree"]
-    strong, weak = df.composition_z > Z_STRONG, df.composition_z < Z_WEAK
-    df["disagree"] = ((sig & weak) | (~sig & strong)).astype(bool)
+    say = pd.Series(says, index=df.index, dtype=object)
+    df["disagree"] = ((sig & (say == "no")) | (~sig & (say == "yes"))).astype(bool)
     df.attrs.update(metric=metric, clean=float(clean.mean()), n_prompts=len(clean),
                     composition_baseline=random_baseline(model) if composition else float("nan"))
     return df
+
+
+def _weights_say(score: float, z: float, ref: np.ndarray | None) -> str:
+    """What the weights say of an edge: ``"yes"`` when it composes beyond the rotation null (``z >
+    Z_STRONG``) *and* beyond 95% of this model's head pairs (``ref``: trained weights sit far above the
+    null almost everywhere, so the null alone says yes to most pairs); ``"no"`` when ``z < Z_WEAK`` or
+    the weights do not single the pair out (below 75% of the model's pairs); ``""`` when there is no
+    score (not head to head) or neither holds."""
+    if z != z or ref is None or not len(ref):
+        return ""
+    if z < Z_WEAK or score < float(np.quantile(ref, 0.75)):
+        return "no"
+    if z > Z_STRONG and score > float(np.quantile(ref, 0.95)):
+        return "yes"
+    return ""
 
 
 def _label(e: Edge, labels: dict[str, str] | None) -> str:

@@ -156,3 +156,27 @@ def test_a_bridged_gpt2_runs_on_its_native_twin(built):
     s = setup(model, "repeated_loss", "mean", n_prompts=2)
     assert isinstance(make_patcher(model, s.task, fast=True), NativePatcher)
     assert native_twin(built("llama")[1]) is None  # not a GPT-2: the forks path
+
+
+def test_composition_through_the_bridge_folds_the_norm_like_the_native_model(built, tmp_path):
+    """GPT-2 through the bridge scores as its native twin does (LayerNorm's gamma folded into the receiver,
+    the sender's write centred); on RMSNorm families the folded scale is what the family computes
+    (Llama's weight, Gemma's 1 + weight)."""
+    from headlens.circuits.composition import _norm_scale, scores
+    from headlens.circuits.twin import native_twin
+
+    model = headlens.load(f"hf:{build('gpt2', tmp_path / 'gpt2')}")  # its own copy: the gammas change below
+    twin = native_twin(model)
+    with torch.no_grad():  # a gamma far from 1, so folding it is visible
+        for b_native, b_bridge in zip(twin.transformer.h, model.bridge.blocks, strict=True):
+            g = torch.rand_like(b_native.ln_1.weight) * 2 + 0.2
+            b_native.ln_1.weight.copy_(g)
+            dict(b_bridge.ln1.named_parameters())["_original_component.weight"].copy_(g)
+    edges = make_edges(model, parse_nodes("L1H0,L1H3", model), parse_nodes("L0H0,L0H2", model), "qkv")
+    bridged, native = scores(model, edges, n_null=0), scores(twin, edges, n_null=0)
+    assert max(abs(bridged[e][0] - native[e][0]) for e in edges) < 1e-6
+    for family, offset in (("llama", 0.0), ("gemma", 1.0)):
+        path, m = built(family)
+        hf = load_eager(path, family)
+        want = hf.model.layers[1].input_layernorm.weight.detach().double() + offset
+        assert torch.allclose(_norm_scale(m.bridge.blocks[1]), want, atol=1e-5), family

@@ -35,3 +35,16 @@ def test_code_discovery_finds_its_induction_circuit():
     assert {"L0H0", "L2H3"} <= set(df.attrs["roots"])
     assert ((df.sender == "L0H0") & (df.receiver == "L2H3") & (df.input == "k")).any()
     assert df.attrs["faithfulness"] > 0.7
+
+
+def test_disagree_is_calibrated_on_the_models_own_pairs():
+    """The rotation null alone flags almost every edge of a trained model (its weights sit far above it):
+    `disagree` places each edge among the model's own head pairs, so it is rare, and it names the issue's
+    case: induction-2l's L0H2 -> L1H1.k moves the loss by nats without standing out in the weights."""
+    model = _zoo("induction-2l")
+    df = headlens.circuit(model, receivers="L1H0,L1H1,L1H2,L1H3", senders="L0H0,L0H1,L0H2,L0H3", method="zero",
+                          n_prompts=16, n_boot=200)
+    by = {(r.sender, r.receiver, r.input): r.disagree for r in df.itertuples()}
+    assert by["L0H2", "L1H1", "k"] and not by["L0H0", "L1H1", "k"] and not by["L0H0", "L1H1", "q"]
+    assert (df.composition_z > 3).mean() > 0.5  # what the null alone would have flagged: most non-edges
+    assert df.disagree.mean() < 0.25
