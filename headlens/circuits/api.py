@@ -103,6 +103,7 @@ def circuit(
     fast: bool = True,
     progress: Callable[[int], None] | None = None,
     device: str = "cpu",
+    first_pass: int | None = None,
 ) -> Any:
     """Measure how heads work together: the edge table (ARCHITECTURE.md) for ``receivers``, or a discovered circuit.
 
@@ -132,6 +133,9 @@ def circuit(
         fast: the cached / batched path (same numbers as ``fast=False``, one forward per edge).
         progress: called with the number of edges just finished.
         device: where a model reference is loaded.
+        first_pass: discovery only: rank each round's candidate edges by edge attribution patching (one
+            forward and backward) and patch the top ``first_pass`` exactly; the rest are not measured.
+            Every reported edge is still measured exactly. ``attrs["first_pass"]`` reports the ranking.
 
     Under ``torchrun`` (receivers given) the edges are shared out to the ranks in contiguous blocks and rank 0
     returns the table; the other ranks return None.
@@ -160,7 +164,7 @@ def circuit(
         if current().world_size > 1:
             raise CircuitError("discovery runs in one process; under torchrun give --receivers")
 
-        df = discover(s, inputs=ins, senders=send)
+        df = discover(s, inputs=ins, senders=send, first_pass=first_pass)
     else:
         df = s.table(edges)
         if df is None:  # a rank other than 0 under torchrun: its edges went to rank 0

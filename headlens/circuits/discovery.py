@@ -45,17 +45,27 @@ def heads_that_matter(s: Any) -> list[Node]:
     return [Node("head", int(h[1:].split("H")[0]), int(h.split("H")[1])) for h in hits.heads]
 
 
-def discover(s: Any, inputs: Sequence[str] = ("q", "k", "v"), senders: Sequence[Node] | None = None) -> Any:
-    """The discovered circuit's edge table (significant edges only), with faithfulness in ``attrs``."""
+def discover(s: Any, inputs: Sequence[str] = ("q", "k", "v"), senders: Sequence[Node] | None = None,
+             first_pass: int | None = None) -> Any:
+    """The discovered circuit's edge table (significant edges only), with faithfulness in ``attrs``.
+
+    ``first_pass``: rank each round's candidate edges by edge attribution patching
+    (:mod:`headlens.circuits.attribution`) and patch only the top ``first_pass`` exactly (with their
+    controls); ``attrs["first_pass"]`` says how many were kept of how many and how well the estimates
+    ranked the edges that were patched (Spearman). Where the estimate cannot run (``kl``, a non-native
+    model) every candidate is patched and ``attrs["first_pass"]`` says why.
+    """
     import pandas as pd
 
     roots = heads_that_matter(s)
     frontier, seen, tables = list(roots), set(roots), []
+    ranked = _FirstPass(s, first_pass)
     for _ in range(MAX_DEPTH):
         if not frontier:
             break
-        edges = make_edges(s.model, sorted(frontier), senders, inputs, strict=False)
+        edges = ranked.keep(make_edges(s.model, sorted(frontier), senders, inputs, strict=False))
         df = s.table(edges)
+        ranked.compare(df)
         keep = df[significant_mask(df)]
         tables.append(keep)
         frontier = []
@@ -69,6 +79,8 @@ def discover(s: Any, inputs: Sequence[str] = ("q", "k", "v"), senders: Sequence[
     out = out.sort_values("effect", key=abs, ascending=False, kind="stable").reset_index(drop=True)
     out.attrs.update(tables[0].attrs if tables else {})
     out.attrs["roots"] = [n.name for n in roots]
+    if first_pass:
+        out.attrs["first_pass"] = ranked.summary()
     out.attrs["verdict"] = "found" if len(out) else "inconclusive"
     if not len(out):  # no evidence is no circuit: say so rather than report an empty "circuit"
         out.attrs["why"] = (f"no head's ablation moves {s.metric} beyond random heads of its layer by more than "
@@ -78,6 +90,48 @@ def discover(s: Any, inputs: Sequence[str] = ("q", "k", "v"), senders: Sequence[
     out.attrs["faithfulness_curve"] = curve
     out.attrs["faithfulness"] = curve[-1] if curve else float("nan")
     return out
+
+
+class _FirstPass:
+    """Discovery's optional gradient first pass: which candidates get patched exactly, and how well it ranked."""
+
+    def __init__(self, s: Any, top: int | None) -> None:
+        from headlens.circuits.attribution import supported
+
+        self.s, self.top = s, top
+        self.why = supported(s.model, s.metric) if top else "off"
+        self.kept = self.candidates = 0
+        self.estimates: dict[tuple[str, str, str], float] = {}  # (sender, receiver, input) -> estimate
+        self.pairs: list[tuple[float, float]] = []
+
+    def keep(self, edges: list[Any]) -> list[Any]:
+        self.candidates += len(edges)
+        if self.why is not None or len(edges) <= self.top:
+            self.kept += len(edges)
+            return edges
+        from headlens.circuits.attribution import edge_attribution
+
+        s = self.s
+        est = {e: float(v.mean()) for e, v in edge_attribution(s.model, s.task, s.metric, edges, s.deltas).items()}
+        self.estimates.update({(e.sender.name, e.receiver.name, e.input): v for e, v in est.items()})
+        best = set(sorted(edges, key=lambda e: -abs(est[e]))[: self.top])
+        self.kept += len(best)
+        return [e for e in edges if e in best]  # in the forward's order, as without the first pass
+
+    def compare(self, df: Any) -> None:
+        self.pairs += [(self.estimates[k], row.effect) for row in df.itertuples()
+                       if (k := (row.sender, row.receiver, row.input)) in self.estimates]
+
+    def summary(self) -> dict[str, Any]:
+        from headlens.interventions.attribution import spearman
+
+        out: dict[str, Any] = {"kept": self.kept, "candidates": self.candidates}
+        if self.why is not None:
+            out["skipped"] = self.why
+        elif self.pairs:
+            a, b = zip(*self.pairs, strict=True)
+            out["spearman"] = spearman(np.array(a), np.array(b))
+        return out
 
 
 def _metric_with_clean_heads(s: Any, clean_heads: set[str]) -> float:

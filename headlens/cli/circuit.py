@@ -48,6 +48,9 @@ def register(app: typer.Typer) -> None:
             "--report", help="also classify the heads (labels) and write an HTML report with the circuit graph")] = None,
         n_prompts: Annotated[int, typer.Option("--n-prompts", min=2, help="probe prompts")] = 32,
         n_control: Annotated[int, typer.Option("--n-control", min=0, help="random control senders per edge")] = 8,
+        first_pass: Annotated[int | None, typer.Option(
+            "--first-pass", min=1, help="discovery: patch only the top N candidates per round, ranked by edge "
+            "attribution patching (every reported edge is still exact)")] = None,
         seed: opt.Seed = 0,
         quiet: opt.Quiet = False,
         device: opt.Device = "cpu",
@@ -93,7 +96,7 @@ def register(app: typer.Typer) -> None:
 
             df = circuit(m, receivers=receivers, senders=senders, inputs=inputs, metric=metric, method=method,
                          prompts=texts, n_prompts=n_prompts, n_control=n_control, per_group=per_group,
-                         positions=positions, seed=seed, labels=scores, progress=step)
+                         positions=positions, seed=seed, labels=scores, progress=step, first_pass=first_pass)
         if df is None:  # a rank other than 0
             return
         if df.attrs.get("verdict") == "inconclusive":  # discovery found no evidence: say so, not an empty circuit
@@ -103,6 +106,11 @@ def register(app: typer.Typer) -> None:
             title = (f"{getattr(m, 'name', model)}: {metric}, {method} ablation on the direct path "
                      f"(clean {df.attrs['clean']:.4f})")
             Console(width=None if sys.stdout.isatty() else 180).print(render(shown, title))
+        if "first_pass" in df.attrs:
+            fp = df.attrs["first_pass"]
+            rho = f", Spearman {fp['spearman']:.2f} with the exact effects" if "spearman" in fp else ""
+            err.print(f"first pass: patched {fp['kept']} of {fp['candidates']} candidate edges{rho}"
+                      + (f" (all: {fp['skipped']})" if "skipped" in fp else ""))
         if df.attrs.get("verdict") != "inconclusive" and "faithfulness" in df.attrs:
             err.print(f"faithfulness (circuit heads clean, the rest ablated): {df.attrs['faithfulness']:.3f}")
         if out is not None:

@@ -156,6 +156,10 @@ def test_a_bridged_gpt2_runs_on_its_native_twin(built):
     s = setup(model, "repeated_loss", "mean", n_prompts=2)
     assert isinstance(make_patcher(model, s.task, fast=True), NativePatcher)
     assert native_twin(built("llama")[1]) is None  # not a GPT-2: the forks path
+    from headlens.circuits.attribution import supported  # the first pass differentiates the twin
+
+    assert supported(model, "repeated_loss") is None
+    assert "native models and bridged GPT-2s" in supported(built("llama")[1], "repeated_loss")
 
 
 def test_composition_through_the_bridge_folds_the_norm_like_the_native_model(built, tmp_path):
