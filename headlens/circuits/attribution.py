@@ -12,7 +12,8 @@ head's q, k and v come from one backward pass (zero tensors added at ``hook_q|k|
 ``J^T w = (gamma w - mean(gamma w) - x_hat mean(gamma w x_hat)) / sigma``. Logits receivers read the final
 residual stream: their gradient is the one at the last block's ``hook_resid_post``.
 
-Native models (and a bridged GPT-2, through its native twin) only. ``kl`` sits at its minimum on the clean
+Native models and bridged GPT-2s (through their native twin) by this formula; other Hugging Face families
+through the bridge's per-head q/k/v input forks (:func:`_bridge_attribution`). ``kl`` sits at its minimum on the clean
 run, so its first-order estimate is zero everywhere: no first pass for it. A metric that is not
 differentiable uses the smooth surrogate the head attribution uses (``interventions.metrics.SURROGATES``).
 """
@@ -42,7 +43,10 @@ def supported(model: Any, metric: str) -> str | None:
     if get_metric(metric).needs_clean:
         return f"{metric} is at its minimum on the clean run: its first-order estimate is zero"
     if native_of(model) is None:
-        return "edge attribution runs on native models and bridged GPT-2s"
+        from headlens.circuits.bridge import has_forks
+
+        if not (hasattr(model, "bridge") and has_forks(model)):
+            return "edge attribution needs a native model or a bridge with per-head q/k/v input forks"
     return None
 
 
@@ -64,6 +68,8 @@ def edge_attribution(model: Any, task: Task, metric: str, edges: Sequence[Edge],
         raise ValueError(why)
     gpt = native_of(model)
     value = SURROGATES.get(metric, get_metric(metric).value)
+    if gpt is None:
+        return _bridge_attribution(model, task, value, edges, deltas)
     L = gpt.cfg.n_layers
     layers = sorted({e.receiver.layer for e in edges if e.receiver.kind == "head"})
     final = f"blocks.{L - 1}.hook_resid_post"
@@ -105,3 +111,39 @@ def edge_attribution(model: Any, task: Task, metric: str, edges: Sequence[Edge],
         result[e] = (delta * grad).sum((1, 2)).detach().double().cpu().numpy()  # (B,)
     return result
 
+
+def _bridge_attribution(model: Any, task: Task, value: Any, edges: Sequence[Edge], deltas: Any) -> dict[Edge, np.ndarray]:
+    """The same estimate through the bridge's forks: each head's pre-norm copy of the residual stream
+    (``hook_{c}_input`` ``(B, T, H or H_kv, D)``) is exactly what that input reads, so its gradient already
+    carries the family's norm, rotary embedding and soft-cap. Under grouped-query attention a key/value copy
+    is its group's: a per-query-head k/v edge is ranked by its group's estimate."""
+    from headlens.circuits.bridge import forks
+    from headlens.circuits.nodes import kv_head
+    from headlens.interventions.sweep import task_logits
+
+    L = model.cfg.n_layers
+    layers = sorted({e.receiver.layer for e in edges if e.receiver.kind == "head"})
+    final = f"blocks.{L - 1}.hook_resid_post"
+    leaves: dict[str, torch.Tensor] = {}
+
+    def leaf(x: torch.Tensor, hook: Any) -> torch.Tensor:
+        leaves[hook.name] = torch.zeros_like(x, requires_grad=True)
+        return x + leaves[hook.name]
+
+    fwd = [(f"blocks.{layer}.attn.hook_{c}_input", leaf) for layer in layers for c in INPUTS] + [(final, leaf)]
+    with torch.enable_grad(), forks(model), model.hooks(fwd):
+        logits = task_logits(model, task, 0)  # (B, T, V)
+        total = per_prompt_mean(value(logits, task, None), task.positions).sum()
+        names = list(leaves)
+        grads = dict(zip(names, torch.autograd.grad(total, [leaves[n] for n in names]), strict=True))
+    result: dict[Edge, np.ndarray] = {}
+    for e in edges:
+        r = e.receiver
+        if r.kind == "logits":
+            grad = grads[final]  # (B, T, D)
+        else:
+            idx = r.head if e.input == "q" else kv_head(model, r.head)
+            grad = grads[f"blocks.{r.layer}.attn.hook_{e.input}_input"][:, :, idx]  # (B, T, D)
+        delta = deltas.delta(e.sender).to(grad)  # (B, T, D)
+        result[e] = (delta * grad).sum((1, 2)).detach().double().cpu().numpy()  # (B,)
+    return result

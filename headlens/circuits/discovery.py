@@ -52,8 +52,8 @@ def discover(s: Any, inputs: Sequence[str] = ("q", "k", "v"), senders: Sequence[
     ``first_pass``: rank each round's candidate edges by edge attribution patching
     (:mod:`headlens.circuits.attribution`) and patch only the top ``first_pass`` exactly (with their
     controls); ``attrs["first_pass"]`` says how many were kept of how many and how well the estimates
-    ranked the edges that were patched (Spearman). Where the estimate cannot run (``kl``, a non-native
-    model) every candidate is patched and ``attrs["first_pass"]`` says why.
+    ranked the edges that were patched (Spearman). Where the estimate cannot run (``kl``; a bridge without
+    per-head q/k/v forks) every candidate is patched and ``attrs["first_pass"]`` says why.
     """
     import pandas as pd
 

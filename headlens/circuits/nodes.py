@@ -166,7 +166,7 @@ def make_edges(model: Any, receivers: Sequence[Node], senders: Sequence[Node] | 
             if not r.reads_after(s):
                 continue
             for c in (("resid",) if r.kind == "logits" else inputs):
-                if grouped and c != "q":  # the group's edge, named by its first query head
+                if grouped and c in ("k", "v"):  # the group's edge, named by its first query head
                     edges[Edge(s, Node("head", r.layer, _first_of_group(model, r.head)), c, True)] = None
                 else:
                     edges[Edge(s, r, c)] = None

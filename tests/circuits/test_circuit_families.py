@@ -59,6 +59,9 @@ def test_families_without_forks_refuse_qkv_and_patch_logits(built, family):
         headlens.circuit(model, receivers="L1H0", n_prompts=2)
     df = headlens.circuit(model, receivers="logits", senders="L0H1,L1H0", n_prompts=3, n_control=2)
     assert list(df.input) == ["resid", "resid"] and df.effect.abs().max() > 0
+    from headlens.circuits.attribution import supported  # no forks, no first pass: it says so
+
+    assert "per-head q/k/v input forks" in supported(model, "repeated_loss")
 
 
 def _hf_group_edge(hf, tokens, layer_s, head_s, layer_r, group, which, d_head):
@@ -156,10 +159,9 @@ def test_a_bridged_gpt2_runs_on_its_native_twin(built):
     s = setup(model, "repeated_loss", "mean", n_prompts=2)
     assert isinstance(make_patcher(model, s.task, fast=True), NativePatcher)
     assert native_twin(built("llama")[1]) is None  # not a GPT-2: the forks path
-    from headlens.circuits.attribution import supported  # the first pass differentiates the twin
+    from headlens.circuits.attribution import native_of, supported  # the first pass differentiates the twin
 
-    assert supported(model, "repeated_loss") is None
-    assert "native models and bridged GPT-2s" in supported(built("llama")[1], "repeated_loss")
+    assert supported(model, "repeated_loss") is None and native_of(model) is twin
 
 
 def test_composition_through_the_bridge_folds_the_norm_like_the_native_model(built, tmp_path):
@@ -184,3 +186,31 @@ def test_composition_through_the_bridge_folds_the_norm_like_the_native_model(bui
         hf = load_eager(path, family)
         want = hf.model.layers[1].input_layernorm.weight.detach().double() + offset
         assert torch.allclose(_norm_scale(m.bridge.blocks[1]), want, atol=1e-5), family
+
+
+@pytest.mark.parametrize("family", ["gpt_neox", "llama"])
+def test_edge_attribution_through_the_forks_is_the_derivative_of_the_exact_patch(built, family):
+    """Through the bridge's forks (the family's own norm and rotary embedding inside the gradient), the first
+    pass is the derivative of the exact patch: (exact effect of eps * delta) / eps at eps = 1e-2. Under GQA
+    the k/v edges are per group, as the forks are."""
+    from headlens.circuits.attribution import edge_attribution, supported
+
+    _, model = built(family)
+    assert supported(model, "repeated_loss") is None
+    s = setup(model, "repeated_loss", "mean", n_prompts=3, seed=1)
+    edges = make_edges(model, parse_nodes("L1H0,L1H3,logits", model), None, "qkv", per_group=True)
+
+    class Scaled:
+        def __init__(self, inner, k):
+            self.inner, self.k, self.clean = inner, k, inner.clean
+
+        def delta(self, node):
+            return self.inner.delta(node) * self.k
+
+    eps = 1e-2
+    clean, values = edge_values(model, s.task, ["repeated_loss"], edges, Scaled(s.deltas, eps), fast=True)
+    exact = np.array([(values[e, "repeated_loss"] - clean["repeated_loss"]).mean() / eps for e in edges])
+    est = edge_attribution(model, s.task, "repeated_loss", edges, s.deltas)
+    estimate = np.array([est[e].mean() for e in edges])
+    assert np.corrcoef(exact, estimate)[0, 1] > 0.99
+    assert np.abs(exact - estimate).max() < 0.05 * np.abs(exact).max()
