@@ -86,7 +86,7 @@ def edge_attribution(model: Any, task: Task, metric: str, edges: Sequence[Edge],
     fwd = [(f"blocks.{layer}.attn.hook_{c}", leaf) for layer in layers for c in INPUTS]
     fwd += [(f"blocks.{layer}.hook_resid_pre", keep) for layer in layers] + [(final, leaf)]
     with torch.enable_grad(), gpt.hooks(fwd):
-        logits = gpt(task.tokens)
+        logits = gpt(task.tokens, attention_mask=task.attention_mask)
         total = per_prompt_mean(value(logits, task, None), task.positions).sum()
         names = list(leaves)
         grads = dict(zip(names, torch.autograd.grad(total, [leaves[n] for n in names]), strict=True))

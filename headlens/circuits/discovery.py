@@ -6,10 +6,10 @@
    exactly; significant edges (:func:`~headlens.circuits.edges.significant`) are kept, and their head
    senders are expanded in turn. Every reported edge is measured by exact patching; no gradient
    estimate is reported.
-3. Faithfulness: the metric with only the circuit's heads left clean (every other head ablated with the
-   same method) as the fraction of the clean-vs-all-ablated gap it recovers,
+3. Faithfulness: the metric with only the circuit's heads (its roots and every edge's heads) left clean
+   (every other head ablated with the same method) as the fraction of the clean-vs-all-ablated gap it recovers,
    ``(m_all_ablated - m_circuit) / (m_all_ablated - m_clean)`` (1: the circuit alone does the task), and
-   the same over the heads of the top-n edges for n = 1..N (``attrs["faithfulness_curve"]``).
+   the same with the roots and the heads of the top-n edges for n = 1..N (``attrs["faithfulness_curve"]``).
 
 The same seed gives the same table: probes, controls, resampling and bootstraps are all seeded.
 """
@@ -86,7 +86,7 @@ def discover(s: Any, inputs: Sequence[str] = ("q", "k", "v"), senders: Sequence[
         out.attrs["why"] = (f"no head's ablation moves {s.metric} beyond random heads of its layer by more than "
                             f"{EFFECT_FLOOR:g} of its clean value; the model shows no circuit for this metric "
                             f"(untrained weights, or a metric it does not do)")
-    curve = faithfulness_curve(s, out)
+    curve = faithfulness_curve(s, out, roots)
     out.attrs["faithfulness_curve"] = curve
     out.attrs["faithfulness"] = curve[-1] if curve else float("nan")
     return out
@@ -149,15 +149,18 @@ def _metric_with_clean_heads(s: Any, clean_heads: set[str]) -> float:
     return float(metric(logits, s.task, clean).mean())
 
 
-def faithfulness_curve(s: Any, df: Any) -> list[float]:
-    """Recovered fraction with the heads of the top-n edges clean, n = 1 .. len(df)."""
+def faithfulness_curve(s: Any, df: Any, roots: Sequence[Node] = ()) -> list[float]:
+    """Recovered fraction with the circuit's roots and the heads of the top-n edges clean, n = 1 .. len(df).
+
+    The roots belong to the circuit whether or not an edge into them was found: a head reached only
+    through MLPs (compiled tracr programs compute through them) matters all the same."""
     if not len(df):
         return []
     m_clean = _metric_with_clean_heads(s, {f"L{layer}H{h}" for layer in range(s.model.cfg.n_layers)
                                            for h in range(s.model.cfg.n_heads)})
     m_none = _metric_with_clean_heads(s, set())
     gap = m_none - m_clean
-    curve, heads = [], set()
+    curve, heads = [], {n.name for n in roots}
     for row in df.itertuples():
         heads |= {n for n in (row.sender, row.receiver) if n.startswith("L")}
         m = _metric_with_clean_heads(s, heads)

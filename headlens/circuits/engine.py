@@ -27,7 +27,7 @@ class NaiveNative:
 
     def __init__(self, model: Any, task: Task) -> None:
         self.model, self.task = model, task
-        self.clean_logits = model(task.tokens)
+        self.clean_logits = model(task.tokens, attention_mask=task.attention_mask)
 
     def chunks(self, edges: Sequence[Edge]) -> list[list[Edge]]:
         return [[e] for e in edges]
@@ -38,7 +38,8 @@ class NaiveNative:
 
 def make_patcher(model: Any, task: Task, fast: bool = True, max_tokens: int = 8192) -> Any:
     """The patcher for ``model``: cached fast path, batched bridge forks, or a forward per edge."""
-    if isinstance(model, GPT):
+    if isinstance(model, GPT):  # the fast path resumes blocks without a padding mask: padded bidirectional goes naive
+        fast = fast and not model.padded(task.attention_mask)
         return NativePatcher(model, task, task.positions, max_tokens) if fast else NaiveNative(model, task)
     twin = native_twin(model) if fast else None  # a bridged plain GPT-2 runs on the native fast path
     if twin is not None:

@@ -110,4 +110,4 @@ def naive_logits(model: Any, task: Task, edge: Edge, delta: torch.Tensor) -> tor
 
         hooks = [(f"blocks.{r.layer}.hook_resid_pre", keep), (f"blocks.{r.layer}.attn.hook_{edge.input}", patch)]
     with model.hooks(hooks):
-        return model(task.tokens)
+        return model(task.tokens, attention_mask=task.attention_mask)

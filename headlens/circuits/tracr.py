@@ -227,18 +227,19 @@ def input_change(model: Any, s: Any, e: Edge) -> float:
     with torch.no_grad():
         if e.receiver.kind == "logits":
             name = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
-            _, cache = model.run_with_cache(tokens, names_filter=name)
+            _, cache = model.run_with_cache(tokens, names_filter=name, attention_mask=s.task.attention_mask)
             read = lambda x: model.lm_head(model.transformer.ln_f(x))  # noqa: E731
         else:
             r, block = e.receiver, model.transformer.h[e.receiver.layer]
             name = f"blocks.{r.layer}.hook_resid_pre"
-            _, cache = model.run_with_cache(tokens, names_filter=name)
+            _, cache = model.run_with_cache(tokens, names_filter=name, attention_mask=s.task.attention_mask)
             A, d = model.cfg.d_attn, model.cfg.d_head
             rows = slice("qkv".index(e.input) * A + r.head * d, "qkv".index(e.input) * A + (r.head + 1) * d)
             w, b = block.attn.c_attn.weight[rows], block.attn.c_attn.bias[rows]  # (d_head, D), (d_head,)
             read = lambda x: torch.nn.functional.linear(block.ln_1(x), w, b)  # noqa: E731
-        clean = read(cache[name])
-        moved = (read(cache[name] + delta) - clean).abs().max()
+        clean = read(cache[name])  # (B, T, width)
+        real = torch.ones_like(tokens, dtype=torch.bool) if s.task.attention_mask is None else s.task.attention_mask.bool()
+        moved = (read(cache[name] + delta) - clean)[real].abs().max()  # padding is read by no one
     return float(moved / clean.abs().max().clamp_min(1e-12))
 
 
@@ -260,11 +261,11 @@ def programs() -> dict[str, Callable[[], Compiled]]:
 
     def reverse() -> Compiled:
         return compile_program("reverse", lib.make_reverse(rasp.tokens).named("reverse"), set("abcd"), 6,
-                               lambda rng: _letters(rng, "abcd", 6))
+                               lambda rng: _letters(rng, "abcd", rng.randint(2, 6)))
 
     def sort() -> Compiled:
         prog = lib.make_sort(rasp.tokens, rasp.tokens, max_seq_len=6, min_key=1).named("sort")
-        return compile_program("sort", prog, {1, 2, 3, 4, 5}, 6, lambda rng: _letters(rng, "12345", 6))
+        return compile_program("sort", prog, {1, 2, 3, 4, 5}, 6, lambda rng: _letters(rng, "12345", rng.randint(2, 6)))
 
     def induction() -> Compiled:
         """Copy what followed the last occurrence of the current token: a previous-token head (its query
@@ -272,7 +273,7 @@ def programs() -> dict[str, Callable[[], Compiled]]:
         shifted = rasp.Map(lambda i: i - 1, rasp.indices).named("shifted")
         prev = rasp.Aggregate(rasp.Select(rasp.indices, shifted, rasp.Comparison.EQ), rasp.tokens).named("prev")
         nxt = rasp.Aggregate(rasp.Select(prev, rasp.tokens, rasp.Comparison.EQ), rasp.tokens).named("induction")
-        return compile_program("induction", nxt, set("abcdefgh"), 10, lambda rng: _repeat(rng, "abcdefgh", 5),
-                               causal=True)
+        return compile_program("induction", nxt, set("abcdefgh"), 10,
+                               lambda rng: _repeat(rng, "abcdefgh", rng.randint(3, 5)), causal=True)
 
     return {"reverse": reverse, "sort": sort, "induction": induction}

@@ -23,8 +23,9 @@ def ov_weights(model: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, to
     """``(W_E (V, D), W_V (L, H, D, dh), W_O (L, H, dh, D), W_U (D, V))`` or None if not exposed."""
     if hasattr(model, "transformer") and hasattr(model, "lm_head"):  # native GPT
         L, H, D, dh = model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_model, model.cfg.d_head
+        A = H * dh  # the heads' width: d_model unless d_head was set freely (tracr)
         blocks = model.transformer.h
-        w_v = torch.stack([b.attn.c_attn.weight[2 * D:] for b in blocks])  # (L, H*dh, D): v = x W^T
+        w_v = torch.stack([b.attn.c_attn.weight[2 * A:] for b in blocks])  # (L, H*dh, D): v = x W^T
         w_v = w_v.view(L, H, dh, D).transpose(-1, -2)  # (L, H, D, dh): per-head V, x @ W_V
         w_o = torch.stack([b.attn.c_proj.weight for b in blocks])  # (L, D, H*dh): out = z W^T
         w_o = w_o.view(L, D, H, dh).permute(0, 2, 3, 1)  # (L, H, dh, D): per-head O, z_h @ W_O

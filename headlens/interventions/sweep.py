@@ -342,7 +342,7 @@ def _measure(model: Any, names: list[str], tasks: dict[str, Task], todo: list[Gr
     task = tasks[names[0]]
     rank = rank or Rank()
     with torch.no_grad():
-        if fast and isinstance(model, GPT):
+        if fast and isinstance(model, GPT) and not model.padded(task.attention_mask):  # resumes blocks unmasked
             read = torch.stack([tasks[m].positions for m in names]).any(0)  # (B, T): positions any metric reads
             budget = {} if batch_size is None else {"max_tokens": batch_size * task.tokens.shape[1]}
             runner: NaiveRunner = ResumeRunner(model, task, replacement, read, **budget)

@@ -14,7 +14,9 @@ a pattern is asked for; the LSE scan (``headlens.scoring.lse``) reads ``hook_q``
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +45,7 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         self.n_heads, self.d_head, self.d_model, self.n_ctx = cfg.n_heads, cfg.d_head, cfg.d_model, cfg.n_ctx
         self.d_attn, self.causal = cfg.d_attn, cfg.causal
+        self.key_mask: torch.Tensor | None = None  # (B, T) bool, bidirectional only: False keys (padding) are hidden
         self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_attn)  # fused q, k, v projections
         self.c_proj = nn.Linear(cfg.d_attn, cfg.d_model)  # merge heads back into the residual
         self.hook_q = HookPoint()  # (B, T, H, d_head)
@@ -79,11 +82,14 @@ class MultiHeadAttention(nn.Module):
             if self.causal:
                 future = torch.arange(T, device=x.device)[None, :] > torch.arange(T, device=x.device)[:, None]  # (Q, K)
                 scores = scores.masked_fill(future, float("-inf"))
+            if self.key_mask is not None:
+                scores = scores.masked_fill(~self.key_mask[:, None, None, :], float("-inf"))  # (B, 1, 1, K)
             scores = self.hook_attn_scores(scores)
             pattern = self.hook_pattern(F.softmax(scores, dim=-1))  # (B, H, Q, K)
             z = pattern @ v  # (B, H, T, d_head)
         else:
-            z = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)  # (B, H, T, d_head)
+            keys = None if self.key_mask is None else self.key_mask[:, None, None, :]  # (B, 1, 1, K)
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=keys, is_causal=self.causal)  # (B, H, T, d_head)
         z = self.hook_z(z.transpose(1, 2))  # (B, T, H, d_head)
         return self.c_proj(z.reshape(B, T, self.d_attn))  # heads merged: (B, T, H*d_head) -> (B, T, D)
 
@@ -222,20 +228,37 @@ class GPT(HookedRootModule):
     ) -> torch.Tensor:
         """Logits ``(B, T, d_vocab)`` for token ids ``(B, T)`` (or text, tokenized with BOS).
 
-        ``attention_mask`` is accepted for interface parity with bidirectional backends and
-        ignored: pad on the right, and causal attention keeps real positions from seeing pads. A
-        bidirectional native model (``cfg.causal=False``) has no padding mask and refuses padded batches.
+        ``attention_mask`` ``(B, T)`` (1 real, 0 padding): a causal model ignores it (pad on the right, and
+        causal attention keeps real positions from seeing pads); a bidirectional one (``cfg.causal=False``)
+        hides the padded keys from every query.
         """
         if not isinstance(tokens, torch.Tensor):
             tokens = self.to_tokens(tokens)
-        if not self.cfg.causal and attention_mask is not None and not bool(attention_mask.bool().all()):
-            raise ProbeError("this bidirectional native model has no padding mask: give prompts of one token length")
         B, T = tokens.shape
         if T > self.cfg.n_ctx:
             raise ProbeError(f"input has {T} positions; this model's context is n_ctx={self.cfg.n_ctx}")
         pos = torch.arange(T, device=tokens.device)
         x = self.transformer.hook_embed(self.transformer.wte(tokens))  # (B, T, D)
         x = x + self.transformer.hook_pos_embed(self.transformer.wpe(pos).expand(B, T, -1))  # (B, T, D)
-        for block in self.transformer.h:
-            x = block(x)
+        with self.key_padding(attention_mask):
+            for block in self.transformer.h:
+                x = block(x)
         return self.lm_head(self.transformer.ln_f(x))  # (B, T, d_vocab)
+
+    def padded(self, attention_mask: torch.Tensor | None) -> bool:
+        """True when ``attention_mask`` hides keys from this model: bidirectional, with padding in the batch."""
+        return not self.cfg.causal and attention_mask is not None and not bool(attention_mask.bool().all())
+
+    @contextlib.contextmanager
+    def key_padding(self, attention_mask: torch.Tensor | None) -> Iterator[None]:
+        """Inside the block: the attention layers hide the keys where ``attention_mask`` ``(B, T)`` is 0 (a
+        bidirectional model with padding; otherwise nothing changes). Code that runs the blocks itself
+        (the ablation and circuit fast paths) takes unpadded batches or the plain forward."""
+        keep = attention_mask.bool() if self.padded(attention_mask) else None
+        for block in self.transformer.h:
+            block.attn.key_mask = keep
+        try:
+            yield
+        finally:
+            for block in self.transformer.h:
+                block.attn.key_mask = None

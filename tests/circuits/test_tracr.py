@@ -59,3 +59,12 @@ def test_discovery_finds_the_induction_programs_k_composition_and_nothing_false(
     assert ("L1H0", "L2H0", "k") in found
     assert found <= c.truth
     assert df.attrs["verdict"] == "found" and df.attrs["faithfulness"] > 0.95
+
+
+def test_classify_names_the_compiled_heads(compiled):
+    """The induction program's heads are, by construction, a previous-token head and an induction head."""
+    df = headlens.classify(compiled["induction"].model, n_prompts=16)
+    labelled = {(int(r.layer), int(r.head), r.detector) for r in df[df.label].itertuples()}
+    assert {(1, 0, "previous_token"), (2, 0, "induction")} <= labelled
+    reverse = headlens.classify(compiled["reverse"].model, n_prompts=8)  # bidirectional, padded probes
+    assert len(reverse) and reverse.score.notna().any()

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from headlens.errors import HeadlensError, ProbeError
+from headlens.errors import HeadlensError
 from headlens.models.export import export_hf
 from tests.conftest import make_gpt
 
@@ -66,14 +66,25 @@ def test_the_explicit_pattern_path_equals_the_fused_kernel_when_bidirectional():
     assert torch.allclose(fused, explicit, atol=1e-5)
 
 
-def test_a_bidirectional_native_model_refuses_padding_it_cannot_mask():
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_bidirectional_native_model_hides_padding_from_every_query(fused):
+    """Each row of a right-padded batch gives, at its real positions, what it gives alone and unpadded."""
     model = make_gpt(**TRACR_LIKE)
-    tokens = torch.randint(0, 256, (2, 5))
-    mask = torch.ones_like(tokens)
-    model(tokens, attention_mask=mask)  # no padding: fine
-    mask[1, 3:] = 0
-    with pytest.raises(ProbeError, match="no padding mask"):
-        model(tokens, attention_mask=mask)
+    lengths = [9, 6, 4]
+    rows = [torch.randint(0, 256, (n,)) for n in lengths]
+    tokens = torch.zeros(3, 9, dtype=torch.long)
+    mask = torch.zeros(3, 9, dtype=torch.long)
+    for i, r in enumerate(rows):
+        tokens[i, : len(r)], mask[i, : len(r)] = r, 1
+    hooks = [] if fused else [("blocks.0.attn.hook_pattern", lambda x, hook: x)]  # the explicit path
+    with torch.no_grad(), model.hooks(hooks):
+        padded = model(tokens, attention_mask=mask)
+        alone = [model(r[None])[0] for r in rows]
+        unmasked = model(tokens)
+    for i, n in enumerate(lengths):
+        assert torch.allclose(padded[i, :n], alone[i], atol=1e-5)
+    assert not torch.allclose(unmasked[2, :4], alone[2], atol=1e-3)  # without the mask the pads would be read
+    assert all(b.attn.key_mask is None for b in model.transformer.h)  # the mask lives for one forward
 
 
 def test_export_to_gpt2_names_what_gpt2_cannot_hold(tmp_path):
