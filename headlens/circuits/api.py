@@ -153,6 +153,9 @@ def circuit(
         model = resolve_model(model, device=device)
     ins = parse_inputs(inputs)
     recv = parse_nodes(receivers, model)
+    if first_pass is not None and recv is not None:
+        raise CircuitError("first_pass ranks discovery's candidates; with receivers given every edge is patched "
+                           "(drop --receivers to discover, or drop --first-pass)")
     send = parse_nodes(senders, model)
     if recv is not None:  # names first: a bad edge fails before any forward
         edges = make_edges(model, recv, send, ins, per_group)
