@@ -159,6 +159,11 @@ def circuit(
     send = parse_nodes(senders, model)
     if recv is not None:  # names first: a bad edge fails before any forward
         edges = make_edges(model, recv, send, ins, per_group)
+    elif hasattr(model, "bridge"):  # discovery patches q/k/v inputs: a family without forks fails before the sweep
+        from headlens.circuits.bridge import forks
+
+        with forks(model):
+            pass
     s = setup(model, metric, method, prompts, reference, n_prompts, n_control, n_boot, seed, fast, labels, progress)
     if recv is None:
         from headlens.circuits.discovery import discover

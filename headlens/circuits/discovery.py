@@ -82,10 +82,14 @@ def discover(s: Any, inputs: Sequence[str] = ("q", "k", "v"), senders: Sequence[
     if first_pass:
         out.attrs["first_pass"] = ranked.summary()
     out.attrs["verdict"] = "found" if len(out) else "inconclusive"
-    if not len(out):  # no evidence is no circuit: say so rather than report an empty "circuit"
+    if not len(out) and not roots:  # no evidence is no circuit: say so rather than report an empty "circuit"
         out.attrs["why"] = (f"no head's ablation moves {s.metric} beyond random heads of its layer by more than "
                             f"{EFFECT_FLOOR:g} of its clean value; the model shows no circuit for this metric "
                             f"(untrained weights, or a metric it does not do)")
+    elif not len(out):
+        out.attrs["why"] = (f"{', '.join(n.name for n in roots)} matter for {s.metric}, but no edge into their q, k "
+                            f"or v beats its control by more than {EFFECT_FLOOR:g} of the clean value: what feeds "
+                            f"them is spread over many senders, or arrives through MLPs, which are not receivers")
     curve = faithfulness_curve(s, out, roots)
     out.attrs["faithfulness_curve"] = curve
     out.attrs["faithfulness"] = curve[-1] if curve else float("nan")
@@ -113,6 +117,10 @@ class _FirstPass:
 
         s = self.s
         est = {e: float(v.mean()) for e, v in edge_attribution(s.model, s.task, s.metric, edges, s.deltas).items()}
+        if not any(est.values()):  # an estimate of zero everywhere ranks nothing: patch them all, and say so
+            self.why = "every estimate is zero (the metric's gradient vanishes at the clean run)"
+            self.kept += len(edges)
+            return edges
         self.estimates.update({(e.sender.name, e.receiver.name, e.input): v for e, v in est.items()})
         best = set(sorted(edges, key=lambda e: -abs(est[e]))[: self.top])
         self.kept += len(best)

@@ -65,3 +65,14 @@ def test_first_pass_refuses_kl_and_the_cli_reports_its_ranking(monkeypatch, caps
                            "--n-prompts", "8", "--n-control", "2", "--first-pass", "6", "--method", "zero")
     assert code == 0
     assert "first pass: patched" in err and "Spearman" in err
+
+
+def test_a_first_pass_that_estimates_zero_everywhere_ranks_nothing(monkeypatch):
+    import headlens.circuits.attribution as attribution
+
+    monkeypatch.setattr(attribution, "edge_attribution",
+                        lambda model, task, metric, edges, deltas: {e: np.zeros(task.n_prompts) for e in edges})
+    df = headlens.circuit(planted_circuit_model(), method="mean", n_prompts=8, n_control=3, seed=1, first_pass=2)
+    fp = df.attrs["first_pass"]
+    assert fp["kept"] == fp["candidates"] and "every estimate is zero" in fp["skipped"]
+    assert set(PLANTED_EDGES) <= set(zip(df.sender, df.receiver, df.input, strict=True))

@@ -57,6 +57,8 @@ def test_families_without_forks_refuse_qkv_and_patch_logits(built, family):
     _, model = built(family)
     with pytest.raises(CircuitError, match="no per-head q/k/v input forks"):
         headlens.circuit(model, receivers="L1H0", n_prompts=2)
+    with pytest.raises(CircuitError, match="no per-head q/k/v input forks"):  # discovery too, before its sweep
+        headlens.circuit(model, n_prompts=2, metric="kl", prompts=["a b c d", "e f g h"])
     df = headlens.circuit(model, receivers="logits", senders="L0H1,L1H0", n_prompts=3, n_control=2)
     assert list(df.input) == ["resid", "resid"] and df.effect.abs().max() > 0
     from headlens.circuits.attribution import supported  # no forks, no first pass: it says so

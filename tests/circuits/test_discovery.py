@@ -77,3 +77,10 @@ def test_discovery_roots_in_one_head_layers_and_on_the_users_prompts():
     assert heads_that_matter(s) == [Node("head", 0, 0), Node("head", 1, 0)]
     df = headlens.circuit(model, metric="kl", method="mean", prompts=prompts, n_prompts=6, n_boot=200)
     assert df.attrs["verdict"] == "found" and ("L0H0", "L1H0") in set(zip(df.sender, df.receiver, strict=True))
+
+
+def test_heads_that_matter_with_no_edge_into_them_say_so():
+    """Roots found, but the only senders allowed (a zero-weight head) feed nothing: inconclusive, naming the roots."""
+    df = headlens.circuit(planted_circuit_model(), senders="L0H2", method="mean", n_prompts=8, n_control=3)
+    assert len(df) == 0 and df.attrs["verdict"] == "inconclusive"
+    assert df.attrs["why"].startswith("L0H0, L1H0 matter for repeated_loss, but no edge into their q, k or v")
