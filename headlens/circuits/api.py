@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -42,6 +42,7 @@ class Setup:
     labels: dict[str, str] | None
     progress: Callable[[int], None] | None = None
     prompts: Sequence[str] | None = None  # the user's prompts, for the sweep that finds discovery's roots
+    composition_ref: dict[str, Any] = field(default_factory=dict)  # reference scores, once per call (edge_table)
 
     def table(self, edges: Sequence[Edge], composition: bool = True) -> Any:
         """The edge table of ``edges`` (with their controls). Under torchrun each rank patches a
@@ -58,7 +59,7 @@ class Setup:
         if gathered is None:
             return None
         return edge_table(self.model, self.metric, edges, clean[self.metric], dict(gathered), controls,
-                          self.labels, self.n_boot, self.seed, composition)
+                          self.labels, self.n_boot, self.seed, composition, self.composition_ref)
 
 
 def setup(model: Any, metric: str = "repeated_loss", method: str = "mean", prompts: Sequence[str] | None = None,

@@ -60,12 +60,16 @@ def effect_floor(clean: float) -> float:
 def edge_table(model: Any, metric: str, edges: Sequence[Edge], clean: np.ndarray,
                values: dict[tuple[Edge, str], np.ndarray], controls: dict[Edge, list[Edge]],
                labels: dict[str, str] | None = None, n_boot: int = 1000, seed: int = 0,
-               composition: bool = True) -> Any:
-    """The tidy table (:data:`COLUMNS`), one row per edge, in the order given."""
+               composition: bool = True, ref: dict[str, np.ndarray] | None = None) -> Any:
+    """The tidy table (:data:`COLUMNS`), one row per edge, in the order given. ``ref``: the model's reference
+    composition scores by input (:func:`~headlens.circuits.composition.reference_scores`), filled in as
+    needed: pass the same dict to every table of one model (discovery's rounds) to compute them once."""
     import pandas as pd
 
     comp = scores(model, edges, seed=seed) if composition else {}
-    ref = {c: reference_scores(model, c, seed=seed) for c in {e.input for e in comp}}
+    ref = {} if ref is None else ref
+    for c in sorted({e.input for e in comp} - set(ref)):
+        ref[c] = reference_scores(model, c, seed=seed)
     worse = get_metric(metric).higher_is_worse
     rows, says = [], []
     for e in edges:

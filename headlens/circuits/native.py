@@ -28,6 +28,12 @@ from headlens.interventions.metrics import Task
 from headlens.interventions.sweep import ResumeRunner
 
 
+def input_rows(cfg: Any, c: str, head: int) -> slice:
+    """The rows of ``c_attn`` that make ``head``'s input ``c``: q, k and v blocks of ``n_heads * d_head`` rows."""
+    A, d = cfg.d_attn, cfg.d_head
+    return slice(INPUTS.index(c) * A + head * d, INPUTS.index(c) * A + (head + 1) * d)
+
+
 def _head_proj(block: Any, x: torch.Tensor, inputs: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
     """Per copy ``k``: ``x[k]`` ``(K, B, T, D)`` through head ``heads[k]``'s rows for input ``inputs[k]`` -> ``(K, B, T, d_head)``."""
     attn = block.attn
@@ -101,8 +107,7 @@ def naive_logits(model: Any, task: Task, edge: Edge, delta: torch.Tensor) -> tor
             seen["pre"] = x  # (B, T, D): the receiver layer's clean input
 
         def patch(x: torch.Tensor, hook: Any) -> torch.Tensor:  # (B, T, H, d_head)
-            d, A = model.cfg.d_head, model.cfg.d_attn  # A = n_heads * d_head: c_attn's rows are q, k, v
-            rows = slice(INPUTS.index(edge.input) * A + r.head * d, INPUTS.index(edge.input) * A + (r.head + 1) * d)
+            rows = input_rows(model.cfg, edge.input, r.head)
             w, b = block.attn.c_attn.weight[rows], block.attn.c_attn.bias[rows]  # (d_head, D), (d_head,)
             out = x.clone()
             out[:, :, r.head] = F.linear(block.ln_1(seen["pre"] + delta), w, b)  # (B, T, d_head)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from headlens.circuits.nodes import EMBED, LOGITS, Edge, Node
 from headlens.errors import HeadlensError
@@ -169,8 +170,6 @@ def compile_program(name: str, program: Any, vocab: set[Any], max_seq_len: int, 
 
 def check_conversion(model: Any, assembled: Any, prompts: Sequence[str]) -> None:
     """The headlens model's argmax equals tracr's decoded output at every non-BOS position."""
-    import torch
-
     tok = model.tokenizer
     by_char = {str(v): v for v in assembled.input_encoder.encoding_map}
     for text in prompts:
@@ -209,37 +208,37 @@ def edge_scores(c: Compiled, method: str = "mean", n_prompts: int = 32, seed: in
               seed=seed)
     df = s.table(c.candidates, composition=False)
     df["true"] = [c.is_true(e) for e in c.candidates]
-    df["tested"] = [input_change(c.model, s, e) > 1e-6 for e in c.candidates]
+    names = [f"blocks.{layer}.hook_resid_pre" for layer in range(c.model.cfg.n_layers)]
+    names.append(f"blocks.{c.model.cfg.n_layers - 1}.hook_resid_post")
+    with torch.no_grad():  # one clean run: every receiver's input
+        _, cache = c.model.run_with_cache(s.task.tokens, names_filter=names, attention_mask=s.task.attention_mask)
+    df["tested"] = [input_change(c.model, cache, s.task, s.deltas.delta(e.sender), e) > 1e-6 for e in c.candidates]
     return df
 
 
-def input_change(model: Any, s: Any, e: Edge) -> float:
-    """How much patching edge ``e`` moves what its receiver reads, relative to the clean input (max norm).
+def input_change(model: Any, cache: Any, task: Any, delta: Any, e: Edge) -> float:
+    """How much patching edge ``e`` (its sender's ``delta`` ``(B, T, D)``) moves what its receiver reads,
+    relative to the clean input (max norm, real positions); ``cache`` holds the clean run's residual streams.
 
     Zero means the ablation cannot test the edge: per-position mean and resample ablations leave
     everything a sender writes about *positions* as it was (every prompt has the same positions), so an
     edge that carries only position information reads exactly its clean input and shows no effect.
     """
-    import torch
+    from headlens.circuits.native import input_rows
 
-    delta = s.deltas.delta(e.sender)  # (B, T, D)
-    tokens = s.task.tokens
+    r = e.receiver
     with torch.no_grad():
-        if e.receiver.kind == "logits":
-            name = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
-            _, cache = model.run_with_cache(tokens, names_filter=name, attention_mask=s.task.attention_mask)
+        if r.kind == "logits":
+            x = cache[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"]  # (B, T, D)
             read = lambda x: model.lm_head(model.transformer.ln_f(x))  # noqa: E731
         else:
-            r, block = e.receiver, model.transformer.h[e.receiver.layer]
-            name = f"blocks.{r.layer}.hook_resid_pre"
-            _, cache = model.run_with_cache(tokens, names_filter=name, attention_mask=s.task.attention_mask)
-            A, d = model.cfg.d_attn, model.cfg.d_head
-            rows = slice("qkv".index(e.input) * A + r.head * d, "qkv".index(e.input) * A + (r.head + 1) * d)
+            block, rows = model.transformer.h[r.layer], input_rows(model.cfg, e.input, r.head)
+            x = cache[f"blocks.{r.layer}.hook_resid_pre"]  # (B, T, D)
             w, b = block.attn.c_attn.weight[rows], block.attn.c_attn.bias[rows]  # (d_head, D), (d_head,)
             read = lambda x: torch.nn.functional.linear(block.ln_1(x), w, b)  # noqa: E731
-        clean = read(cache[name])  # (B, T, width)
-        real = torch.ones_like(tokens, dtype=torch.bool) if s.task.attention_mask is None else s.task.attention_mask.bool()
-        moved = (read(cache[name] + delta) - clean)[real].abs().max()  # padding is read by no one
+        clean = read(x)  # (B, T, width)
+        real = torch.ones_like(task.tokens, dtype=torch.bool) if task.attention_mask is None else task.attention_mask.bool()
+        moved = (read(x + delta) - clean)[real].abs().max()  # padding is read by no one
     return float(moved / clean.abs().max().clamp_min(1e-12))
 
 

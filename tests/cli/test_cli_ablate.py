@@ -7,16 +7,9 @@ import json
 import pandas as pd
 import pytest
 import torch
-from conftest import make_gpt, run_cli
-
-from headlens import save_checkpoint
+from conftest import run_cli
 
 torch.set_num_threads(1)  # tiny models: one thread is fastest on a shared 2-core machine
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return str(save_checkpoint(make_gpt(0, n_ctx=32), tmp_path_factory.mktemp("m") / "tiny.safetensors"))
 
 
 def run(monkeypatch, capsys, *args):
@@ -28,9 +21,9 @@ def test_help(monkeypatch, capsys):
     assert code == 0 and "--heads" in out and "--sweep" in out and "resample" in out
 
 
-def test_group_to_csv(monkeypatch, capsys, ckpt, tmp_path):
+def test_group_to_csv(monkeypatch, capsys, tiny_checkpoint, tmp_path):
     dest = tmp_path / "res.csv"
-    code, out, _ = run(monkeypatch, capsys, "--model", ckpt, "--heads", "L1H2,L0H3", "--method", "mean",
+    code, out, _ = run(monkeypatch, capsys, "--model", tiny_checkpoint, "--heads", "L1H2,L0H3", "--method", "mean",
                        "--metric", "repeated_loss,kl", "--n-prompts", "4", "--out", str(dest))
     assert code == 0 and "L1H2+L0H3" in out and "repeated_loss" in out
     df = pd.read_csv(dest)
@@ -38,9 +31,9 @@ def test_group_to_csv(monkeypatch, capsys, ckpt, tmp_path):
     assert {"clean", "ablated", "delta", "ci_low", "ci_high", "control_delta", "beats_control"} <= set(df.columns)
 
 
-def test_sweep_to_json(monkeypatch, capsys, ckpt, tmp_path):
+def test_sweep_to_json(monkeypatch, capsys, tiny_checkpoint, tmp_path):
     dest = tmp_path / "res.json"
-    code, _, err = run(monkeypatch, capsys, "--model", ckpt, "--sweep", "--heads", "L0H0", "--n-prompts", "4",
+    code, _, err = run(monkeypatch, capsys, "--model", tiny_checkpoint, "--sweep", "--heads", "L0H0", "--n-prompts", "4",
                        "--out", str(dest))
     data = json.loads(dest.read_text())
     rows = data["rows"]  # a provenance block beside the rows, as for classify
@@ -61,25 +54,25 @@ def test_sweep_to_json(monkeypatch, capsys, ckpt, tmp_path):
         (["--heads", "L0H0", "--out", "/no/such/dir/x.csv"], 7, "does not exist"),
     ],
 )
-def test_bad_input_is_one_line(monkeypatch, capsys, ckpt, args, code, needle):
-    got, _, err = run(monkeypatch, capsys, "--model", ckpt, *args)
+def test_bad_input_is_one_line(monkeypatch, capsys, tiny_checkpoint, args, code, needle):
+    got, _, err = run(monkeypatch, capsys, "--model", tiny_checkpoint, *args)
     lines = [ln for ln in err.splitlines() if ln.startswith("headlens: error:")]
     assert got == code and len(lines) == 1 and needle in lines[0]
     assert "Traceback" not in err
 
 
-def test_bad_model_and_prompts(monkeypatch, capsys, ckpt, tmp_path):
+def test_bad_model_and_prompts(monkeypatch, capsys, tiny_checkpoint, tmp_path):
     got, _, err = run(monkeypatch, capsys, "--model", "no-such-model", "--heads", "L0H0")
     assert got == 4 and "unknown model reference" in err
     empty = tmp_path / "empty.txt"
     empty.write_text("\n  \n")
-    got, _, err = run(monkeypatch, capsys, "--model", ckpt, "--heads", "L0H0", "--prompts", str(empty))
+    got, _, err = run(monkeypatch, capsys, "--model", tiny_checkpoint, "--heads", "L0H0", "--prompts", str(empty))
     assert got == 5 and "has no prompts" in err
 
 
-def test_prompts_file_lm_loss(monkeypatch, capsys, ckpt, tmp_path):
+def test_prompts_file_lm_loss(monkeypatch, capsys, tiny_checkpoint, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"text": "def f(x): return x"}\nimport os\n')
-    code, out, _ = run(monkeypatch, capsys, "--model", ckpt, "--heads", "L1H1", "--metric", "lm_loss",
+    code, out, _ = run(monkeypatch, capsys, "--model", tiny_checkpoint, "--heads", "L1H1", "--metric", "lm_loss",
                        "--prompts", str(prompts))
     assert code == 0 and "lm_loss" in out

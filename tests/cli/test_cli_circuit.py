@@ -5,18 +5,12 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 import torch
-from conftest import make_gpt, run_cli
+from conftest import run_cli
 from hf_families import build
 
-from headlens import save_checkpoint
 from headlens.circuits.edges import COLUMNS
 
 torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return str(save_checkpoint(make_gpt(0, n_ctx=32), tmp_path_factory.mktemp("m") / "tiny.safetensors"))
 
 
 def run(monkeypatch, capsys, *args):
@@ -28,9 +22,9 @@ def test_help(monkeypatch, capsys):
     assert code == 0 and "--receivers" in out and "--senders" in out and "corrupted" in out and "--positions" in out
 
 
-def test_edges_to_csv(monkeypatch, capsys, ckpt, tmp_path):
+def test_edges_to_csv(monkeypatch, capsys, tiny_checkpoint, tmp_path):
     dest = tmp_path / "edges.csv"
-    code, out, _ = run(monkeypatch, capsys, "--model", ckpt, "--receivers", "L1H0,logits", "--senders", "L0H1,embed",
+    code, out, _ = run(monkeypatch, capsys, "--model", tiny_checkpoint, "--receivers", "L1H0,logits", "--senders", "L0H1,embed",
                        "--inputs", "k", "--method", "zero", "--n-prompts", "4", "--positions", "--out", str(dest))
     assert code == 0 and "L0H1 -> L1H0.k" in out
     df = pd.read_csv(dest)
@@ -38,13 +32,13 @@ def test_edges_to_csv(monkeypatch, capsys, ckpt, tmp_path):
     assert set(df.input) == {"k", "resid"} and "effect_second_half" in df.columns
 
 
-def test_report_flag_writes_the_circuit_section(monkeypatch, capsys, ckpt, tmp_path):
+def test_report_flag_writes_the_circuit_section(monkeypatch, capsys, tiny_checkpoint, tmp_path):
     page = tmp_path / "r.html"
-    code, _, err = run(monkeypatch, capsys, "--model", ckpt, "--receivers", "L1H0", "--n-prompts", "3",
+    code, _, err = run(monkeypatch, capsys, "--model", tiny_checkpoint, "--receivers", "L1H0", "--n-prompts", "3",
                        "--n-control", "2", "--report", str(page))
     assert code == 0 and f"wrote {page}" in err.replace("\n", "")
     assert "<h2>Circuit</h2>" in page.read_text()
-    code, _, err = run(monkeypatch, capsys, "--model", ckpt, "--receivers", "L1H0", "--report", str(tmp_path / "r.txt"))
+    code, _, err = run(monkeypatch, capsys, "--model", tiny_checkpoint, "--receivers", "L1H0", "--report", str(tmp_path / "r.txt"))
     assert code == 7 and "must end in .html" in err
 
 
@@ -55,8 +49,8 @@ def test_report_flag_writes_the_circuit_section(monkeypatch, capsys, ckpt, tmp_p
     (["--receivers", "L1H0", "--method", "uniform"], "unknown edge ablation method", 2),
     (["--receivers", "L1H0", "--inputs", "qx"], "unknown receiver inputs", 2),
 ])
-def test_bad_input_is_one_line(monkeypatch, capsys, ckpt, args, message, exit_code):
-    code, _, err = run(monkeypatch, capsys, "--model", ckpt, "--n-prompts", "2", *args)
+def test_bad_input_is_one_line(monkeypatch, capsys, tiny_checkpoint, args, message, exit_code):
+    code, _, err = run(monkeypatch, capsys, "--model", tiny_checkpoint, "--n-prompts", "2", *args)
     lines = [ln for ln in err.splitlines() if ln.startswith("headlens: error")]
     assert code == exit_code and len(lines) == 1 and message in lines[0] and "Traceback" not in err
 
