@@ -95,8 +95,8 @@ Detectors = Annotated[str | None, typer.Option(
 Prompts = Annotated[Path | None, typer.Option(
     "--prompts", "-p", help="your texts: one per line, or JSONL with a 'text' field (default: generated probes)")]
 Corpus = Annotated[str | None, typer.Option(
-    "--corpus", help="{corpora}: real text windows (held-out standard-library source) instead of generated "
-    "probes")]
+    "--corpus", help="{corpora}: real text windows instead of generated probes: stdlib is held-out Python "
+    "standard-library source, prose is English documentation prose (pydoc topics, docstrings) for real LMs")]
 NPrompts = Annotated[int, typer.Option("--n-prompts", min=1, help="prompts per generated probe (or corpus windows)")]
 SeqLen = Annotated[int, typer.Option("--seq-len", min=8, help="tokens per generated prompt (or corpus window), "
                                      "capped by the context")]

@@ -251,10 +251,11 @@ def _dyck(gen: np.random.Generator, n: int, pairs: Sequence[tuple[int, int]], fi
 
 
 def prompts_task(model: Any, prompts: Sequence[str] | None = None, n_prompts: int = 32, seq_len: int = 128,
-                 seed: int = 0) -> Task:
-    """The user's prompts (tokenized one by one, right-padded), or stdlib snippets for byte models."""
+                 seed: int = 0, corpus: str | None = None) -> Task:
+    """The user's prompts (tokenized one by one, right-padded), else snippets of a corpus (stdlib source for
+    byte-level models, English prose for the others, or the ``corpus`` named), cut to ``seq_len`` tokens."""
     if prompts is None:
-        prompts = _stdlib_snippets(model, n_prompts, seq_len, seed)
+        prompts = _snippets(model, n_prompts, seq_len, seed, corpus)
     prompts = [p for p in prompts if p.strip()]
     if not prompts:
         raise ProbeError("no prompts to measure on; give a prompts file with one prompt per line")
@@ -268,16 +269,26 @@ def prompts_task(model: Any, prompts: Sequence[str] | None = None, n_prompts: in
     return Task(tokens, positions, attention_mask=mask, probe="prompts")
 
 
-def _stdlib_snippets(model: Any, n: int, seq_len: int, seed: int) -> list[str]:
-    if getattr(getattr(model, "tokenizer", None), "kind", None) != "byte":
-        raise ProbeError("this metric needs prompts for this model (--prompts FILE, one prompt per line)")
+def _snippets(model: Any, n: int, seq_len: int, seed: int, corpus: str | None = None) -> list[str]:
+    """``n`` text snippets of about ``seq_len`` characters for the text metrics: held-out stdlib source
+    (``corpus="stdlib"``, the default for byte-level models) or English prose (``corpus="prose"``, the
+    default for every other tokenizer: a real LM reads words)."""
+    byte_level = getattr(getattr(model, "tokenizer", None), "kind", None) == "byte"
+    corpus = corpus or ("stdlib" if byte_level else "prose")
+    gen = np.random.default_rng(seed)
+    if corpus == "prose":
+        from headlens.probes.prose import prose_corpus
+
+        text = prose_corpus()
+        length = 4 * min(seq_len, model.cfg.n_ctx - 1)  # characters: ~4 per subword token of English
+        starts = gen.integers(0, max(1, len(text) - length), size=n)
+        return [text[s : s + length] for s in starts]
     import sysconfig
     from pathlib import Path
 
     text = "".join(p.read_text(errors="replace") for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("[a-d]*.py")))
     text = text.encode("ascii", errors="ignore").decode()
-    gen = np.random.default_rng(seed)
-    length = min(seq_len, model.cfg.n_ctx - 1)
+    length = min(seq_len, model.cfg.n_ctx - 1) * (1 if byte_level else 3)
     starts = gen.integers(0, len(text) - length, size=n)
     return [text[s : s + length] for s in starts]
 
@@ -302,11 +313,14 @@ def make_task(model: Any, metric: str, prompts: Sequence[str] | None = None, n_p
     """The task ``metric`` is measured on (for ``kl``: the prompts if given, else the repeated probe).
 
     ``seq_len`` sets the length of generated prompts (capped by the context; default: each probe's own),
-    ``corpus="stdlib"`` puts real source windows under the text metrics (``lm_loss``, ``kl``).
+    ``corpus`` (``"stdlib"`` source or ``"prose"``) puts real text windows under the text metrics
+    (``lm_loss``, ``kl``); without it they read stdlib source on byte-level models and prose on the others.
     """
+    from headlens.probes.base import CORPORA
+
     m = get_metric(metric)
-    if corpus is not None and corpus != "stdlib":
-        raise ProbeError(f"unknown corpus {corpus!r}; expected 'stdlib'")
+    if corpus is not None and corpus not in CORPORA:
+        raise ProbeError(f"unknown corpus {corpus!r}; expected one of {', '.join(CORPORA)}")
     if corpus is not None and prompts is not None:
         raise AblationError("give prompts or a corpus, not both")
     if getattr(model, "output_kind", "logits") != "logits":
@@ -323,7 +337,8 @@ def make_task(model: Any, metric: str, prompts: Sequence[str] | None = None, n_p
         return bracket_task(model, n_prompts, length=None if seq_len is None else min(seq_len, n_ctx - 1), seed=seed)
     if m.probe == "needle":
         return needle_task(model, n_prompts, seq_len=None if seq_len is None else min(seq_len, n_ctx), seed=seed)
-    task = prompts_task(model, prompts, n_prompts, seed=seed, **({} if seq_len is None else {"seq_len": seq_len}))
+    task = prompts_task(model, prompts, n_prompts, seed=seed, corpus=corpus,
+                        **({} if seq_len is None else {"seq_len": seq_len}))
     if metric == "kl" and task.attention_mask is not None:  # every real position counts for kl
         task = task.with_positions(task.attention_mask.bool())
     return task

@@ -255,7 +255,8 @@ def sweep(
             under torchrun: the count is this rank's share).
         resume: a folder for finished blocks of head groups (:mod:`headlens.scoring.resume`).
         seq_len: tokens per generated probe prompt (capped by the context; default: each probe's own).
-        corpus: ``"stdlib"``: real source windows for the text metrics (``lm_loss``, ``kl``).
+        corpus: ``"stdlib"`` (source) or ``"prose"`` (English): real text windows for the text metrics
+            (``lm_loss``, ``kl``).
         batch_size: prompt rows per forward pass when single-layer groups are stacked (at least one
             group's prompts; default: ``max_tokens`` of 4096 tokens). Changes speed, not the numbers.
 

@@ -15,8 +15,8 @@ import torch
 from headlens.errors import ProbeError
 from headlens.models.vocab import Vocab
 
-PROBE_NAMES = ("random_tokens", "repeated_segments", "brackets", "prompts", "stdlib", "needle")
-CORPORA = ("stdlib",)  # real text every machine has, for ``classify(corpus=...)``
+PROBE_NAMES = ("random_tokens", "repeated_segments", "brackets", "prompts", "stdlib", "prose", "needle")
+CORPORA = ("stdlib", "prose")  # real text every machine has (Python source; English documentation prose)
 PYTHON_PAIRS = ("()", "[]", "{}")
 
 

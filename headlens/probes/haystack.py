@@ -15,6 +15,7 @@ Haystacks:
 * ``"stdlib"``: held-out standard-library source, tokenized by the model (the corpus reader of
   :func:`headlens.probes.text.stdlib_windows`); the needle is still random tokens, which may also occur
   in the code.
+* ``"prose"``: English documentation prose (:mod:`headlens.probes.prose`), as a real LM reads.
 
 Prompt lengths and depths vary over a grid (several lengths up to ``seq_len``, several depths), one
 fresh needle per prompt; the probe's ``settings`` say exactly what was built.
@@ -33,7 +34,7 @@ from headlens.models.vocab import vocab
 from headlens.probes.base import Probe
 from headlens.probes.text import stdlib_body
 
-HAYSTACKS = ("random", "stdlib")
+HAYSTACKS = ("random", "stdlib", "prose")
 DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)  # where the needle sits, as a fraction of the haystack
 NEEDLE_LEN = 16
 
@@ -60,6 +61,18 @@ def _stdlib_hay(model: Any, n: int, gen: torch.Generator) -> list[int]:
     return stdlib_body(model, stream, start, span, n, "haystack")
 
 
+def _prose_hay(model: Any, n: int, gen: torch.Generator) -> list[int]:
+    """``n`` tokens of English prose, from the start of a random paragraph."""
+    from headlens.models.vocab import encode_body
+    from headlens.probes.prose import prose_corpus
+
+    text = prose_corpus()
+    span = 12 * n + 64  # characters enough for n tokens under any tokenizer
+    start = int(torch.randint(0, max(1, len(text) - span), (1,), generator=gen))
+    start = text.find("\n", start) + 1
+    return encode_body(model, text[start:start + span])[:n]
+
+
 def needle_prompt(model: Any, length: int, depth: float, needle_len: int, haystack: str,
                   gen: torch.Generator) -> tuple[list[int], list[int]]:
     """One prompt of ``length`` tokens (specials included) and its ``needle_next`` annotation."""
@@ -71,6 +84,8 @@ def needle_prompt(model: Any, length: int, depth: float, needle_len: int, haysta
     if haystack == "random":
         rest = pool[perm[needle_len:]]  # the needle's tokens never occur in the haystack
         hay = rest[torch.randint(0, len(rest), (n_hay,), generator=gen)].tolist()
+    elif haystack == "prose":
+        hay = _prose_hay(model, n_hay, gen)
     else:
         hay = _stdlib_hay(model, n_hay, gen)
     d = round(depth * len(hay))
@@ -115,7 +130,7 @@ def needle_haystack(model: Any, n_prompts: int, seq_len: int, gen: torch.Generat
                 "built": f"{n_prompts} prompts [BOS] hay[:d] + needle + hay[d:] + needle over lengths {lengths} "
                          f"x depths {list(depths)}, one random needle of {n} distinct tokens each, "
                          + ("haystack drawn with replacement from the tokens the needle does not use"
-                            if haystack == "random" else "haystack from held-out stdlib source")}
+                            if haystack == "random" else f"haystack from the {haystack} corpus")}
     if n < needle_len:
         settings["note"] = f"needle shortened from {needle_len} to {n} tokens to fit the vocabulary and length"
     return Probe("needle", prompts, {"needle_next": nexts}, settings=settings)

@@ -30,6 +30,7 @@ from headlens.models.vocab import vocab
 from headlens.probes.base import CORPORA, Probe, short_of
 from headlens.probes.generated import brackets, random_tokens, repeated_segments
 from headlens.probes.haystack import needle_haystack
+from headlens.probes.prose import prose_windows
 from headlens.probes.text import stdlib_windows, text_prompts
 from headlens.scoring import defaults
 from headlens.scoring.annotated import (
@@ -148,9 +149,10 @@ def _probes(model: Any, dets: list[Detector], prompts: Any, n_prompts: int, seq_
     if corpus is not None:
         if corpus not in CORPORA:
             raise ProbeError(f"unknown corpus {corpus!r}; expected one of {', '.join(CORPORA)}")
-        needles = [d for d in pattern if d.probe == "needle"]  # needles hidden in stdlib haystacks
+        needles = [d for d in pattern if d.probe == "needle"]  # needles hidden in the corpus as haystack
         windows = [d for d in pattern if d.probe != "needle"]
-        groups = [(stdlib_windows(model, n_prompts, seq_len, torch.Generator().manual_seed(seed * 1009 + 7)),
+        reader = prose_windows if corpus == "prose" else stdlib_windows
+        groups = [(reader(model, n_prompts, seq_len, torch.Generator().manual_seed(seed * 1009 + 7)),
                    windows)] if windows else []
         if needles:
             gen = torch.Generator().manual_seed(seed * 1009 + 8)
@@ -247,7 +249,8 @@ def classify(
         n_boot: bootstrap resamples.
         device: where a model loaded from a reference runs (``cpu``, ``cuda``, ``mps``, ``auto``).
         corpus: ``"stdlib"`` to read ``n_prompts`` windows of ``seq_len`` tokens of real Python
-            source (held-out standard-library files) instead of the generated probes.
+            source (held-out standard-library files) instead of the generated probes, or ``"prose"`` for
+            English prose (the standard library's documentation: what a real LM reads).
         scan_path: ``"auto"`` (default), ``"dense"`` (read the attention pattern) or ``"sparse"``
             (q, k and the log-sum-exp, no pattern: long contexts); see :mod:`headlens.scoring.engine`.
             The path each probe took is in ``attrs["probes"][name]["scan_path"]``.
