@@ -15,7 +15,7 @@ import torch
 from headlens.errors import ProbeError
 from headlens.models.vocab import Vocab
 
-PROBE_NAMES = ("random_tokens", "repeated_segments", "brackets", "prompts", "stdlib", "prose", "needle")
+PROBE_NAMES = ("random_tokens", "repeated_segments", "brackets", "prompts", "stdlib", "prose", "needle", "ioi")
 CORPORA = ("stdlib", "prose")  # real text every machine has (Python source; English documentation prose)
 PYTHON_PAIRS = ("()", "[]", "{}")
 
@@ -29,12 +29,16 @@ class Probe:
         prompts: 1-D long tensors (specials included), possibly of different lengths.
         annotations: name -> one 1-D long tensor per prompt (``-1`` = nothing at that position).
         settings: how the probe was made (goes into the table's provenance).
+        positions: named positions per prompt, name -> ``(N,)`` long token index in each prompt
+            (``-1`` where a prompt has none): IOI's ``IO``, ``S1``, ``S1+1``, ``S2``, ``END``; circuits
+            restrict edges to them (``receiver_pos`` / ``sender_pos``).
     """
 
     name: str
     prompts: list[torch.Tensor]
     annotations: dict[str, list[torch.Tensor]] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
+    positions: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.prompts)
