@@ -53,7 +53,7 @@ def test_classify_smollm2_end_to_end_with_its_report(smollm2, monkeypatch, capsy
 
 def test_ablating_the_induction_heads_breaks_copying_beyond_random_heads(loaded, monkeypatch, capsys, tmp_path):
     out = tmp_path / "ablate.csv"
-    code, stdout, stderr = run_cli(monkeypatch, capsys, "ablate", "-m", "smollm2", "--heads", ",".join(INDUCTION),
+    code, _, stderr = run_cli(monkeypatch, capsys, "ablate", "-m", "smollm2", "--heads", ",".join(INDUCTION),
                                    "--n-prompts", "6", "--n-control", "2", "-o", str(out), "-q")
     assert code == 0, stderr
     (row,) = pd.read_csv(out).itertuples()
@@ -64,7 +64,7 @@ def test_ablating_the_induction_heads_breaks_copying_beyond_random_heads(loaded,
 
 def test_the_previous_token_head_feeds_the_induction_heads_key(loaded, monkeypatch, capsys, tmp_path):
     out = tmp_path / "edges.csv"
-    code, stdout, stderr = run_cli(monkeypatch, capsys, "circuit", "-m", "smollm2", "--receivers", INDUCTION[0],
+    code, _, stderr = run_cli(monkeypatch, capsys, "circuit", "-m", "smollm2", "--receivers", INDUCTION[0],
                                    "--senders", PREVIOUS[0], "--inputs", "k", "--n-prompts", "4", "--n-control", "2",
                                    "-o", str(out), "-q")
     assert code == 0, stderr
