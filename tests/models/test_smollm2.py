@@ -74,3 +74,15 @@ def test_the_bracket_probe_finds_brackets_in_subword_text(smollm2):
     assert len(pairs) >= 5
     for k, q in pairs:
         assert strings[k].lstrip("Ġ") + strings[q].lstrip("Ġ") in ("()", "[]", "{}", "<>"), (strings[k], strings[q])
+
+
+def test_a_real_lm_reads_prose_where_a_probe_needs_natural_text(smollm2):
+    """The needle's haystack and the text metrics default to English prose on a vocabulary of words; a byte-level
+    model (the zoo's, trained on random haystacks) keeps random tokens."""
+    from headlens.probes.haystack import default_haystack, needle_haystack
+    from headlens.testing import planted_model
+
+    probe = needle_haystack(smollm2, 2, 96, torch.Generator().manual_seed(0))
+    assert probe.settings["haystack"] == "prose" and default_haystack(planted_model()) == "random"
+    words = smollm2.to_str_tokens(probe.prompts[0])
+    assert sum(w.startswith("Ġ") and w[1:].isalpha() for w in words) > len(words) // 3  # words, not noise
