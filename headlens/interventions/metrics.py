@@ -273,7 +273,11 @@ def _snippets(model: Any, n: int, seq_len: int, seed: int, corpus: str | None = 
     """``n`` text snippets of about ``seq_len`` characters for the text metrics: held-out stdlib source
     (``corpus="stdlib"``, the default for byte-level models) or English prose (``corpus="prose"``, the
     default for every other tokenizer: a real LM reads words)."""
-    byte_level = getattr(getattr(model, "tokenizer", None), "kind", None) == "byte"
+    kind = getattr(getattr(model, "tokenizer", None), "kind", None)
+    if kind == "char":  # a toy alphabet writes neither source nor prose
+        raise ProbeError("this metric needs prompts for this model (--prompts FILE, one prompt per line): its "
+                         "alphabet cannot write the default text")
+    byte_level = kind == "byte"
     corpus = corpus or ("stdlib" if byte_level else "prose")
     gen = np.random.default_rng(seed)
     if corpus == "prose":

@@ -122,7 +122,10 @@ def spaced_brackets(model: Any, pairs: tuple[tuple[int, int], ...], strings: lis
     SmolLM2's ``Ġ(``): text written with spaces tokenizes to those, and they are the same brackets."""
     out = {}
     for i in {i for pair in pairs for i in pair}:
-        ids = encode_body(model, " " + strings[i])
+        try:
+            ids = encode_body(model, " " + strings[i])
+        except ProbeError:  # a character-level alphabet without the space
+            continue
         if len(ids) == 1 and ids[0] != i:
             out[int(ids[0])] = i
     return out
