@@ -144,7 +144,7 @@ def load_bridge(
     transformers.utils.logging.disable_progress_bar()
     tokenizer = tokenizer if tokenizer is not None else _load_tokenizer(src, trust_remote_code)
     # what position 0 holds, read before the bridge sets a missing bos_token to the EOS (headlens.models.hf.prefix)
-    prefix = choose_prefix(tokenizer, adds_bos(src.files), src.config.get("vocab_size")) if tokenizer else None
+    prefix = None if tokenizer is None else choose_prefix(tokenizer, adds_bos(src.files), src.config.get("vocab_size"))
     place: dict[str, Any] = {"device": device}
     if device_map is not None:  # the bridge refuses device and device_map together
         place = {"device_map": device_map, "max_memory": max_memory,

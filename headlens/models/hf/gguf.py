@@ -18,6 +18,11 @@ Why it looks like this:
 * **A GGUF config has no ``architectures``.** transformers builds the config from the file's
   metadata, whose ``model_type`` says the family; the causal-LM class is set from it, so the bridge
   boots the right adapter and the tokenizer is the file's own (the bridge would otherwise ask the hub).
+* **The file's own tokenizer, exactly.** The cached tokenizer is read back through the generic fast class
+  (:func:`file_tokenizer`), which takes ``tokenizer.json`` as transformers built it from the file;
+  ``AutoTokenizer`` would pick a family's class for some model types (``Qwen2Tokenizer``) and rebuild
+  its pre-tokenizer. The file's ``add_bos_token`` goes into ``tokenizer_config.json``; what a prompt
+  starts with is :mod:`headlens.models.hf.prefix`'s rule.
 * **Mistakes are one line**: the ``gguf`` package missing (how to install it), a missing path, a file
   that is not GGUF or is cut short, an architecture transformers cannot read from GGUF (named, with the
   ones it can).
