@@ -270,10 +270,13 @@ def prompts_task(model: Any, prompts: Sequence[str] | None = None, n_prompts: in
 
 
 def _snippets(model: Any, n: int, seq_len: int, seed: int, corpus: str | None = None) -> list[str]:
-    """``n`` text snippets of about ``seq_len`` characters for the text metrics: held-out stdlib source
+    """``n`` text snippets of about ``seq_len`` tokens for the text metrics: held-out stdlib source
     (``corpus="stdlib"``, the default for byte-level models) or English prose (``corpus="prose"``, the
-    default for every other tokenizer: a real LM reads words)."""
-    byte_level = getattr(getattr(model, "tokenizer", None), "kind", None) == "byte"
+    default for Hugging Face tokenizers: a real LM reads words); a char-level alphabet needs the user's prompts."""
+    kind = getattr(getattr(model, "tokenizer", None), "kind", None)  # native tokenizers: "byte" | "char"
+    byte_level = kind == "byte"
+    if corpus is None and kind not in ("byte", None):
+        raise ProbeError("this metric needs prompts for this model (--prompts FILE, one prompt per line)")
     corpus = corpus or ("stdlib" if byte_level else "prose")
     gen = np.random.default_rng(seed)
     if corpus == "prose":
