@@ -47,6 +47,15 @@ def test_planted_movers_are_found(planted, one_order):
     assert copier.score > 0.9 and copier.dla_ci_low > 0  # attends S2 and writes S: for the name it reads
     nm = df[(df.detector == "name_mover") & (df.layer == 0) & (df["head"] == 0)].iloc[0]
     assert nm.dla_ci_high < 0 and nm.score < 0.01  # against IO - S, but no eye on IO: no name mover either
+    import io
+
+    from rich.console import Console
+
+    from headlens.cli.classify import print_results
+
+    out = io.StringIO()
+    print_results(df, Console(file=out, width=220))
+    assert "DLA (95% CI)" in out.getvalue() and f"{row.dla:+.3f}" in out.getvalue()  # the CLI shows the gate
 
 
 def test_a_head_that_attends_io_and_writes_nothing_fails_the_gate(tmp_path, one_order):
