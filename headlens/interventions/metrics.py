@@ -360,6 +360,12 @@ def make_task(model: Any, metric: str, prompts: Sequence[str] | str | Any = None
     from headlens.probes.ioi import ioi_probe, resolve
 
     m = get_metric(metric)
+    if corpus is not None and corpus not in CORPORA:
+        raise ProbeError(f"unknown corpus {corpus!r}; expected one of {', '.join(CORPORA)}")
+    if corpus is not None and prompts is not None:
+        raise AblationError("give prompts or a corpus, not both")
+    if getattr(model, "output_kind", "logits") != "logits":
+        raise ProbeError(f"metric {metric!r} reads logits; {model.name!r} has no output head (it returns hidden states)")
     ioi = resolve(model, prompts, n_prompts, seed)
     if m.probe == "ioi":
         if prompts is not None and ioi is None:
@@ -370,12 +376,6 @@ def make_task(model: Any, metric: str, prompts: Sequence[str] | str | Any = None
         return ioi_task(model, ioi or ioi_probe(model, n_prompts, seed))
     if ioi is not None:
         prompts = ioi.texts
-    if corpus is not None and corpus not in CORPORA:
-        raise ProbeError(f"unknown corpus {corpus!r}; expected one of {', '.join(CORPORA)}")
-    if corpus is not None and prompts is not None:
-        raise AblationError("give prompts or a corpus, not both")
-    if getattr(model, "output_kind", "logits") != "logits":
-        raise ProbeError(f"metric {metric!r} reads logits; {model.name!r} has no output head (it returns hidden states)")
     if m.probe in ("repeated", "brackets", "needle") or metric == "lm_loss":
         if not model.is_causal:
             raise ProbeError(f"metric {metric!r} scores next-token predictions; this model is bidirectional")
