@@ -6,8 +6,8 @@
 1. The weight detectors (``copying``, ``copy_suppression``, ``successor``) through ``headlens.classify``,
    timed (wall and CPU seconds): every head's score with its 95 % interval, the null's value, the eigenvalue
    score and each ordered list's succession score for the strongest heads.
-2. Behaviour, in plain ``transformers`` (the model's own modules, torch hooks, eager attention; nothing of
-   headlens' readout): on BOS + r + r (r random ordinary tokens), at every position of the second copy, each
+2. Behaviour, in plain ``transformers`` (the Hugging Face directory the model was loaded from, read again by
+   ``AutoModelForCausalLM`` with eager attention; torch hooks; nothing of headlens' readout): on BOS + r + r (r random ordinary tokens), at every position of the second copy, each
    head's output (a pre-hook on ``o_proj``'s input, times ``W_O``, through the final RMSNorm at the
    position's clean scale and ``W_U``) is its direct effect on the logits. Where the head's largest
    attention weight falls on an earlier token ``x_k``, the check reads where ``x_k`` ranks among the head's
@@ -31,9 +31,12 @@ DETECTORS = "copying,copy_suppression,successor"
 
 def behaviour(model, n_prompts: int = 8, length: int = 40, seed: int = 0, n_ref: int = 2048) -> torch.Tensor:
     """``(L, H)``: each head's median percentile of the attended token among its direct effects (1 = top)."""
+    from transformers import AutoModelForCausalLM
+
     from headlens.models.vocab import vocab
 
-    hf = model.bridge.original_model
+    folder = (getattr(model, "source", None) or {}).get("cache") or model.tokenizer_dir  # the HF directory
+    hf = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
     layers = hf.model.layers
     pool = torch.tensor(vocab(model).ordinary)
     gen = torch.Generator().manual_seed(seed)
@@ -46,13 +49,10 @@ def behaviour(model, n_prompts: int = 8, length: int = 40, seed: int = 0, n_ref:
     z: dict[int, torch.Tensor] = {}
     hooks = [layer.self_attn.o_proj.register_forward_pre_hook(
         lambda mod, args, i=i: z.__setitem__(i, args[0].detach())) for i, layer in enumerate(layers)]
-    old = hf.config._attn_implementation
-    hf.set_attn_implementation("eager")  # the attention weights themselves, not a fused kernel
     try:
         with torch.inference_mode():
             out = hf(tokens, output_attentions=True, output_hidden_states=True)
     finally:
-        hf.set_attn_implementation(old)
         for h in hooks:
             h.remove()
     final = out.hidden_states[-1]  # (B, T, D): the residual before the final norm

@@ -171,7 +171,7 @@ def _readout(model: Any) -> OVReadout:
     centre = centres(model)
     w_v = torch.stack([_fold_rows(w_v[layer], ln_in[layer], centre) for layer in range(L)])  # (L, H_kv, D, dh)
     post = [norm_scale(n) for n in ln_post]
-    w_o = torch.stack([w_o[layer] * (1.0 if g is None else g[None, None, :]) for layer, g in enumerate(post)])
+    w_o = torch.stack([w_o[layer] * (1.0 if g is None else g.to(w_o)[None, None, :]) for layer, g in enumerate(post)])
     if centre and any(g is not None for g in post):
         w_o = w_o - w_o.mean(-1, keepdim=True)  # a post-attention LayerNorm centres the head's write
     return OVReadout(w_v.contiguous(), w_o.contiguous(), folded_unembed(model), kv)
