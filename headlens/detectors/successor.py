@@ -25,7 +25,7 @@ from headlens.errors import DetectorError
 from headlens.probes.ordinal import ordinal_lists
 from headlens.readout.ov import effective_embedding, readout
 
-THRESHOLD = 0.4  # τ: as the pattern detectors'; Gould et al.'s successor heads map most items right
+THRESHOLD = 0.4  # τ: the pattern detectors' (a head that maps 40 % of the items to the next one at least)
 
 
 def _alone_at(lg: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
