@@ -29,10 +29,19 @@ THRESHOLD = 0.4  # τ: the pattern detectors' (a head that maps 40 % of the item
 
 
 def _alone_at(lg: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """``(..., n)`` bool: row ``i``'s logit at column ``pos[i]`` is its unique maximum (ties are no hit)."""
-    top = lg.max(-1).values  # (..., n)
-    at = lg.gather(-1, pos.expand(*lg.shape[:-1]).unsqueeze(-1)).squeeze(-1)  # (..., n)
+    """``(..., M)`` bool: row ``i``'s logit at column ``pos[..., i]`` is its unique maximum (ties are no hit)."""
+    top = lg.max(-1).values  # (..., M)
+    at = lg.gather(-1, pos.clamp(0, lg.shape[-1] - 1).expand(*lg.shape[:-1]).unsqueeze(-1)).squeeze(-1)
     return (at == top) & ((lg == top[..., None]).sum(-1) == 1)
+
+
+def _padded(lists: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(J, M)`` long: each list's items' positions in the concatenation (-1 past its end), and ``(J,)`` sizes."""
+    sizes = torch.tensor([len(o.ids) for o in lists])
+    M = int(sizes.max())
+    starts = torch.cumsum(sizes, 0) - sizes
+    slot = starts[:, None] + torch.arange(M)[None, :]  # (J, M)
+    return torch.where(torch.arange(M)[None, :] < sizes[:, None], slot, torch.full_like(slot, -1)), sizes
 
 
 def counts(model: Any) -> WeightCounts:
@@ -42,27 +51,28 @@ def counts(model: Any) -> WeightCounts:
         raise DetectorError(f"successor: no ordered list (digits, number words, days, months, letters) is made of "
                             f"single tokens of {getattr(model, 'name', 'the model')!r}'s vocabulary")
     ov = readout(model)
-    e = effective_embedding(model, torch.cat([o.ids for o in lists]))  # (N, D)
+    ids = torch.cat([o.ids for o in lists])  # (N,) every item of every list
+    e = effective_embedding(model, ids)  # (N, D)
+    slot, sizes = _padded(lists)  # (J, M), (J,)
+    J, M = slot.shape
+    i = torch.arange(M)
+    cand = (i[None, None, :] < sizes[:, None, None]) & (i[None, :, None] != i[None, None, :])  # (J, M, M): others
+    U = ov.unembed[:, ids[slot.clamp_min(0)]]  # (D, J, M): each list's own tokens
+    succ_ok = (i[None, :] + 1 < sizes[:, None]).double()  # (J, M): items with a successor
+    pred_ok = ((i[None, :] >= 1) & (i[None, :] < sizes[:, None])).double()  # items with a predecessor
     L, H = ov.shape
-    succ = torch.zeros(L, H, dtype=torch.float64)
-    pred = torch.zeros(L, H, dtype=torch.float64)
-    per_list: dict[str, list[list[float]]] = {}
-    start = 0
-    for o in lists:
-        n = len(o.ids)
-        writes = torch.stack([ov.writes(e[start:start + n], layer) for layer in range(L)])  # (L, H, n, D)
-        start += n
-        lg = writes @ ov.unembed[:, o.ids]  # (L, H, n, n): the logits of the list's own tokens
-        lg.diagonal(dim1=-2, dim2=-1).fill_(float("-inf"))  # the item itself is no candidate
-        i = torch.arange(n)
-        s = _alone_at(lg[..., :-1, :], i[:-1] + 1).double().sum(-1)  # (L, H): items 0 .. n-2
-        succ += s
-        pred += _alone_at(lg[..., 1:, :], i[1:] - 1).double().sum(-1)  # items 1 .. n-1
-        per_list[o.name] = (s / (n - 1)).round(decimals=4).tolist()
-    trials = sum(len(o.ids) - 1 for o in lists)
+    succ = torch.zeros(L, H, J, dtype=torch.float64)
+    pred = torch.zeros(L, H, J, dtype=torch.float64)
+    for layer in range(L):
+        y = ov.writes(e, layer)[:, slot.clamp_min(0)]  # (H, J, M, D): what each head writes for each item
+        lg = torch.einsum("hjmd,djc->hjmc", y, U).masked_fill(~cand, float("-inf"))  # (H, J, M, M)
+        succ[layer] = (_alone_at(lg, i + 1) * succ_ok).sum(-1)  # (H, J)
+        pred[layer] = (_alone_at(lg, i - 1) * pred_ok).sum(-1)
+    trials = int((sizes - 1).sum())
+    per_list = {o.name: (succ[..., j] / (len(o.ids) - 1)).round(decimals=4).tolist() for j, o in enumerate(lists)}
     attrs = {"lists": {o.name: list(o.items) for o in lists}, "per_list": per_list,
              "null": "the same argmax landing on the item's predecessor"}
-    return WeightCounts(succ, trials, len(lists) / trials, pred, {}, attrs)
+    return WeightCounts(succ.sum(-1), trials, len(lists) / trials, pred.sum(-1), {}, attrs)
 
 
 DETECTOR = Detector("successor", "weights", None, None,

@@ -129,11 +129,18 @@ def _norms(model: Any) -> tuple[list[Any], list[Any], Any]:
             getattr(model.bridge, "ln_final", None))
 
 
-def _fold_rows(w: torch.Tensor, norm: Any, centre: bool) -> torch.Tensor:
-    """``diag(g) w`` (and ``C diag(g) w`` under LayerNorm) for weights ``w`` ``(..., D, X)`` read from the norm."""
-    g = norm_scale(norm)
+def _scales(norms: list[Any], D: int) -> torch.Tensor | None:
+    """``(len(norms), D)`` float32: each norm's per-channel scale (ones for a norm without one), or None if none has."""
+    gs = [norm_scale(n) for n in norms]
+    if all(g is None for g in gs):
+        return None
+    return torch.stack([torch.ones(D, dtype=torch.float64) if g is None else g for g in gs]).float()
+
+
+def _fold_rows(w: torch.Tensor, g: torch.Tensor | None, centre: bool) -> torch.Tensor:
+    """``diag(g) w`` (and ``C diag(g) w`` under LayerNorm) for weights ``w`` ``(..., D, X)``; ``g`` ``(..., D)``."""
     if g is not None:
-        w = w * g.to(w)[:, None]
+        w = w * g[..., :, None]
     return w - w.mean(-2, keepdim=True) if centre else w  # C w, C = I - 11^T / D
 
 
@@ -147,7 +154,8 @@ def folded_unembed(model: Any) -> torch.Tensor:
     if why is not None:
         raise DetectorError(why)
     w_u = model.lm_head.weight.T if hasattr(model, "transformer") else model.bridge.W_U  # (D, V)
-    return _fold_rows(w_u.detach().float().cpu(), _norms(model)[2], centres(model)).contiguous()
+    g = norm_scale(_norms(model)[2])
+    return _fold_rows(w_u.detach().float().cpu(), None if g is None else g.float(), centres(model)).contiguous()
 
 
 def readout(model: Any) -> OVReadout:
@@ -162,18 +170,20 @@ def readout(model: Any) -> OVReadout:
 def _readout(model: Any) -> OVReadout:
     _, w_v, w_o, _ = raw_weights(model)
     w_v, w_o = w_v.detach().float().cpu(), w_o.detach().float().cpu()
-    L, H = w_o.shape[:2]
+    H = w_o.shape[1]
     n_kv = w_v.shape[1]
     if n_kv < 1 or H % n_kv:
         raise DetectorError(f"{H} query heads cannot share {n_kv} value heads evenly")
     kv = torch.arange(H) // (H // n_kv)  # (H,): query head h reads kv head h // group (repeat_kv order)
     ln_in, ln_post, _ = _norms(model)
-    centre = centres(model)
-    w_v = torch.stack([_fold_rows(w_v[layer], ln_in[layer], centre) for layer in range(L)])  # (L, H_kv, D, dh)
-    post = [norm_scale(n) for n in ln_post]
-    w_o = torch.stack([w_o[layer] * (1.0 if g is None else g.to(w_o)[None, None, :]) for layer, g in enumerate(post)])
-    if centre and any(g is not None for g in post):
-        w_o = w_o - w_o.mean(-1, keepdim=True)  # a post-attention LayerNorm centres the head's write
+    centre, D = centres(model), w_o.shape[-1]
+    g_in = _scales(ln_in, D)  # (L, D) or None
+    w_v = _fold_rows(w_v, None if g_in is None else g_in[:, None], centre)  # (L, H_kv, D, dh)
+    g_post = _scales(ln_post, D)  # (L, D): Gemma 2/3 norm each head's write again; None elsewhere
+    if g_post is not None:
+        w_o = w_o * g_post[:, None, None, :]  # (L, H, dh, D)
+        if centre:
+            w_o = w_o - w_o.mean(-1, keepdim=True)  # a post-attention LayerNorm centres the head's write
     return OVReadout(w_v.contiguous(), w_o.contiguous(), folded_unembed(model), kv)
 
 

@@ -80,12 +80,15 @@ def rank_hits(ov: OVReadout, e: torch.Tensor, targets: torch.Tensor, k: int = 5,
     maybe = torch.ones(L, H, n, T, 2, dtype=torch.bool)  # (..., top / bottom) not yet ruled out
     rows, ys = [], []
     U0 = U[:, screens[0]].contiguous() if screens else None  # (D, m)
+    Ut = U[:, targets]  # (D, n, T): the targets' columns
+    wo_norm = ov.w_o.flatten(2).norm(dim=-1)  # (L, H): |W_O|_F of every head
+    values = (e @ ov.w_v.permute(2, 0, 1, 3).flatten(1)).unflatten(1, ov.w_v.shape[:2] + ov.w_v.shape[3:])
     for layer in range(L):
-        a = ov.values(e, layer)  # (H, n, dh): each head's value vector for each source
+        a = values[:, layer, ov.kv].transpose(0, 1)  # (H, n, dh): each query head's value vector for each source
         y = a @ ov.w_o[layer]  # (H, n, D): what it writes
         if U0 is not None:
-            lt = torch.einsum("hnd,dnt->hnt", y, U[:, targets])  # (H, n, T): the targets' logits
-            bound = a.norm(dim=-1) * ov.w_o[layer].flatten(1).norm(dim=-1)[:, None] * umax  # (H, n) >= |logit|
+            lt = torch.einsum("hnd,dnt->hnt", y, Ut)  # (H, n, T): the targets' logits
+            bound = a.norm(dim=-1) * wo_norm[layer][:, None] * umax  # (H, n) >= |logit|
             tol = 4 * sum(ov.w_o.shape[2:]) * EPS32 * bound  # (H, n): both ways of forming a logit
             maybe[layer] = _ruled_in(a @ (ov.w_o[layer] @ U0), lt, tol, k)  # subset logits through d_head
         h, i = maybe[layer].flatten(2).any(-1).nonzero(as_tuple=True)  # (p,) each: the pairs left open
