@@ -29,6 +29,9 @@ def norm_scale(norm: Any) -> torch.Tensor | None:
 
     >>> norm_scale(torch.nn.LayerNorm(3)).tolist()
     [1.0, 1.0, 1.0]
+    >>> rms = torch.nn.RMSNorm(3); _ = torch.nn.init.constant_(rms.weight, 2.0)
+    >>> [round(g, 4) for g in norm_scale(rms).tolist()]
+    [2.0, 2.0, 2.0]
     """
     if norm is None:
         return None
@@ -38,11 +41,11 @@ def norm_scale(norm: Any) -> torch.Tensor | None:
         return None
     if isinstance(module, torch.nn.LayerNorm) or getattr(module, "bias", None) is not None:
         return weight.detach().double().cpu()  # LayerNorm: gamma as stored
-    probe = torch.full((1, 1, weight.shape[0]), 1e3, dtype=weight.dtype, device=weight.device)  # RMS 1e3
+    probe = torch.full((1, 1, weight.shape[0]), 1e3, dtype=weight.dtype, device=weight.device)  # RMS 1e3 >> eps
     with torch.no_grad():
         out = module(probe)
     out = out[0] if isinstance(out, tuple) else out
-    return (out.reshape(-1) / 1e3).detach().double().cpu()  # g * x / rms(x) at x = 1e3 * ones: g
+    return out.reshape(-1).detach().double().cpu()  # g * x / rms(x) at x = 1e3 * ones: g
 
 
 def centres(model: Any) -> bool:

@@ -20,7 +20,7 @@ import torch
 from hf_families import _ALL, FAMILIES, build, load_eager, save_tokenizer
 
 import headlens
-from headlens.readout.ov import effective_embedding, readout, unsupported
+from headlens.readout.ov import effective_embedding, folded_unembed, readout, unsupported
 
 CAUSAL = [*sorted(f for f, fam in FAMILIES.items() if fam.causal), "gemma2", "gemma3"]
 FINAL_NORM = {"gpt2": "transformer.ln_f", "gptj": "transformer.ln_f", "gpt_neox": "gpt_neox.final_layer_norm",
@@ -147,6 +147,12 @@ def test_readout_is_what_the_family_computes(family, root):
         for name, p in bare.named_parameters():
             if name.endswith("bias"):
                 p.zero_()
+    r = torch.randn(5, want.shape[1], generator=torch.Generator().manual_seed(0)) * 100  # |row| >> the norms' eps
+    final = _get(bare, FINAL_NORM.get(family, "model.norm"))
+    centred = r - r.mean(-1, keepdim=True) if family in ("gpt2", "gptj", "gpt_neox", "opt") else r  # LayerNorm
+    with torch.no_grad():  # the absolute scale too (DLA divides by the row's own factor): logits = r W_U' / s(r)
+        torch.testing.assert_close((r @ folded_unembed(model)) / centred.pow(2).mean(-1, keepdim=True).sqrt(),
+                                   bare.get_output_embeddings()(final(r)), atol=1e-4, rtol=1e-4)
     ov = readout(model)
     L, H = ov.shape
     assert (L, H) == (model.n_layers, model.n_heads) and ov.w_v.shape[1] == model.cfg.n_kv_heads
