@@ -18,7 +18,7 @@ Your own head types join the same registry, three ways:
 From the CLI a ``module:attribute`` reference also works: ``--detectors mypkg.heads:TWO_BACK``.
 
 >>> sorted(DETECTORS)[:3]
-['bracket_matching', 'bracket_matching_hard', 'copying']
+['bracket_matching', 'bracket_matching_hard', 'copy_suppression']
 >>> get_detector("streaming(w=128)").params
 {'s': 4, 'w': 128}
 """
@@ -32,6 +32,7 @@ from typing import Any
 
 from headlens.detectors import (
     bracket_matching,
+    copy_suppression,
     copying,
     coreference,
     current_token,
@@ -44,6 +45,7 @@ from headlens.detectors import (
     retrieval,
     sink,
     streaming,
+    successor,
 )
 from headlens.detectors.base import Detector
 from headlens.errors import DetectorError
@@ -62,6 +64,8 @@ DETECTORS: dict[str, Detector] = {
         bracket_matching.OPEN_DETECTOR,
         bracket_matching.OPEN_HARD_DETECTOR,
         copying.DETECTOR,
+        copy_suppression.DETECTOR,
+        successor.DETECTOR,
         coreference.DETECTOR,
         sink.DETECTOR,
         streaming.DETECTOR,

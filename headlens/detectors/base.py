@@ -13,7 +13,10 @@ keys and the row's log-sum-exp, without ever building the ``(Q, K)`` pattern (``
 
 * ``"index"``: at most one target per row (``M == 1``);
 * ``"mask"``: a set of targets per row (any ``M``);
-* ``"weights"``: no probe at all; a score per head from the model's weights (copying).
+* ``"weights"``: no probe at all; a score per head from the model's weights (copying, copy suppression,
+  successor heads). ``weights_fn`` returns :class:`WeightCounts` (hits over trials per head, with a chance
+  rate and a null, from which :mod:`headlens.scoring.weights` forms the score, its interval and the label),
+  or a plain ``(n_layers, n_heads)`` score tensor (no interval: labelled on the score alone).
 * ``"annotated"``: targets given as character spans of the probe's texts (coreference, and
   the user's own head types from annotated prompts); scored by :mod:`headlens.scoring.annotated`.
 * ``"top1"``: at most one target per row, scored by whether the row's *largest* attention weight
@@ -81,6 +84,30 @@ class Gate:
 
 
 @dataclass(frozen=True)
+class WeightCounts:
+    """What a weight detector measured, per head, as counts (the statistics are :mod:`headlens.scoring.weights`').
+
+    Attributes:
+        hits: ``(n_layers, n_heads)`` float64: trials the head passes (source tokens it copies, list items
+            it maps to their successor ...).
+        trials: trials per head (the same for every head).
+        chance: the rate a head without the mechanism would have (``k / d_vocab``, ``1 / (n - 1)``): the
+            table's ``baseline``.
+        null_hits: ``(n_layers, n_heads)`` float64: the same count under the detector's null (a label needs
+            the score's interval above the null's), or None.
+        columns: extra per-head ``(n_layers, n_heads)`` values, each a column of this detector's rows.
+        attrs: details for the table's provenance (``attrs["weights"][name]``): samples, lists, the null.
+    """
+
+    hits: torch.Tensor
+    trials: int
+    chance: float
+    null_hits: torch.Tensor | None = None
+    columns: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Detector:
     """One head type.
 
@@ -92,7 +119,8 @@ class Detector:
         probe: the generated probe that exercises it (``None`` for weight scores).
         description: one line for ``--help`` and the dashboard.
         bidirectional_only: True when the target lies to the right of the query.
-        weights_fn: ``model -> (n_layers, n_heads)`` float64 scores, for ``kind == "weights"``.
+        weights_fn: ``model ->`` :class:`WeightCounts` (or ``(n_layers, n_heads)`` float64 scores), for
+            ``kind == "weights"``.
         params: the settings this instance was built with (recorded in the provenance).
         factory: ``**params -> Detector``, for detectors with settings (None otherwise).
         default: False for a detector scored only when asked for by name (``retrieval``: its long
@@ -103,6 +131,7 @@ class Detector:
         predicate: ``(batch, q (C, 1), k (1, K)) -> (B, C, K)`` bool, the same targets as a rule (module
             docstring); with ``targets=None`` the index lists are built from it.
         gate: a :class:`Gate` on what the head writes, which the label also needs (name movers), or None.
+        threshold: this detector's default τ (None: the default of its kind, 0.4).
 
     >>> two_back = Detector("two_back", "mask", None, "random_tokens", "attends two tokens back",
     ...                     predicate=lambda batch, q, k: k == q - 2)
@@ -117,13 +146,14 @@ class Detector:
     probe: str | None
     description: str
     bidirectional_only: bool = False
-    weights_fn: Callable[[Any], torch.Tensor] | None = None
+    weights_fn: Callable[[Any], WeightCounts | torch.Tensor] | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
     factory: Callable[..., Detector] | None = None
     windowed: bool = False
     default: bool = True
     predicate: Predicate | None = None
     gate: Gate | None = None
+    threshold: float | None = None
 
     def __post_init__(self) -> None:
         if self.targets is None and self.predicate is not None:  # index lists from the rule, row window by window

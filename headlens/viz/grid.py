@@ -36,6 +36,8 @@ LABEL_MARKS = {
     "open_bracket": "OB",
     "open_bracket_hard": "OB!",
     "copying": "CPY",
+    "copy_suppression": "CSU",
+    "successor": "SUC",
     "coreference": "REF",
     "sink": "SNK",
     "streaming": "STR",
@@ -63,6 +65,7 @@ LABEL_COLORS = {
     "duplicate_token": "#9467bd", "induction": "#d62728", "bracket_matching": "#2ca02c",
     "bracket_matching_hard": "#2ca02c", "open_bracket": "#ff7f0e", "open_bracket_hard": "#ff7f0e",
     "copying": "#e377c2", "name_mover": "#bcbd22", "negative_name_mover": "#393b79",
+    "copy_suppression": "#8c6d31", "successor": "#637939",
 }
 UNLABELLED_COLOR = "#d9d9d9"
 

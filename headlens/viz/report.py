@@ -3,9 +3,10 @@
 The page opens offline (plotly.js is inlined once, every figure after it reuses it) and holds:
 the head grid coloured by each head's strongest label, the labelled heads with their 95 %
 confidence intervals, each labelled head's pattern on an example prompt (heatmap and coloured
-text), the circuit when an edge table is given (graph and table), the heads that write a prediction when an
-attribution table is given (direct logit attribution: bars and the strongest writers and suppressors with
-their CIs), and the provenance of the scores (model, probes, seeds, thresholds, headlens version).
+text), what the vocabulary heads write (:mod:`headlens.viz.vocabulary`), the circuit when an edge table is given
+(graph and table), the heads that write a prediction when an attribution table is given (direct logit
+attribution: bars and the strongest writers and suppressors with their CIs), and the provenance of the scores
+(model, probes, seeds, thresholds, headlens version).
 
 >>> import headlens
 >>> model = headlens.load("induction-2l")  # doctest: +SKIP
@@ -52,6 +53,7 @@ def report_html(model: Any, table: Any, prompt: str | None = None, edges: Any = 
     from headlens.probes.texts import example_text
     from headlens.scoring.table import labelled_heads
     from headlens.viz.grid import head_grid_figure
+    from headlens.viz.vocabulary import vocabulary_section
 
     attrs = dict(table.attrs)
     name = str(attrs.get("model", getattr(model, "name", "model")))
@@ -67,6 +69,7 @@ def report_html(model: Any, table: Any, prompt: str | None = None, edges: Any = 
              "<h2>Labelled heads</h2>", _labelled_table(labelled_heads(table))]
     prompt = prompt if prompt is not None else example_text(model)
     parts += _patterns(model, table, prompt)
+    parts += vocabulary_section(model, table)
     if edges is not None:
         parts += _circuit(model, table, edges)
     if attribution is not None:
