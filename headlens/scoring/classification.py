@@ -44,6 +44,7 @@ from headlens.scoring.annotated import (
 from headlens.scoring.annotated import summaries as target_summaries
 from headlens.scoring.distributed import current, scan_blocks
 from headlens.scoring.engine import DetectorStats, choose_path
+from headlens.scoring.resting import REST, rest_of, with_rest
 from headlens.scoring.stats import (
     COPYING_THRESHOLD,
     DEFAULT_THRESHOLD,
@@ -172,13 +173,14 @@ def _probes(model: Any, dets: list[Detector], prompts: Any, n_prompts: int, seq_
 
 
 def _rows(model_name: str, det: str, s: Summary, lifts: torch.Tensor, labels: torch.Tensor,
-          n_layers: int, kv: list[int]) -> list[dict[str, Any]]:
+          n_layers: int, kv: list[int], rest: torch.Tensor | None) -> list[dict[str, Any]]:
     heads = [(layer, head) for layer in range(n_layers) for head in range(len(kv))]  # per query head
     return [
         {"model": model_name, "layer": layer, "head": head, "kv_head": kv[head], "detector": det,
          "score": float(s.score[i]), "ci_low": float(s.ci_low[i]), "ci_high": float(s.ci_high[i]),
          "baseline": s.baseline, "lift": float(lifts[i]), "n_positions": s.n_positions,
-         "n_prompts": s.n_prompts, "label": bool(labels[i])}
+         "n_prompts": s.n_prompts, "label": bool(labels[i]),
+         "rest": float("nan") if rest is None else float(rest[i])}  # resting on the row's probe (scoring.resting)
         for i, (layer, head) in enumerate(heads)
     ]
 
@@ -306,7 +308,8 @@ def classify(
     if resume is not None:
         from headlens.scoring.resume import scan_store
 
-        store = scan_store(resume, model, groups, dets, seed=seed, tl_compatible=tl_compatible, scan_path=scan_path)
+        store = scan_store(resume, model, groups, dets, seed=seed, tl_compatible=tl_compatible, scan_path=scan_path,
+                           rest=REST.name)
     total = sum(len(rank.batch_block(len(pr), batch_size)) for pr, _ in groups)
     total, done = total + (sum(len(pr) for pr in jobs.values()) if rank.is_main else 0), 0
 
@@ -320,12 +323,14 @@ def classify(
         return tick
 
     summaries: dict[str, Summary] = {}
+    rests: dict[str, torch.Tensor | None] = {}  # detector -> resting mass per head on its probe
     for probe, served in groups:
-        run = [*served, TL_NORM] if tl_compatible else served
+        run = with_rest([*served, TL_NORM] if tl_compatible else served)
         info: dict[str, Any] = {}
         stats = scan_blocks(model, probe, run, batch_size, ticker(probe.name), rank, store, path=scan_path, info=info)
         if stats is not None:  # None on ranks > 0: their rows went to rank 0
             paths[probe.name] = info["scan_path"]
+            rests.update(dict.fromkeys([d.name for d in served], rest_of(stats, served)))
             summaries.update(_summaries(stats, tl_compatible, seed, n_boot))
     if not rank.is_main:
         return None
@@ -333,6 +338,7 @@ def classify(
     for name, aprobe in jobs.items():  # annotated probes are small: rank 0 measures them alone
         stats = measure(model, aprobe, batch_size, ticker(name))
         summaries[name], preferences[name] = target_summaries(stats, seed=seed, n_boot=n_boot)
+        rests[name] = stats.rest_mass()
     L, H, H_kv = model.n_layers, model.n_heads, n_kv_heads(model)
     kv = kv_heads(H, H_kv)
     rows = []
@@ -342,7 +348,7 @@ def classify(
         if d is not None and d.kind == "weights":
             sc = d.weights_fn(model).reshape(-1)
             s = Summary(sc, sc, sc, 0.0, 0, 0)
-            rows += _rows(model.name, d.name, s, torch.full_like(sc, float("nan")), sc >= taus[d.name], L, kv)
+            rows += _rows(model.name, d.name, s, torch.full_like(sc, float("nan")), sc >= taus[d.name], L, kv, None)
             continue
         s = summaries.get(name)
         if s is None or s.n_positions == 0:
@@ -355,7 +361,7 @@ def classify(
         lift, pref = s.lift, preferences.get(name)
         # with distractors, preference accuracy is the primary statistic (Clark et al. 2019); mass stays in the table
         labels = label(s.ci_low, lift, taus[name]) if pref is None else preference_label(pref, s)
-        new_rows = _rows(model.name, name, s, lift, labels, L, kv)
+        new_rows = _rows(model.name, name, s, lift, labels, L, kv, rests.get(name))
         rows += with_preference(new_rows, pref) if name in preferences else new_rows
     columns = list(empty_table().columns) + (list(PREFERENCE_COLUMNS) if preferences else [])
     df = pd.DataFrame(rows, columns=columns) if rows else empty_table()
@@ -371,7 +377,7 @@ def classify(
         "thresholds": {n: taus[n] for n in [d.name for d in dets] + user_types}, "min_lift": MIN_LIFT,
         "preference_rule": (f"with distractors: preference ci_low >= chance + {PREFERENCE_MARGIN} * (1 - chance) "
                             f"and mass ci_low > its uniform baseline (Clark et al. 2019)"),
-        "n_boot": n_boot,
+        "n_boot": n_boot, "rest": "attention on the first token (rows q >= 1) on each row's probe; resting labels last",
         "probes": {**{pr.name: {**pr.settings, "n_prompts": len(pr), "detectors": [d.name for d in sv],
                                 "scan_path": paths[pr.name]} for pr, sv in groups},
                    **{f"annotated:{n}": {**pr.settings, "n_prompts": len(pr), "detectors": [n],
