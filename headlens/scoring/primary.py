@@ -70,10 +70,13 @@ def label_order(labelled: Any) -> Any:
     """
     if labelled.empty:
         return labelled.reset_index(drop=True)
-    keys = labelled.assign(_resting=labelled["detector"].map(is_resting), _strength=strength(labelled))
-    keys = keys.sort_values(["_resting", "_strength", "score"], ascending=[True, False, False], na_position="last",
+    nan = float("nan")  # a hand-made table may lack lift or score: then the table's order decides
+    keys = labelled.assign(_resting=labelled["detector"].map(is_resting).astype(bool),
+                           _strength=strength(labelled) if "lift" in labelled else nan,
+                           _score=labelled["score"] if "score" in labelled else nan)
+    keys = keys.sort_values(["_resting", "_strength", "_score"], ascending=[True, False, False], na_position="last",
                             kind="stable")
-    return keys.drop(columns=["_resting", "_strength"]).reset_index(drop=True)
+    return keys.drop(columns=["_resting", "_strength", "_score"]).reset_index(drop=True)
 
 
 def strongest_rows(scores: Any) -> Any:
