@@ -98,6 +98,16 @@ MISTAKES = [
     ("ablate: one prompt", ["ablate", "-m", M, "--heads", "L0H0", "--n-prompts", "1"], 2, "--n-prompts"),
     ("ablate: unknown dtype", ["ablate", "-m", M, "--heads", "L0H0", "--dtype", "f8"], 2, "unknown dtype"),
     ("ablate: empty prompts file", ["ablate", "-m", M, "--heads", "L0H0", "-p", R + "/empty.txt"], 5, "no prompts"),
+    # attribute
+    ("attribute: no prompt", ["attribute", "-m", M], 2, "--prompt TEXT or --prompts FILE"),
+    ("attribute: target of two tokens", ["attribute", "-m", M, "--prompt", "abab", "--target", "ab"], 5, "2 tokens"),
+    ("attribute: target and contrast", ["attribute", "-m", M, "--prompt", "abab", "--target", "a", "--contrast",
+                                        "a,b"], 2, "not --target and --contrast"),
+    ("attribute: contrast of one token", ["attribute", "-m", M, "--prompt", "abab", "--contrast", "a"], 5,
+     "needs two tokens"),
+    ("attribute: IOI on a char-level model", ["attribute", "-m", M, "--prompts", "ioi"], 5, "ioi: the tokenizer of"),
+    ("attribute: position past the end", ["attribute", "-m", M, "--prompt", "abab", "--position", "9"], 5,
+     "outside a prompt"),
     # train
     ("train: recipe typo", ["train", "induction2l"], 2, "unknown recipe 'induction2l'"),
     ("train: run folder in use", ["train", "induction-2l", "-o", R + "/run", "--steps", "1"], 7, "--overwrite"),
