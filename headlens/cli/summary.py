@@ -14,6 +14,7 @@ from typing import Any
 from headlens.viz.grid import fmt_number
 
 MAX_GRID_LAYERS = 48  # taller grids go to --report and the dashboard, not the terminal
+MAX_LINES = 60  # the summary of a model whose grid fits: types list fewer heads rather than pass this
 
 
 
@@ -35,26 +36,31 @@ def type_table(df: Any, summaries: list[Any]) -> Any:
     from rich.table import Table
 
     from headlens.scoring.primary import preference_chance
+    from headlens.viz.grid import label_mark
 
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1))
-    for col in ("type", "labels", "head", "score", "95% CI", "lift", "rest"):
-        table.add_column(col, justify="left" if col in ("type", "head") else "right", no_wrap=True)
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0), pad_edge=False)  # 80 columns
+    for col in ("type", "mark", "labels", "head", "score", "95% CI", "lift", "rest"):
+        table.add_column(col, justify="left" if col in ("type", "mark", "head") else "right", no_wrap=True)
     for t in summaries:
         if t.n_labelled == 0 and not t.preference:
             continue
         chance = preference_chance(df, t.detector) if t.preference else None
-        name = t.detector + (" (weights)" if t.weights else " (preference)" if t.preference else "")
-        count = f"{t.n_labelled}" + (f" ({t.n_only} only)" if t.resting else "")
+        name = t.detector + (" (weights)" if t.weights else " (pref)" if t.preference else
+                             f" ({t.n_only} only)" if t.resting else "")
+        count = str(t.n_labelled)
+        mark = label_mark(t.detector)  # the grid's abbreviation
         if t.heads.empty:  # a resting type whose heads all do something else too (their rest: the rest column)
-            table.add_row(name, count, "none", "", "", "", "")
+            table.add_row(name, mark, count, "none", "", "", "", "")
         for i, r in enumerate(t.heads.itertuples()):
-            table.add_row(name if i == 0 else "", count if i == 0 else "", f"L{r.layer}H{r.head}", *_cells(t, r, chance))
+            first = i == 0
+            table.add_row(name if first else "", mark if first else "", count if first else "", f"L{r.layer}H{r.head}",
+                          *_cells(t, r, chance))
     return table
 
 
-def grid_table(df: Any) -> tuple[Any, list[str]]:
+def grid_table(df: Any) -> Any:
     """Layer x head: each head's strongest label (:func:`headlens.scoring.primary.label_order`), a resting
-    label dim: only heads that do nothing else show one. Also the detectors shown, for the legend."""
+    label dim: only heads that do nothing else show one."""
     from rich import box
     from rich.table import Table
 
@@ -68,16 +74,13 @@ def grid_table(df: Any) -> tuple[Any, list[str]]:
     grid.add_column("")
     for h in range(n_heads):
         grid.add_column(f"H{h}", justify="center", no_wrap=True)
-    shown: dict[str, None] = {}
     for layer in range(n_layers):
         cells = []
         for h in range(n_heads):
             det = labels.get((layer, h), [None])[0]
             cells.append("·" if det is None else f"[dim]{label_mark(det)}[/dim]" if is_resting(det) else label_mark(det))
-            if det is not None:
-                shown[det] = None
         grid.add_row(f"L{layer}", *cells)
-    return grid, list(shown)
+    return grid
 
 
 def grid_fits(df: Any, width: int) -> bool:
@@ -86,29 +89,55 @@ def grid_fits(df: Any, width: int) -> bool:
     return 0 < n_layers <= MAX_GRID_LAYERS and 6 + 4 * n_heads <= width
 
 
+def fit_lines(summaries: list[Any], budget: int) -> list[Any]:
+    """The type summaries with fewer heads each until the type table fits ``budget`` rows: of the types listing
+    the most heads, the last-listed (resting, weight scores, the weakest) gives one up first, and every type
+    keeps at least one.
+
+    >>> import pandas as pd
+    >>> from headlens.scoring.summary import TypeSummary
+    >>> types = [TypeSummary(d, 3, pd.DataFrame({"head": range(3)})) for d in ("induction", "copying", "first_token")]
+    >>> [len(t.heads) for t in fit_lines(types, 7)]
+    [3, 2, 2]
+    """
+    import dataclasses
+
+    listed = [i for i, t in enumerate(summaries) if t.n_labelled or t.preference]
+    counts = {i: len(summaries[i].heads) for i in listed}
+    while sum(counts.values()) > budget and max(counts.values(), default=1) > 1:
+        most = max(counts.values())
+        counts[max(i for i in listed if counts[i] == most)] -= 1
+    return [dataclasses.replace(t, heads=t.heads.head(counts[i])) if i in counts else t
+            for i, t in enumerate(summaries)]
+
+
 def print_summary(df: Any, console: Any, out: Path | None = None) -> None:
     """The default output of ``headlens classify`` (module docstring); ``out``: where ``--out`` wrote the table."""
     from headlens.scoring.summary import type_summaries
-    from headlens.viz.grid import label_mark
 
     attrs = df.attrs
     L, H = int(attrs.get("n_layers", 0)), int(attrs.get("n_heads", 0))
     summaries = type_summaries(df)
+    unlabelled = [t.detector for t in summaries if t.n_labelled == 0 and not t.preference]
+    fits = grid_fits(df, console.width)
+    fixed = 6 + bool(unlabelled) + (L + 2 if fits else 0)  # title, header, rule, 2 notes, footer; the grid
+    summaries = fit_lines(summaries, MAX_LINES - fixed)
     console.print(f"[bold]{attrs.get('model', '?')}[/bold]: {L * H} heads ({L} layers x {H}), "
-                  f"{attrs.get('scoring', 'headlens')} scores; rest = attention on the first token", highlight=False)
+                  f"{attrs.get('scoring', 'headlens')} scores", highlight=False)
     if any(t.n_labelled or t.preference for t in summaries):
         console.print(type_table(df, summaries))
+        notes = ["rest: first-token attention"] + [n for n, on in (
+            ("(pref): preference accuracy", any(t.preference for t in summaries)),
+            ("(N only): only rest", any(t.resting and t.n_labelled for t in summaries))) if on]
+        console.print(f"[dim]{'; '.join(notes)}[/dim]", highlight=False)
     else:
         console.print("no head passes the label rule (ci_low >= threshold and lift >= 3)")
-    unlabelled = [t.detector for t in summaries if t.n_labelled == 0 and not t.preference]
     if unlabelled:
         console.print(f"[dim]no label: {', '.join(unlabelled)}[/dim]", highlight=False)
-    if grid_fits(df, console.width):
-        grid, shown = grid_table(df)
-        console.print(grid)
-        legend = ", ".join(f"{label_mark(d)} {d}" for d in sorted(shown, key=label_mark))
-        console.print(f"[dim]strongest label per head ({legend or 'none'}; · no label; a dim mark: rests and does "
-                      f"nothing else)[/dim]", highlight=False)
+    if fits:
+        console.print(grid_table(df))
+        console.print("[dim]each head's strongest label, marked as in the table (dim: it only rests; · none)[/dim]",
+                      highlight=False)
     else:
         console.print(f"[dim]the {L} x {H} grid does not fit here: --report FILE.html, or headlens dashboard[/dim]",
                       highlight=False)

@@ -9,6 +9,7 @@ label names (docs/scores.md and docs/ablate.md):
 | ``induction``, ``previous_token``, ``duplicate_token``, ``copying`` | ``repeated_loss`` | the second copy of ``BOS + r + r`` is predicted by the induction circuit: previous-token heads feed it, induction heads read the earlier copy, copying heads write the attended token, duplicate-token heads mark the repeat |
 | ``bracket_matching``, ``open_bracket`` (and ``_hard``) | ``bracket_accuracy`` | the type of each closing bracket |
 | ``retrieval`` | ``needle_recall`` | the needle copied out of a haystack (Wu et al. 2024) |
+| ``name_mover``, ``negative_name_mover`` | ``logit_diff`` | IO over S at the end of IOI prompts (Wang et al. 2022); a negative name mover writes against it, so ablating it should *raise* it |
 | every other type (``current_token``, ``coreference``, resting ``first_token`` / ``sink``, your own) | ``lm_loss`` | generic: the next-token loss on real text (prose for a subword tokenizer). A weak test: no type-specific task |
 
 **One group per type.** The type's strongest labelled heads (``top``, by its primary statistic: the
@@ -41,7 +42,10 @@ LABEL_METRICS = {
     "open_bracket": "bracket_accuracy",
     "open_bracket_hard": "bracket_accuracy",
     "retrieval": "needle_recall",
+    "name_mover": "logit_diff",
+    "negative_name_mover": "logit_diff",
 }
+AGAINST = frozenset({"negative_name_mover"})  # heads that work against their task: ablating them should help it
 GENERIC_METRIC = "lm_loss"  # for the types without a task of their own
 
 CONFIRM_COLUMNS = [
@@ -129,6 +133,7 @@ def _measure(model: Any, groups: list[tuple[str, list[tuple[int, int]]]], metric
     """One sweep of every type group judged on ``metric``; a metric the model cannot run: NaN and why."""
     from headlens.errors import HeadlensError
     from headlens.interventions.ablation import format_heads
+    from headlens.interventions.metrics import get_metric
     from headlens.interventions.sweep import sweep
 
     nan = float("nan")
@@ -142,5 +147,8 @@ def _measure(model: Any, groups: list[tuple[str, list[tuple[int, int]]]], metric
         return [{**b, "clean": nan, "delta": nan, "ci_low": nan, "ci_high": nan, "control_delta": nan,
                  "excess_ci_low": nan, "excess_ci_high": nan, "confirmed": False, "error": str(err)} for b in base]
     keys = ("clean", "delta", "ci_low", "ci_high", "control_delta", "excess_ci_low", "excess_ci_high")
-    return [{**b, **{k: float(r[k]) for k in keys}, "confirmed": bool(r["beats_control"]), "control": r["control"],
-             "error": ""} for b, (_, r) in zip(base, res.iterrows(), strict=True)]
+    helps = get_metric(metric).higher_is_worse  # for AGAINST types: ablating them should move it the good way
+    return [{**b, **{k: float(r[k]) for k in keys}, "control": r["control"], "error": "",
+             "confirmed": (bool(r["excess_ci_high"] < 0) if helps else bool(r["excess_ci_low"] > 0))
+             if b["detector"] in AGAINST else bool(r["beats_control"])}
+            for b, (_, r) in zip(base, res.iterrows(), strict=True)]

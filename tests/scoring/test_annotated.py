@@ -165,7 +165,7 @@ def test_cli_annotated_jsonl(tmp_path, monkeypatch):
     res = CliRunner().invoke(app, ["classify", "--prompts", str(good), "--detectors", "prev", "-o", str(out), "-q"])
     assert res.exit_code == 0, res.output
     row = next(ln for ln in res.stdout.splitlines() if ln.lstrip().startswith("prev"))
-    assert row.split()[:4] == ["prev", "(preference)", "1", "L0H0"]  # the summary: its labelled head, by preference
+    assert row.split()[:2] == ["prev", "(pref)"] and row.split()[3:5] == ["1", "L0H0"]  # its labelled head
     every = CliRunner().invoke(app, ["classify", "--prompts", str(good), "--detectors", "prev", "-q", "--all"])
     assert "prev: top 2 heads by preference accuracy (1 labelled)" in every.output  # the ranking, labelled or not
     table = read_table(out)
