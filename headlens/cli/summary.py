@@ -156,13 +156,13 @@ def print_confirmation(df: Any, console: Any) -> None:
         return
     cfg = df.attrs.get("confirmation_settings", {})
     console.print(f"[bold]ablation check[/bold]: {cfg.get('method', 'mean')} ablation of each type's strongest "
-                  f"heads together, {cfg.get('n_prompts', '?')} prompts; control: {cfg.get('n_control', '?')} random "
-                  f"groups of as many heads in the same layers", highlight=False)
+                  f"heads together, {cfg.get('n_prompts', '?')} prompts; change = ablated - clean; random: "
+                  f"{cfg.get('n_control', '?')} groups of as many heads in the same layers", highlight=False)
     if not results:
         console.print("[dim]no labelled type to test[/dim]")
         return
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1))
-    for col in ("type", "heads", "metric", "clean", "ablated - clean", "95% CI", "random heads", "confirmed"):
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0), pad_edge=False)
+    for col in ("type", "heads", "metric", "clean", "change", "95% CI", "random", "confirmed"):
         table.add_column(col, justify="left" if col in ("type", "heads", "metric", "confirmed") else "right",
                          no_wrap=col != "confirmed")
     for r in results:
