@@ -80,6 +80,35 @@ def planted_model(sharpness: float = 30.0, n_ctx: int = 32, alphabet: str = PLAN
 
 
 
+RESTING_HEADS: dict[str, list[tuple[int, int]]] = {"induction": [(1, 0)], "first_token": [(1, 0), (1, 1)]}
+
+
+def resting_model(sharpness: float = 30.0, n_ctx: int = 32, rest: float = 1.0) -> GPT:
+    """:func:`planted_model` whose layer-1 heads *rest* on the first token, as most heads of a trained LM do.
+
+    * **L1H0 is an induction head that rests**: besides its key on the previous token, the first
+      position's key matches every query at ``rest * sharpness``. Where an earlier copy exists it splits
+      its attention between the copy and the first token (half each at ``rest=1``); where none does, it
+      rests on the first token.
+    * **L1H1 rests and does nothing else**: every query matches the first position's key.
+    * L0H0 stays the previous-token head feeding L1H0; L0H1..3, L1H2, L1H3 are uniform.
+
+    >>> m = resting_model()
+    >>> RESTING_HEADS["first_token"]
+    [(1, 0), (1, 1)]
+    """
+    model = planted_model(sharpness, n_ctx)
+    V, D = model.cfg.d_vocab, model.cfg.d_model
+    d_head = D // model.n_heads
+    POS = V  # the position one-hots (planted_model's layout)
+    c = sharpness * math.sqrt(d_head)
+    with torch.no_grad():
+        qkv1 = model.transformer.h[1].attn.c_attn.weight  # (3D, D): rows of q, k, v; head h: rows h*d_head..
+        for head, dim in ((0, V), (1, d_head)):  # L1H0: a free query/key dimension after its V token ones
+            qkv1[dim, :V] = (rest if head == 0 else 1.0) * c  # q: every token asks for the first position
+            qkv1[D + dim, POS] = 1.0  # k: position 0 answers
+    return model.eval()
+
 # the planted circuit's edges (sender, receiver, input) that carry the task, and ones that carry exactly nothing
 PLANTED_EDGES = [("L0H0", "L1H0", "k"), ("embed", "L1H0", "q"), ("embed", "L1H0", "v")]
 PLANTED_ZERO_EDGES = [("L0H0", "L1H0", "q"), ("L0H0", "L1H0", "v"),

@@ -22,8 +22,8 @@ from headlens.app import MODEL_ENV
 from headlens.errors import HeadlensError, ProbeError
 from headlens.probes.texts import example_text as example_text  # the page prefills the text box with it
 from headlens.scoring import defaults
-from headlens.scoring.primary import ranked, strength
-from headlens.scoring.table import COLUMNS
+from headlens.scoring.primary import label_order, ranked
+from headlens.scoring.table import COLUMNS, head_labels
 
 if TYPE_CHECKING:
     import numpy as np
@@ -273,9 +273,7 @@ def heads_table(scores: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=list(HEAD_COLUMNS))
     wide = scores.pivot_table(index=["layer", "head"], columns="detector", values="score", sort=True)
     wide = wide.reset_index()
-    labelled = scores[scores["label"].fillna(False).astype(bool)]
-    labelled = labelled.assign(_s=strength(labelled)).sort_values("_s", ascending=False)  # strongest first
-    labels = labelled.groupby(["layer", "head"])["detector"].agg(", ".join).to_dict()
+    labels = {head: ", ".join(dets) for head, dets in head_labels(scores).items()}  # strongest first, resting last
     pairs = list(zip(wide["layer"].astype(int), wide["head"].astype(int), strict=True))
     kv_col = scores["kv_head"] if "kv_head" in scores.columns else scores["head"]  # older tables: no GQA
     keys = zip(scores["layer"].astype(int), scores["head"].astype(int), strict=True)
@@ -303,8 +301,8 @@ def preference_rows(scores: pd.DataFrame, detector: str) -> pd.DataFrame:
 
 def default_detector(scores: pd.DataFrame) -> str:
     """The detector the grid opens on: induction when some head carries that label, else the label
-    of the strongest labelled head (:func:`headlens.scoring.primary.strength`: preference over chance
-    for types with distractors, lift otherwise), else induction (or the first detector scored)."""
+    of the strongest labelled head (:func:`headlens.scoring.primary.label_order`: preference over chance
+    for types with distractors, lift otherwise; resting last), else induction (or the first detector scored)."""
     if scores.empty:
         return "induction"
     detectors = list(dict.fromkeys(scores["detector"]))
@@ -312,7 +310,7 @@ def default_detector(scores: pd.DataFrame) -> str:
     if "induction" in set(labelled["detector"]):
         return "induction"
     if not labelled.empty:
-        return str(labelled.assign(_s=strength(labelled)).sort_values("_s", ascending=False).iloc[0]["detector"])
+        return str(label_order(labelled).iloc[0]["detector"])
     return "induction" if "induction" in detectors else detectors[0]
 
 

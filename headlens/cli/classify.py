@@ -1,9 +1,11 @@
 """``headlens classify``: label every head of a model; a thin layer over :func:`headlens.classify`.
 
-stdout: a table of the labelled heads (strongest first; ``kv_head`` is each query head's key/value
-group under grouped-query attention, equal to the head otherwise) and a layer x head overview;
-for annotated head types with distractors (coreference) also the top heads by score with their
-preference accuracy, labelled or not.
+stdout: by default a summary that fits a screen (:mod:`headlens.cli.summary`: per head type its
+strongest heads and how many carry the label, the layer x head grid of strongest labels, where the
+full table went). ``--all``: a table of every labelled head (strongest first, resting labels last;
+``kv_head`` is each query head's key/value group under grouped-query attention, equal to the head
+otherwise) and the layer x head overview; for annotated head types with distractors (coreference) also
+the top heads by preference accuracy with their mass, labelled or not.
 stderr: progress, warnings, and on bad input one line ``headlens: error: ...`` with the exit
 code of its error class (see ``headlens.cli``): 4 unknown model, 5 prompts/probe problems
 (missing or empty prompts file, a prompt longer than the context unless ``--truncate``, a
@@ -12,8 +14,9 @@ empty keys, unknown field; a tokenizer that splits the coreference probe's words
 or unsupported detector, 7 unwritable output path or unknown suffix (also for ``--report``,
 which must end in ``.html``).
 
-``--confirm`` runs the ablation check of ``headlens.interventions.confirm.confirm(model, table)`` on the
-labelled heads when that module is installed (it adds its columns to the table).
+``--confirm`` runs the ablation check of ``headlens.interventions.confirm.confirm(model, table)``: each
+labelled type's strongest heads ablated together against random heads of the same layers (it adds its
+columns to the table and prints one row per type).
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ def print_results(df: Any, console: Any, asked: list[str] | None = None) -> None
     title = f"{attrs.get('model', '?')}: labelled heads ({attrs.get('scoring', 'headlens')} scores)"
     lab = labelled_heads(df)
     table = Table(title=title)
-    for col in ("head", "kv_head", "detector", "score", "95% CI", "baseline", "lift", "positions"):
+    for col in ("head", "kv_head", "detector", "score", "95% CI", "baseline", "lift", "positions", "rest"):
         table.add_column(col, justify="left" if col in ("head", "detector") else "right", no_wrap=True)
     confirmed = "ablation_delta" in lab.columns
     gated = "dla" in lab.columns and bool(lab["dla"].notna().any())  # name movers: what the head writes
@@ -87,11 +90,12 @@ def print_results(df: Any, console: Any, asked: list[str] | None = None) -> None
         table.add_column("DLA (95% CI)", justify="right", no_wrap=True)
     for r in lab.itertuples():
         kv = getattr(r, "kv_head", r.head)  # the key/value group (== head without GQA)
+        rest = getattr(r, "rest", float("nan"))  # attention on the first token, on the row's probe
         dla = [] if not gated else ["-" if r.dla != r.dla else f"{r.dla:+.3f} [{r.dla_ci_low:+.3f}, {r.dla_ci_high:+.3f}]"]
-        table.add_row(f"L{r.layer}H{r.head}", str(kv), r.detector, *_cells(r), *(_confirm_cell(r) if confirmed else []),
-                      *dla)
+        table.add_row(f"L{r.layer}H{r.head}", str(kv), r.detector, *_cells(r), "-" if rest != rest else f"{rest:.2f}",
+                      *(_confirm_cell(r) if confirmed else []), *dla)
     if not len(lab):
-        table.add_row("-", "", "no head passes the rule", "", "", "", "", "")
+        table.add_row("-", "", "no head passes the rule", "", "", "", "", "", "")
     console.print(table)
     labels = head_labels(df)
     n_layers, n_heads = int(attrs.get("n_layers", 0)), int(attrs.get("n_heads", 0))
@@ -105,8 +109,13 @@ def print_results(df: Any, console: Any, asked: list[str] | None = None) -> None
                                      for h in range(n_heads)])
     console.print(grid)
     print_rankings(df, console)
+    print_skipped(df, console, asked)
+
+
+def print_skipped(df: Any, console: Any, asked: list[str] | None) -> None:
+    """Why a detector the user named was skipped (a default one skipped unasked is not reported)."""
     wanted = {n.split("(")[0] for n in asked or []}
-    for name, why in attrs.get("skipped", {}).items():
+    for name, why in df.attrs.get("skipped", {}).items():
         if name.split("(")[0] in wanted:
             console.print(f"[dim]skipped {name}: {why}[/dim]")
 
@@ -143,7 +152,7 @@ def run_classify(
     batch_size: int, seed: int, threshold: float | None, tl_compatible: bool, out: Path | None,
     quiet: bool, truncate: bool, confirm: bool, corpus: str | None = None, scan_path: str = "auto",
     resume: Path | None = None, device: str = "cpu", load_options: dict[str, Any] | None = None,
-    report: Path | None = None,
+    report: Path | None = None, show_all: bool = False,
 ) -> None:
     """The command body: library calls only, errors left to the caller.
 
@@ -184,8 +193,8 @@ def run_classify(
             from headlens.scoring.distributed import single_process
 
             attrs = dict(df.attrs)
-            with single_process():  # rank 0 alone: the other ranks are done
-                df = _confirm_fn()(loaded, df)
+            with single_process(), progress("confirming", quiet=quiet) as bar:  # rank 0 alone: the others are done
+                df = _confirm_fn()(loaded, df, progress=lambda done, total: bar.update(done, total, "ablating"))
             df.attrs.update(attrs)
     for w in caught:
         print(f"headlens: warning: {w.message}", file=sys.stderr)
@@ -203,7 +212,15 @@ def run_classify(
         if not quiet:
             err.print(f"wrote the report to {report} (one page, opens offline)")
     asked = [n.strip() for n in detectors.split(",")] if detectors else []
-    print_results(df, Console(file=sys.stdout, width=None if sys.stdout.isatty() else 200), asked)  # logs: no cuts
+    console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 200)  # logs: no cuts
+    from headlens.cli.summary import print_confirmation, print_summary
+
+    if show_all:
+        print_results(df, console, asked)
+    else:
+        print_summary(df, console, out)
+        print_skipped(df, console, asked)
+    print_confirmation(df, console)
 
 
 def register(app: typer.Typer) -> None:
@@ -226,8 +243,9 @@ def register(app: typer.Typer) -> None:
         quiet: opt.Quiet = False,
         truncate: Annotated[bool, typer.Option("--truncate", help="cut prompts longer than the context "
                             "(with a warning) instead of refusing them (exit 5)")] = False,
-        confirm: Annotated[bool, typer.Option("--confirm", help="confirm labels by ablation: each labelled "
-                           "head's effect on its label's task metric against random heads")] = False,
+        confirm: Annotated[bool, typer.Option("--confirm", help="confirm labels by ablation: each type's "
+                           "strongest heads ablated together, their effect on the type's task metric beside "
+                           "random heads of the same layers")] = False,
         scan_path: opt.ScanPath = defaults.SCAN_PATH,
         resume: opt.Resume = None,
         device: opt.Device = "cpu",
@@ -238,8 +256,10 @@ def register(app: typer.Typer) -> None:
         trust_remote_code: opt.TrustRemoteCode = False,
         report: Annotated[Path | None, typer.Option("--report", help="also write one standalone HTML page "
                           "(grid, labelled heads with CIs, their patterns, provenance; opens offline)")] = None,
+        show_all: Annotated[bool, typer.Option("--all", help="print every labelled row (and the rankings of "
+                            "types with distractors) instead of the summary of each type's strongest heads")] = False,
     ) -> None:
-        """Score every head on every detector, label them, print the labelled heads.
+        """Score every head on every detector, label them, print a summary (--all: every labelled head).
 
         Under torchrun (torchrun --nproc-per-node N -m headlens classify ...) each rank scans a block
         of the prompts and rank 0 writes the table.
@@ -248,6 +268,6 @@ def register(app: typer.Typer) -> None:
             run_classify(model, detectors, prompts, n_prompts, seq_len, batch_size, seed, threshold,
                          tl_compatible, out, quiet, truncate, confirm, corpus, scan_path, resume, device,
                          {**opt.load_options(device_map, max_memory, offload_folder), "dtype": dtype,
-                          "trust_remote_code": trust_remote_code}, report)
+                          "trust_remote_code": trust_remote_code}, report, show_all)
         except HeadlensError as e:  # one line and the class's exit code, also under CliRunner
             raise fail(e) from None

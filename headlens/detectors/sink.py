@@ -6,6 +6,10 @@ is the s = 1 case (Gu et al. 2024, "When Attention Sink Emerges"). Rows q < s ar
 key they see is a sink, so they would score 1 whatever the head does.
 
 Setting: ``s`` (``get_detector("sink(s=8)")``).
+
+Scored when named (``--detectors sink``), not by default: resting on the first token is already in every
+row's ``rest`` column and in ``first_token``, and two default detectors for one state listed most heads
+of a trained LM twice (docs/scores.md, "Resting").
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ def make(s: int = SINKS) -> Detector:
     name = "sink" if s == SINKS else f"sink(s={s})"
     return Detector(name, "mask", lambda batch: sink_targets(batch, s), "random_tokens",
                     f"attends to the first {s} positions (StreamingLLM's attention sinks)",
-                    params={"s": s}, factory=make, windowed=True, predicate=lambda batch, q, k: (k < s) & (q >= s))
+                    params={"s": s}, factory=make, windowed=True, predicate=lambda batch, q, k: (k < s) & (q >= s),
+                    default=False)
 
 
 DETECTOR = make()

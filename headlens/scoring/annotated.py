@@ -58,6 +58,8 @@ class TargetStats:
         distractor_mass: ``(D, L, H)`` float64, one row per (target, distractor span) pair.
         distractor_target: ``(D,)`` long, the target of each pair.
         n_prompts: prompts in the probe.
+        rest: ``(J, L, H)`` float64, each target's mass from its query rows (q >= 1) on the first token
+            (the ``rest`` column, :mod:`headlens.scoring.resting`); NaN where every query row is at 0.
     """
 
     mass: torch.Tensor
@@ -66,6 +68,15 @@ class TargetStats:
     distractor_mass: torch.Tensor
     distractor_target: torch.Tensor
     n_prompts: int
+    rest: torch.Tensor | None = None
+
+    def rest_mass(self) -> torch.Tensor | None:
+        """``(L*H,)`` mean resting mass over the targets that have a query row past the first token."""
+        if self.rest is None:
+            return None
+        r = self.rest.reshape(len(self.rest), self.rest[0].numel() if len(self.rest) else 0)  # (J, L*H)
+        has = ~r[:, 0].isnan()
+        return r[has].mean(0) if bool(has.any()) else None
 
 
 class _Done(Exception):
@@ -73,8 +84,9 @@ class _Done(Exception):
 
 
 def _entries(probe: AnnotatedProbe, rows: range, T: int, causal: bool) -> dict[str, torch.Tensor]:
-    """Flat (batch row, q*T + k, slot, weight) entries for the targets and the distractor pairs of ``rows``."""
-    tb, tqk, tj, tw, db, dqk, dj, dw, dt, base = ([] for _ in range(10))
+    """Flat (batch row, q*T + k, slot, weight) entries for the targets, the distractor pairs and the first
+    token (``r*``: resting, from the target's query rows q >= 1) of ``rows``."""
+    tb, tqk, tj, tw, db, dqk, dj, dw, dt, base, rb, rqk, rj, rw = ([] for _ in range(14))
     j = d = 0
     for b, p in enumerate(rows):
         n_vis = len(probe.prompts[p])
@@ -87,6 +99,9 @@ def _entries(probe: AnnotatedProbe, rows: range, T: int, causal: bool) -> dict[s
                 tw += [w] * len(keys)
                 b_sum += len(keys) / ((q + 1) if causal else n_vis)
             base.append(b_sum * w)
+            resting = [q for q in t.query if q >= 1]
+            rb += [b] * len(resting); rqk += [q * T for q in resting]; rj += [j] * len(resting)  # noqa: E702
+            rw += [1.0 / len(resting)] * len(resting) if resting else []
             for span in t.distractors:
                 for q in t.query:
                     keys = [k for k in span if not causal or k <= q]
@@ -99,7 +114,7 @@ def _entries(probe: AnnotatedProbe, rows: range, T: int, causal: bool) -> dict[s
     dbl = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
     return {"tb": long(tb), "tqk": long(tqk), "tj": long(tj), "tw": dbl(tw), "J": j,
             "db": long(db), "dqk": long(dqk), "dj": long(dj), "dw": dbl(dw), "D": d,
-            "dt": long(dt), "base": dbl(base)}
+            "dt": long(dt), "base": dbl(base), "rb": long(rb), "rqk": long(rqk), "rj": long(rj), "rw": dbl(rw)}
 
 
 def _gather(flat: torch.Tensor, b: torch.Tensor, qk: torch.Tensor, slot: torch.Tensor, w: torch.Tensor,
@@ -117,7 +132,7 @@ def measure(model: Any, probe: AnnotatedProbe, batch_size: int = 32,
     pad_id = getattr(model.tokenizer, "pad_token_id", None)
     pad_id = int(pad_id) if pad_id is not None else v.ordinary[0]
     plain = Probe("annotated", probe.prompts)
-    masses, dmasses, bases, prompt_of, dtargets = [], [], [], [], []
+    masses, dmasses, bases, prompt_of, dtargets, rests = [], [], [], [], [], []
     n_targets = 0
     state: dict[str, Any] = {}
 
@@ -128,6 +143,7 @@ def measure(model: Any, probe: AnnotatedProbe, batch_size: int = 32,
             e = state["entries"]
             state["mass"][:, layer] = _gather(flat, e["tb"], e["tqk"], e["tj"], e["tw"], e["J"]).cpu()
             state["dmass"][:, layer] = _gather(flat, e["db"], e["dqk"], e["dj"], e["dw"], e["D"]).cpu()
+            state["rest"][:, layer] = _gather(flat, e["rb"], e["rqk"], e["rj"], e["rw"], e["J"]).cpu()
             if layer == L - 1:
                 raise _Done
 
@@ -141,7 +157,8 @@ def measure(model: Any, probe: AnnotatedProbe, batch_size: int = 32,
             e = _entries(probe, rows, batch.tokens.shape[1], model.is_causal)
             e = {k: x.to(batch.tokens.device) if isinstance(x, torch.Tensor) else x for k, x in e.items()}
             state.update(entries=e, mass=torch.zeros(e["J"], L, H, dtype=torch.float64),
-                         dmass=torch.zeros(e["D"], L, H, dtype=torch.float64))
+                         dmass=torch.zeros(e["D"], L, H, dtype=torch.float64),
+                         rest=torch.zeros(e["J"], L, H, dtype=torch.float64))
             if e["J"]:
                 try:
                     with model.hooks(fwd_hooks):
@@ -150,6 +167,8 @@ def measure(model: Any, probe: AnnotatedProbe, batch_size: int = 32,
                     pass
             masses.append(state["mass"])
             dmasses.append(state["dmass"])
+            no_row = torch.zeros(e["J"], dtype=torch.bool).index_fill_(0, e["rj"].cpu(), True).logical_not()
+            rests.append(state["rest"].masked_fill(no_row[:, None, None], float("nan")))  # only query row 0: none
             bases.append(e["base"].cpu())
             prompt_of += [p for p in rows for _ in probe.targets[p]]
             dtargets.append(e["dt"].cpu() + n_targets)
@@ -158,7 +177,7 @@ def measure(model: Any, probe: AnnotatedProbe, batch_size: int = 32,
             if progress is not None:
                 progress(len(rows))
     return TargetStats(torch.cat(masses), torch.cat(bases), torch.tensor(prompt_of, dtype=torch.long),
-                       torch.cat(dmasses), torch.cat(dtargets), len(probe))
+                       torch.cat(dmasses), torch.cat(dtargets), len(probe), torch.cat(rests))
 
 
 def preference_credit(st: TargetStats) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,7 +185,7 @@ def preference_credit(st: TargetStats) -> tuple[torch.Tensor, torch.Tensor]:
     NaN for targets without distractors) and ``(J,)`` its chance level ``1 / (1 + n_distractors)``."""
     J = len(st.mass)
     t = st.mass.reshape(J, -1)  # (J, N): N = L*H heads
-    dm = st.distractor_mass.reshape(len(st.distractor_mass), -1)  # (D, N)
+    dm = st.distractor_mass.reshape(len(st.distractor_mass), t.shape[1])  # (D, N); D may be 0: no distractors
     idx = st.distractor_target[:, None].expand_as(dm)
     n_dis = torch.zeros(J, dtype=torch.float64).index_add_(0, st.distractor_target, torch.ones(len(dm), dtype=torch.float64))
     beats = torch.zeros_like(t).scatter_add_(0, idx, (dm > t[st.distractor_target]).double())  # (J, N)

@@ -47,6 +47,7 @@ from headlens.scoring.annotated import summaries as target_summaries
 from headlens.scoring.distributed import current, scan_blocks
 from headlens.scoring.engine import DetectorStats, choose_path
 from headlens.scoring.gates import MIN_SHARE, gate_columns, gate_passes, gate_summary, with_gate
+from headlens.scoring.resting import REST, rest_of, with_rest
 from headlens.scoring.stats import (
     DEFAULT_THRESHOLD,
     MIN_LIFT,
@@ -176,13 +177,16 @@ def _probes(model: Any, dets: list[Detector], prompts: Any, n_prompts: int, seq_
 
 
 def _rows(model_name: str, det: str, s: Summary, lifts: torch.Tensor, labels: torch.Tensor,
-          n_layers: int, kv: list[int], extra: dict[str, torch.Tensor] | None = None) -> list[dict[str, Any]]:
+          n_layers: int, kv: list[int], rest: torch.Tensor | None, extra: dict[str, torch.Tensor] | None = None
+          ) -> list[dict[str, Any]]:
     heads = [(layer, head) for layer in range(n_layers) for head in range(len(kv))]  # per query head
     return [
         {"model": model_name, "layer": layer, "head": head, "kv_head": kv[head], "detector": det,
          "score": float(s.score[i]), "ci_low": float(s.ci_low[i]), "ci_high": float(s.ci_high[i]),
          "baseline": s.baseline, "lift": float(lifts[i]), "n_positions": s.n_positions,
-         "n_prompts": s.n_prompts, "label": bool(labels[i]), **{c: float(v[i]) for c, v in (extra or {}).items()}}
+         "n_prompts": s.n_prompts, "label": bool(labels[i]),
+         "rest": float("nan") if rest is None else float(rest[i]),  # resting on the row's probe (scoring.resting)
+         **{c: float(v[i]) for c, v in (extra or {}).items()}}
         for i, (layer, head) in enumerate(heads)
     ]
 
@@ -311,7 +315,8 @@ def classify(
     if resume is not None:
         from headlens.scoring.resume import scan_store
 
-        store = scan_store(resume, model, groups, dets, seed=seed, tl_compatible=tl_compatible, scan_path=scan_path)
+        store = scan_store(resume, model, groups, dets, seed=seed, tl_compatible=tl_compatible, scan_path=scan_path,
+                           rest=REST.name)
     total = sum(len(rank.batch_block(len(pr), batch_size)) for pr, _ in groups)
     total, done = total + (sum(len(pr) for pr in jobs.values()) if rank.is_main else 0), 0
 
@@ -325,12 +330,14 @@ def classify(
         return tick
 
     summaries: dict[str, Summary] = {}
+    rests: dict[str, torch.Tensor | None] = {}  # detector -> resting mass per head on its probe
     for probe, served in groups:
-        run = [*served, TL_NORM] if tl_compatible else served
+        run = with_rest([*served, TL_NORM] if tl_compatible else served)
         info: dict[str, Any] = {}
         stats = scan_blocks(model, probe, run, batch_size, ticker(probe.name), rank, store, path=scan_path, info=info)
         if stats is not None:  # None on ranks > 0: their rows went to rank 0
             paths[probe.name] = info["scan_path"]
+            rests.update(dict.fromkeys([d.name for d in served], rest_of(stats, served)))
             summaries.update(_summaries(stats, tl_compatible, seed, n_boot))
     if not rank.is_main:
         return None
@@ -338,6 +345,7 @@ def classify(
     for name, aprobe in jobs.items():  # annotated probes are small: rank 0 measures them alone
         stats = measure(model, aprobe, batch_size, ticker(name))
         summaries[name], preferences[name] = target_summaries(stats, seed=seed, n_boot=n_boot)
+        rests[name] = stats.rest_mass()
     L, H, H_kv = model.n_layers, model.n_heads, n_kv_heads(model)
     kv = kv_heads(H, H_kv)
     rows, extra, weights = [], [], {}
@@ -355,7 +363,7 @@ def classify(
                     raise
                 skipped[name] = str(err)
                 continue
-            rows += _rows(model.name, d.name, w.summary, w.summary.lift, w.labels, L, kv, w.columns)
+            rows += _rows(model.name, d.name, w.summary, w.summary.lift, w.labels, L, kv, None, w.columns)
             extra += [c for c in w.columns if c not in extra]
             weights[d.name] = w.attrs
             continue
@@ -373,7 +381,7 @@ def classify(
         if d is not None and d.gate is not None:  # what the head writes: the gate's CI must clear zero too
             g = gate_summary(model, d.gate, probe_of[name], gate_cache, seed, n_boot)
             labels, gated = labels & gate_passes(g, d.gate.sign), gated | {d.gate.name}
-        new_rows = _rows(model.name, name, s, lift, labels, L, kv)
+        new_rows = _rows(model.name, name, s, lift, labels, L, kv, rests.get(name))
         if d is not None and d.gate is not None:
             new_rows = with_gate(new_rows, d.gate, g)
         rows += with_preference(new_rows, pref) if name in preferences else new_rows
@@ -393,7 +401,7 @@ def classify(
         "thresholds": {n: taus[n] for n in [d.name for d in dets] + user_types}, "min_lift": MIN_LIFT,
         "preference_rule": (f"with distractors: preference ci_low >= chance + {PREFERENCE_MARGIN} * (1 - chance) "
                             f"and mass ci_low > its uniform baseline (Clark et al. 2019)"),
-        "n_boot": n_boot,
+        "n_boot": n_boot, "rest": "attention on the first token (rows q >= 1) on each row's probe; resting labels last",
         "probes": {**{pr.name: {**pr.settings, "n_prompts": len(pr), "detectors": [d.name for d in sv],
                                 "scan_path": paths[pr.name]} for pr, sv in groups},
                    **{f"annotated:{n}": {**pr.settings, "n_prompts": len(pr), "detectors": [n],

@@ -47,3 +47,42 @@ def ranked(scores: Any, detector: str) -> Any:
     """``detector``'s rows, best first by its primary statistic (ties: the score)."""
     rows = scores[scores["detector"] == detector]
     return rows.assign(_key=primary(rows)).sort_values(["_key", "score"], ascending=False).drop(columns="_key")
+
+
+# -- resting: a state of almost every head, not a type that crowds the others out ---------------------------
+RESTING = frozenset({"first_token", "sink"})  # head types that measure resting on the first position(s)
+
+
+def is_resting(detector: str) -> bool:
+    """Whether ``detector`` measures resting (``first_token``, ``sink`` and its variants ``sink(s=8)``).
+
+    >>> is_resting("first_token"), is_resting("sink(s=8)"), is_resting("induction")
+    (True, True, False)
+    """
+    return str(detector).split("(")[0] in RESTING
+
+
+def label_order(labelled: Any) -> Any:
+    """Labelled rows in the one order every view uses (docs/scores.md, "Resting"): within a head, what it
+    does when it is not resting first, strongest first by :func:`strength`; its resting label (``first_token``,
+    ``sink``) last. So a head's first row is its strongest label, and a resting label comes first only for a
+    head that does nothing else. Heads whose strength is unknown (weight scores: no baseline) follow by score.
+    """
+    if labelled.empty:
+        return labelled.reset_index(drop=True)
+    nan = float("nan")  # a hand-made table may lack lift or score: then the table's order decides
+    keys = labelled.assign(_resting=labelled["detector"].map(is_resting).astype(bool),
+                           _strength=strength(labelled) if "lift" in labelled else nan,
+                           _score=labelled["score"] if "score" in labelled else nan)
+    keys = keys.sort_values(["_resting", "_strength", "_score"], ascending=[True, False, False], na_position="last",
+                            kind="stable")
+    return keys.drop(columns=["_resting", "_strength", "_score"]).reset_index(drop=True)
+
+
+def strongest_rows(scores: Any) -> Any:
+    """One row per labelled head: its strongest label by :func:`label_order` (the grid's square, the summary's
+    type). Empty when no head carries a label."""
+    if scores.empty or "label" not in scores.columns:
+        return scores.iloc[0:0]
+    labelled = scores[scores["label"].fillna(False).astype(bool)]
+    return label_order(labelled).drop_duplicates(["layer", "head"], keep="first").reset_index(drop=True)

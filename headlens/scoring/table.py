@@ -2,15 +2,20 @@
 
 Long (tidy) format, one row per head x detector::
 
-    model, layer, head, kv_head, detector, score, ci_low, ci_high, baseline, lift, n_positions, n_prompts, label
+    model, layer, head, kv_head, detector, score, ci_low, ci_high, baseline, lift, n_positions, n_prompts, label, rest
 
 Rows are per *query* head. ``kv_head`` is the key/value group the query head reads from under
 grouped- or multi-query attention (Llama, Mistral, Qwen2, Gemma ...): query head ``h`` of ``H`` shares
 key/value head ``h // (H // H_kv)`` (Hugging Face's ``repeat_kv`` order). Without GQA it equals ``head``.
 ``label`` is a bool: this head carries this detector's label by the rule on the docs site's scores page (docs/scores.md).
+``rest`` is the head's attention on the first token, on the probe this row was scored on (rows q >= 1, pooled
+like a score; NaN for weight scores and for probes read by the top-1 engine alone): how much the head *rests*,
+shown beside every type instead of as a type of its own (docs/scores.md, "Resting"). Tables written before it
+existed read back with ``rest`` NaN.
 Extra columns may follow the schema's: the weight detectors' :data:`WEIGHT_COLUMNS` (``null``, the
 score of the detector's null for the head; ``eigen``, copying's eigenvalue score; NaN on every other
-row), and ``headlens classify --confirm`` adds the ablation columns of :mod:`headlens.interventions.confirm`. Provenance (headlens version, probe settings, seed, thresholds) lives in ``df.attrs`` and
+row), and ``headlens classify --confirm`` adds the ablation columns of :mod:`headlens.interventions.confirm`.
+Provenance (headlens version, probe settings, seed, thresholds) lives in ``df.attrs`` and
 travels with the file, written by :mod:`headlens.scoring.output` as for every other table: a
 ``provenance`` key in JSON, schema metadata in Parquet, a sidecar ``<name>.csv.json`` next to a CSV.
 :func:`read_table` restores it.
@@ -26,6 +31,7 @@ from headlens.errors import HeadlensError
 from headlens.scoring.output import SUFFIXES as SUFFIXES  # re-exported: the table formats
 from headlens.scoring.output import check_output, read_frame, write_frame
 from headlens.scoring.output import sidecar_path as sidecar_path
+from headlens.scoring.primary import label_order
 
 COLUMNS: dict[str, str] = {  # column -> pandas dtype kind: O object/str, i int, f float, b bool
     "model": "O",
@@ -41,6 +47,7 @@ COLUMNS: dict[str, str] = {  # column -> pandas dtype kind: O object/str, i int,
     "n_positions": "i",
     "n_prompts": "i",
     "label": "b",
+    "rest": "f",
 }
 
 
@@ -89,6 +96,9 @@ def validate(df: Any) -> Any:
         if (df["layer"] < 0).any() or (df["head"] < 0).any():
             raise HeadlensError("scores table has negative layer or head ids")
         key = ["model", "layer", "head", "detector"] + (["checkpoint"] if "checkpoint" in df.columns else [])
+        rest = df["rest"].dropna()
+        if ((rest < -1e-6) | (rest > 1 + 1e-6)).any():
+            raise HeadlensError("scores table column 'rest' (attention on the first token) has values outside [0, 1]")
         if df.duplicated(key).any():  # a training series repeats each head once per checkpoint
             raise HeadlensError(f"scores table has duplicate ({', '.join(key)}) rows")
     return df
@@ -113,6 +123,8 @@ def read_table(path: str | os.PathLike) -> Any:
         df = empty_table()
     if "kv_head" not in df.columns and "head" in df.columns:  # tables written before GQA support
         df.insert(list(df.columns).index("head") + 1, "kv_head", df["head"])
+    if "rest" not in df.columns and "label" in df.columns:  # tables written before the rest column
+        df.insert(list(df.columns).index("label") + 1, "rest", float("nan"))
     attrs = dict(df.attrs)
     df = df[list(COLUMNS) + [c for c in df.columns if c not in COLUMNS]]
     df["label"] = df["label"].astype(bool)
@@ -121,13 +133,14 @@ def read_table(path: str | os.PathLike) -> Any:
 
 
 def labelled_heads(df: Any) -> Any:
-    """The labelled rows, strongest first (by lift, then score)."""
-    rows = df[df["label"]]
-    return rows.sort_values(["lift", "score"], ascending=False, na_position="last").reset_index(drop=True)
+    """The labelled rows in the one order of :func:`headlens.scoring.primary.label_order`: what heads do when
+    they are not resting, strongest first; resting labels (``first_token``, ``sink``) after them."""
+    return label_order(df[df["label"].fillna(False).astype(bool)])
 
 
 def head_labels(df: Any) -> dict[tuple[int, int], list[str]]:
-    """``(layer, head) -> [detector, ...]`` ordered by lift (a head may carry several labels)."""
+    """``(layer, head) -> [detector, ...]``, the strongest first and a resting label last
+    (:func:`headlens.scoring.primary.label_order`; a head may carry several labels)."""
     out: dict[tuple[int, int], list[str]] = {}
     for row in labelled_heads(df).itertuples():
         out.setdefault((int(row.layer), int(row.head)), []).append(str(row.detector))

@@ -16,7 +16,8 @@ import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from headlens.scoring.primary import primary, strength
+from headlens.scoring.primary import primary, strongest_rows
+from headlens.scoring.table import head_labels
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -79,25 +80,29 @@ def head_name(layer: int, head: int) -> str:
     return f"L{int(layer)}H{int(head)}"
 
 
-def _fmt(x: Any, digits: int = 3) -> str:
+def fmt_number(x: Any, spec: str = ".3f") -> str:
+    """``x`` formatted with ``spec``; ``-`` for NaN, None and what is not a number (tables, hovers, reports).
+
+    >>> fmt_number(0.12345), fmt_number(float("nan")), fmt_number(2.5, "+.1f")
+    ('0.123', '-', '+2.5')
+    """
     try:
         value = float(x)
     except (TypeError, ValueError):
         return "-"
-    return "-" if math.isnan(value) else f"{value:.{digits}f}"
+    return "-" if math.isnan(value) else format(value, spec)
+
+
+def _fmt(x: Any, digits: int = 3) -> str:
+    return fmt_number(x, f".{digits}f")
 
 
 def _labels_by_head(scores: pd.DataFrame) -> dict[tuple[int, int], list[str]]:
-    """Detectors each head is labelled with, strongest first (:func:`headlens.scoring.primary.strength`)."""
+    """Detectors each head is labelled with, strongest first and resting last (the library's one rule,
+    :func:`headlens.scoring.primary.label_order`)."""
     if "label" not in scores.columns or scores.empty:
         return {}
-    labelled = scores[scores["label"].fillna(False).astype(bool)]
-    if "lift" in labelled:  # strongest first: the lift of each type's primary statistic over its chance level
-        labelled = labelled.assign(_strength=strength(labelled)).sort_values("_strength", ascending=False)
-    out: dict[tuple[int, int], list[str]] = {}
-    for row in labelled.itertuples(index=False):
-        out.setdefault((int(row.layer), int(row.head)), []).append(str(row.detector))
-    return out
+    return head_labels(scores)
 
 
 def head_grid_figure(
@@ -214,12 +219,10 @@ def _label_grid(scores: pd.DataFrame, n_layers: int, n_heads: int, selected: Ite
     score, or the preference accuracy of a type with distractors)."""
     import plotly.graph_objects as go
 
-    best: dict[tuple[int, int], Any] = {}
-    if not scores.empty and "label" in scores.columns:
-        labelled = scores[scores["label"].fillna(False).astype(bool)]
-        labelled = labelled.assign(_strength=strength(labelled), primary_stat=primary(labelled))
-        for row in labelled.sort_values("_strength", ascending=False).itertuples(index=False):
-            best.setdefault((int(row.layer), int(row.head)), row)
+    best: dict[tuple[int, int], Any] = {}  # each head's strongest label, resting only when it does nothing else
+    top = strongest_rows(scores)
+    for row in top.assign(primary_stat=primary(top)).itertuples(index=False):
+        best[(int(row.layer), int(row.head))] = row
     labels = _labels_by_head(scores)
     chosen = {(int(lay), int(hd)) for lay, hd in selected}
     xs, ys, colors, custom, texts, line_colors, line_widths = [], [], [], [], [], [], []

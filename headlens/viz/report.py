@@ -1,7 +1,8 @@
 """One standalone HTML page for a classification run: what scripted runs look at instead of a CSV.
 
 The page opens offline (plotly.js is inlined once, every figure after it reuses it) and holds:
-the head grid coloured by each head's strongest label, the labelled heads with their 95 %
+what the heads do (per type its strongest heads, as ``headlens classify`` prints it), the head grid
+coloured by each head's strongest label (resting only where a head does nothing else), the labelled heads with their 95 %
 confidence intervals, each labelled head's pattern on an example prompt (heatmap and coloured
 text), what the vocabulary heads write (:mod:`headlens.viz.vocabulary`), the circuit when an edge table is given
 (graph and table), the heads that write a prediction when an attribution table is given (direct logit
@@ -24,6 +25,7 @@ from typing import Any
 
 from headlens.errors import OutputError
 from headlens.models.files import check_writable, write_text
+from headlens.viz.grid import fmt_number
 
 PROVENANCE_TAG = '<script type="application/json" id="headlens-provenance">'
 MAX_PATTERNS = 16  # labelled heads whose pattern is drawn (strongest first); the table lists them all
@@ -65,6 +67,7 @@ def report_html(model: Any, table: Any, prompt: str | None = None, edges: Any = 
              f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M UTC} by headlens "
              f"{html.escape(str(attrs.get('headlens_version', '')))}.</p>",
              *[f"<p><b>What runs:</b> {html.escape(str(line))}</p>" for line in attrs.get("substitutions") or []],
+             "<h2>What the heads do</h2>", _summary_table(table),
              "<h2>Head grid</h2>", grid.to_html(full_html=False, include_plotlyjs=True),
              "<h2>Labelled heads</h2>", _labelled_table(labelled_heads(table))]
     prompt = prompt if prompt is not None else example_text(model)
@@ -83,20 +86,43 @@ def report_html(model: Any, table: Any, prompt: str | None = None, edges: Any = 
             f"</title><style>{_STYLE}</style></head><body>{''.join(parts)}</body></html>\n")
 
 
+
+def _summary_table(table: Any) -> str:
+    """Per head type: how many heads carry the label and the strongest of them, with their ``rest`` (the
+    same selection ``headlens classify`` prints, :func:`headlens.scoring.summary.type_summaries`)."""
+    from headlens.scoring.summary import type_summaries
+
+    types = [t for t in type_summaries(table) if t.n_labelled or t.preference]
+    if not types:
+        return "<p>No head passes the labelling rule (ci_low ≥ threshold and lift ≥ 3).</p>"
+    body = []
+    for t in types:
+        stat = "preference" if t.preference else "score"
+        heads = ", ".join(f"L{r.layer}H{r.head} {fmt_number(getattr(r, stat))} "
+                          f"(rest {fmt_number(getattr(r, 'rest', None), '.2f')})"
+                          for r in t.heads.itertuples()) or "none that does nothing else"
+        count = f"{t.n_labelled}" + (f" ({t.n_only} rest and do nothing else)" if t.resting else "")
+        body.append(f"<tr><td>{html.escape(t.detector)}</td><td>{count}</td><td>{html.escape(heads)}</td></tr>")
+    return ("<p>rest = the head's attention on the first token, on the probe its row was scored on; resting labels "
+            "(first_token, sink) list only the heads that do nothing else.</p><table><tr><th>type</th><th>labels</th>"
+            f"<th>strongest heads</th></tr>{''.join(body)}</table>")
+
+
 def _labelled_table(rows: Any) -> str:
     if rows.empty:
         return "<p>No head passes the labelling rule (ci_low ≥ threshold and lift ≥ 3).</p>"
     gated = "dla" in rows.columns and rows["dla"].notna().any()  # name movers: what the head writes
-    cols = ("head", "label", "score", "95% CI", "baseline", "lift", "positions") + (("DLA (95% CI)",) if gated else ())
+    cols = ("head", "label", "score", "95% CI", "baseline", "lift", "positions", "rest") + (
+        ("DLA (95% CI)",) if gated else ())
     head = "".join(f"<th>{c}</th>" for c in cols)
     body = []
     for r in rows.itertuples():
-        lift = "-" if r.lift != r.lift else f"{r.lift:.1f}"
         dla = "" if not gated else ("<td>-</td>" if r.dla != r.dla else
                                     f"<td>{r.dla:+.3f} [{r.dla_ci_low:+.3f}, {r.dla_ci_high:+.3f}]</td>")
         body.append(f"<tr><td>L{r.layer}H{r.head}</td><td>{html.escape(str(r.detector))}</td><td>{r.score:.3f}</td>"
-                    f"<td>[{r.ci_low:.3f}, {r.ci_high:.3f}]</td><td>{r.baseline:.3f}</td><td>{lift}</td>"
-                    f"<td>{int(r.n_positions)}</td>{dla}</tr>")
+                    f"<td>[{r.ci_low:.3f}, {r.ci_high:.3f}]</td><td>{fmt_number(r.baseline)}</td>"
+                    f"<td>{fmt_number(r.lift, '.1f')}</td>"
+                    f"<td>{int(r.n_positions)}</td><td>{fmt_number(getattr(r, 'rest', None), '.2f')}</td>{dla}</tr>")
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
 

@@ -27,7 +27,7 @@ from headlens.zoo import ZOO, weights_dir
 if TYPE_CHECKING:
     import pandas as pd
 
-FORMAT = 2  # bump when the file layout changes (2: the kv_head column)
+FORMAT = 3  # bump when the file layout changes (2: the kv_head column; 3: the rest column, sink only by name)
 
 
 def scores_path(name: str) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -41,6 +42,25 @@ def test_classify_prints_labelled_heads_and_writes_the_table(ckpt, tmp_path):
     table = read_table(out)
     assert sorted(map(tuple, table[table.label][["layer", "head"]].to_numpy().tolist())) == [(0, 0), (1, 0)]
     assert json.loads(out.read_text())["provenance"]["model"] == "planted"
+
+
+def test_summary_by_default_every_labelled_row_with_all(tmp_path):
+    from headlens.testing import resting_model
+
+    ckpt = str(save_checkpoint(resting_model(), tmp_path / "resting.safetensors"))
+    out = tmp_path / "scores.csv"
+    args = ["--model", ckpt, "--n-prompts", "12", "--seq-len", "32", "-q"]
+    summary = _run(*args, "--out", str(out)).stdout
+    assert f"full table (80 rows): in {out}" in summary.replace("\n", "")
+    first = next(ln for ln in summary.splitlines() if ln.lstrip().startswith("first_token"))
+    assert "L1H1" in first and "L1H0" not in first  # L1H0 rests too, and is listed as the induction head it is
+    every = _run(*args, "--all").stdout
+    cells = [[x.strip() for x in ln.split("│")[1:-1]] for ln in every.splitlines() if ln.startswith("│")]
+    rows = {(c[0], c[2]) for c in cells if re.fullmatch(r"L\d+H\d+", c[0])}  # the grid's rows are L0, L1
+    table = read_table(out)
+    assert rows == {(f"L{r.layer}H{r.head}", r.detector) for r in table[table.label].itertuples()}
+    assert ("L1H0", "first_token") in rows and "full table" not in every
+    assert "not written (--out" in _run(*args).stdout
 
 
 def test_user_prompts_jsonl(ckpt, tmp_path):

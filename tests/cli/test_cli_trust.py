@@ -50,6 +50,14 @@ def _printed(df, asked=None) -> str:
     return buf.getvalue()
 
 
+def _summary(df, width: int = 160) -> str:
+    from headlens.cli.summary import print_summary
+
+    buf = io.StringIO()
+    print_summary(df, Console(file=buf, width=width))
+    return buf.getvalue()
+
+
 # -- one vocabulary -----------------------------------------------------------------------------
 def test_first_token_is_1st_in_the_cli_grid_the_dashboard_and_the_report():
     from headlens.viz.grid import LABEL_MARKS, head_grid_figure, label_mark
@@ -58,6 +66,8 @@ def test_first_token_is_1st_in_the_cli_grid_the_dashboard_and_the_report():
     grid = _printed(df).split("layer x head")[1]
     assert re.search(r"L1 .*1st", grid) and re.search(r"L0 .*SNK", grid)
     assert "sink" not in grid  # `sink` is another detector's name
+    rows = {line.split()[0]: line for line in _summary(df).splitlines() if re.match(r"\s*L\d+\s", line)}
+    assert "1st" in rows["L1"] and "SNK" in rows["L0"]  # the default summary's grid
     fig = head_grid_figure(df, "first_token", 2, 2, color_by="label")
     import numpy as np
 
@@ -100,10 +110,12 @@ def test_weight_rows_say_weights_and_unasked_skips_are_silent():
     df = _table(_rows("copying", {(0, 0): 0.97}, weights=True))
     out = _printed(df)
     row = next(line for line in out.splitlines() if "copying" in line)
-    cells = [c.strip() for c in row.split("│")[1:-1]]  # head, kv_head, detector, score, CI, baseline, lift, positions
-    assert cells[3:] == ["0.970", "weights", "-", "-", "-"], cells  # not [0.970, 0.970] and 0 positions
+    cells = [c.strip() for c in row.split("│")[1:-1]]  # head, kv_head, detector, score, CI, baseline, lift, positions, rest
+    assert cells[3:] == ["0.970", "weights", "-", "-", "-", "-"], cells  # not [0.970, 0.970] and 0 positions
     assert "skipped streaming" not in out
     assert "skipped streaming" in _printed(df, ["copying", "streaming"])  # asked for: told why not
+    summary = next(line for line in _summary(df).splitlines() if "copying" in line).split()
+    assert summary == ["copying", "(weights)", "CPY", "1", "L0H0", "0.970", "weights", "-", "-"], summary  # CI lift rest
 
 
 def test_confirm_names_the_metric_and_rounds():

@@ -113,19 +113,23 @@ def test_attribution_ranks_heads_like_exact_ablation():
     assert df.loc[df.metric == "repeated_loss", "attribution"].notna().all()
 
 
-def test_confirm_adds_effects_for_labelled_heads(monkeypatch):
+def test_confirm_adds_effects_for_each_types_strongest_heads(monkeypatch):
     model = planted()
     monkeypatch.setitem(confirm_mod.LABEL_METRICS, "induction", "kl")  # KL: any removed write hurts
     table = pd.DataFrame({
         "layer": [1, 1, 0, 0], "head": [0, 1, 2, 2],
         "detector": ["induction", "induction", "previous_token", "first_token"],
-        "label": [True, True, False, True], "score": [0.9, 0.8, 0.1, 0.7],
+        "label": [True, False, False, True], "score": [0.9, 0.8, 0.1, 0.7],
     })
     out = confirm_mod.confirm(model, table, method="zero", n_prompts=6)
     assert list(out.columns) == [*table.columns, *confirm_mod.CONFIRM_COLUMNS]
-    assert out.confirmed.tolist() == [True, False, False, False]
-    assert out.ablation_metric.iloc[:2].tolist() == ["kl", "kl"] and out.ablation_metric.iloc[2:].isna().all()
-    assert abs(out.ablation_delta.iloc[1]) < 1e-8 and np.isnan(out.ablation_delta.iloc[2:]).all()
+    assert out.confirmed.tolist() == [True, False, False, False]  # the resting head writes nothing: no effect
+    assert out.ablation_metric.tolist() == ["kl", None, None, "lm_loss"]  # unlabelled rows: not tested
+    assert out.ablation_heads.tolist() == ["L1H0", None, None, "L0H2"]
+    assert abs(out.ablation_delta.iloc[3]) < 1e-8 and np.isnan(out.ablation_delta.iloc[1:3]).all()
+    types = {r["detector"]: r for r in out.attrs["confirmation"]}
+    assert set(types) == {"induction", "first_token"} and types["induction"]["confirmed"]
+    assert types["induction"]["delta"] > 1e-3 and abs(types["induction"]["control_delta"]) < 1e-8
 
 
 def test_sweep_on_bridge_matches_native(tmp_path):
@@ -172,11 +176,25 @@ def test_planted_induction_circuit_classic_result():
 
 
 def test_confirm_on_planted_induction_circuit():
-    table = pd.DataFrame({"layer": [0, 1, 1], "head": [0, 0, 2],
-                          "detector": ["previous_token", "induction", "induction"], "label": [True, True, True]})
-    out = confirm_mod.confirm(induction_lm(), table, n_prompts=12)
-    assert out.confirmed.tolist() == [True, True, False]
-    assert (out.ablation_delta.iloc[:2] > 1.0).all()
+    """The planted circuit's two types are confirmed; a head labelled wrongly is not, alone or as a type's best."""
+    model = induction_lm()
+    table = pd.DataFrame({"layer": [0, 1, 1], "head": [0, 0, 2], "detector": ["previous_token", "induction", "induction"],
+                          "label": [True, True, True], "score": [0.9, 0.9, 0.5]})
+    out = confirm_mod.confirm(model, table, n_prompts=12)
+    assert out.confirmed.tolist() == [True, True, True]  # L1H2 rides along with L1H0: tested together
+    assert out.ablation_heads.tolist() == ["L0H0", "L1H0+L1H2", "L1H0+L1H2"] and (out.ablation_delta > 1.0).all()
+    alone = confirm_mod.confirm(model, table, n_prompts=12, top=1)
+    assert alone.confirmed.tolist() == [True, True, False] and np.isnan(alone.ablation_delta.iloc[2])
+    wrong = confirm_mod.confirm(model, table.assign(label=[False, False, True]), n_prompts=12)
+    assert wrong.confirmed.tolist() == [False, False, False] and wrong.ablation_heads.iloc[2] == "L1H2"
+    assert wrong.attrs["confirmation"][0]["delta"] < 0.1
+
+
+def test_confirm_says_untested_where_the_metric_cannot_run():
+    table = pd.DataFrame({"layer": [0], "head": [0], "detector": ["induction"], "label": [True], "score": [0.9]})
+    out = confirm_mod.confirm(make_gpt(0, causal=False), table, n_prompts=4)  # no next-token loss to measure
+    (res,) = out.attrs["confirmation"]
+    assert res["error"] and not res["confirmed"] and np.isnan(res["delta"]) and not out.confirmed.any()
 
 
 def test_confirm_needs_a_classification_table():

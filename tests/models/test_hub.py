@@ -122,7 +122,7 @@ def test_cli_classifies_a_hub_revision_from_the_cache(hf_home):
     res = _cli(hf_home, "classify", "--model", f"hf:{REPO}@step3000", "--n-prompts", "10", "--seq-len", "24",
                "--detectors", "previous_token,induction", "--quiet", "--out", "scores.json")
     assert res.returncode == 0, res.stderr
-    assert f"{REPO}@step3000: labelled heads" in res.stdout
+    assert f"{REPO}@step3000: 8 heads (2 layers x 4)" in res.stdout  # the summary's first line
     assert "Traceback" not in res.stderr
     saved = json.loads((hf_home / "scores.json").read_text())
     rows = saved["rows"]

@@ -164,7 +164,10 @@ def test_cli_annotated_jsonl(tmp_path, monkeypatch):
     out = tmp_path / "t.csv"
     res = CliRunner().invoke(app, ["classify", "--prompts", str(good), "--detectors", "prev", "-o", str(out), "-q"])
     assert res.exit_code == 0, res.output
-    assert "prev: top 2 heads by preference accuracy (1 labelled)" in res.output  # the ranking, labelled or not
+    row = next(ln for ln in res.stdout.splitlines() if ln.lstrip().startswith("prev"))
+    assert row.split()[:2] == ["prev", "(pref)"] and row.split()[3:5] == ["1", "L0H0"]  # its labelled head
+    every = CliRunner().invoke(app, ["classify", "--prompts", str(good), "--detectors", "prev", "-q", "--all"])
+    assert "prev: top 2 heads by preference accuracy (1 labelled)" in every.output  # the ranking, labelled or not
     table = read_table(out)
     assert list(table.columns[-3:]) == ["preference", "preference_ci_low", "preference_ci_high"]
     assert table.set_index("head").loc[0, "score"] == pytest.approx(1.0)

@@ -110,7 +110,7 @@ def test_classify_on_two_ranks_equals_one_process(two_ranks):
     for col in ("score", "ci_low", "ci_high", "baseline"):
         np.testing.assert_allclose(two[col], one[col], atol=1e-9, rtol=0)
     assert (two["label"] == one["label"]).all() and (two["n_positions"] == one["n_positions"]).all()
-    assert res.stdout.count("labelled heads") == 1  # results printed by rank 0 only
+    assert res.stdout.count("full table (") == 1  # results printed by rank 0 only
     # progress from rank 0 only: off a terminal it prints lines once the scan takes over 2 s (a loaded
     # machine), never a second rank's copy of them
     scans = [ln for ln in res.stderr.splitlines() if "scanning" in ln]

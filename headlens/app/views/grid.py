@@ -93,5 +93,6 @@ def head_detail(scores: pd.DataFrame, selected: list[tuple[int, int]]) -> None:
     with st.expander("Scores of the selected heads (table)"):
         table = rows.assign(head=[hd.format_head(r.layer, r.head) for r in rows.itertuples()])
         cols = ["head", "detector", "score", "ci_low", "ci_high", "baseline", "lift", "label"]
+        cols += ["rest"] if "rest" in table.columns else []  # attention on the first token, on the row's probe
         cols += [c for c in ("preference", "preference_ci_low", "preference_ci_high") if c in table.columns]
         st.dataframe(table[cols], hide_index=True, key="detail_table")
