@@ -9,13 +9,15 @@ divisor of ``d_model`` (its own loader: ``load_checkpoint`` rightly refuses a co
 disagrees with the header) and measures the loss of each on text the model can tokenize.
 
 Hugging Face directories of other families (Llama, Mistral, Qwen2, Gemma, GPT-NeoX ...) go through
-:mod:`headlens.doctor.families`: the same loss comparison over every (query heads, key/value heads,
-head width) layout their weight shapes allow, built by ``transformers`` itself.
+:mod:`headlens.doctor.family_check`: the same loss comparison over every (query heads, key/value heads,
+head width) layout their weight shapes allow, built by ``transformers`` itself. A GGUF file (``smollm2``,
+``gguf:PATH``, ``*.gguf``) is checked as the directory transformers dequantizes it into (cached).
 
-Evaluation sources (:mod:`headlens.doctor.verdict` weighs them): a text, the user's or else the zoo
-recipe's own data when the checkpoint names one in its metadata, or Python standard-library source for
-byte-level models; and always repeated random segments (``BOS r r``) over the alphabet or vocabulary
-(any model with an induction circuit predicts the second copy).
+Evaluation sources (:mod:`headlens.doctor.sources`; :mod:`headlens.doctor.verdict` weighs them): a text,
+the user's or else the zoo recipe's own data when the checkpoint names one in its metadata, or Python
+standard-library source for byte-level models; and periodic random segments of distinct symbols at several
+periods (any model with an induction circuit predicts the copies). The layouts race on them
+(:mod:`headlens.doctor.racing`): one clearly worse after 8 rows stops running.
 """
 
 from __future__ import annotations

