@@ -59,7 +59,7 @@ def register(app: typer.Typer) -> None:
         distinct tokens, loss vs a unigram model of the text), and random segments of distinct token ids
         repeated at several periods. Layouts clearly worse after 8 rows stop running. The verdict comes
         from a source that separates the layouts. A GGUF file is checked as the Hugging Face directory
-        transformers dequantizes it into (cached: see docs/real-models.md).
+        transformers dequantizes it into (once, cached under HEADLENS_CACHE or ~/.cache/headlens).
 
         Exit codes: 0 passed (config, --n-heads and weights agree); 8 failed (they do not);
         9 inconclusive (no source separates the layouts: untrained weights, or text the model does not
