@@ -213,8 +213,7 @@ def text_source(model_dir: Path, cfg: Any, n_rows: int, T: int, seed: int, texts
         return tok(text, add_special_tokens=False)["input_ids"]
 
     if reads_words(encode):
-        first = int(bos) if bos is not None else int(encode("The")[0])
-        rows = prose_rows(encode, n_rows, T, first, seed)
+        rows = prose_rows(encode, n_rows, T, int(bos) if bos is not None else None, seed)
         if rows is not None:
             return EvalSource("text", [rows], f"English prose of the Python documentation ({rows.shape[0]} x "
                                               f"{T} tokens)"), tok

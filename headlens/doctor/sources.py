@@ -86,10 +86,10 @@ def reads_words(encode: Callable[[str], list[int]]) -> bool:
     return len(sample) / max(1, len(encode(sample))) > WORDS_PER_TOKEN
 
 
-def prose_rows(encode: Callable[[str], list[int]], n_rows: int, T: int, first: int, seed: int
+def prose_rows(encode: Callable[[str], list[int]], n_rows: int, T: int, first: int | None, seed: int
                ) -> torch.Tensor | None:
-    """``(n, T)`` rows of English prose, each ``first`` (BOS) then ``T - 1`` tokens from a paragraph drawn
-    with ``seed`` onwards; None when the corpus is too short for one row."""
+    """``(n, T)`` rows of English prose, each ``first`` (BOS; none when None) then tokens from a paragraph
+    drawn with ``seed`` onwards; None when the corpus is too short for one row."""
     from headlens.probes.prose import prose_corpus
 
     text = prose_corpus()
@@ -97,10 +97,11 @@ def prose_rows(encode: Callable[[str], list[int]], n_rows: int, T: int, first: i
     span = 8 * T  # characters: enough for T tokens of a word-piece tokenizer (~4 characters each)
     gen = torch.Generator().manual_seed(seed)
     rows = []
+    body = T - (first is not None)
     for i in torch.randperm(len(starts), generator=gen).tolist():
-        ids = encode(text[starts[i]:starts[i] + span])[: T - 1]
-        if len(ids) == T - 1:
-            rows.append([first, *ids])
+        ids = encode(text[starts[i]:starts[i] + span])[:body]
+        if len(ids) == body:
+            rows.append(ids if first is None else [first, *ids])
         if len(rows) == n_rows:
             break
     return torch.tensor(rows) if rows else None

@@ -123,3 +123,23 @@ def test_evaluation_is_sized_to_the_model_unless_fixed():
     assert evaluation_size(135_000_000, 8192) == (16, 64)  # SmolLM2: two looks of 8 rows, 64 tokens each
     assert evaluation_size(135_000_000, 8192, n_rows=48, seq_len=512) == (48, 512)
     assert evaluation_size(135_000_000, 32, seq_len=512) == (32, 32)  # never beyond the context: more rows instead
+
+
+def test_the_default_text_is_prose_for_tokenizers_that_read_words_and_python_for_bytes(tmp_path):
+    from pathlib import Path
+
+    from headlens.doctor.families import read_config, text_source
+    from tests import word_llama
+    from tests.hf_families import build
+
+    words = word_llama.write_word_llama(tmp_path / "words", steps=0)  # a word-level tokenizer
+    cfg = read_config(words)
+    src, _ = text_source(words, cfg, 4, 64, 0, None)
+    assert "English prose" in src.description and src.rows[0].shape == (4, 64)
+    assert (src.rows[0][:, 0] == cfg.bos_token_id).all()  # every row starts at BOS (the tokenizer adds none)
+    byte = Path(__file__).parents[1] / "data" / "doctor" / "llama"  # headlens' byte tokenizer: 1 byte a token
+    src, _ = text_source(byte, read_config(byte), 4, 64, 0, None)
+    assert src.description.startswith("Python stdlib source")
+    bpe = build("llama", tmp_path / "bpe")  # a BPE of a few hundred pieces: ~1.3 characters a token, bytes-like
+    src, _ = text_source(bpe, read_config(bpe), 4, 64, 0, None)
+    assert src.description.startswith("Python stdlib source")
