@@ -279,7 +279,8 @@ def _check_gguf(gguf: Path, kw: dict[str, Any]) -> CheckpointReport:
     margin = FAMILY_MARGIN if kw["margin"] is None else kw["margin"]
     permuted = info.architecture in GGUF_PERMUTED
     report = check_family(folder, kw["n_heads"], kw["candidates"], margin, kw["z_min"], kw["n_rows"], kw["seq_len"],
-                          kw["seed"], kw["texts"], time.perf_counter(), kw["progress"], kw["all_sources"], permuted)
+                          kw["seed"], kw["texts"], time.perf_counter(), kw["progress"], kw["all_sources"], permuted,
+                          info.path.name)
     report.path, report.format, report.file = str(info.path), "gguf", {**info.provenance(), "cache": str(folder)}
     report.notes = [dequantized_note(info.path.name, info), *report.notes]
     if permuted:

@@ -190,49 +190,61 @@ def _stack(rows: list[list[int]]) -> list[torch.Tensor]:
     return [torch.tensor(group) for _, group in sorted(by_len.items())]
 
 
-def text_source(model_dir: Path, cfg: Any, n_rows: int, T: int, seed: int, texts: list[str] | None
-                ) -> tuple[EvalSource | None, Any]:
-    """The text source and the tokenizer: the user's ``texts``, else English prose (a tokenizer that reads
-    words) or Python source (bytes, characters); None when the directory has no tokenizer."""
+def first_token(model_dir: Path, cfg: Any, tok: Any) -> tuple[int | None, Any]:
+    """What every evaluation row starts with, and the :class:`~headlens.models.hf.prefix.Prefix` that says why:
+    headlens' rule for position 0 (:mod:`headlens.models.hf.prefix`, as every probe uses) when the directory
+    has a tokenizer, else the config's BOS (None: rows start with their first token)."""
+    if tok is not None:
+        from headlens.models.hf.prefix import adds_bos, choose
+
+        prefix = choose(tok, adds_bos(model_dir), int(cfg.vocab_size))
+        return prefix.token_id, prefix
     bos = getattr(cfg, "bos_token_id", None)
+    return (int(bos) if isinstance(bos, int) else None), None
+
+
+def text_source(cfg: Any, tok: Any, first: int | None, n_rows: int, T: int, seed: int, texts: list[str] | None
+                ) -> EvalSource | None:
+    """The text source: the user's ``texts``, else English prose (a tokenizer that reads words) or Python
+    source (bytes, characters); every row starts with ``first`` (none when None). None without a tokenizer."""
+    if tok is None:
+        return None
+    tok.model_max_length = 1 << 30  # long texts are cut into rows here (no length warning)
     if texts is not None:
-        tok = tokenizer(model_dir)
         rows = [tok(t)["input_ids"] for t in texts if t.strip()]
-        if bos is not None:  # every source starts at BOS, as the model was trained (when the tokenizer adds none)
-            rows = [r if r[:1] == [bos] else [bos, *r] for r in rows]
+        if first is not None:  # the tokenizer may put it first itself
+            rows = [r if r[:1] == [first] else [first, *r] for r in rows]
         rows = [r[: n_ctx(cfg)] for r in rows if len(r[: n_ctx(cfg)]) >= 2]
         if not rows:
             raise CheckpointError("the evaluation text is empty: give at least one line of text")
-        return EvalSource("text", _stack(rows), f"the given text ({len(rows)} rows, {sum(map(len, rows))} tokens)"), tok
-    tok = tokenizer(model_dir, required=False)
-    if tok is None:
-        return None, None
-    tok.model_max_length = 1 << 30  # long texts are cut into rows here (no length warning)
+        return EvalSource("text", _stack(rows), f"the given text ({len(rows)} rows, {sum(map(len, rows))} tokens)")
 
     def encode(text: str) -> list[int]:
         return tok(text, add_special_tokens=False)["input_ids"]
 
     if reads_words(encode):
-        rows = prose_rows(encode, n_rows, T, int(bos) if bos is not None else None, seed)
+        rows = prose_rows(encode, n_rows, T, first, seed)
         if rows is not None:
             return EvalSource("text", [rows], f"English prose of the Python documentation ({rows.shape[0]} x "
-                                              f"{T} tokens)"), tok
+                                              f"{T} tokens)")
+    body_len = T - (first is not None)
     ids = encode(stdlib_text(n_rows * T * 2, seed))
-    n = min(n_rows, len(ids) // (T - 1))
-    body = torch.tensor(ids[: n * (T - 1)]).view(n, T - 1)  # (N, T - 1)
-    first_col = torch.full((n, 1), int(bos) if bos is not None else int(ids[0]))
-    return EvalSource("text", [torch.cat([first_col, body], 1)], f"Python stdlib source ({n} x {T} tokens)"), tok
+    n = min(n_rows, len(ids) // body_len)
+    body = torch.tensor(ids[: n * body_len]).view(n, body_len)  # (N, T - 1) after a first token, else (N, T)
+    rows = body if first is None else torch.cat([torch.full((n, 1), first), body], 1)  # (N, T)
+    return EvalSource("text", [rows], f"Python stdlib source ({n} x {T} tokens)")
 
 
-def random_sources(cfg: Any, n_rows: int, T: int, seed: int, tok: Any = None) -> list[EvalSource]:
-    """Periodic random segments of distinct non-special ids (:func:`headlens.doctor.sources.periodic_sources`)."""
-    bos = getattr(cfg, "bos_token_id", None)
-    special = {i for i in (bos, getattr(cfg, "eos_token_id", None), getattr(cfg, "pad_token_id", None),
-                           getattr(tok, "unk_token_id", None)) if isinstance(i, int)}
+def random_sources(cfg: Any, n_rows: int, T: int, seed: int, tok: Any = None, first: int | None = None
+                   ) -> list[EvalSource]:
+    """Periodic random segments of distinct non-special ids (:func:`headlens.doctor.sources.periodic_sources`),
+    each row starting with ``first`` (none when None)."""
+    special = {i for i in (first, getattr(cfg, "bos_token_id", None), getattr(cfg, "eos_token_id", None),
+                           getattr(cfg, "pad_token_id", None), getattr(tok, "unk_token_id", None)) if isinstance(i, int)}
     if tok is not None:
         special |= {i for i in getattr(tok, "all_special_ids", []) if isinstance(i, int)}
     ids = torch.tensor([i for i in range(int(cfg.vocab_size)) if i not in special])
-    return periodic_sources(ids, n_rows, T, bos if isinstance(bos, int) else None, seed)
+    return periodic_sources(ids, n_rows, T, first, seed)
 
 
 def tokenizer(model_dir: Path, required: bool = True) -> Any:

@@ -17,10 +17,12 @@ from headlens.doctor.families import (
     HeadLayout,
     candidate_layouts,
     claimed_layout,
+    first_token,
     n_ctx,
     random_sources,
     read_config,
     text_source,
+    tokenizer,
 )
 from headlens.doctor.racing import race_sources
 from headlens.doctor.report import CheckpointReport
@@ -53,13 +55,14 @@ def _tracker(progress: Progress | None, layouts: dict[int, HeadLayout], upper: i
 
 def check_family(model_dir: Path, n_heads: int | None, candidates: list[int] | None, margin: float, z_min: float,
                  n_rows: int | None, seq_len: int | None, seed: int, texts: list[str] | None, t0: float,
-                 progress: Progress | None = None, all_sources: bool = False, gguf_llama: bool = False
-                 ) -> CheckpointReport:
+                 progress: Progress | None = None, all_sources: bool = False, gguf_llama: bool = False,
+                 name: str | None = None) -> CheckpointReport:
     """:func:`headlens.doctor.check_checkpoint` for a non-GPT-2 Hugging Face directory.
 
     ``gguf_llama``: the directory is transformers' reading of a llama GGUF file, whose header's head counts
     also decided how the query/key rows were un-permuted; each layout is then tried with the rows a header
     saying it would have given (:func:`headlens.doctor.families.gguf_rows`), so a header that lies is found.
+    ``name``: what the notes call the model (default: the directory's name).
     """
     cfg = read_config(model_dir)
     config, claimed = claimed_layout(cfg), claimed_layout(cfg, n_heads)
@@ -70,8 +73,10 @@ def check_family(model_dir: Path, n_heads: int | None, candidates: list[int] | N
         raise CheckpointError(f"the weights in {str(model_dir)!r} do not load with their own config ({config})")
     n_params = sum(p.numel() for p in first.parameters())
     rows, T = evaluation_size(n_params, n_ctx(cfg), n_rows, seq_len)
-    text, tok = text_source(model_dir, cfg, rows, T, seed, texts)
-    named = ([text] if text is not None else []) + random_sources(cfg, rows, T, seed, tok)
+    tok = tokenizer(model_dir, required=texts is not None)
+    first, prefix = first_token(model_dir, cfg, tok)
+    text = text_source(cfg, tok, first, rows, T, seed, texts)
+    named = ([text] if text is not None else []) + random_sources(cfg, rows, T, seed, tok, first)
     builder.on_run = _tracker(progress, layouts, len(layouts) * sum(r.numel() for s in named for r in s.rows))
 
     def weigh(src: Any, per_row: Any, note: str) -> Any:
@@ -98,4 +103,5 @@ def check_family(model_dir: Path, n_heads: int | None, candidates: list[int] | N
         evidence=next(r for r in reports if r.used).evidence, warnings=warnings, seconds=time.perf_counter() - t0,
         family=str(cfg.model_type), config_n_kv_heads=config.n_kv_heads, inferred_n_kv_heads=best.n_kv_heads,
         verdict=verdict, sources=reports, skipped_sources=skipped,
+        notes=[n for n in [prefix.note(name or model_dir.name) if prefix is not None else None] if n],
     )

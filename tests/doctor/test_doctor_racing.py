@@ -128,18 +128,19 @@ def test_evaluation_is_sized_to_the_model_unless_fixed():
 def test_the_default_text_is_prose_for_tokenizers_that_read_words_and_python_for_bytes(tmp_path):
     from pathlib import Path
 
-    from headlens.doctor.families import read_config, text_source
+    from headlens.doctor.families import first_token, read_config, text_source, tokenizer
     from tests import word_llama
     from tests.hf_families import build
 
+    def text(d):
+        cfg, tok = read_config(d), tokenizer(d)
+        return text_source(cfg, tok, first_token(d, cfg, tok)[0], 4, 64, 0, None), cfg
+
     words = word_llama.write_word_llama(tmp_path / "words", steps=0)  # a word-level tokenizer
-    cfg = read_config(words)
-    src, _ = text_source(words, cfg, 4, 64, 0, None)
+    src, cfg = text(words)
     assert "English prose" in src.description and src.rows[0].shape == (4, 64)
-    assert (src.rows[0][:, 0] == cfg.bos_token_id).all()  # every row starts at BOS (the tokenizer adds none)
+    assert (src.rows[0][:, 0] == cfg.bos_token_id).all()  # its declared BOS first (no <|endoftext|> to prefer)
     byte = Path(__file__).parents[1] / "data" / "doctor" / "llama"  # headlens' byte tokenizer: 1 byte a token
-    src, _ = text_source(byte, read_config(byte), 4, 64, 0, None)
-    assert src.description.startswith("Python stdlib source")
+    assert text(byte)[0].description.startswith("Python stdlib source")
     bpe = build("llama", tmp_path / "bpe")  # a BPE of a few hundred pieces: ~1.3 characters a token, bytes-like
-    src, _ = text_source(bpe, read_config(bpe), 4, 64, 0, None)
-    assert src.description.startswith("Python stdlib source")
+    assert text(bpe)[0].description.startswith("Python stdlib source")
