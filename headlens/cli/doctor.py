@@ -13,39 +13,53 @@ EXIT_INCONCLUSIVE = 9  # cli/__init__.py: "9 doctor inconclusive (no evidence ei
 
 
 def _resolve(ref: str) -> Path:
-    """A zoo name, ``hf:<dir>``, a .safetensors file or a Hugging Face directory -> a path."""
+    """A zoo name, ``smollm2``, ``gguf:PATH``, a .gguf, .safetensors file or a Hugging Face directory
+    (``hf:<dir>``) -> a path (a GGUF file is converted by the doctor itself)."""
     from headlens.errors import ModelReferenceError
+    from headlens.models.hf.gguf import parse_reference
     from headlens.zoo import ZOO
 
     if ref in ZOO:
         return ZOO[ref].path
+    if not ref.startswith("hf:") and (gguf := parse_reference(ref)) is not None:
+        return gguf  # a missing file, or no gguf package, is one line from the converter
     path = Path(ref[3:] if ref.startswith("hf:") else ref).expanduser()
     if not path.exists():
-        raise ModelReferenceError(f"{ref!r} is neither a zoo name ({', '.join(sorted(ZOO)) or 'none installed'}) "
-                                  f"nor an existing checkpoint file or Hugging Face directory")
+        raise ModelReferenceError(f"{ref!r} is neither a zoo name ({', '.join(sorted(ZOO)) or 'none installed'}), "
+                                  f"smollm2 nor an existing checkpoint file, GGUF file or Hugging Face directory")
     return path
 
 
 def register(app: typer.Typer) -> None:
     @app.command("doctor")
     def doctor_cmd(
-        checkpoint: Annotated[str, typer.Argument(help="headlens .safetensors, Hugging Face dir (GPT-2, Llama, Mistral, Qwen2, Gemma, GPT-NeoX ...), or zoo name")],
+        checkpoint: Annotated[str, typer.Argument(help="headlens .safetensors, Hugging Face dir (GPT-2, Llama, Mistral, Qwen2, Gemma, GPT-NeoX ...), GGUF file (x.gguf, gguf:PATH, smollm2) or zoo name")],
         n_heads: Annotated[
             int | None, typer.Option("--n-heads", help="the head count you mean to use (default: the config's)")
         ] = None,
         as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
         text: Annotated[Path | None, typer.Option("--text", help="evaluation text file, one row per line")] = None,
         seed: Annotated[int, typer.Option("--seed", help="seed of the generated evaluation text")] = 0,
-        rows: Annotated[int, typer.Option("--rows", help="rows of generated evaluation text")] = 48,
-        seq_len: Annotated[int, typer.Option("--seq-len", help="tokens per generated row (capped at n_ctx)")] = 512,
+        rows: Annotated[int | None, typer.Option(
+            "--rows", help="rows of each generated source (default: sized to the model, 48 for small ones, "
+                           "16 for a 135M LM)")] = None,
+        seq_len: Annotated[int | None, typer.Option(
+            "--seq-len", help="tokens per generated row, capped at n_ctx (default: sized to the model, 512 for "
+                              "small ones, 64 for a 135M LM)")] = None,
+        all_sources: Annotated[bool, typer.Option(
+            "--all-sources", help="run every source, even after one that fits the model has decided")] = False,
+        quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress")] = False,
     ) -> None:
         """Check that a checkpoint's head count is the one its weights were trained with.
 
         Loads the weights split into every head layout their shapes allow (every divisor of d_model
         for GPT-2; query heads, key/value heads and head width for other families) and measures the
-        loss of each on two sources: a text (--text, else the recipe's data or Python source), checked
-        first for fit (unknown tokens, distinct tokens, loss vs a unigram model of the text), and random
-        token ids with each sequence repeated. The verdict comes from a source that separates the layouts.
+        loss of each on several sources: a text (--text, else the recipe's data, English prose for a
+        word-piece tokenizer, Python source for a byte-level one), checked first for fit (unknown tokens,
+        distinct tokens, loss vs a unigram model of the text), and random segments of distinct token ids
+        repeated at several periods. Layouts clearly worse after 8 rows stop running. The verdict comes
+        from a source that separates the layouts. A GGUF file is checked as the Hugging Face directory
+        transformers dequantizes it into (once, cached under HEADLENS_CACHE or ~/.cache/headlens).
 
         Exit codes: 0 passed (config, --n-heads and weights agree); 8 failed (they do not);
         9 inconclusive (no source separates the layouts: untrained weights, or text the model does not
@@ -53,6 +67,7 @@ def register(app: typer.Typer) -> None:
         """
         import json
 
+        from headlens.cli.progress import progress
         from headlens.doctor import check_checkpoint
         from headlens.errors import ConfigError, ProbeError
 
@@ -62,10 +77,13 @@ def register(app: typer.Typer) -> None:
                 texts = text.read_text(encoding="utf-8").splitlines()
             except OSError as err:
                 raise ProbeError(f"cannot read --text {str(text)!r}: {err}") from None
-        if rows < 2 or seq_len < 2:
+        if (rows is not None and rows < 2) or (seq_len is not None and seq_len < 2):
             raise ConfigError(f"--rows and --seq-len must be >= 2, got {rows} and {seq_len}")
-        report = check_checkpoint(_resolve(checkpoint), n_heads=n_heads, seed=seed, texts=texts, n_rows=rows,
-                                  seq_len=seq_len)
+        path = _resolve(checkpoint)
+        with progress("doctor", quiet=quiet) as bar:
+            report = check_checkpoint(path, n_heads=n_heads, seed=seed, texts=texts, n_rows=rows, seq_len=seq_len,
+                                      progress=lambda done, total, what: bar.update(done, total, what),
+                                      all_sources=all_sources)
         typer.echo(json.dumps(report.to_dict(), indent=2) if as_json else str(report))
         if report.verdict == "inconclusive":
             raise typer.Exit(code=EXIT_INCONCLUSIVE)

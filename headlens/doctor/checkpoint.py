@@ -9,19 +9,22 @@ divisor of ``d_model`` (its own loader: ``load_checkpoint`` rightly refuses a co
 disagrees with the header) and measures the loss of each on text the model can tokenize.
 
 Hugging Face directories of other families (Llama, Mistral, Qwen2, Gemma, GPT-NeoX ...) go through
-:mod:`headlens.doctor.families`: the same loss comparison over every (query heads, key/value heads,
-head width) layout their weight shapes allow, built by ``transformers`` itself.
+:mod:`headlens.doctor.family_check`: the same loss comparison over every (query heads, key/value heads,
+head width) layout their weight shapes allow, built by ``transformers`` itself. A GGUF file (``smollm2``,
+``gguf:PATH``, ``*.gguf``) is checked as the directory transformers dequantizes it into (cached).
 
-Evaluation sources (:mod:`headlens.doctor.verdict` weighs them): a text, the user's or else the zoo
-recipe's own data when the checkpoint names one in its metadata, or Python standard-library source for
-byte-level models; and always repeated random segments (``BOS r r``) over the alphabet or vocabulary
-(any model with an induction circuit predicts the second copy).
+Evaluation sources (:mod:`headlens.doctor.sources`; :mod:`headlens.doctor.verdict` weighs them): a text,
+the user's or else the zoo recipe's own data when the checkpoint names one in its metadata, or Python
+standard-library source for byte-level models; and periodic random segments of distinct symbols at several
+periods (any model with an induction circuit predicts the copies). The layouts race on them
+(:mod:`headlens.doctor.racing`): one clearly worse after 8 rows stops running.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -30,13 +33,14 @@ import torch
 import torch.nn.functional as F
 
 from headlens.doctor.bugs import divisors
+from headlens.doctor.racing import race_sources
 from headlens.doctor.report import CheckpointReport
+from headlens.doctor.sources import EvalSource, evaluation_size, periodic_sources, stdlib_text
 from headlens.doctor.verdict import (
     choose,
     head_count_warnings,
     source_reports,
     source_warnings,
-    stdlib_text,
     weigh_source,
 )
 from headlens.errors import CheckpointError, ConfigError
@@ -143,15 +147,14 @@ def model_with_heads(w: Weights, n_heads: int) -> GPT:
 
 
 
-def default_text(w: Weights, n_rows: int = 48, seq_len: int = 512, seed: int = 0
-                 ) -> tuple[torch.Tensor, str] | None:
-    """``(n_rows, T)`` token ids (BOS first) of text the model should predict well, and what they are; None
-    when the checkpoint names no such text (a char-level model outside the zoo recipes).
+def default_text(w: Weights, n_rows: int = 48, T: int = 512, seed: int = 0) -> EvalSource | None:
+    """``(n_rows, T)`` token ids (BOS first) of text the model should predict well; None when the checkpoint
+    names no such text (a char-level model outside the zoo recipes).
 
-    Rows are as long as the context allows (up to ``seq_len``): the longer the context, the more
-    the loss depends on attention, so the clearer the head-count evidence.
+    Rows are as long as the context allows (up to ``T``): the longer the context, the more the loss depends
+    on attention, so the clearer the head-count evidence.
     """
-    T = min(seq_len, w.config.n_ctx)
+    T = min(T, w.config.n_ctx)
     tok = w.tokenizer
     recipe = w.metadata.get("recipe")
     if recipe in ("induction-2l", "dyck") and tok is not None:
@@ -160,43 +163,35 @@ def default_text(w: Weights, n_rows: int = 48, seq_len: int = 512, seed: int = 0
         r = get_recipe(recipe)
         if r.tokenizer == tok:
             gen = torch.Generator().manual_seed(seed)
-            return r.sampler()(gen, n_rows)[:, :T], f"zoo recipe {recipe!r} data ({n_rows} x {T} tokens)"
+            return EvalSource("text", [r.sampler()(gen, n_rows)[:, :T]],
+                              f"zoo recipe {recipe!r} data ({n_rows} x {T} tokens)")
     if tok is not None and tok.kind == "byte":
         ids = tok.encode(stdlib_text(n_rows * T, seed))
         rows = torch.tensor(ids[: n_rows * (T - 1)]).view(n_rows, T - 1)  # (N, T - 1)
         bos = torch.full((n_rows, 1), tok.bos_token_id)
-        return torch.cat([bos, rows], dim=1), f"Python stdlib source ({n_rows} x {T} bytes)"
+        return EvalSource("text", [torch.cat([bos, rows], dim=1)], f"Python stdlib source ({n_rows} x {T} bytes)")
     return None
 
 
-def random_tokens(w: Weights, n_rows: int = 48, seq_len: int = 512, seed: int = 0) -> tuple[torch.Tensor, str]:
-    """The model-agnostic source: ``(n_rows, 2 seg + 1)`` rows ``BOS r r`` of random symbols, each repeated.
-
-    Any model with a copying (induction) mechanism predicts the second copy; a wrong head split breaks it.
-    """
-    T = min(seq_len, w.config.n_ctx)
-    gen = torch.Generator().manual_seed(seed)
+def random_sources(w: Weights, n_rows: int = 48, T: int = 512, seed: int = 0) -> list[EvalSource]:
+    """The model-agnostic sources: periodic random segments of distinct symbols, at several periods
+    (:func:`headlens.doctor.sources.periodic_sources`). Any model with a copying (induction) mechanism
+    predicts the copies; a wrong head split breaks it."""
     tok = w.tokenizer
-    n_symbols = tok.n_symbols if tok is not None else w.config.d_vocab
-    bos = tok.bos_token_id if tok is not None else 0
-    seg = (T - 1) // 2
-    seg_ids = torch.randint(0, n_symbols, (n_rows, seg), generator=gen)  # (N, seg)
-    tokens = torch.cat([torch.full((n_rows, 1), bos), seg_ids, seg_ids], dim=1)  # (N, 2 seg + 1)
-    return tokens, f"repeated random segments over {n_symbols} symbols ({n_rows} x {2 * seg + 1} tokens)"
+    ids = torch.arange(tok.n_symbols if tok is not None else w.config.d_vocab)
+    return periodic_sources(ids, n_rows, min(T, w.config.n_ctx), tok.bos_token_id if tok is not None else None, seed)
 
 
-def evaluation_sources(w: Weights, n_rows: int, seq_len: int, seed: int, texts: list[str] | None
-                       ) -> list[tuple[str, list[torch.Tensor], str]]:
-    """``[(name, rows, description)]``: the text (the user's, else :func:`default_text`) and random tokens."""
+def evaluation_sources(w: Weights, n_rows: int, T: int, seed: int, texts: list[str] | None) -> list[EvalSource]:
+    """The text (the user's, else :func:`default_text`) and the random-token sources."""
     out = []
     if texts is not None:
         rows = text_tokens(w, texts)
-        out.append(("text", rows, f"the given text ({sum(r.shape[0] for r in rows)} rows, "
-                                  f"{sum(r.numel() for r in rows)} tokens)"))
-    elif (text := default_text(w, n_rows, seq_len, seed)) is not None:
-        out.append(("text", [text[0]], text[1]))
-    tokens, description = random_tokens(w, n_rows, seq_len, seed)
-    return [*out, ("random tokens", [tokens], description)]
+        out.append(EvalSource("text", rows, f"the given text ({sum(r.shape[0] for r in rows)} rows, "
+                                            f"{sum(r.numel() for r in rows)} tokens)"))
+    elif (text := default_text(w, n_rows, T, seed)) is not None:
+        out.append(text)
+    return [*out, *random_sources(w, n_rows, T, seed)]
 
 
 def text_tokens(w: Weights, texts: list[str]) -> list[torch.Tensor]:
@@ -215,15 +210,19 @@ def text_tokens(w: Weights, texts: list[str]) -> list[torch.Tensor]:
 
 
 @torch.inference_mode()
-def row_losses(w: Weights, n_heads: int, rows: list[torch.Tensor]) -> torch.Tensor:
-    """Mean next-token cross-entropy (nats) of each evaluation row, weights split into ``n_heads`` heads."""
-    model = model_with_heads(w, n_heads)
+def model_losses(model: GPT, rows: list[torch.Tensor]) -> torch.Tensor:
+    """Mean next-token cross-entropy (nats) of each evaluation row."""
     out = []
     for tokens in rows:  # (N, T) each
         logits = model(tokens[:, :-1])  # (N, T - 1, V)
         ce = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten(), reduction="none")
         out.append(ce.view(tokens.shape[0], -1).double().mean(dim=1))  # (N,)
     return torch.cat(out)
+
+
+def row_losses(w: Weights, n_heads: int, rows: list[torch.Tensor]) -> torch.Tensor:
+    """Mean next-token cross-entropy (nats) of each evaluation row, weights split into ``n_heads`` heads."""
+    return model_losses(model_with_heads(w, n_heads), rows)
 
 
 def loss_with_heads(w: Weights, n_heads: int, rows: list[torch.Tensor]) -> float:
@@ -233,6 +232,62 @@ def loss_with_heads(w: Weights, n_heads: int, rows: list[torch.Tensor]) -> float
     return float((per_row * lengths).sum() / lengths.sum())
 
 
+def _evaluator(w: Weights, keep: int, n_layouts: int, on_run: Callable[[int, int], None] | None
+               ) -> Callable[[int, list[torch.Tensor]], torch.Tensor]:
+    """``evaluate(n_heads, rows)`` for the race: the claimed split's GPT kept and one other at a time (every
+    split kept for small models, as :class:`headlens.doctor.families.Builder` does)."""
+    from headlens.doctor.families import CACHE_PARAMS
+
+    models: dict[int, GPT] = {}
+    keep_all = sum(t.numel() for t in w.tensors.values()) * n_layouts <= CACHE_PARAMS
+
+    def evaluate(h: int, rows: list[torch.Tensor]) -> torch.Tensor:
+        if h not in models:
+            models[h] = model_with_heads(w, h)
+            for k in [k for k in models if k not in (h, keep) and not keep_all]:
+                del models[k]
+        losses = model_losses(models[h], rows)
+        if on_run is not None:
+            on_run(h, sum(r.numel() for r in rows))
+        return losses
+
+    return evaluate
+
+
+def gguf_file(path: str | Path) -> Path | None:
+    """The GGUF file ``path`` names (``smollm2``, ``gguf:PATH``, ``*.gguf``), else None."""
+    ref = str(path)
+    if Path(ref).expanduser().exists() and not ref.lower().endswith(".gguf"):
+        return None  # a checkpoint or directory on disk, whatever its name
+    from headlens.models.hf.gguf import parse_reference
+
+    return parse_reference(ref)
+
+
+GGUF_PERMUTED = ("llama",)  # GGUF architectures whose q/k rows transformers un-permutes with the header's heads
+
+
+def _check_gguf(gguf: Path, kw: dict[str, Any]) -> CheckpointReport:
+    """The doctor on the Hugging Face directory transformers dequantized ``gguf`` into (cached); for a llama
+    GGUF every layout is tried as if the file's header had said it (the header's head counts decide how
+    the reader un-permuted the query/key rows: :func:`headlens.doctor.families.gguf_rows`)."""
+    from headlens.doctor.families import FAMILY_MARGIN
+    from headlens.doctor.family_check import check_family
+    from headlens.models.hf.gguf import converted, dequantized_note
+
+    folder, info = converted(gguf)
+    margin = FAMILY_MARGIN if kw["margin"] is None else kw["margin"]
+    permuted = info.architecture in GGUF_PERMUTED
+    report = check_family(folder, kw["n_heads"], kw["candidates"], margin, kw["z_min"], kw["n_rows"], kw["seq_len"],
+                          kw["seed"], kw["texts"], time.perf_counter(), kw["progress"], kw["all_sources"], permuted,
+                          info.path.name)
+    report.path, report.format, report.file = str(info.path), "gguf", {**info.provenance(), "cache": str(folder)}
+    report.notes = [dequantized_note(info.path.name, info), *report.notes]
+    if permuted:
+        report.notes.append("the config is the file's header: each other layout was tried with the query/key rows "
+                            "a header saying it would have given (llama.cpp interleaves them per head)")
+    return report
+
 
 def check_checkpoint(
     path: str | Path,
@@ -240,17 +295,20 @@ def check_checkpoint(
     candidates: list[int] | None = None,
     margin: float | None = None,
     z_min: float = 3.0,
-    n_rows: int = 48,
-    seq_len: int = 512,
+    n_rows: int | None = None,
+    seq_len: int | None = None,
     seed: int = 0,
     texts: list[str] | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
+    all_sources: bool = False,
 ) -> CheckpointReport:
     """Infer the head count ``path``'s weights were trained with and compare it with the claim.
 
     Args:
-        path: a headlens ``.safetensors`` checkpoint or a Hugging Face directory (GPT-2, or any causal-LM
+        path: a headlens ``.safetensors`` checkpoint, a Hugging Face directory (GPT-2, or any causal-LM
             family ``transformers`` builds: Llama, Mistral, Qwen2, Gemma, GPT-NeoX ...; the layout checked is
-            then query heads, key/value heads and head width).
+            then query heads, key/value heads and head width), or a GGUF file (``x.gguf``, ``gguf:PATH``,
+            ``smollm2``: the Hugging Face directory transformers dequantizes it into, cached, is checked).
         n_heads: the head count you intend to use; defaults to what the checkpoint's config says.
         candidates: head counts to try (default: every divisor of d_model).
         margin: loss gap in nats below which a head count other than the claimed one is not
@@ -259,28 +317,39 @@ def check_checkpoint(
             splits differ by up to ~0.03 nats (a trained model's wrong split costs ~1 nat).
         z_min: a better head count must also beat the claimed one by this many standard errors
             of the per-row loss gap (so a gap the evaluation text cannot resolve is not a finding).
-        n_rows: evaluation rows.
-        seq_len: tokens per evaluation row (capped at n_ctx; longer rows give clearer evidence).
+        n_rows: evaluation rows per source (default: sized to the model, 48 for small ones, 16 for a
+            135M-parameter LM; :func:`headlens.doctor.sources.evaluation_size`).
+        seq_len: tokens per evaluation row (capped at n_ctx; default sized like ``n_rows``: 512 for small
+            models, 64 for a 135M-parameter LM). Longer rows give clearer evidence and cost more.
         seed: seed of the evaluation text.
         texts: your own evaluation text, one row per string (best for char-level models that no
-            zoo recipe describes: the default repeated random segments only help models that copy).
+            zoo recipe describes: the default random segments only help models that copy).
+        progress: called as ``progress(tokens_run, upper_bound, what)`` while layouts run.
+        all_sources: run every source, even after one that fits the model has decided (by default the
+            sources after it are not run, and the report names them).
 
     Returns:
         A :class:`CheckpointReport` with every evaluation source's losses (the text, then random token ids
-        repeated). Its ``verdict`` is ``"passed"`` when a source that fits the model finds the claimed head
-        count the only one that works, ``"failed"`` when it finds another clearly better, and
-        ``"inconclusive"`` when no source separates the head counts (``passed`` is then False too).
+        repeated at several periods). Its ``verdict`` is ``"passed"`` when a source that fits the model
+        finds the claimed head count the only one that works, ``"failed"`` when it finds another clearly
+        better, and ``"inconclusive"`` when no source separates the head counts (``passed`` is then False).
+        Layouts clearly worse after 8 rows stop running (:mod:`headlens.doctor.racing`).
 
     >>> report = check_checkpoint("model.safetensors")  # doctest: +SKIP
     >>> report.inferred_n_heads, report.passed  # doctest: +SKIP
     (4, True)
     """
     t0 = time.perf_counter()
+    kw = dict(n_heads=n_heads, candidates=candidates, margin=margin, z_min=z_min, n_rows=n_rows, seq_len=seq_len,
+              seed=seed, texts=texts, progress=progress, all_sources=all_sources)
+    if (gguf := gguf_file(path)) is not None:
+        return _check_gguf(gguf, kw)
     if Path(path).expanduser().is_dir() and _model_type(Path(path).expanduser()) != "gpt2":
-        from headlens.doctor.families import FAMILY_MARGIN, check_family
+        from headlens.doctor.families import FAMILY_MARGIN
+        from headlens.doctor.family_check import check_family
 
         return check_family(Path(path).expanduser(), n_heads, candidates, FAMILY_MARGIN if margin is None else margin,
-                            z_min, n_rows, seq_len, seed, texts, t0)
+                            z_min, n_rows, seq_len, seed, texts, t0, progress, all_sources)
     margin = 0.01 if margin is None else margin
     w = read_weights(path)
     d_model, config_heads = w.config.d_model, w.config.n_heads
@@ -289,11 +358,21 @@ def check_checkpoint(
         raise ConfigError(f"n_heads={claimed} does not divide d_model={d_model} "
                           f"(divisors: {divisors(d_model)})")
     heads = sorted(set(candidates or divisors(d_model)) | {claimed, config_heads})
-    sources = []
-    for name, rows, description in evaluation_sources(w, n_rows, seq_len, seed, texts):
-        per_row = {h: row_losses(w, h, rows) for h in heads}
-        n_vocab = w.tokenizer.n_symbols if w.tokenizer is not None else w.config.d_vocab
-        sources.append(weigh_source(name, description, per_row, rows, claimed, margin, z_min, n_vocab))
+    rows, T = evaluation_size(sum(t.numel() for t in w.tensors.values()), w.config.n_ctx, n_rows, seq_len)
+    named = evaluation_sources(w, rows, T, seed, texts)
+    upper = len(heads) * sum(r.numel() for s in named for r in s.rows)
+    done = [0]
+
+    def on_run(h: int, n_tokens: int) -> None:
+        done[0] += n_tokens
+        if progress is not None:
+            progress(done[0], upper, f"doctor: n_heads={h}")
+
+    n_vocab = w.tokenizer.n_symbols if w.tokenizer is not None else w.config.d_vocab
+    sources, skipped = race_sources(
+        _evaluator(w, claimed, len(heads), on_run), heads, named, claimed, margin, z_min,
+        lambda src, per_row, note: weigh_source(src.name, src.description, per_row, src.rows, claimed, margin, z_min,
+                                                n_vocab, note=note, chance=src.chance), all_sources)
     chosen, verdict = choose(sources)
     v = chosen.verdict
     if verdict == "passed" and claimed != config_heads:
@@ -309,6 +388,7 @@ def check_checkpoint(
         plausible_n_heads=v.plausible, d_model=d_model,
         evaluation=chosen.description, margin=margin, evidence=next(r for r in reports if r.used).evidence,
         warnings=warnings, seconds=time.perf_counter() - t0, verdict=verdict, sources=reports,
+        skipped_sources=skipped,
     )
 
 

@@ -17,17 +17,25 @@ whose config has no ``head_dim`` (GPT-NeoX, Qwen2 ...) tie it to ``d_model / n_h
 those layouts are tried. A layout ``transformers`` refuses to build, load or run (GPT-J's fixed
 ``rotary_dim`` wider than the head) is not a candidate.
 
-Evaluation sources (:mod:`headlens.doctor.verdict` weighs them): a text, the user's (``texts``, tokenized
-with the directory's tokenizer) or else Python standard-library source, checked against the model before
-it counts (a word-level tokenizer makes Python source the unknown token almost everywhere); and always
-repeated random token segments ``BOS r r`` over the non-special vocabulary (any model with an induction
-circuit predicts the second copy).
+Evaluation sources (:mod:`headlens.doctor.sources`; :mod:`headlens.doctor.verdict` weighs them): a text,
+the user's (``texts``, tokenized with the directory's tokenizer) or else English prose for a tokenizer that
+reads words, Python standard-library source for a byte- or character-level one, checked against the model
+before it counts (a word-level tokenizer makes Python source the unknown token almost everywhere); and
+always periodic random segments ``BOS s s s ...`` of distinct non-special ids, at several periods (any
+model with an induction circuit predicts the copies). The check itself is
+:mod:`headlens.doctor.family_check`.
+
+Each layout is built by ``from_pretrained`` with its config (the directory's key renames, tying and
+conversions apply; a float32 safetensors file is read without a copy, ~0.1 s for a 135M model), with
+the attention ``transformers`` chooses (SDPA where the family has it: eager attention materialises
+every pattern and was 5x slower at 512 tokens).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +43,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from headlens.doctor.sources import EvalSource, periodic_sources, prose_rows, reads_words, stdlib_text
 from headlens.errors import CheckpointError
 
 ROPE_TYPES = ("llama", "mistral", "qwen2", "gemma", "gemma2", "gpt_neox", "phi3", "gptj", "mixtral", "qwen2_moe",
@@ -110,9 +119,43 @@ def candidate_layouts(cfg: Any, claimed: HeadLayout) -> list[HeadLayout]:
     return sorted(out, key=lambda layout: layout.n_heads)
 
 
-def build(model_dir: Path, cfg: Any, layout: HeadLayout) -> Any | None:
+def gguf_rows(n_rows: int, header: int, layout: int) -> torch.Tensor:
+    """``(n_rows,)`` indices into the query (or key) rows of a model transformers read from a llama GGUF
+    whose header said ``header`` heads: the rows it would have produced had the header said ``layout``.
+
+    llama.cpp stores each head's rows interleaved for its RoPE (``permute`` in convert_hf_to_gguf.py), and
+    transformers' GGUF reader un-permutes them with the header's head count (``LlamaTensorProcessor``). So a
+    header that lies scrambles the rows; re-interleaving with its count and un-permuting with another
+    layout's gives that layout's rows.
+
+    >>> gguf_rows(8, 2, 2).tolist(), gguf_rows(8, 2, 1).tolist()
+    ([0, 1, 2, 3, 4, 5, 6, 7], [0, 1, 4, 5, 2, 3, 6, 7])
+    """
+    idx = torch.arange(n_rows)
+    in_file = idx.view(header, 2, n_rows // header // 2).transpose(1, 2).reshape(n_rows)  # llama.cpp's permute
+    return in_file.view(layout, n_rows // layout // 2, 2).transpose(1, 2).reshape(n_rows)  # transformers' reverse
+
+
+def _regroup_gguf_rows(model: Any, header: HeadLayout, layout: HeadLayout) -> None:
+    """Give every attention's q/k projection the rows a GGUF header saying ``layout`` would have given it."""
+    q = gguf_rows(header.n_heads * header.d_head, header.n_heads, layout.n_heads)
+    k = gguf_rows(header.n_kv_heads * header.d_head, header.n_kv_heads, layout.n_kv_heads)
+    for name, module in model.named_modules():
+        idx = q if name.endswith("q_proj") else k if name.endswith("k_proj") else None
+        if idx is None:
+            continue
+        module.weight = torch.nn.Parameter(module.weight.detach()[idx], requires_grad=False)
+        if getattr(module, "bias", None) is not None:
+            module.bias = torch.nn.Parameter(module.bias.detach()[idx], requires_grad=False)
+
+
+def build(model_dir: Path, cfg: Any, layout: HeadLayout, gguf_header: HeadLayout | None = None) -> Any | None:
     """The directory's weights loaded by ``transformers`` into the model rebuilt with ``layout``
-    (float32, eval, its own key renames and tying), or None when this layout cannot hold them."""
+    (float32, eval, its own key renames and tying), or None when this layout cannot hold them.
+
+    ``gguf_header``: the directory is transformers' reading of a llama GGUF whose header said this layout;
+    the q/k rows are then regrouped as that reader would have un-permuted them under ``layout``
+    (:func:`gguf_rows`)."""
     import transformers
     from transformers import AutoModelForCausalLM
 
@@ -125,71 +168,87 @@ def build(model_dir: Path, cfg: Any, layout: HeadLayout) -> Any | None:
         c.head_dim = layout.d_head
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
-            str(model_dir), config=c, attn_implementation="eager", dtype=torch.float32, local_files_only=True,
+            str(model_dir), config=c, dtype=torch.float32, local_files_only=True,
             trust_remote_code=False, output_loading_info=True)
     except (RuntimeError, ValueError, OSError):  # size mismatch, or a layout the family refuses
         return None
     if info.get("missing_keys") or info.get("unexpected_keys") or info.get("mismatched_keys"):
         return None
+    if gguf_header is not None and layout != gguf_header:
+        _regroup_gguf_rows(model, gguf_header, layout)
     return model.eval()
 
 
-def _n_ctx(cfg: Any) -> int:
+def n_ctx(cfg: Any) -> int:
     return int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or 2048)
 
 
-def text_rows(model_dir: Path, cfg: Any, n_rows: int, seq_len: int, seed: int, texts: list[str] | None
-              ) -> tuple[list[torch.Tensor], str, Any] | None:
-    """The text source: rows ``[(N_i, T_i)]``, what they are, and the tokenizer; the user's ``texts``, else
-    Python standard-library source; None when the directory has no tokenizer (see the module docstring)."""
-    n_ctx = _n_ctx(cfg)
+def _stack(rows: list[list[int]]) -> list[torch.Tensor]:
+    by_len: dict[int, list[list[int]]] = {}
+    for r in rows:
+        by_len.setdefault(len(r), []).append(r)
+    return [torch.tensor(group) for _, group in sorted(by_len.items())]
+
+
+def first_token(model_dir: Path, cfg: Any, tok: Any) -> tuple[int | None, Any]:
+    """What every evaluation row starts with, and the :class:`~headlens.models.hf.prefix.Prefix` that says why:
+    headlens' rule for position 0 (:mod:`headlens.models.hf.prefix`, as every probe uses) when the directory
+    has a tokenizer, else the config's BOS (None: rows start with their first token)."""
+    if tok is not None:
+        from headlens.models.hf.prefix import adds_bos, choose
+
+        prefix = choose(tok, adds_bos(model_dir), int(cfg.vocab_size))
+        return prefix.token_id, prefix
     bos = getattr(cfg, "bos_token_id", None)
-    if texts is not None:
-        tok = _tokenizer(model_dir)
-        rows = [tok(t)["input_ids"] for t in texts if t.strip()]
-        if bos is not None:  # every source starts at BOS, as the model was trained (when the tokenizer adds none)
-            rows = [r if r[:1] == [bos] else [bos, *r] for r in rows]
-        rows = [r[:n_ctx] for r in rows]
-        rows = [r for r in rows if len(r) >= 2]
-        if not rows:
-            raise CheckpointError("the evaluation text is empty: give at least one line of text")
-        by_len: dict[int, list[list[int]]] = {}
-        for r in rows:
-            by_len.setdefault(len(r), []).append(r)
-        stacked = [torch.tensor(group) for _, group in sorted(by_len.items())]
-        return stacked, f"the given text ({len(rows)} rows, {sum(map(len, rows))} tokens)", tok
-    T = min(seq_len, n_ctx)
-    tok = _tokenizer(model_dir, required=False)
+    return (int(bos) if isinstance(bos, int) else None), None
+
+
+def text_source(cfg: Any, tok: Any, first: int | None, n_rows: int, T: int, seed: int, texts: list[str] | None
+                ) -> EvalSource | None:
+    """The text source: the user's ``texts``, else English prose (a tokenizer that reads words) or Python
+    source (bytes, characters); every row starts with ``first`` (none when None). None without a tokenizer."""
     if tok is None:
         return None
-    from headlens.doctor.verdict import stdlib_text
+    tok.model_max_length = 1 << 30  # long texts are cut into rows here (no length warning)
+    if texts is not None:
+        rows = [tok(t)["input_ids"] for t in texts if t.strip()]
+        if first is not None:  # the tokenizer may put it first itself
+            rows = [r if r[:1] == [first] else [first, *r] for r in rows]
+        rows = [r[: n_ctx(cfg)] for r in rows if len(r[: n_ctx(cfg)]) >= 2]
+        if not rows:
+            raise CheckpointError("the evaluation text is empty: give at least one line of text")
+        return EvalSource("text", _stack(rows), f"the given text ({len(rows)} rows, {sum(map(len, rows))} tokens)")
 
-    tok.model_max_length = 1 << 30  # one long text, cut into rows below (no length warning)
-    ids = tok(stdlib_text(n_rows * T * 2, seed), add_special_tokens=False)["input_ids"]
-    n = min(n_rows, len(ids) // (T - 1))
-    body = torch.tensor(ids[: n * (T - 1)]).view(n, T - 1)  # (N, T - 1)
-    first = torch.full((n, 1), int(bos) if bos is not None else int(ids[0]))
-    return [torch.cat([first, body], 1)], f"Python stdlib source ({n} x {T} tokens)", tok
+    def encode(text: str) -> list[int]:
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    if reads_words(encode):
+        rows = prose_rows(encode, n_rows, T, first, seed)
+        if rows is not None:
+            return EvalSource("text", [rows], f"English prose of the Python documentation ({rows.shape[0]} x "
+                                              f"{T} tokens)")
+    body_len = T - (first is not None)
+    ids = encode(stdlib_text(n_rows * T * 2, seed))
+    n = min(n_rows, len(ids) // body_len)
+    body = torch.tensor(ids[: n * body_len]).view(n, body_len)  # (N, T - 1) after a first token, else (N, T)
+    rows = body if first is None else torch.cat([torch.full((n, 1), first), body], 1)  # (N, T)
+    return EvalSource("text", [rows], f"Python stdlib source ({n} x {T} tokens)")
 
 
-def random_rows(cfg: Any, n_rows: int, seq_len: int, seed: int, tok: Any = None) -> tuple[list[torch.Tensor], str]:
-    """The model-agnostic source: rows ``[BOS] r r`` of random non-special token ids, each sequence repeated."""
-    T = min(seq_len, _n_ctx(cfg))
-    bos = getattr(cfg, "bos_token_id", None)
-    special = {i for i in (bos, getattr(cfg, "eos_token_id", None), getattr(cfg, "pad_token_id", None),
-                           getattr(tok, "unk_token_id", None)) if isinstance(i, int)}
+def random_sources(cfg: Any, n_rows: int, T: int, seed: int, tok: Any = None, first: int | None = None
+                   ) -> list[EvalSource]:
+    """Periodic random segments of distinct non-special ids (:func:`headlens.doctor.sources.periodic_sources`),
+    each row starting with ``first`` (none when None)."""
+    special = {i for i in (first, getattr(cfg, "bos_token_id", None), getattr(cfg, "eos_token_id", None),
+                           getattr(cfg, "pad_token_id", None), getattr(tok, "unk_token_id", None)) if isinstance(i, int)}
     if tok is not None:
         special |= {i for i in getattr(tok, "all_special_ids", []) if isinstance(i, int)}
     ids = torch.tensor([i for i in range(int(cfg.vocab_size)) if i not in special])
-    gen = torch.Generator().manual_seed(seed)
-    seg = (T - 1) // 2 if bos is not None else T // 2
-    seg_ids = ids[torch.randint(0, len(ids), (n_rows, seg), generator=gen)]  # (N, seg)
-    head = [torch.full((n_rows, 1), int(bos))] if bos is not None else []
-    tokens = torch.cat([*head, seg_ids, seg_ids], dim=1)  # (N, [1 +] 2 seg)
-    return [tokens], f"repeated random segments over {len(ids)} token ids ({n_rows} x {tokens.shape[1]} tokens)"
+    return periodic_sources(ids, n_rows, T, first, seed)
 
 
-def _tokenizer(model_dir: Path, required: bool = True) -> Any:
+def tokenizer(model_dir: Path, required: bool = True) -> Any:
+    """The directory's tokenizer (None when it has none and ``required`` is False)."""
     from transformers import AutoTokenizer
 
     try:
@@ -206,82 +265,51 @@ def row_losses(model: Any, rows: list[torch.Tensor]) -> torch.Tensor:
     """Mean next-token cross-entropy (nats) of each evaluation row."""
     out = []
     for tokens in rows:  # (N, T) each
-        logits = model(tokens[:, :-1]).logits.float()  # (N, T - 1, V)
+        logits = model(tokens[:, :-1], use_cache=False).logits.float()  # (N, T - 1, V)
         ce = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten(), reduction="none")
         out.append(ce.view(tokens.shape[0], -1).double().mean(dim=1))  # (N,)
     return torch.cat(out)
 
 
-def score_layouts(model_dir: Path, cfg: Any, layouts: list[HeadLayout], sources: list[list[torch.Tensor]]
-                  ) -> tuple[list[dict[int, torch.Tensor]], dict[int, HeadLayout]]:
-    """Per-row losses on every source of every layout ``transformers`` can load and run, keyed by n_heads
-    (unique per layout: the widths are fixed), and the layouts by the same key."""
-    per_row: list[dict[int, torch.Tensor]] = [{} for _ in sources]
-    by_heads = {}
-    for layout in layouts:
-        model = build(model_dir, cfg, layout)
+CACHE_PARAMS = 1 << 26  # parameters of all layouts' models together below which every built model is kept
+
+
+class Builder:
+    """``evaluate(n_heads, rows)`` for :func:`headlens.doctor.racing.race`: each layout built when it is first
+    needed, the claimed one kept (every source runs it) and one other (the sequential rule runs the layouts
+    in turn, so more would only hold memory; small models keep them all: rebuilding would cost more than
+    running them)."""
+
+    def __init__(self, model_dir: Path, cfg: Any, layouts: dict[int, HeadLayout], keep: int,
+                 on_run: Callable[[int, int], None] | None = None, gguf_header: HeadLayout | None = None) -> None:
+        self.model_dir, self.cfg, self.layouts, self.keep, self.on_run = model_dir, cfg, layouts, keep, on_run
+        self.gguf_header = gguf_header
+        self.models: dict[int, Any] = {}
+        self.broken: set[int] = set()
+
+    def model(self, h: int) -> Any | None:
+        if h in self.broken:
+            return None
+        if h not in self.models:
+            model = build(self.model_dir, self.cfg, self.layouts[h], self.gguf_header)
+            if model is None:
+                self.broken.add(h)
+                return None
+            if sum(p.numel() for p in model.parameters()) * len(self.layouts) > CACHE_PARAMS:
+                self.models = {k: m for k, m in self.models.items() if k == self.keep}
+            self.models[h] = model
+        return self.models[h]
+
+    def __call__(self, h: int, rows: list[torch.Tensor]) -> torch.Tensor | None:
+        model = self.model(h)
         if model is None:
-            continue
+            return None
         try:
-            losses = [row_losses(model, rows) for rows in sources]
+            losses = row_losses(model, rows)
         except (RuntimeError, ValueError, IndexError):  # e.g. GPT-J's rotary_dim wider than this head
-            continue
-        finally:
-            del model
-        for out, loss in zip(per_row, losses, strict=True):
-            out[layout.n_heads] = loss
-        by_heads[layout.n_heads] = layout
-    return per_row, by_heads
-
-
-def check_family(model_dir: Path, n_heads: int | None, candidates: list[int] | None, margin: float, z_min: float,
-                 n_rows: int, seq_len: int, seed: int, texts: list[str] | None, t0: float) -> Any:
-    """:func:`headlens.doctor.check_checkpoint` for a non-GPT-2 Hugging Face directory."""
-    import time
-
-    from headlens.doctor.report import CheckpointReport
-    from headlens.doctor.verdict import (
-        choose,
-        head_count_warnings,
-        source_reports,
-        source_warnings,
-        weigh_source,
-    )
-
-    cfg = read_config(model_dir)
-    config = claimed_layout(cfg)
-    claimed = claimed_layout(cfg, n_heads)
-    layouts = [lay for lay in candidate_layouts(cfg, config)
-               if candidates is None or lay.n_heads in candidates or lay in (config, claimed)]
-    if claimed not in layouts:
-        layouts.append(claimed)
-    text = text_rows(model_dir, cfg, n_rows, seq_len, seed, texts)
-    tok = text[2] if text is not None else None
-    named = ([("text", text[0], text[1])] if text is not None else []) + [
-        ("random tokens", *random_rows(cfg, n_rows, seq_len, seed, tok))]
-    per_row, by_heads = score_layouts(model_dir, cfg, layouts, [rows for _, rows, _ in named])
-    if config.n_heads not in by_heads:
-        raise CheckpointError(f"the weights in {str(model_dir)!r} do not load with their own config ({config})")
-    if claimed.n_heads not in by_heads:
-        raise CheckpointError(f"the weights in {str(model_dir)!r} do not load as {claimed}")
-    sources = [weigh_source(name, description, losses, rows, claimed.n_heads, margin, z_min,
-                            int(cfg.vocab_size), getattr(tok, "unk_token_id", None))
-               for (name, rows, description), losses in zip(named, per_row, strict=True)]
-    chosen, verdict = choose(sources)
-    v = chosen.verdict
-    if verdict == "passed" and claimed != config:
-        verdict = "failed"  # the weights agree with --n-heads, so the config is wrong
-    best = by_heads[v.inferred]
-    warnings = source_warnings(sources, verdict)
-    if verdict != "inconclusive":
-        warnings = head_count_warnings(v, config.n_heads, n_heads, said=str(config), best=f"as {best}",
-                                       trained=f"as {best}") + warnings
-    reports = source_reports(sources, chosen, lambda h: by_heads[h].d_head, lambda h: by_heads[h].n_kv_heads)
-    return CheckpointReport(
-        path=str(model_dir), format="huggingface", passed=verdict == "passed",
-        config_n_heads=config.n_heads, claimed_n_heads=claimed.n_heads, inferred_n_heads=v.inferred,
-        plausible_n_heads=v.plausible, d_model=int(cfg.hidden_size), evaluation=chosen.description, margin=margin,
-        evidence=next(r for r in reports if r.used).evidence, warnings=warnings, seconds=time.perf_counter() - t0,
-        family=str(cfg.model_type), config_n_kv_heads=config.n_kv_heads, inferred_n_kv_heads=best.n_kv_heads,
-        verdict=verdict, sources=reports,
-    )
+            self.broken.add(h)
+            self.models.pop(h, None)
+            return None
+        if self.on_run is not None:
+            self.on_run(h, sum(r.numel() for r in rows))
+        return losses

@@ -102,13 +102,14 @@ class HeadCountEvidence:
     delta: float  # loss - best loss over all candidates
     z: float  # delta in standard errors of the paired per-row loss gap
     n_kv_heads: int | None = None  # key/value heads of this layout (Hugging Face families with GQA/MQA)
+    rows: int | None = None  # evaluation rows it ran (fewer than the source's: dropped as clearly worse)
 
 
 @dataclass
 class SourceEvidence:
     """The head-layout evidence from one evaluation source (a text, or random token ids repeated)."""
 
-    name: str  # "text" | "random tokens"
+    name: str  # "text" | "random tokens (period P)"
     description: str
     status: str  # what this source alone says: "passed" | "failed" | "inconclusive"
     separation: float  # nats between its best layout and the runner-up
@@ -119,10 +120,12 @@ class SourceEvidence:
     unknown_share: float | None = None  # share of unknown tokens
     distinct_tokens: int | None = None
     unigram_loss: float | None = None  # loss of the source's own token frequencies (nats)
+    note: str = ""  # what was not run on it (layouts ruled out on an earlier source)
+    baseline: str = "unigram"  # what unigram_loss is: "unigram" (a text's frequencies) or "chance" (generated ids)
 
 
 def _evidence_lines(evidence: list[HeadCountEvidence], inferred: int | None, claimed: int) -> list[str]:
-    lines = [f"    {'n_heads':>7} {'n_kv':>4} {'d_head':>6} {'loss':>8} {'+best':>8} {'z':>7}"]
+    lines = [f"    {'n_heads':>7} {'n_kv':>4} {'d_head':>6} {'rows':>4} {'loss':>8} {'+best':>8} {'z':>7}"]
     for e in evidence:
         tags = []
         if e.n_heads == inferred:
@@ -131,7 +134,9 @@ def _evidence_lines(evidence: list[HeadCountEvidence], inferred: int | None, cla
             tags.append("<= claimed")
         kv = e.n_heads if e.n_kv_heads is None else e.n_kv_heads
         z = f"{e.z:>7.1f}" if abs(e.z) < 1e6 else f"{'>1e6' if e.z > 0 else '<-1e6':>7}"
-        lines.append(f"    {e.n_heads:>7} {kv:>4} {e.d_head:>6} {e.loss:>8.4f} {e.delta:>8.4f} {z}  {' '.join(tags)}")
+        rows = "" if e.rows is None else e.rows
+        lines.append(f"    {e.n_heads:>7} {kv:>4} {e.d_head:>6} {rows:>4} {e.loss:>8.4f} {e.delta:>8.4f} {z}  "
+                     f"{' '.join(tags)}".rstrip())
     return lines
 
 
@@ -157,6 +162,9 @@ class CheckpointReport:
     inferred_n_kv_heads: int | None = None  # key/value heads of the inferred layout
     verdict: str = "passed"  # "passed" | "failed" | "inconclusive" (no source separates the layouts)
     sources: list[SourceEvidence] = field(default_factory=list)  # every evaluation source, the used one marked
+    file: dict[str, Any] | None = None  # a GGUF file's provenance (sha256, quantization): what was converted
+    notes: list[str] = field(default_factory=list)  # what was substituted (a GGUF file: its dequantized model)
+    skipped_sources: list[str] = field(default_factory=list)  # not run: an earlier source that fits had decided
 
     def to_dict(self) -> dict[str, Any]:
         return _json_safe(dataclasses.asdict(self))
@@ -180,11 +188,17 @@ class CheckpointReport:
                                                    self.evidence)]:
             used = "  <= verdict" if src.used and decided else ""
             lines.append(f"  {src.name}: {src.description} -> {src.status}{used}")
+            if src.note:
+                lines.append(f"    ({src.note})")
             if src.fits is not None:
                 lines.append(f"    fit: {'yes' if src.fits else 'NO'} (unknown tokens {src.unknown_share:.0%}, "
-                             f"{src.distinct_tokens} distinct, unigram loss {src.unigram_loss:.3f} nats)")
+                             f"{src.distinct_tokens} distinct, {src.baseline} loss {src.unigram_loss:.3f} nats)")
             lines += _evidence_lines(src.evidence, self.inferred_n_heads if src.used and decided else None,
                                      self.claimed_n_heads)
+        if self.skipped_sources:
+            lines.append(f"  not run: {', '.join(self.skipped_sources)} (the {self.sources[-1].name} decided; "
+                         f"--all-sources runs them)")
         lines += [f"  warning: {w}" for w in self.warnings]
+        lines += [f"  note: {n}" for n in self.notes]
         lines.append(f"  took {self.seconds:.1f} s")
         return "\n".join(lines)

@@ -6,10 +6,10 @@ text fits the model. Python source through a word-level tokenizer is the unknown
 everywhere, every layout predicts it equally (badly), and "the claim is not contradicted" is then no
 finding at all. So each source is weighed on its own (:func:`weigh_source`): a text is checked first
 (share of unknown tokens, distinct tokens, the model's loss against a unigram model of the same text,
-:func:`text_fit`); the model-agnostic source (random token ids, each sequence repeated: any model that
-copies predicts the second half, and a wrong split breaks the copy) counts only when the model beats the
-unigram loss on it, i.e. when it copies (a model trained on prose alone does not, and its layouts'
-losses on random ids differ by noise however large). The verdict
+:func:`text_fit`); the model-agnostic sources (periodic segments of distinct random ids: any model that
+copies predicts every period after the first, and a wrong split breaks the copy) count only when the
+model beats the unigram loss on them, i.e. when it copies (a model trained on prose alone does not, and
+its layouts' losses on random ids differ by noise however large). The verdict
 comes from a source that separates the layouts (:func:`choose`): PASSED when the claimed layout is the
 only one that fits, FAILED when it clearly does not, INCONCLUSIVE when no source can tell.
 """
@@ -18,43 +18,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
-
-def stdlib_text(n_chars: int, seed: int) -> str:
-    import sysconfig
-
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in root.glob("*.py") if p.stat().st_size > 4000)
-    gen = torch.Generator().manual_seed(seed)
-    text = ""
-    for i in torch.randperm(len(files), generator=gen).tolist():
-        text += files[i].read_text(encoding="utf-8", errors="replace")[1000:3000]
-        if len(text) >= n_chars:
-            break
-    return text
-
-
-def _z(worse: torch.Tensor, better: torch.Tensor) -> float:
-    """Paired z-score of the per-row loss gap (how many standard errors ``worse`` is above ``better``)."""
-    gap = worse - better
-    if gap.numel() < 2 or float(gap.std()) == 0.0:
-        return 0.0 if float(gap.mean()) == 0.0 else float("inf")
-    return float(gap.mean() / (gap.std() / gap.numel() ** 0.5))
+from headlens.doctor.racing import gap, paired_z, row_weights, take
 
 
 @dataclass(frozen=True)
 class Verdict:
     """Which head count the losses point to, and how sure: see :func:`decide`."""
 
-    losses: dict[int, float]  # n_heads -> token-weighted mean loss
-    z: dict[int, float]  # n_heads -> paired z of its loss gap to the best
-    best: int  # lowest loss
+    losses: dict[int, float]  # n_heads -> token-weighted mean loss on the rows it ran
+    z: dict[int, float]  # n_heads -> paired z of its loss gap to the best, on the rows it ran
+    best: int  # lowest loss of the layouts that ran every row (the sequential rule drops the others)
     plausible: list[int]  # within ``margin`` nats or ``z_min`` standard errors of the best
     inferred: int  # the claim when it is plausible, else the best
+    gaps: dict[int, float] = field(default_factory=dict)  # n_heads -> paired loss gap to the best (nats)
+    rows: dict[int, int] = field(default_factory=dict)  # n_heads -> rows it ran
 
 
 def head_count_warnings(v: Any, config_heads: int, n_heads: int | None, said: str, best: str,
@@ -80,14 +61,20 @@ def head_count_warnings(v: Any, config_heads: int, n_heads: int | None, said: st
 
 def decide(per_row: dict[int, torch.Tensor], rows: list[torch.Tensor], claimed: int, margin: float,
            z_min: float) -> Verdict:
-    """Turn per-row losses of every candidate head count into a :class:`Verdict`."""
-    lengths = torch.cat([torch.full((r.shape[0],), r.shape[1] - 1, dtype=torch.float64) for r in rows])
-    losses = {h: float((r * lengths).sum() / lengths.sum()) for h, r in per_row.items()}
-    best = min(losses, key=losses.get)
-    z = {h: _z(per_row[h], per_row[best]) for h in per_row}
+    """Turn per-row losses of every candidate head count into a :class:`Verdict`.
+
+    A layout the sequential rule dropped (:mod:`headlens.doctor.racing`) ran only the first rows; it is
+    compared with the best on exactly those rows.
+    """
+    w = row_weights(rows)
+    n = {h: r.numel() for h, r in per_row.items()}
+    losses = {h: float((r * w[: n[h]]).sum() / w[: n[h]].sum()) for h, r in per_row.items()}
+    best = min((h for h in per_row if n[h] == max(n.values())), key=losses.get)
+    gaps = {h: gap(per_row[h], per_row[best], w) for h in per_row}
+    z = {h: paired_z(per_row[h], per_row[best][: n[h]]) for h in per_row}
     # head counts the evaluation cannot tell apart from the best: within the margin or z_min standard errors
-    plausible = [h for h in per_row if losses[h] - losses[best] <= margin or z[h] <= z_min]
-    return Verdict(losses, z, best, plausible, claimed if claimed in plausible else best)
+    plausible = [h for h in per_row if gaps[h] <= margin or z[h] <= z_min]
+    return Verdict(losses, z, best, plausible, claimed if claimed in plausible else best, gaps, n)
 
 
 MIN_SHARE_KNOWN = 0.8  # a text with more than 20 % unknown tokens does not fit the model's vocabulary
@@ -101,16 +88,24 @@ class TextFit:
     unknown_share: float  # share of predicted tokens that are the tokenizer's unknown token
     distinct_tokens: int  # distinct predicted tokens
     model_loss: float  # the model's loss on the text (its best layout), nats
-    unigram_loss: float  # loss of the text's own token frequencies (a unigram model fit to it), nats
+    unigram_loss: float  # the loss to beat, nats: the text's own token frequencies (a unigram model fit to it),
+    # or for generated ids the loss of guessing uniformly among the ids drawn from (``baseline`` "chance")
     problems: list[str] = field(default_factory=list)
+    baseline: str = "unigram"  # "unigram" | "chance"
 
     @property
     def fits(self) -> bool:
         return not self.problems
 
 
-def text_fit(rows: list[torch.Tensor], model_loss: float, n_vocab: int, unknown_id: int | None = None) -> TextFit:
+def text_fit(rows: list[torch.Tensor], model_loss: float, n_vocab: int, unknown_id: int | None = None,
+             chance: float | None = None) -> TextFit:
     """Check an evaluation text (rows ``[(N_i, T_i)]``, first column BOS) against the model that reads it.
+
+    ``chance``: for ids drawn uniformly from a pool, the log of its size. A model that does not read the
+    repeats cannot beat it on average (Gibbs' inequality), so beating it means the model copies; the
+    unigram model fit to a few rows is no fair bar there (it knows which ids the rows hold: log 64 for 8
+    rows of 8 repeated ids drawn from 49,149).
 
     >>> fit = text_fit([torch.tensor([[1, 0, 0, 0, 0]])], model_loss=4.17, n_vocab=66, unknown_id=0)
     >>> fit.fits, fit.problems[0]
@@ -128,6 +123,10 @@ def text_fit(rows: list[torch.Tensor], model_loss: float, n_vocab: int, unknown_
     need = min(MIN_DISTINCT, max(2, n_vocab // 4))
     if distinct < need:
         problems.append(f"only {distinct} distinct tokens (fewer than {need})")
+    if chance is not None:
+        if not model_loss < chance:
+            problems.append(f"the model predicts it no better than chance ({model_loss:.3f} vs {chance:.3f} nats)")
+        return TextFit(unknown, distinct, model_loss, chance, problems, "chance")
     if not model_loss < unigram:
         problems.append(f"the model predicts it no better than its token frequencies "
                         f"({model_loss:.3f} vs {unigram:.3f} nats)")
@@ -136,7 +135,9 @@ def text_fit(rows: list[torch.Tensor], model_loss: float, n_vocab: int, unknown_
 
 def status(v: Verdict, claimed: int) -> str:
     """``passed`` when the claim is the only plausible layout, ``failed`` when it is not plausible at all,
-    else ``inconclusive`` (the claim fits, but so does another layout: nothing was tested)."""
+    else ``inconclusive`` (the claim fits, but so does another layout, or it ran alone: nothing was tested)."""
+    if len(v.losses) < 2:
+        return "inconclusive"
     if claimed not in v.plausible:
         return "failed"
     return "passed" if v.plausible == [claimed] else "inconclusive"
@@ -146,12 +147,13 @@ def status(v: Verdict, claimed: int) -> str:
 class Source:
     """One evaluation source and what its losses say about the layouts."""
 
-    name: str  # "text" | "random tokens"
+    name: str  # "text" | "random tokens (period P)"
     description: str
     verdict: Verdict
     status: str  # see :func:`status`
     separation: float  # nats from the best layout to the runner-up (how clearly it separates them)
     fit: TextFit  # random tokens fit a model that copies: it predicts them better than their frequencies
+    note: str = ""  # what was not run on it (layouts ruled out on an earlier source)
 
     @property
     def usable(self) -> bool:
@@ -160,14 +162,15 @@ class Source:
 
 
 def weigh_source(name: str, description: str, per_row: dict[int, torch.Tensor], rows: list[torch.Tensor],
-                 claimed: int, margin: float, z_min: float, n_vocab: int, unknown_id: int | None = None) -> Source:
-    """:func:`decide` on one source, and its :func:`text_fit` (random token ids fit only a model that copies
-    them: without a copy it predicts them no better than their frequencies, and its layouts' losses on
-    them are noise, however far apart)."""
+                 claimed: int, margin: float, z_min: float, n_vocab: int, unknown_id: int | None = None,
+                 note: str = "", chance: float | None = None) -> Source:
+    """:func:`decide` on one source, and its :func:`text_fit` on the rows its best layout ran (random token
+    ids fit only a model that copies them: without a copy it predicts them no better than their
+    frequencies, and its layouts' losses on them are noise, however far apart)."""
     v = decide(per_row, rows, claimed, margin, z_min)
-    gaps = sorted(loss - v.losses[v.best] for h, loss in v.losses.items() if h != v.best)
-    fit = text_fit(rows, v.losses[v.best], n_vocab, unknown_id)
-    return Source(name, description, v, status(v, claimed), gaps[0] if gaps else 0.0, fit)
+    gaps = sorted(g for h, g in v.gaps.items() if h != v.best)
+    fit = text_fit(take(rows, 0, v.rows[v.best]), v.losses[v.best], n_vocab, unknown_id, chance)
+    return Source(name, description, v, status(v, claimed), gaps[0] if gaps else 0.0, fit, note)
 
 
 def choose(sources: list[Source]) -> tuple[Source, str]:
@@ -182,10 +185,14 @@ def choose(sources: list[Source]) -> tuple[Source, str]:
 
 def source_warnings(sources: list[Source], verdict: str) -> list[str]:
     """Say which texts do not fit the model and, when inconclusive, why and what would help (the random
-    tokens only then: a model that does not copy is no fault of the checkpoint)."""
-    out = [f"the {s.name} ({s.description}) do{'' if s.name.endswith('s') else 'es'} not fit this model: "
-           f"{'; '.join(s.fit.problems)}; not used for the verdict" for s in sources
-           if not s.fit.fits and (s.name == "text" or verdict == "inconclusive")]  # copying is optional
+    tokens only then, in one line: a model that does not copy is no fault of the checkpoint)."""
+    out = [f"the text ({s.description}) does not fit this model: {'; '.join(s.fit.problems)}; not used for the "
+           f"verdict" for s in sources if s.name == "text" and not s.fit.fits]
+    misfits = [s for s in sources if s.name != "text" and not s.fit.fits]
+    if verdict == "inconclusive" and misfits:
+        problems = sorted({p.split(" (")[0] for s in misfits for p in s.fit.problems})
+        out.append(f"the {', '.join(s.name for s in misfits)} do not fit this model: {'; '.join(problems)} "
+                   f"(it does not copy them); not used for the verdict")
     if verdict == "inconclusive":
         out.append("inconclusive: no evaluation source separates the head layouts (untrained weights, or text "
                    "the model does not predict); give text the model was trained on (--text)")
@@ -200,9 +207,9 @@ def source_reports(sources: list[Source], chosen: Source, d_head: Any, n_kv: Any
     out = []
     for s in sources:
         v = s.verdict
-        evidence = [HeadCountEvidence(h, d_head(h), v.losses[h], v.losses[h] - v.losses[v.best], v.z[h],
-                                      None if n_kv is None else n_kv(h)) for h in sorted(v.losses)]
+        evidence = [HeadCountEvidence(h, d_head(h), v.losses[h], v.gaps[h], v.z[h],
+                                      None if n_kv is None else n_kv(h), v.rows[h]) for h in sorted(v.losses)]
         out.append(SourceEvidence(s.name, s.description, s.status, s.separation, s is chosen, evidence,
                                   s.fit.fits, list(s.fit.problems), s.fit.unknown_share, s.fit.distinct_tokens,
-                                  s.fit.unigram_loss))
+                                  s.fit.unigram_loss, s.note, s.fit.baseline))
     return out

@@ -37,7 +37,7 @@ def test_correct_checkpoint_exits_0(files) -> None:
 def test_lying_checkpoint_exits_8_with_json(files) -> None:
     result = runner.invoke(app, ["doctor", str(files["lie"]), "--json", "--text", str(files["text"])])
     assert result.exit_code == 8, result.output
-    data = json.loads(result.output)
+    data = json.loads(result.stdout)
     assert data["passed"] is False and data["config_n_heads"] == 8 and data["inferred_n_heads"] == TRUE_N_HEADS
     assert len(data["evidence"]) == 6 and data["warnings"]
 

@@ -100,7 +100,8 @@ def test_bad_paths_are_checkpoint_errors(tmp_path) -> None:
 
 def test_default_evaluation_text_for_char_models_is_repeated_segments(model, tmp_path) -> None:
     report = check_checkpoint(save_checkpoint(model, tmp_path / "ok.safetensors"), candidates=[4])
-    assert "repeated random segments over 16 symbols" in report.evaluation
+    assert [s.name for s in report.sources] == [f"random tokens (period {p})" for p in (16, 8, 4)]
+    assert "random segments of 4 distinct ids of 16, repeated" in report.evaluation
     with pytest.raises(CheckpointError, match="empty"):
         check_checkpoint(tmp_path / "ok.safetensors", texts=["", "  "])
 

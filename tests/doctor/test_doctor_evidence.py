@@ -52,14 +52,18 @@ def _doctor(d: Path, *args: str):
 def test_lying_config_exits_8_on_the_random_token_source(word_dirs):
     result = _doctor(word_dirs["lying"], "--json")
     assert result.exit_code == 8, result.output
-    data = json.loads(result.output)
+    data = json.loads(result.stdout)
     assert data["verdict"] == "failed"
     assert (data["inferred_n_heads"], data["inferred_n_kv_heads"]) == (4, 2)
-    text, random = data["sources"]
+    text, *random = data["sources"]
     assert text["name"] == "text" and text["fits"] is False and not text["used"]
-    assert random["fits"] is True
+    assert "English prose" in text["description"]  # a word-level tokenizer reads words: prose, all unknown here
     assert text["unknown_share"] > 0.9 and text["distinct_tokens"] <= 2
-    assert random["name"] == "random tokens" and random["used"] and random["status"] == "failed"
+    # trained on "<bos> r r" (31 words repeated once), it copies 31 back: that period decides, the others not run
+    assert [s["name"] for s in random] == ["random tokens (period 31)"]
+    assert data["skipped_sources"] == ["random tokens (period 15)", "random tokens (period 7)"]
+    period_31 = random[0]
+    assert period_31["fits"] is True and period_31["used"] and period_31["status"] == "failed"
     assert any("does not fit this model" in w for w in data["warnings"])
 
 

@@ -104,7 +104,7 @@ def test_cli_exits_8_on_a_lie_and_0_on_the_honest_directory(tmp_path):
     assert "family          : llama" in ok.output and "PASSED" in ok.output
     lie = runner.invoke(app, ["doctor", f"hf:{_lying_copy('llama', LIES['llama'][0], tmp_path)}", "--json", *args])
     assert lie.exit_code == 8, lie.output
-    data = json.loads(lie.output)
+    data = json.loads(lie.stdout)
     assert (data["config_n_heads"], data["config_n_kv_heads"]) == (2, 1)
     assert (data["inferred_n_heads"], data["inferred_n_kv_heads"]) == (4, 2)
     asked = runner.invoke(app, ["doctor", str(DATA / "llama"), "--n-heads", "8", *args])
