@@ -23,7 +23,7 @@ from headlens.app.picker import minilm_installed as minilm_installed
 from headlens.app.picker import model_choices as model_choices
 from headlens.errors import HeadlensError, ProbeError
 from headlens.models.token_text import readable_tokens
-from headlens.probes import texts
+from headlens.probes.texts import example_text as alphabet_example_text
 from headlens.scoring import defaults
 from headlens.scoring.primary import ranked, strength
 from headlens.scoring.table import COLUMNS
@@ -173,7 +173,7 @@ def example_text(model: Any) -> str:
     if model.is_causal and getattr(model, "output_kind", "logits") == "logits" and \
             hasattr(tok, "convert_tokens_to_string") and model.to_tokens(LM_TEXT).shape[1] <= model.cfg.n_ctx:
         return LM_TEXT
-    return texts.example_text(model)
+    return alphabet_example_text(model)
 
 
 def validate_text(model: Any, text: str) -> Any:
@@ -304,12 +304,14 @@ SCORE_COLUMNS = tuple(COLUMNS)  # the scores table's schema, defined once in hea
 
 
 def compute_scores(model: Any, n_prompts: int = DEFAULT_N_PROMPTS, seed: int = 0,
-                   detectors: Sequence[str] | None = None, corpus: str | None = None) -> pd.DataFrame:
-    """``headlens.classify`` on ``model`` with the dashboard's scan settings (``corpus``: see ``SCORE_SOURCES``)."""
+                   detectors: Sequence[str] | None = None, corpus: str | None = None,
+                   progress: Any = None) -> pd.DataFrame:
+    """``headlens.classify`` on ``model`` with the dashboard's scan settings (``corpus``: see ``SCORE_SOURCES``;
+    ``progress(done, total, stage)`` after every batch)."""
     classify = _classify()
     window = {"corpus": corpus, "seq_len": CORPUS_SEQ_LEN} if corpus else {}
     table = classify(model, detectors=list(detectors) if detectors else None, n_prompts=n_prompts, seed=seed,
-                     **window)
+                     progress=progress, **window)
     missing = [c for c in SCORE_COLUMNS if c not in table.columns]
     if missing:
         raise HeadlensError(f"classify returned a table without columns {missing}")

@@ -9,8 +9,9 @@ in a source checkout runs it too.
 
 Every failure is shown as a readable ``st.error`` and the page keeps working.
 
-First paint: while torch is not imported yet, for a zoo model whose shipped scores fit the scan, the first
-run draws the grid from them
+First paint: while torch is not imported yet, for a model whose scores are stored for the scan (a zoo model's
+shipped table, or one :mod:`headlens.app.score_store` kept on disk at an earlier start), the first run draws
+the grid from them
 (:func:`first_paint`: pandas and plotly, no torch), says the views are loading and ends; a polling fragment
 (:func:`await_model`) then loads the model on a thread and reruns the page once it is cached, and every
 later run draws the whole page.
@@ -26,7 +27,7 @@ import streamlit as st
 
 from headlens.app import DEVICE_ENV, DTYPE_ENV, FIRST_PAINT, SHARED_IMPORTS, cache
 from headlens.app import helpers as hd
-from headlens.app.ui import attempt
+from headlens.app.ui import ScanProgress, attempt
 from headlens.app.views import ablation, circuit, compare, grid, learn, patterns, table, training
 from headlens.errors import HeadlensError
 
@@ -129,9 +130,12 @@ def main() -> None:
         layout[2].empty()
         return
     status.caption(f"**{model.name}** · {hd.model_summary(model)}")
+    bar = ScanProgress(status, f"Scoring every head of {model.name} (once for these settings: the scores are kept "
+                               f"on disk, so the next start draws the grid at once)")
     with status, st.spinner("Scoring every head..."):
         scores = attempt("Could not score the heads", cache.get_scores, ref, n_prompts, seed, corpus,
-                         placed, _show=st.warning)
+                         placed, progress=bar, _show=st.warning)
+    bar.done()
     if scores is None:
         scores = hd.empty_scores()
     detector, color_by = pick_detector(scores)
@@ -167,14 +171,15 @@ def await_model(ref: str, placed: tuple[str, str]) -> None:
 
 def first_paint(ref: str, status: Any, layout: Any, n_prompts: int, seed: int, corpus: str | None,
                 placed: tuple[str, str]) -> bool:
-    """Draw a zoo model's grid from its shipped scores before the model (and torch) has loaded; the views
-    that need the model say they are loading. False when no shipped scores apply (nothing drawn)."""
-    scores = attempt("Could not read the shipped scores", cache.get_shipped_scores, ref, n_prompts, seed, corpus,
+    """Draw the grid from stored scores (a zoo model's shipped table, or one an earlier start kept on disk) before
+    the model (and torch) has loaded; the views that need the model say they are loading. False when none are
+    stored for this scan (nothing drawn)."""
+    scores = attempt("Could not read the stored scores", cache.get_stored_scores, ref, n_prompts, seed, corpus,
                      placed, _show=st.warning)
     if scores is None:
         return False
     shape = hd.TableShape.of(scores)
-    status.caption(f"**{shape.name}** · {shape.n_layers} layers x {shape.n_heads} heads (shipped scores)")
+    status.caption(f"**{shape.name}** · {shape.n_layers} layers x {shape.n_heads} heads (stored scores)")
     detector, color_by = pick_detector(scores)
     grid.head_overview(ref, shape, scores, detector, color_by, layout, detail=False)
     st.info(f"Loading {ref}: the text box and the views (patterns, Learn, Compare, Ablation, Training) appear "
