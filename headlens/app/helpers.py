@@ -157,12 +157,12 @@ def model_summary(model: Any) -> str:
 
 
 # -- computations the app shows (cached in the app layer) -------------------------------------
-# what a language model's text box starts with: prose it predicts well (a bug's loss shows against it), a passage
-# said twice (induction heads), names repeated (duplicate-token heads), a line break, about 120 tokens
-LM_TEXT = ("The Eiffel Tower is in the city of Paris. It was built for the World's Fair of 1889, and many "
-           "artists of the time disliked it.\nWhen Harry met Sally at the station, Harry gave Sally a map of the "
-           "city, and Sally thanked Harry.\nThe Eiffel Tower is in the city of Paris. It was built for the World's "
-           "Fair of 1889, and many artists of the time disliked it.")
+# what a language model's text box starts with: prose it predicts well (a bug's loss shows against it), a sentence
+# said twice (induction heads), names repeated (duplicate-token heads) and line breaks, in under 40 tokens (so the
+# Learn view's side-by-side patterns show all of it; longer texts get a token-window slider)
+LM_TEXT = ("The Eiffel Tower is in the city of Paris.\n"
+           "Harry gave Sally a map, and Sally thanked Harry.\n"
+           "The Eiffel Tower is in the city of Paris.")
 
 
 def example_text(model: Any) -> str:

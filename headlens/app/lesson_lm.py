@@ -110,10 +110,12 @@ def layouts(directory: Path) -> tuple[Any, list[Any]]:
 
 # -- losses and continuations -------------------------------------------------------------------------
 @torch.inference_mode()
-def text_losses(hf: Any, ids: torch.Tensor) -> np.ndarray:
-    """Next-token loss (nats) at every position of ``ids`` ``(1, T)``: ``(T - 1,)``."""
-    logits = hf(ids).logits  # (1, T, V)
-    return F.cross_entropy(logits[0, :-1].float(), ids[0, 1:], reduction="none").cpu().numpy()
+def text_losses(hf: Any, ids: torch.Tensor, layer: int | None = None) -> tuple[np.ndarray, torch.Tensor | None]:
+    """Next-token loss (nats) at every position of ``ids`` ``(1, T)``, ``(T - 1,)``, and with ``layer`` that layer's
+    attention pattern ``(H, T, T)`` from the same pass."""
+    out = hf(ids, output_attentions=layer is not None)
+    losses = F.cross_entropy(out.logits[0, :-1].float(), ids[0, 1:], reduction="none").cpu().numpy()  # (T - 1,)
+    return losses, (out.attentions[layer][0] if layer is not None and out.attentions else None)
 
 
 @dataclass(frozen=True)
@@ -185,13 +187,11 @@ def bug_step(hf: Any, model: Any, text: str, prompt: str, bug: str, layer: int =
     )
 
     ids = _tokens(model, text).to("cpu")  # (1, T)
-    with torch.inference_mode():
-        clean_loss = text_losses(hf, ids)
-        clean_patterns = hf(ids, output_attentions=True).attentions[layer][0]  # (H, T, T)
+    clean_loss, clean_patterns = text_losses(hf, ids, layer)  # (T - 1,), (H, T, T)
     clean = continue_prompt(hf, model, prompt)
     seen: dict[int, torch.Tensor] = {}
     with planted(hf, bug, record=lambda i, p: seen.__setitem__(i, p[0])):
-        bugged_loss = text_losses(hf, ids)
+        bugged_loss, _ = text_losses(hf, ids)
         bugged_pattern = seen[layer]  # (A, S, S) on the text
         bugged = continue_prompt(hf, model, prompt, kv_cache=False)
     recipe = apply_bug(AttentionRecipe(n_heads=int(hf.config.num_attention_heads)), LM_BUGS[bug][1])
@@ -223,9 +223,7 @@ def layout_row(directory: Path, model: Any, text: str, prompt: str, layout: Any 
     if hf is None:
         hf, said = build(directory, layout)
     ids = _tokens(model, text).to("cpu")  # (1, T)
-    with torch.inference_mode():
-        losses = text_losses(hf, ids)
-        patterns = hf(ids, output_attentions=True).attentions[layer][0]  # (H, T, T)
+    losses, patterns = text_losses(hf, ids, layer)  # (T - 1,), (H, T, T)
     from headlens.doctor.families import claimed_layout
 
     layout = layout or claimed_layout(hf.config)

@@ -32,16 +32,17 @@ def _window(n_tokens: int, n_panels: int, key: str) -> range:
 
 
 def _code(H: int, H_kv: int, d: int, rope: bool) -> str:
+    """The attention code of this layout, with the real sizes and each line's shape (comments aligned)."""
     group = H // H_kv
-    lines = [f"q = q_proj(x).view(B, T, {H}, {d}).transpose(1, 2)   # (B, {H}, T, {d}): {H} query heads",
-             f"k = k_proj(x).view(B, T, {H_kv}, {d}).transpose(1, 2)   # (B, {H_kv}, T, {d}): {H_kv} key heads (v alike)"]
+    lines = [(f"q = q_proj(x).view(B, T, {H}, {d}).transpose(1, 2)", f"(B, {H}, T, {d}): {H} query heads"),
+             (f"k = k_proj(x).view(B, T, {H_kv}, {d}).transpose(1, 2)", f"(B, {H_kv}, T, {d}): {H_kv} key heads, v alike")]
     if rope:
-        lines.append("q, k = apply_rotary_pos_emb(q, k, cos, sin)       # RoPE: pairs of dimensions rotated by position")
+        lines.append(("q, k = apply_rotary_pos_emb(q, k, cos, sin)", "RoPE: pairs of dimensions rotated by position"))
     if group > 1:
-        lines.append(f"k = repeat_kv(k, {group})                            # (B, {H}, T, {d}): k[:, h] is key head "
-                     f"h // {group}")
-    lines.append(f"att = softmax(q @ k.transpose(-2, -1) / sqrt({d}) + causal_mask)   # (B, {H}, T, T)")
-    return "\n".join(lines)
+        lines.append((f"k = repeat_kv(k, {group})", f"(B, {H}, T, {d}): k[:, h] is key head h // {group}"))
+    lines.append((f"att = softmax(q @ k.transpose(-2, -1) / sqrt({d}) + mask)", f"(B, {H}, T, T)"))
+    width = max(len(code) for code, _ in lines) + 2
+    return "\n".join(f"{code:<{width}}# {shape}" for code, shape in lines)
 
 
 def split_step(ref: str, model: Any, text: str, layer: int) -> None:
@@ -107,8 +108,7 @@ def continuation_html(label: str, c: Any, good: bool) -> str:
     shown = html.escape(c.text).replace("\n", "⏎")
     return (f'<div class="headlens-continuation" style="margin: 0.2em 0; font-size: 1.05em;"><b>{html.escape(label)}'
             f'</b> {html.escape(c.prompt)}<span style="background: {colour}; padding: 0.1em 0.25em; '
-            f'white-space: pre;">{shown}</span> <span style="color: #888; font-size: 0.8em;">'
-            f'({c.seconds:.1f} s)</span></div>')
+            f'white-space: pre;">{shown}</span></div>')
 
 
 def bugs_step(ref: str, model: Any, text: str, layer: int) -> None:
