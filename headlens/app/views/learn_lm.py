@@ -1,7 +1,8 @@
 """Learn on a real language model (SmolLM2, or any Hugging Face causal LM): the split with grouped-query attention,
 silent bugs in the attention code, the wrong head count, each with the model's own continuation of a prompt.
 
-The tensors come from :mod:`headlens.app.lesson_lm` through the cached loaders; steps 1-3 of
+The tensors come from :mod:`headlens.app.lesson_lm` (imported when a step runs: it needs torch, which the page's first
+paint does not) through the cached loaders; steps 1-3 of
 :mod:`headlens.app.views.learn` call these on a bridged causal LM with a Hugging Face directory.
 """
 
@@ -15,7 +16,6 @@ import streamlit as st
 from headlens import viz
 from headlens.app import cache
 from headlens.app import helpers as hd
-from headlens.app.lesson_lm import DOCTOR_ROWS, DOCTOR_SEQ_LEN, EIFFEL, N_NEW
 from headlens.app.ui import attempt, current_placement, html_download
 from headlens.viz import lesson as viz_lesson
 
@@ -96,6 +96,8 @@ def split_step(ref: str, model: Any, text: str, layer: int) -> None:
 
 def prompt_box() -> str:
     """The prompt the model continues, shared by the bug and head-count steps."""
+    from headlens.app.lesson_lm import EIFFEL, N_NEW  # torch: not before the first paint
+
     if "learn_prompt" not in st.session_state:
         st.session_state.learn_prompt = EIFFEL
     return st.text_input("Prompt the model continues", key="learn_prompt",
@@ -186,6 +188,7 @@ def head_count_step(ref: str, model: Any, text: str, layer: int) -> None:
 
 def doctor(ref: str, wrong: Any, config: Any) -> None:
     """``headlens doctor`` on the directory as if its config said ``wrong.n_heads`` (behind a button: seconds)."""
+    from headlens.app.lesson_lm import DOCTOR_ROWS, DOCTOR_SEQ_LEN
     key = f"learn_doctor::{ref}::{wrong.n_heads}"
     st.markdown(f"`headlens doctor` rebuilds the model with each layout the weight shapes allow and compares their "
                 f"losses: the layout the weights were trained with predicts text, the others do not. Here it tries "
