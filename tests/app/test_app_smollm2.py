@@ -21,6 +21,9 @@ from headlens.app.lesson_lm import EIFFEL
 from headlens.app.page import VIEWS
 
 REF = "smollm2"
+LONG = ("Zebras live on the grasslands of eastern and southern Africa, where they graze in large herds. Each zebra has "
+        "its own pattern of black and white stripes, and no two are alike. Scientists still argue about why the stripes "
+        "evolved: they may confuse predators, keep biting flies away, or help the animals stay cool in the midday sun.")
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +84,13 @@ def test_every_view_renders_on_smollm2_from_its_stored_scores(app, smollm2):
     at.segmented_control(key="view").set_value("Patterns").run()
     ticks = next(f for f in figures(at) if "attention on your text" in f["layout"]["title"]["text"])["layout"]
     assert "·Paris" in ticks["xaxis"]["ticktext"] and "⏎" in "".join(ticks["xaxis"]["ticktext"])  # not 'ĠParis', 'Ċ'
+    long = " ".join([LONG] * 3)  # a few hundred tokens: a window of them, every one labelled, and a slider
+    at.text_area(key=f"text::{REF}").set_value(long).run()
+    no_failure(at)
+    n = smollm2.to_tokens(long).shape[1]
+    assert 250 < n < 400 and any(f"64 of {n}" in s.label for s in at.slider)
+    (view,) = [h.value for h in at.html if "headlens-token-view" in h.value]
+    assert view.count('class="hl-tok"') == n and " Africa" in view and "ĠAfrica" not in view
 
 
 def test_learn_on_smollm2_shows_its_real_split_bugs_head_count_and_specialists(app, smollm2, reference):

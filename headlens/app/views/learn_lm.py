@@ -17,18 +17,13 @@ from headlens import viz
 from headlens.app import cache
 from headlens.app import helpers as hd
 from headlens.app.ui import attempt, current_placement, html_download
+from headlens.app.views.lesson_parts import bug_losses, bug_patterns, chosen_bugs, window_for
 from headlens.viz import lesson as viz_lesson
 
 BUG_TOGGLES = {  # toggle label -> bug name in headlens.doctor.hf_bugs.LM_BUGS
     "Missing transpose before the split": "missing_transpose_split",
     "Merge without transpose": "missing_transpose_merge",
 }
-
-
-def _window(n_tokens: int, n_panels: int, key: str) -> range:
-    from headlens.app.views.learn import window_for
-
-    return window_for(n_tokens, n_panels, key)
 
 
 def _code(H: int, H_kv: int, d: int, rope: bool) -> str:
@@ -60,7 +55,7 @@ def split_step(ref: str, model: Any, text: str, layer: int) -> None:
         return
     st.code(_code(H, split.n_kv_heads, d, split.rope), language="python")
     T = len(split.tokens)
-    window = _window(T, 8, "learn_window")
+    window = window_for(T, 8, "learn_window")
     fig = viz_lesson.residual_split_figure(
         split.q, H, split.tokens, window, title=f"① q = q_proj(x): (B, T, {H * d}) = (1, {T}, {H * d}); the coloured "
                                                 f"bands are the {H} query heads' slices")
@@ -120,8 +115,6 @@ def bugs_step(ref: str, model: Any, text: str, layer: int) -> None:
         f"`transformers`; the model above is untouched): its loss on your text and its continuation of your prompt, "
         f"before and after, then `headlens doctor` on the broken layer.")
     prompt = prompt_box()
-    from headlens.app.views.learn import chosen_bugs
-
     for bug in chosen_bugs(BUG_TOGGLES):
         with st.spinner(f"Planting {bug}, continuing your prompt and running the doctor..."):
             result = attempt(f"Could not plant {bug}", cache.get_lm_bug, ref, text, prompt, bug, layer)
@@ -130,8 +123,6 @@ def bugs_step(ref: str, model: Any, text: str, layer: int) -> None:
 
 
 def show_bug(model: Any, b: Any, layer: int) -> None:
-    from headlens.app.views.learn import bug_losses, bug_patterns
-
     with bug_losses(b):
         st.html(continuation_html("clean:", b.clean, True) + continuation_html("with the bug:", b.bugged, False))
     (st.error if b.diagnosis else st.warning)(
@@ -177,7 +168,7 @@ def head_count_step(ref: str, model: Any, text: str, layer: int) -> None:
                 + continuation_html(f"{wrong.n_heads} heads:", row.continuation, wrong == config))
     doctor(ref, wrong, config)
     shown = list(range(min(wrong.n_heads, 8)))
-    window = _window(len(row.tokens), len(shown), "learn_count_window")
+    window = window_for(len(row.tokens), len(shown), "learn_count_window")
     fig = viz.patterns_figure([row.patterns[h] for h in shown], [f"H{h}" for h in shown], row.tokens,
                               causal=model.is_causal, window=window,
                               title=f"layer {layer} loaded as {wrong}: loss {row.loss:.3f} nats"
