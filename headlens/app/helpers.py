@@ -186,20 +186,33 @@ def validate_text(model: Any, text: str) -> Any:
     return tokens
 
 
+class _Enough(Exception):
+    """Raised from the last hook a pass needs: the layers above it (and the unembedding) are not run."""
+
+
 def head_patterns(model: Any, text: str, heads: Iterable[Head]) -> tuple[list[str], dict[Head, np.ndarray]]:
-    """The attention patterns ``(query_pos, key_pos)`` of ``heads`` on ``text``, and its tokens."""
+    """The attention patterns ``(query_pos, key_pos)`` of ``heads`` on ``text``, and its tokens. The forward pass
+    stops at the highest layer asked for (a head of layer 18 of SmolLM2's 30 costs 19 layers, no unembedding)."""
+    import contextlib
+
     import torch
 
     heads = list(heads)
     tokens = validate_text(model, text)
     layers = sorted({layer for layer, _ in heads})
     names = [f"blocks.{layer}.attn.hook_pattern" for layer in layers]
-    with torch.inference_mode():
-        _, cache_ = model.run_with_cache(tokens, names_filter=lambda name: name in names)
+    seen: dict[str, Any] = {}
+
+    def keep(x: Any, hook: Any) -> None:
+        seen[hook.name] = x.detach()  # (B, H, Q, K)
+        if hook.name == names[-1]:
+            raise _Enough
+
+    with torch.inference_mode(), contextlib.suppress(_Enough), model.hooks([(n, keep) for n in names]):
+        model(tokens)  # the hooks are removed before _Enough is swallowed
     out = {}
     for layer, head in heads:
-        pattern = cache_[f"blocks.{layer}.attn.hook_pattern"]  # (B, H, Q, K)
-        out[(layer, head)] = pattern[0, head].float().cpu().numpy()  # (Q, K)
+        out[(layer, head)] = seen[f"blocks.{layer}.attn.hook_pattern"][0, head].float().cpu().numpy()  # (Q, K)
     return readable_tokens(model, tokens), out
 
 

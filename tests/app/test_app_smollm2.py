@@ -84,7 +84,7 @@ def test_every_view_renders_on_smollm2_from_its_stored_scores(app, smollm2):
     at.segmented_control(key="view").set_value("Patterns").run()
     ticks = next(f for f in figures(at) if "attention on your text" in f["layout"]["title"]["text"])["layout"]
     assert "·Paris" in ticks["xaxis"]["ticktext"] and "⏎" in "".join(ticks["xaxis"]["ticktext"])  # not 'ĠParis', 'Ċ'
-    long = " ".join([LONG] * 3)  # a few hundred tokens: a window of them, every one labelled, and a slider
+    long = " ".join([LONG] * 4)  # a few hundred tokens: a window of them, every one labelled, and a slider
     at.text_area(key=f"text::{REF}").set_value(long).run()
     no_failure(at)
     n = smollm2.to_tokens(long).shape[1]

@@ -94,6 +94,11 @@ def test_head_patterns_are_the_models_own_and_leave_no_hooks():
     np.testing.assert_allclose(patterns[(1, 2)], cache["blocks.1.attn.hook_pattern"][0, 2].numpy())
     np.testing.assert_allclose(patterns[(0, 1)].sum(-1), 1.0, atol=1e-5)
     assert model.active_hooks() == []
+    fired = []
+    with model.hooks([("blocks.1.attn.hook_pattern", lambda x, hook: fired.append(hook.name))]):
+        _, only = hd.head_patterns(model, "abcabc", [(0, 1)])
+    assert not fired and model.active_hooks() == []  # the pass stopped after layer 0
+    np.testing.assert_allclose(only[(0, 1)], patterns[(0, 1)])
 
 
 def test_token_losses_are_next_token_cross_entropy():
