@@ -76,6 +76,13 @@ def load_in_background(ref: str, placement: Placement = DEFAULT_PLACEMENT) -> No
         _BACKGROUND[key].start()
 
 
+def wait_for_load(ref: str, placement: Placement = DEFAULT_PLACEMENT, timeout: float = 1.0) -> None:
+    """Wait up to ``timeout`` seconds for the background load of ``ref`` (at once when none runs)."""
+    thread = _BACKGROUND.get((ref, hd.fingerprint(ref), tuple(placement)))
+    if thread is not None:
+        thread.join(timeout)
+
+
 def background_error(ref: str, placement: Placement = DEFAULT_PLACEMENT) -> Exception | None:
     """Why the background load of ``ref`` failed (None while it runs or when it succeeded)."""
     return _BACKGROUND_ERRORS.get((ref, hd.fingerprint(ref), tuple(placement)))

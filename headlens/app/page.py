@@ -34,6 +34,7 @@ from headlens.errors import HeadlensError
 if TYPE_CHECKING:  # pandas is imported by the library calls; the first paint does not wait for it
     import pandas as pd
 
+LOAD_WAIT_S = 1.5  # how long one run of the polling fragment waits for the model's load
 VIEWS = ("Patterns", "Learn", "Compare", "Ablation", "Circuit", "Training", "All heads")
 
 
@@ -155,13 +156,17 @@ def await_model(ref: str, placed: tuple[str, str]) -> None:
 
     The page run that drew the grid does not load the model itself: it ends, so its messages go out and the
     browser draws the grid while the warm-up thread (``headlens dashboard``) imports torch; the fragment's
-    first timed run starts the load here too (the same cache entry: without a warm-up, the only load).
+    first timed run starts the load here too (the same cache entry: without a warm-up, the only load). Each
+    later run waits for the load up to ``LOAD_WAIT_S`` before it returns: a fragment run costs the server more
+    than it looks, and a run every 0.3 s starved a language model's load (transformers' imports) tenfold,
+    while the wait still reruns the page the moment the model is there.
     """
     key = f"await_model::{ref}"
     if not st.session_state.get(key):
         st.session_state[key] = True
         return  # the page run that drew the first paint
     cache.load_in_background(ref, placed)
+    cache.wait_for_load(ref, placed, LOAD_WAIT_S)
     err = cache.background_error(ref, placed)
     if err is not None:
         st.error(f"Could not load model {ref!r}: {err}")
