@@ -150,7 +150,8 @@ def head_count_step(ref: str, model: Any, text: str, layer: int) -> None:
     default = next((lay for lay in options if lay.n_kv_heads == 1 and lay != config), options[0])
     if st.session_state.get("learn_layout") not in [str(o) for o in options]:
         st.session_state.learn_layout = str(default)
-    pick = st.select_slider("Load the weights as", [str(o) for o in options], key="learn_layout")
+    pick = st.select_slider("Load the weights as (slide: every layout the weight shapes allow, fewest heads first)",
+                            [str(o) for o in options], key="learn_layout")
     wrong = options[[str(o) for o in options].index(pick)]
     with st.spinner(f"Loading the weights as {wrong} and continuing your prompt..."):
         right_row = attempt("Could not run the model", cache.get_layout_row, ref, text, prompt, config, layer)
