@@ -22,6 +22,7 @@ Nothing is trained, so the planted heads are exact and the model builds in milli
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
@@ -110,6 +111,54 @@ def planted_circuit_model(sharpness: float = 30.0, n_ctx: int = 32, readout: flo
             attn.c_proj.weight[OUT + i, i] = 1.0  # o: into OUT
         model.lm_head.weight = torch.nn.Parameter(torch.zeros(V, D))  # untied from the embedding
         model.lm_head.weight[:, OUT:OUT + V] = readout * torch.eye(V)
+    return model.eval()
+
+
+VOCAB_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"  # two ordered lists: the digits, the letters
+VOCAB_HEADS: dict[str, list[tuple[int, int]]] = {"copying": [(0, 0)], "copy_suppression": [(0, 1)],
+                                                 "successor": [(0, 2)]}
+
+
+def vocabulary_model(flip_final_norm: bool = False) -> GPT:
+    """A 1-layer, 4-head GPT whose heads act in the vocabulary: their OV circuits are set by hand.
+
+    Tokens are one-hot in the residual stream and the unembedding reads the same slots (``W_U = W_E^T``),
+    so a head's OV is a ``V x V`` map of tokens:
+
+    * **L0H0 copies** (identity), **L0H1 suppresses** (minus the identity);
+    * **L0H2 is a successor head**: ``0 -> 1 ... 8 -> 9`` and ``a -> b ... y -> z``;
+    * L0H3 writes nothing.
+
+    ``flip_final_norm``: the model gets LayerNorms and the final one's scale is ``-1``, so the heads' raw
+    ``W_E W_V W_O W_U`` is unchanged (L0H0's eigenvalues still say "copies") while what reaches the logits
+    is flipped: L0H0 suppresses and L0H1 copies.
+
+    >>> model = vocabulary_model()
+    >>> model.to_str_tokens(model.lm_head.weight[:, :37].argmax(0)[:3])  # the unembedding reads the token slots
+    ['0', '1', '2']
+    """
+    tok = Tokenizer.char_level(VOCAB_ALPHABET)
+    V, d_head = tok.d_vocab, 40
+    cfg = ModelConfig(n_layers=1, n_heads=4, d_model=4 * d_head, n_ctx=16, d_vocab=V, attn_only=True,
+                      normalization="LN" if flip_final_norm else "none")
+    model = GPT(cfg, tokenizer=tok, name="vocabulary")
+    D, eye = cfg.d_model, torch.eye(V)
+    nxt = torch.zeros(V, V)  # (src, dst): the successor of each list item
+    for run in ("0123456789", "abcdefghijklmnopqrstuvwxyz"):
+        for a, b in itertools.pairwise(run):
+            nxt[VOCAB_ALPHABET.index(a), VOCAB_ALPHABET.index(b)] = 1.0
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        model.transformer.wte.weight[:, :V] = eye
+        model.lm_head.weight[:, :V] = eye
+        attn = model.transformer.h[0].attn
+        for h, ov in enumerate((eye, -eye, nxt)):
+            attn.c_attn.weight[2 * D + h * d_head:2 * D + h * d_head + V, :V] = eye  # v: the token
+            attn.c_proj.weight[:V, h * d_head:h * d_head + V] = ov.T  # o: z W^T, the map src -> dst
+        if flip_final_norm:
+            model.transformer.h[0].ln_1.weight.fill_(1.0)
+            model.transformer.ln_f.weight.fill_(-1.0)
     return model.eval()
 
 PatternFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (tokens (B,T), valid (B,T)) -> (B,Q,K)

@@ -119,7 +119,7 @@ def circuit(
             ``needle_recall``, ...); the effect is ``metric(patched) - metric(clean)``.
         method: how the sender is ablated on the edge: ``mean``, ``resample``, ``zero`` or ``corrupted``
             (the same row of a corrupted run: ``reference``, default a fresh draw of the metric's probe).
-        prompts: the user's prompts (``lm_loss``, ``kl``).
+        prompts: the user's prompts (``lm_loss``, ``kl``), or ``"ioi"``: the IOI probe (``logit_diff``'s).
         reference: reference prompts for ``mean``/``resample`` (default: the task's own), corrupted ones
             for ``corrupted``.
         n_prompts: probe prompts.

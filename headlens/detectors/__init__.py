@@ -18,7 +18,7 @@ Your own head types join the same registry, three ways:
 From the CLI a ``module:attribute`` reference also works: ``--detectors mypkg.heads:TWO_BACK``.
 
 >>> sorted(DETECTORS)[:3]
-['bracket_matching', 'bracket_matching_hard', 'copying']
+['bracket_matching', 'bracket_matching_hard', 'copy_suppression']
 >>> get_detector("streaming(w=128)").params
 {'s': 4, 'w': 128}
 """
@@ -32,17 +32,20 @@ from typing import Any
 
 from headlens.detectors import (
     bracket_matching,
+    copy_suppression,
     copying,
     coreference,
     current_token,
     duplicate_token,
     first_token,
     induction,
+    name_mover,
     next_token,
     previous_token,
     retrieval,
     sink,
     streaming,
+    successor,
 )
 from headlens.detectors.base import Detector
 from headlens.errors import DetectorError
@@ -61,10 +64,14 @@ DETECTORS: dict[str, Detector] = {
         bracket_matching.OPEN_DETECTOR,
         bracket_matching.OPEN_HARD_DETECTOR,
         copying.DETECTOR,
+        copy_suppression.DETECTOR,
+        successor.DETECTOR,
         coreference.DETECTOR,
         sink.DETECTOR,
         streaming.DETECTOR,
         retrieval.DETECTOR,
+        name_mover.DETECTOR,
+        name_mover.NEGATIVE_DETECTOR,
     )
 }
 _CALL = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*\((.*)\)\s*$")
@@ -72,7 +79,7 @@ _CALL = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*\((.*)\)\s*$")
 
 BUILTIN = frozenset(DETECTORS)
 KINDS = ("index", "mask", "weights", "top1", "annotated")
-PROBES = ("random_tokens", "repeated_segments", "brackets", "needle")  # the generated probes a detector may name
+PROBES = ("random_tokens", "repeated_segments", "brackets", "needle", "ioi")  # the generated probes a detector may name
 ENTRY_POINT_GROUP = "headlens.detectors"
 _plugins_loaded = False
 

@@ -13,7 +13,10 @@ keys and the row's log-sum-exp, without ever building the ``(Q, K)`` pattern (``
 
 * ``"index"``: at most one target per row (``M == 1``);
 * ``"mask"``: a set of targets per row (any ``M``);
-* ``"weights"``: no probe at all; a score per head from the model's weights (copying).
+* ``"weights"``: no probe at all; a score per head from the model's weights (copying, copy suppression,
+  successor heads). ``weights_fn`` returns :class:`WeightCounts` (hits over trials per head, with a chance
+  rate and a null, from which :mod:`headlens.scoring.weights` forms the score, its interval and the label),
+  or a plain ``(n_layers, n_heads)`` score tensor (no interval: labelled on the score alone).
 * ``"annotated"``: targets given as character spans of the probe's texts (coreference, and
   the user's own head types from annotated prompts); scored by :mod:`headlens.scoring.annotated`.
 * ``"top1"``: at most one target per row, scored by whether the row's *largest* attention weight
@@ -27,6 +30,13 @@ Detectors with settings (``streaming``: s sinks and a window of w) carry ``param
 
 Every target function already drops the rows a detector must not count (pads, special
 tokens, rows outside the definition).
+
+**A gate on what the head writes** (issue 30). Some head types are defined by their pattern *and* by
+what they write: a name mover attends from END to IO *and* its direct logit attribution to ``IO - S``
+is positive. Such a detector is an ordinary pattern detector (its score, CI, baseline and lift are the
+attention mass on its targets) with a :class:`Gate`: a per-prompt statistic of each head on the same
+probe (``(P, L, H)`` float64) whose bootstrap CI must clear zero on the gate's side for the label; the
+scores table carries it in the gate's columns (``dla``, ``dla_ci_low``, ``dla_ci_high``).
 
 **Targets as a predicate** (issue 23). A detector may instead (or as well) give ``predicate``:
 ``(batch, q, k) -> bool``, with ``q`` the ``(C, 1)`` and ``k`` the ``(1, K)`` long positions of a block of
@@ -56,6 +66,48 @@ PREDICATE_BYTES = 16 * 2**20  # a (B, C, K) block of a predicate evaluated at on
 
 
 @dataclass(frozen=True)
+class Gate:
+    """A second condition on a pattern detector's label, from what each head writes (module docstring).
+
+    Attributes:
+        name: the column prefix in the scores table (``dla``: ``dla``, ``dla_ci_low``, ``dla_ci_high``).
+        values: ``(model, probe, cache) -> (P, L, H)`` float64: the statistic per prompt of the probe and
+            head; ``cache`` is a dict shared by the gates of one run, for measurements two gates both need.
+        sign: +1: the label needs the CI above zero (``ci_low > 0``); -1: below zero (``ci_high < 0``).
+        description: what the statistic is, in one line.
+    """
+
+    name: str
+    values: Callable[[Any, Any, dict], torch.Tensor]
+    sign: int
+    description: str
+
+
+@dataclass(frozen=True)
+class WeightCounts:
+    """What a weight detector measured, per head, as counts (the statistics are :mod:`headlens.scoring.weights`').
+
+    Attributes:
+        hits: ``(n_layers, n_heads)`` float64: trials the head passes (source tokens it copies, list items
+            it maps to their successor ...).
+        trials: trials per head (the same for every head).
+        chance: the rate a head without the mechanism would have (``k / d_vocab``, ``1 / (n - 1)``): the
+            table's ``baseline``.
+        null_hits: ``(n_layers, n_heads)`` float64: the same count under the detector's null (a label needs
+            the score's interval above the null's), or None.
+        columns: extra per-head ``(n_layers, n_heads)`` values, each a column of this detector's rows.
+        attrs: details for the table's provenance (``attrs["weights"][name]``): samples, lists, the null.
+    """
+
+    hits: torch.Tensor
+    trials: int
+    chance: float
+    null_hits: torch.Tensor | None = None
+    columns: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Detector:
     """One head type.
 
@@ -67,7 +119,8 @@ class Detector:
         probe: the generated probe that exercises it (``None`` for weight scores).
         description: one line for ``--help`` and the dashboard.
         bidirectional_only: True when the target lies to the right of the query.
-        weights_fn: ``model -> (n_layers, n_heads)`` float64 scores, for ``kind == "weights"``.
+        weights_fn: ``model ->`` :class:`WeightCounts` (or ``(n_layers, n_heads)`` float64 scores), for
+            ``kind == "weights"``.
         params: the settings this instance was built with (recorded in the provenance).
         factory: ``**params -> Detector``, for detectors with settings (None otherwise).
         default: False for a detector scored only when asked for by name (``retrieval``: its long
@@ -77,6 +130,8 @@ class Detector:
             (duplicate token, induction) stay O(window x M) in memory at long context.
         predicate: ``(batch, q (C, 1), k (1, K)) -> (B, C, K)`` bool, the same targets as a rule (module
             docstring); with ``targets=None`` the index lists are built from it.
+        gate: a :class:`Gate` on what the head writes, which the label also needs (name movers), or None.
+        threshold: this detector's default τ (None: the default of its kind, 0.4).
 
     >>> two_back = Detector("two_back", "mask", None, "random_tokens", "attends two tokens back",
     ...                     predicate=lambda batch, q, k: k == q - 2)
@@ -91,12 +146,14 @@ class Detector:
     probe: str | None
     description: str
     bidirectional_only: bool = False
-    weights_fn: Callable[[Any], torch.Tensor] | None = None
+    weights_fn: Callable[[Any], WeightCounts | torch.Tensor] | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
     factory: Callable[..., Detector] | None = None
     windowed: bool = False
     default: bool = True
     predicate: Predicate | None = None
+    gate: Gate | None = None
+    threshold: float | None = None
 
     def __post_init__(self) -> None:
         if self.targets is None and self.predicate is not None:  # index lists from the rule, row window by window

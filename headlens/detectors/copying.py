@@ -1,12 +1,16 @@
-"""copying (weight-based, Elhage et al. 2021): positive-eigenvalue fraction of the OV circuit.
+"""copying (weight-based, Wang et al. 2022's copy score): the head writes the token it attends to.
 
-score = Σλ / Σ|λ| over the eigenvalues λ of the full OV circuit ``W_E W_V W_O W_U``
-(d_vocab x d_vocab). Its non-zero eigenvalues are those of the cyclic product
-``W_O W_U W_E W_V`` (d_head x d_head), so every head costs a tiny eigen-decomposition.
-LayerNorms are ignored, as in Elhage et al. Needs embed and unembed: native GPTs, and
-bridged models with a language-model head. Under grouped- or multi-query attention each query
-head's OV circuit is its own W_O with its key/value group's W_V (HF ``repeat_kv`` order: query
-head ``h`` reads value head ``h // (n_heads // n_kv_heads)``).
+score = the share of sampled source tokens ``t`` whose own token is among the top 5 of the whole
+vocabulary in what the head writes when it attends to ``t``: the effective embedding of ``t`` (after
+block 0's MLP) through the head's OV, the final norm and the unembedding, norms folded
+(:mod:`headlens.readout.ov`, ranked exactly by :mod:`headlens.readout.ranks`). Chance is ``5 / d_vocab``;
+the null pairs each source with another sampled token (the vocabulary's rows shuffled), and a label needs
+the score's interval above the null's as well as τ. Under grouped-query attention each query head reads
+its key/value group's ``W_V`` through its own ``W_O``.
+
+The ``eigen`` column keeps Elhage et al.'s (2021) score: ``Σλ / Σ|λ|`` over the eigenvalues of the raw
+``W_E W_V W_O W_U``, norms ignored (its non-zero eigenvalues are those of the ``d_head x d_head`` product
+``W_O W_U W_E W_V``). It is not the label: on SmolLM2 it passes 0.9 for 70 heads, of which a handful copy.
 """
 
 from __future__ import annotations
@@ -15,49 +19,30 @@ from typing import Any
 
 import torch
 
-from headlens.detectors.base import Detector
-from headlens.errors import DetectorError
+from headlens.detectors.base import Detector, WeightCounts
+from headlens.readout.ov import raw_weights
+from headlens.readout.ranks import self_ranks
+
+THRESHOLD = 0.05  # τ: a twentieth of the sampled tokens in the head's own top 5 (SmolLM2: 500x chance)
 
 
-def ov_weights(model: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """``(W_E (V, D), W_V (L, H, D, dh), W_O (L, H, dh, D), W_U (D, V))`` or None if not exposed."""
-    if hasattr(model, "transformer") and hasattr(model, "lm_head"):  # native GPT
-        L, H, D, dh = model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_model, model.cfg.d_head
-        A = H * dh  # the heads' width: d_model unless d_head was set freely (tracr)
-        blocks = model.transformer.h
-        w_v = torch.stack([b.attn.c_attn.weight[2 * A:] for b in blocks])  # (L, H*dh, D): v = x W^T
-        w_v = w_v.view(L, H, dh, D).transpose(-1, -2)  # (L, H, D, dh): per-head V, x @ W_V
-        w_o = torch.stack([b.attn.c_proj.weight for b in blocks])  # (L, D, H*dh): out = z W^T
-        w_o = w_o.view(L, D, H, dh).permute(0, 2, 3, 1)  # (L, H, dh, D): per-head O, z_h @ W_O
-        return model.transformer.wte.weight, w_v, w_o, model.lm_head.weight.T
-    bridge = getattr(model, "bridge", None)
-    if bridge is not None and getattr(model, "output_kind", "logits") == "logits":
-        try:
-            return bridge.W_E, bridge.W_V, bridge.W_O, bridge.W_U  # TL layout: (L, H, D, dh) ...
-        except Exception:  # the bridge raises various errors for architectures it cannot split
-            return None
-    return None
-
-
-def scores(model: Any) -> torch.Tensor:
-    """``(n_layers, n_heads)`` float64 positive-eigenvalue fractions."""
-    weights = ov_weights(model)
-    if weights is None:
-        raise DetectorError(
-            f"copying needs the embedding and unembedding of {getattr(model, 'name', 'the model')!r}, "
-            f"which this backend does not expose (a checkpoint without an LM head)"
-        )
-    w_e, w_v, w_o, w_u = (w.detach().to(torch.float64) for w in weights)
+def eigen_scores(model: Any) -> torch.Tensor:
+    """``(n_layers, n_heads)`` float64: the positive-eigenvalue fraction of the raw ``W_E W_V W_O W_U``."""
+    w_e, w_v, w_o, w_u = (w.detach().float().cpu() for w in raw_weights(model))
     n_heads, n_kv = w_o.shape[1], w_v.shape[1]
-    if n_kv != n_heads:  # GQA/MQA: W_V is (L, H_kv, D, dh); give each query head its group's W_V
-        if n_kv < 1 or n_heads % n_kv:
-            raise DetectorError(f"copying: {n_heads} query heads cannot share {n_kv} value heads evenly")
-        w_v = w_v.repeat_interleave(n_heads // n_kv, dim=1)  # (L, H, D, dh): query head h -> kv head h // group
-    ue = w_u @ w_e  # (D, D): unembed then embed, shared by every head
-    circuit = w_o @ ue @ w_v  # (L, H, dh, dh): cyclic permutation of W_E W_V W_O W_U
+    w_v = w_v.repeat_interleave(n_heads // n_kv, dim=1)  # (L, H, D, dh): query head h -> kv head h // group
+    ue = (w_u @ w_e).double()  # (D, D): unembed then embed, shared by every head (float32: a 2-minute f64 product)
+    circuit = w_o.double() @ ue @ w_v.double()  # (L, H, dh, dh): cyclic permutation of W_E W_V W_O W_U
     lam = torch.linalg.eigvals(circuit)  # (L, H, dh) complex
     return (lam.real.sum(-1) / lam.abs().sum(-1).clamp_min(1e-300)).to(torch.float64)
 
 
+def counts(model: Any) -> WeightCounts:
+    """Sources copied into each head's own top 5 (and the null's), with the eigenvalue score as a column."""
+    r = self_ranks(model)
+    return WeightCounts(r.top, r.n, r.k / r.d_vocab, r.null_top, {"eigen": eigen_scores(model)}, r.provenance())
+
+
 DETECTOR = Detector("copying", "weights", None, None,
-                    "OV circuit copies tokens (positive-eigenvalue fraction)", weights_fn=scores)
+                    "writes the token it attends to: own token in the OV's top 5 of the vocabulary",
+                    weights_fn=counts, threshold=THRESHOLD)

@@ -84,7 +84,8 @@ def _is_placeholder(s: str) -> bool:
     return len(s) > 2 and ((s[0] == "[" and s[-1] == "]") or (s[0] == "<" and s[-1] == ">"))
 
 
-def _single_token(model: Any, text: str) -> int | None:
+def single_token(model: Any, text: str) -> int | None:
+    """The one token ``text`` encodes to, or None (several tokens, or text the tokenizer cannot encode)."""
     try:
         ids = encode_body(model, text)
     except HeadlensError:
@@ -141,7 +142,7 @@ def _build_vocab(model: Any) -> Vocab:
     )
     brackets = []
     for pair in BRACKET_PAIRS:
-        ids = (_single_token(model, pair[0]), _single_token(model, pair[1]))
+        ids = (single_token(model, pair[0]), single_token(model, pair[1]))
         if None not in ids and ids[0] != ids[1] and ids[0] in ordinary and ids[1] in ordinary:
             brackets.append((int(ids[0]), int(ids[1])))
     bracket_ids = {i for p in brackets for i in p}
@@ -149,7 +150,7 @@ def _build_vocab(model: Any) -> Vocab:
     filler = tuple(
         i for i in ordinary
         if i not in bracket_ids and strings[i].isalpha() and strings[i].isascii()
-        and _single_token(model, strings[i]) == i
+        and single_token(model, strings[i]) == i
     )
     prefix, suffix = _layout(model)
     return Vocab(prefix, suffix, special, ordinary, tuple(brackets), filler, sep)
@@ -177,3 +178,21 @@ def _ids_only(model: Any, special: frozenset[int]) -> Vocab:
         prefix = ()
     ordinary = tuple(i for i in range(model.cfg.d_vocab) if i not in special)
     return Vocab(prefix, (), special, ordinary, (), (), " ")
+
+
+def first_position(model: Any) -> dict[str, Any]:
+    """What position 0 of every probe holds and why: the provenance of the first-position statistics
+    (``first_token``, ``sink``), since they measure attention *to that token*.
+
+    A Hugging Face causal model says why through its ``prefix`` (:mod:`headlens.models.hf.prefix`); other
+    models start with their own BOS (CLS for encoders), or with nothing when they have none.
+    """
+    prefix = getattr(model, "prefix", None)
+    if prefix is not None and model.is_causal:
+        return prefix.provenance()
+    ids = list(vocab(model).prefix)
+    if not ids:
+        return {"token": "", "id": None, "rule": "none", "why": "prompts start with their first text token"}
+    token = str(model.to_str_tokens(torch.tensor(ids))[0])
+    why = "the model's BOS" if model.is_causal else "the encoder's CLS (its tokenizer adds it)"
+    return {"token": token, "id": int(ids[0]), "rule": "model_bos" if model.is_causal else "cls", "why": why}

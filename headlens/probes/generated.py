@@ -117,9 +117,24 @@ def _dyck_units(n_units: int, n_pairs: int, filler_p: float, max_depth: int,
     return units
 
 
+def spaced_brackets(model: Any, pairs: tuple[tuple[int, int], ...], strings: list[str]) -> dict[int, int]:
+    """``{id: bracket id}`` for the brackets a subword vocabulary spells with their leading space (GPT-2's and
+    SmolLM2's ``Ġ(``): text written with spaces tokenizes to those, and they are the same brackets."""
+    out = {}
+    for i in {i for pair in pairs for i in pair}:
+        try:
+            ids = encode_body(model, " " + strings[i])
+        except ProbeError:  # a character-level alphabet without the space
+            continue
+        if len(ids) == 1 and ids[0] != i:
+            out[int(ids[0])] = i
+    return out
+
+
 def brackets(model: Any, n_prompts: int, seq_len: int, gen: torch.Generator,
              filler_p: float = 0.3, max_depth: int = 8) -> Probe:
-    """Balanced bracket strings with filler, written as text and tokenized by the model."""
+    """Balanced bracket strings with filler, written as text and tokenized by the model (a bracket after a
+    space counts as that bracket: :func:`spaced_brackets`)."""
     v = vocab(model)
     if not v.brackets:
         raise ProbeError(
@@ -127,6 +142,7 @@ def brackets(model: Any, n_prompts: int, seq_len: int, gen: torch.Generator,
             f"tokens (tried {', '.join(('()', '[]', '{}', '<>'))}); bracket_matching cannot be probed"
         )
     strings = token_strings(model)
+    same = spaced_brackets(model, v.brackets, strings)
     budget = body_budget(v, seq_len)
     filler = torch.tensor(v.filler or [-1], dtype=torch.long)
     prompts, matches, hards = [], [], []
@@ -140,7 +156,7 @@ def brackets(model: Any, n_prompts: int, seq_len: int, gen: torch.Generator,
                 words.append(strings[v.brackets[t][0 if kind == "open" else 1]])
         body = encode_body(model, v.sep.join(words))[:budget]
         ids = v.wrap(body)
-        m, h = bracket_annotations(ids, v.brackets)
+        m, h = bracket_annotations([same.get(i, i) for i in ids], v.brackets)
         prompts.append(torch.tensor(ids))
         matches.append(torch.tensor(m))
         hards.append(torch.tensor(h))

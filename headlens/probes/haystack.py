@@ -17,6 +17,11 @@ Haystacks:
   in the code.
 * ``"prose"``: English documentation prose (:mod:`headlens.probes.prose`), as a real LM reads.
 
+By default (:func:`default_haystack`) a model whose vocabulary holds words (a subword vocabulary of
+thousands of tokens: a real LM) gets prose, as Wu et al. hide their needle in essays: a haystack of
+random subword tokens is text no LM has read, and its retrieval heads are measured off their ground.
+A byte- or character-level model (the zoo's, trained on random haystacks) keeps random tokens.
+
 Prompt lengths and depths vary over a grid (several lengths up to ``seq_len``, several depths), one
 fresh needle per prompt; the probe's ``settings`` say exactly what was built.
 
@@ -35,6 +40,7 @@ from headlens.probes.base import Probe
 from headlens.probes.text import stdlib_body
 
 HAYSTACKS = ("random", "stdlib", "prose")
+WORD_VOCAB = 1000  # ordinary tokens from which a vocabulary holds words, not bytes or characters (256 + merges)
 DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)  # where the needle sits, as a fraction of the haystack
 NEEDLE_LEN = 16
 
@@ -99,16 +105,24 @@ def needle_prompt(model: Any, length: int, depth: float, needle_len: int, haysta
     return ids, nxt
 
 
-def needle_haystack(model: Any, n_prompts: int, seq_len: int, gen: torch.Generator, haystack: str = "random",
+def default_haystack(model: Any) -> str:
+    """``"prose"`` for a model whose vocabulary holds words (a real LM), else ``"random"`` (module docstring)."""
+    return "prose" if getattr(model, "tokenizer", None) is not None and len(vocab(model).ordinary) >= WORD_VOCAB \
+        else "random"
+
+
+def needle_haystack(model: Any, n_prompts: int, seq_len: int, gen: torch.Generator, haystack: str | None = None,
                     needle_len: int = NEEDLE_LEN, depths: tuple[float, ...] = DEPTHS) -> Probe:
     """``n_prompts`` needle-in-a-haystack prompts over a grid of lengths (up to ``seq_len``) and depths.
 
     Prompt i has length ``lengths[i % n_lengths]`` and depth ``depths[(i // n_lengths) % n_depths]``.
     The needle is shortened when the vocabulary or the length is too small for it (said in the settings).
+    ``haystack``: one of :data:`HAYSTACKS`; None for :func:`default_haystack`.
 
     Raises:
         ProbeError: an unknown haystack, or ``seq_len`` too short for a needle of 2 tokens and its copy.
     """
+    haystack = haystack or default_haystack(model)
     if haystack not in HAYSTACKS:
         raise ProbeError(f"unknown haystack {haystack!r}; expected one of {', '.join(HAYSTACKS)}")
     v = vocab(model)

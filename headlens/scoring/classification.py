@@ -22,16 +22,18 @@ import torch
 
 from headlens.detectors import DETECTORS, all_detectors, get_detector, split_names
 from headlens.detectors.base import Detector
-from headlens.detectors.copying import ov_weights
 from headlens.detectors.retrieval import WU_THRESHOLD
 from headlens.detectors.tl_compat import TL_DETECTORS, TL_NORM
 from headlens.errors import DetectorError, ModelReferenceError, ProbeError
-from headlens.models.vocab import vocab
+from headlens.models.vocab import first_position, vocab
 from headlens.probes.base import CORPORA, Probe, short_of
 from headlens.probes.generated import brackets, random_tokens, repeated_segments
 from headlens.probes.haystack import needle_haystack
+from headlens.probes.ioi import scan_probe as ioi_scan_probe
 from headlens.probes.prose import prose_windows
 from headlens.probes.text import stdlib_windows, text_prompts
+from headlens.readout.ov import forget
+from headlens.readout.ov import unsupported as no_readout
 from headlens.scoring import defaults
 from headlens.scoring.annotated import (
     PREFERENCE_COLUMNS,
@@ -44,17 +46,19 @@ from headlens.scoring.annotated import (
 from headlens.scoring.annotated import summaries as target_summaries
 from headlens.scoring.distributed import current, scan_blocks
 from headlens.scoring.engine import DetectorStats, choose_path
+from headlens.scoring.gates import MIN_SHARE, gate_columns, gate_passes, gate_summary, with_gate
 from headlens.scoring.stats import (
-    COPYING_THRESHOLD,
     DEFAULT_THRESHOLD,
     MIN_LIFT,
     N_BOOT,
     PREFERENCE_MARGIN,
     Summary,
+    default_threshold,
     label,
     preference_label,
     summarize,
 )
+from headlens.scoring.weights import summarize_weights
 
 ProgressFn = Callable[[int, int, str], None]  # (prompts done so far, prompts in total, what is running)
 
@@ -83,7 +87,7 @@ def resolve_model(model_or_ref: Any, device: str = "cpu", **load_options: Any) -
 def _thresholds(threshold: float | dict[str, float] | None, annotated: Sequence[str] = (),
                 dets: Sequence[Detector] = ()) -> dict[str, float]:
     pool = {**all_detectors(), **{d.name: d for d in dets}}  # Detector objects passed in need not be registered
-    out = {name: (COPYING_THRESHOLD if d.kind == "weights" else DEFAULT_THRESHOLD) for name, d in pool.items()}
+    out = {name: default_threshold(d) for name, d in pool.items()}
     out.update({name: DEFAULT_THRESHOLD for name in annotated})
     if isinstance(threshold, dict):
         for name, tau in threshold.items():
@@ -119,20 +123,20 @@ def select_detectors(model: Any, names: Sequence[str] | str | None, tl_compatibl
         why = ""
         if d.bidirectional_only and model.is_causal:
             why = f"{d.name} needs a bidirectional model; {getattr(model, 'name', 'this model')!r} is causal"
-        elif d.kind == "weights" and ov_weights(model) is None:
-            why = f"{d.name} needs the embedding and unembedding, which this backend does not expose"
+        elif d.kind == "weights" and (ov := no_readout(model)):
+            why = f"{d.name}: {ov}"
         elif d.kind == "top1" and not model.is_causal:
             why = f"{d.name} scores copy steps of a causal model; {getattr(model, 'name', 'this model')!r} " \
                   f"is bidirectional"
         elif d.probe == "brackets" and not vocab(model).brackets:
             why = (f"{d.name}: the tokenizer keeps no bracket pair as single tokens" if model.tokenizer is not None
                    else f"{d.name} needs a tokenizer to find brackets; this model has none")
-        elif d.probe == "coreference":
-            from headlens.probes.coreference import unsupported
+        elif d.probe in ("coreference", "ioi"):
+            from importlib import import_module
 
-            why = unsupported(model) or ""
+            why = import_module(f"headlens.probes.{d.probe}").unsupported(model) or ""
         if why and explicit:
-            raise (ProbeError if d.probe in ("brackets", "coreference") else DetectorError)(why)
+            raise (ProbeError if d.probe in ("brackets", "coreference", "ioi") else DetectorError)(why)
         if why:
             skipped[d.name] = why
         else:
@@ -161,7 +165,7 @@ def _probes(model: Any, dets: list[Detector], prompts: Any, n_prompts: int, seq_
     if prompts is not None:
         return [(text_prompts(model, prompts, truncate=truncate), pattern)]
     builders = {"random_tokens": random_tokens, "repeated_segments": repeated_segments,
-                "brackets": brackets, "needle": needle_haystack}
+                "brackets": brackets, "needle": needle_haystack, "ioi": ioi_scan_probe}
     groups = []
     for k, name in enumerate(builders):
         served = [d for d in pattern if d.probe == name]
@@ -172,13 +176,13 @@ def _probes(model: Any, dets: list[Detector], prompts: Any, n_prompts: int, seq_
 
 
 def _rows(model_name: str, det: str, s: Summary, lifts: torch.Tensor, labels: torch.Tensor,
-          n_layers: int, kv: list[int]) -> list[dict[str, Any]]:
+          n_layers: int, kv: list[int], extra: dict[str, torch.Tensor] | None = None) -> list[dict[str, Any]]:
     heads = [(layer, head) for layer in range(n_layers) for head in range(len(kv))]  # per query head
     return [
         {"model": model_name, "layer": layer, "head": head, "kv_head": kv[head], "detector": det,
          "score": float(s.score[i]), "ci_low": float(s.ci_low[i]), "ci_high": float(s.ci_high[i]),
          "baseline": s.baseline, "lift": float(lifts[i]), "n_positions": s.n_positions,
-         "n_prompts": s.n_prompts, "label": bool(labels[i])}
+         "n_prompts": s.n_prompts, "label": bool(labels[i]), **{c: float(v[i]) for c, v in (extra or {}).items()}}
         for i, (layer, head) in enumerate(heads)
     ]
 
@@ -241,7 +245,8 @@ def classify(
         seq_len: generated prompt length in tokens, specials included (capped by the context).
         batch_size: prompts per forward pass; scores do not depend on it.
         seed: seeds the probes and the bootstrap.
-        threshold: τ for the pattern detectors, or ``{detector: τ}``; default 0.4 (copying 0.9).
+        threshold: τ for the pattern detectors, or ``{detector: τ}``; default 0.4 (each weight detector its own:
+            copying and copy_suppression 0.05, successor 0.4).
         tl_compatible: reproduce TransformerLens ``detect_head`` ("mul", all rows, per-prompt mean)
             for its three head types instead of headlens' position-conditioned scores.
         progress: optional ``fn(done, total, stage)`` called after every batch.
@@ -335,14 +340,24 @@ def classify(
         summaries[name], preferences[name] = target_summaries(stats, seed=seed, n_boot=n_boot)
     L, H, H_kv = model.n_layers, model.n_heads, n_kv_heads(model)
     kv = kv_heads(H, H_kv)
-    rows = []
+    rows, extra, weights = [], [], {}
     by_name = {d.name: d for d in dets}  # Detector objects passed in need not be registered
+    probe_of = {d.name: pr for pr, served in groups for d in served}  # where a gate measures its statistic
+    gate_cache: dict = {}
+    gated: set[str] = set()
     for name in [d.name for d in dets] + user_types:
         d = by_name.get(name) or DETECTORS.get(name)
         if d is not None and d.kind == "weights":
-            sc = d.weights_fn(model).reshape(-1)
-            s = Summary(sc, sc, sc, 0.0, 0, 0)
-            rows += _rows(model.name, d.name, s, torch.full_like(sc, float("nan")), sc >= taus[d.name], L, kv)
+            try:
+                w = summarize_weights(d.weights_fn(model), taus[d.name])
+            except DetectorError as err:  # e.g. no ordered list of single tokens for successor
+                if explicit:
+                    raise
+                skipped[name] = str(err)
+                continue
+            rows += _rows(model.name, d.name, w.summary, w.summary.lift, w.labels, L, kv, w.columns)
+            extra += [c for c in w.columns if c not in extra]
+            weights[d.name] = w.attrs
             continue
         s = summaries.get(name)
         if s is None or s.n_positions == 0:
@@ -355,9 +370,16 @@ def classify(
         lift, pref = s.lift, preferences.get(name)
         # with distractors, preference accuracy is the primary statistic (Clark et al. 2019); mass stays in the table
         labels = label(s.ci_low, lift, taus[name]) if pref is None else preference_label(pref, s)
+        if d is not None and d.gate is not None:  # what the head writes: the gate's CI must clear zero too
+            g = gate_summary(model, d.gate, probe_of[name], gate_cache, seed, n_boot)
+            labels, gated = labels & gate_passes(g, d.gate.sign), gated | {d.gate.name}
         new_rows = _rows(model.name, name, s, lift, labels, L, kv)
+        if d is not None and d.gate is not None:
+            new_rows = with_gate(new_rows, d.gate, g)
         rows += with_preference(new_rows, pref) if name in preferences else new_rows
-    columns = list(empty_table().columns) + (list(PREFERENCE_COLUMNS) if preferences else [])
+    forget(model)  # the weight detectors' shared readout and ranks
+    columns = list(empty_table().columns) + (list(PREFERENCE_COLUMNS) if preferences else []) + extra
+    columns += [c for name in sorted(gated) for c in gate_columns(name)]
     df = pd.DataFrame(rows, columns=columns) if rows else empty_table()
     if s_small := [d for d, s in summaries.items() if 0 < s.n_prompts < 10]:
         notes.append(f"fewer than 10 prompts with targets for {', '.join(s_small)}: wide intervals")
@@ -381,7 +403,12 @@ def classify(
         "skipped": skipped, "warnings": notes, "batch_size": batch_size, "world_size": rank.world_size,
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "device": str(model.device),
         "substitutions": list(getattr(model, "substitutions", [])),  # what ran in place of what the model asked for
+        "source": dict(getattr(model, "source", None) or {}),  # a GGUF's file, sha256 and quantization types
+        "first_position": first_position(model),  # what first_token and sink measure attention to
+        **({"weights": weights} if weights else {}),  # weight detectors: samples, lists, the null over all heads
     })
+    if gated:  # the second half of the name movers' label (headlens.scoring.gates)
+        df.attrs["gate_rule"] = f"gate CI on its side of zero and |mean| >= {MIN_SHARE:g} x the strongest head's"
     if "retrieval" in set(df["detector"]):  # Wu et al.'s own rule next to ours
         r = df[(df["detector"] == "retrieval") & (df["score"] > WU_THRESHOLD)].sort_values("score", ascending=False)
         df.attrs["retrieval_wu_2024"] = {"threshold": WU_THRESHOLD, "rule": "score > 0.1 (Wu et al. 2024)",

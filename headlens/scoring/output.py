@@ -36,7 +36,8 @@ def sidecar_path(path: str | os.PathLike) -> Path:
 
 
 def provenance(model: Any = None, **settings: Any) -> dict[str, Any]:
-    """What made a table: headlens version, the model (name, layers, heads, dtype, device), the time, ``settings``.
+    """What made a table: headlens version, the model (name, layers, heads, dtype, device; for a GGUF its file's
+    ``source``: sha256 and quantization; the ``substitutions`` said at load), the time, ``settings``.
 
     >>> sorted(provenance(seed=0))
     ['created', 'headlens_version', 'seed']
@@ -56,6 +57,10 @@ def provenance(model: Any = None, **settings: Any) -> dict[str, Any]:
             out["device"] = str(param.device)
         except (AttributeError, StopIteration, TypeError):
             pass
+        if source := getattr(model, "source", None):  # a GGUF's file, sha256 and quantization
+            out["source"] = dict(source)
+        if substitutions := list(getattr(model, "substitutions", None) or []):  # what ran in place of what was asked
+            out["substitutions"] = substitutions
     out.update(settings)
     return out
 

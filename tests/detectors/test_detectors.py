@@ -7,7 +7,7 @@ import torch
 
 from headlens.detectors import DETECTORS, get_detector
 from headlens.detectors.base import targets_to_mask
-from headlens.detectors.copying import scores as copying_scores
+from headlens.detectors.copying import eigen_scores
 from headlens.errors import DetectorError
 from headlens.probes.base import ProbeBatch, bracket_annotations
 from headlens.probes.generated import brackets, random_tokens, repeated_segments
@@ -33,7 +33,7 @@ def _pooled(stats):
 def test_registry_has_every_head_type_of_head_scores():
     assert set(DETECTORS) >= {"previous_token", "next_token", "current_token", "first_token", "duplicate_token",
                               "induction", "bracket_matching", "bracket_matching_hard", "open_bracket",
-                              "open_bracket_hard", "copying"}
+                              "open_bracket_hard", "copying", "copy_suppression", "successor"}
     with pytest.raises(DetectorError, match="unknown detector 'prev'"):
         get_detector("prev")
 
@@ -205,15 +205,15 @@ def test_planted_heads_score_one_on_real_python():
     assert pooled["bracket_matching"][0][0, 1].item() < 0.2
 
 
-def test_copying_score_of_an_identity_ov_circuit():
+def test_eigenvalue_score_of_an_identity_ov_circuit():
     model = planted_model()
     cfg = model.cfg
     with torch.no_grad():
         model.lm_head.weight.copy_(model.transformer.wte.weight)  # W_U = W_E^T: reads the token slot
-    sc = copying_scores(model)  # L0H0 copies the token into PREV, not into the token slot: 0 there
+    sc = eigen_scores(model)  # L0H0 copies the token into PREV, not into the token slot: 0 there
     assert sc.shape == (cfg.n_layers, cfg.n_heads)
     with torch.no_grad():
         V, D = cfg.d_vocab, cfg.d_model
         model.transformer.h[1].attn.c_attn.weight[2 * D: 2 * D + V, :V] = torch.eye(V)  # L1H0 v = token
         model.transformer.h[1].attn.c_proj.weight[:V, :V] = torch.eye(V)  # o: back into the token slot
-    assert copying_scores(model)[1, 0].item() == pytest.approx(1.0)
+    assert eigen_scores(model)[1, 0].item() == pytest.approx(1.0)

@@ -9,7 +9,14 @@ import torch
 
 import headlens
 from headlens.errors import DetectorError, ModelReferenceError, OutputError, ProbeError
-from headlens.scoring.table import COLUMNS, check_output_path, head_labels, read_table, write_table
+from headlens.scoring.table import (
+    COLUMNS,
+    WEIGHT_COLUMNS,
+    check_output_path,
+    head_labels,
+    read_table,
+    write_table,
+)
 from headlens.testing import PLANTED_HEADS, planted_model
 from tests.conftest import make_gpt
 
@@ -21,7 +28,7 @@ def planted_table():
 
 def test_planted_heads_are_labelled_and_nothing_else(planted_table):
     df = planted_table
-    assert list(df.columns) == list(COLUMNS)
+    assert list(df.columns) == [*COLUMNS, *WEIGHT_COLUMNS]  # the weight detectors' null, copying's eigen
     labelled = {((int(r.layer), int(r.head)), r.detector) for r in df[df.label].itertuples()}
     expected = {(head, det) for det, heads in PLANTED_HEADS.items() for head in heads}
     assert labelled == expected
@@ -32,7 +39,7 @@ def test_planted_heads_are_labelled_and_nothing_else(planted_table):
 
 def test_uniform_heads_sit_at_their_baseline(planted_table):
     df = planted_table[(planted_table.layer == 0) & (planted_table["head"] == 2)]
-    df = df[df.detector != "copying"]
+    df = df[~df.detector.isin(["copying", "copy_suppression", "successor"])]  # weights: no attention baseline
     assert ((df.score - df.baseline).abs() < 1e-5).all()
     assert ((df.lift - 1).abs() < 1e-4).all()
 
@@ -84,7 +91,8 @@ def test_user_prompts_score_every_detector_with_targets():
     texts = ["f(x[1]) + f(x[2])", "abc abc abc", "if (a) { b[c] }"] * 4
     df = headlens.classify(model, prompts=texts, n_boot=100)
     assert {"previous_token", "induction", "duplicate_token", "bracket_matching", "copying"} <= set(df.detector)
-    assert set(df.attrs["skipped"]) == {"next_token", "coreference", "streaming"}  # causal; byte tokens; no targets
+    assert set(df.attrs["skipped"]) == {"next_token", "coreference", "streaming",  # causal; byte tokens; no targets
+                                        "name_mover", "negative_name_mover"}  # byte tokens: no single-token names
     # targets counted by hand on the byte-level text (x4 copies): closers, and closers with a closed group
     # between them and their opener: "f(x[1]) + f(x[2])" has 4 closers, 2 hard (")" after "[1]", "[2]");
     # "if (a) { b[c] }" has 3, 1 hard ("}" after "[c]"); a repeated byte: 7 + 0 + 3 in the bracket texts, 7 in
@@ -109,7 +117,10 @@ def test_default_model_fallback_is_clear(monkeypatch):
 def test_table_round_trip_keeps_provenance(planted_table, tmp_path, suffix):
     path = write_table(planted_table, tmp_path / f"scores{suffix}")
     back = read_table(path)
-    assert list(back.columns) == list(COLUMNS) and len(back) == len(planted_table)
+    assert list(back.columns) == list(planted_table.columns) and len(back) == len(planted_table)
+    for col in WEIGHT_COLUMNS:  # floats on the weight rows, NaN on the others, through every format
+        torch.testing.assert_close(torch.tensor(back[col].to_numpy()), torch.tensor(planted_table[col].to_numpy()),
+                                   equal_nan=True)
     assert back.attrs["seed"] == 0 and back.attrs["probes"]["brackets"]["pairs"] == ["()", "[]"]
     torch.testing.assert_close(torch.tensor(back.score.to_numpy()), torch.tensor(planted_table.score.to_numpy()))
     assert back.label.tolist() == planted_table.label.tolist()
@@ -123,10 +134,10 @@ def test_csv_is_plain_csv_with_provenance_in_a_sidecar(planted_table, tmp_path):
 
     path = write_table(planted_table, tmp_path / "scores.csv")
     plain = pd.read_csv(path)  # no options: the header is the first line
-    assert list(plain.columns) == list(COLUMNS) and len(plain) == len(planted_table)
+    assert list(plain.columns) == list(planted_table.columns) and len(plain) == len(planted_table)
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
-    assert rows[0] == list(COLUMNS) and len(rows) == len(planted_table) + 1
+    assert rows[0] == list(planted_table.columns) and len(rows) == len(planted_table) + 1
     side = json.loads((tmp_path / "scores.csv.json").read_text())
     assert side["headlens"]["seed"] == 0
     (tmp_path / "scores.csv.json").unlink()  # without its sidecar a CSV still reads, provenance empty

@@ -76,3 +76,16 @@ def test_report_with_edges_has_the_circuit_graph_and_table(tmp_path):
         assert f"<td>{sender}</td><td>{receiver}</td><td>0</td><td>{c}</td>" in page
     assert "previous_token -&gt; induction" in page  # the label column joins classify's labels
     assert page.count("* plotly.js v") == 1
+
+
+def test_report_shows_what_the_vocabulary_heads_write():
+    from headlens.testing import vocabulary_model
+
+    model = vocabulary_model()
+    table = classify(model, detectors="copying,copy_suppression,successor")
+    page = report_html(model, table)
+    section = page[page.index("<h2>Vocabulary heads</h2>"):page.index("<h2>Provenance</h2>")]
+    for head, det in (("L0H0", "copying"), ("L0H1", "copy_suppression"), ("L0H2", "successor")):
+        assert f"<td>{head}</td><td>{det}</td><td>1.000</td>" in section
+    assert "a → b " in section and "3 → 4 " in section  # the successor head writes the next item first
+    assert "Succession per list" in section and "<th>letters_lower</th>" in section

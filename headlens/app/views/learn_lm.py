@@ -14,7 +14,7 @@ from typing import Any
 import streamlit as st
 
 from headlens import viz
-from headlens.app import cache
+from headlens.app import cache_lm
 from headlens.app import helpers as hd
 from headlens.app.ui import attempt, current_placement, html_download
 from headlens.app.views.lesson_parts import bug_losses, bug_patterns, chosen_bugs, window_for
@@ -50,7 +50,7 @@ def split_step(ref: str, model: Any, text: str, layer: int) -> None:
         f"`{H * d}` columns of the queries into `n_heads = {H}` slices of `d_head = {d}`. Head *h* reads columns "
         f"`h·{d}` to `h·{d}+{d - 1}`, and only those.{gqa} Below: layer {layer}'s real queries and keys on your text.")
     with st.spinner("Splitting the heads..."):
-        split = attempt("Could not compute the split", cache.get_lm_split, ref, text, layer, current_placement())
+        split = attempt("Could not compute the split", cache_lm.get_lm_split, ref, text, layer, current_placement())
     if split is None:
         return
     st.code(_code(H, split.n_kv_heads, d, split.rope), language="python")
@@ -117,7 +117,7 @@ def bugs_step(ref: str, model: Any, text: str, layer: int) -> None:
     prompt = prompt_box()
     for bug in chosen_bugs(BUG_TOGGLES):
         with st.spinner(f"Planting {bug}, continuing your prompt and running the doctor..."):
-            result = attempt(f"Could not plant {bug}", cache.get_lm_bug, ref, text, prompt, bug, layer)
+            result = attempt(f"Could not plant {bug}", cache_lm.get_lm_bug, ref, text, prompt, bug, layer)
         if result is not None:
             show_bug(model, result, layer)
 
@@ -142,7 +142,7 @@ def head_count_step(ref: str, model: Any, text: str, layer: int) -> None:
         f"for {H // H_kv} query heads of {H_kv * d} sharing 1. So a config with the wrong head count "
         f"loads without a word. Load {model.name}'s weights with another layout and ask it to continue your prompt.")
     prompt = prompt_box()
-    found = attempt("Cannot rebuild the model", cache.get_layouts, ref, _show=st.info)
+    found = attempt("Cannot rebuild the model", cache_lm.get_layouts, ref, _show=st.info)
     if found is None:
         return
     config, layouts = found
@@ -154,8 +154,8 @@ def head_count_step(ref: str, model: Any, text: str, layer: int) -> None:
                             [str(o) for o in options], key="learn_layout")
     wrong = options[[str(o) for o in options].index(pick)]
     with st.spinner(f"Loading the weights as {wrong} and continuing your prompt..."):
-        right_row = attempt("Could not run the model", cache.get_layout_row, ref, text, prompt, config, layer)
-        row = attempt(f"Could not load the weights as {wrong}", cache.get_layout_row, ref, text, prompt, wrong, layer)
+        right_row = attempt("Could not run the model", cache_lm.get_layout_row, ref, text, prompt, config, layer)
+        row = attempt(f"Could not load the weights as {wrong}", cache_lm.get_layout_row, ref, text, prompt, wrong, layer)
     if right_row is None or row is None:
         return
     said = row.loaded or "nothing: no missing, unexpected or mismatched weight, no warning"
@@ -192,7 +192,7 @@ def doctor(ref: str, wrong: Any, config: Any) -> None:
     if not st.session_state.get(key):
         return
     with st.spinner("headlens doctor is loading the weights with both layouts..."):
-        result = attempt("The doctor could not check this model", cache.get_lm_doctor, ref, wrong.n_heads,
+        result = attempt("The doctor could not check this model", cache_lm.get_lm_doctor, ref, wrong.n_heads,
                          config.n_heads, _show=st.warning)
     if result is None:
         return

@@ -44,7 +44,8 @@ def specialise_step(ref: str, model: Any, text: str, scores: pd.DataFrame, n_pro
         st.markdown(f"#### {kind}" + (f": {describe(kind)}" if describe(kind) else ""))
         for e in group:
             show_example(ref, model, tokens, e)
-    attribution_link(ref)
+    if model.is_causal:
+        attribution_link(ref, tokens, examples)
 
 
 def describe(detector: str) -> str:
@@ -79,22 +80,24 @@ def show_example(ref: str, model: Any, tokens: list[str], e: Any) -> None:
         st.rerun()  # the whole page: the grid is outside this view's fragment
 
 
-ATTRIBUTION_MODULE = "headlens.app.views.attribution"  # the DLA view ("which heads wrote the next word")
-
-
-def attribution_link(ref: str) -> None:
-    """A button to the DLA view, once it is installed: a hook for ``headlens.app.views.attribution``, which names
-    its entry in the page's view switch as ``VIEW``; nothing is shown until then."""
-    import importlib
-    import importlib.util
-
-    if importlib.util.find_spec(ATTRIBUTION_MODULE) is None:
+def attribution_link(ref: str, tokens: list[str], examples: list[Any]) -> None:
+    """A button to the Attribution view ("which heads wrote the next word"), on the token after the strongest
+    induction head's example (the word it helps predict), else the text's last token."""
+    after = [e.query + 1 for e in examples if e.detector == "induction" and e.query is not None
+             and e.query + 1 < len(tokens)]
+    position = after[0] if after else len(tokens) - 1
+    if position < 1:
         return
-    view = getattr(importlib.import_module(ATTRIBUTION_MODULE), "VIEW", None)
-    if view:
-        st.divider()
-        st.button("Which heads wrote the next word? Open the attribution view", key="learn_attribution",
-                  on_click=lambda: st.session_state.update(view=view), type="primary")
+    st.divider()
+    st.button(f"Which heads wrote {tokens[position]!r} (#{position})? Open the Attribution view",
+              key="learn_attribution", on_click=_to_attribution, args=(ref, position), type="primary",
+              help="the logit of that token split into what each head, MLP and the embedding wrote")
+
+
+def _to_attribution(ref: str, position: int) -> None:
+    """Before the rerun: the Attribution view opens on ``position`` (the page pops ``goto_view``)."""
+    st.session_state[f"attr_pos::{ref}"] = position
+    st.session_state["goto_view"] = "Attribution"
 
 
 CONTEXT = 48  # tokens of context shown up to an example's query

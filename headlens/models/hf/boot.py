@@ -20,6 +20,8 @@ from typing import Any
 
 from headlens.errors import ModelReferenceError, ProbeError
 from headlens.models.hf.hub import HFSource, remote_code_note, resolve
+from headlens.models.hf.prefix import adds_bos
+from headlens.models.hf.prefix import choose as choose_prefix
 from headlens.models.tokenizer import Tokenizer
 
 _HEADLESS_SUFFIXES = ("Model",)
@@ -109,6 +111,7 @@ def load_bridge(
     ref: str | os.PathLike, device: str = "cpu", name: str | None = None, dtype: Any = None,
     trust_remote_code: bool = False, device_map: str | dict[str, Any] | None = None,
     max_memory: dict[str | int, str | int] | None = None, offload_folder: str | os.PathLike | None = None,
+    tokenizer: Any = None,
 ) -> Any:
     """Boot a Hugging Face model through TransformerBridge: a local directory or a hub repository.
 
@@ -124,6 +127,8 @@ def load_bridge(
             GPUs, the CPU and (with ``offload_folder``) the disk.
         max_memory: memory per device for ``device_map``, e.g. ``{0: "20GiB", "cpu": "64GiB"}``.
         offload_folder: where weights that fit on no device go.
+        tokenizer: a tokenizer to run instead of the one ``AutoTokenizer`` picks for the directory (a
+            GGUF's own, read back as transformers built it: :mod:`headlens.models.hf.gguf`).
 
     Returns:
         a :class:`BridgeModel` with the shared headlens surface.
@@ -137,7 +142,9 @@ def load_bridge(
     from transformer_lens.model_bridge import TransformerBridge
 
     transformers.utils.logging.disable_progress_bar()
-    tokenizer = _load_tokenizer(src, trust_remote_code)
+    tokenizer = tokenizer if tokenizer is not None else _load_tokenizer(src, trust_remote_code)
+    # what position 0 holds, read before the bridge sets a missing bos_token to the EOS (headlens.models.hf.prefix)
+    prefix = None if tokenizer is None else choose_prefix(tokenizer, adds_bos(src.files), src.config.get("vocab_size"))
     place: dict[str, Any] = {"device": device}
     if device_map is not None:  # the bridge refuses device and device_map together
         place = {"device_map": device_map, "max_memory": max_memory,
@@ -155,6 +162,9 @@ def load_bridge(
         native_tokenizer=_native_tokenizer(src.config), hf_config=src.config, tokenizer_dir=str(src.files),
     )
     model.substitutions = substitutions(src, trust_remote_code, tokenizer, getattr(bridge, "original_model", None))
+    if model.is_causal and prefix is not None:
+        model.prefix = prefix
+        model.substitutions += [note] if (note := prefix.note(model.name)) else []
     for line in model.substitutions:
         warnings.warn(line, stacklevel=2)
     if tokenizer is None:

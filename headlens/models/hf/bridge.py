@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from headlens.errors import HeadlensError, ProbeError
+from headlens.models.hf.prefix import Prefix
 from headlens.models.hf.specs import attention_specs, n_kv_heads
 from headlens.models.hooks import ActivationCache
 from headlens.models.tokenizer import Tokenizer
@@ -104,6 +105,7 @@ class BridgeModel:
         self.hf_config = dict(hf_config or {})
         self.tokenizer_dir = tokenizer_dir  # where tokenizer files were looked for (for error messages)
         self.substitutions: list[str] = []  # what runs in place of what the directory asks for (boot.substitutions)
+        self.prefix: Prefix | None = None  # what a causal prompt starts with, and why (headlens.models.hf.prefix)
         self.native_tokenizer = native_tokenizer  # set for directories written by headlens export-hf
         self.name = name
         self.output_kind = output_kind
@@ -141,8 +143,10 @@ class BridgeModel:
 
     @property
     def bos_token_id(self) -> int:
-        """The id every prompt starts with: CLS for BERT-style encoders, else BOS."""
+        """The id every prompt starts with: CLS for BERT-style encoders, else BOS (:attr:`prefix` decides)."""
         tok = self.tokenizer
+        if self.is_causal and self.prefix is not None and self.prefix.token_id is not None:
+            return self.prefix.token_id
         if tok is None:  # no tokenizer: the config's ids
             ids = [self.hf_config.get(k) for k in ("bos_token_id", "cls_token_id", "eos_token_id")]
         elif not self.is_causal and tok.cls_token_id is not None:
@@ -205,7 +209,8 @@ class BridgeModel:
         """Tokenize with the model's own HF tokenizer to ``(batch, pos)`` ids.
 
         ``prepend_bos`` adds what the model expects around a text: ``[CLS] ... [SEP]`` for
-        BERT-style encoders, a leading BOS for causal models; special-token strings inside the
+        BERT-style encoders, a leading BOS for causal models (the token :attr:`prefix` chose, whatever the
+        tokenizer itself adds: ``docs/real-models.md``); special-token strings inside the
         text are tokenized as plain text. Texts of different token
         lengths are right-padded when the model has a distinct PAD token (forward then masks
         the pads); otherwise they are refused, like the native model does.
@@ -215,10 +220,12 @@ class BridgeModel:
             raise ProbeError("to_tokens got no texts")
         tok = self._require_tokenizer()
         # text is text: a literal "<bos>" or "[SEP]" in it is not a special token
-        rows = [list(tok(t, add_special_tokens=prepend_bos, split_special_tokens=True)["input_ids"]) for t in texts]
+        chosen = self.is_causal and self.prefix is not None  # the prefix, not the tokenizer, starts the prompt
+        specials = prepend_bos and not chosen
+        rows = [list(tok(t, add_special_tokens=specials, split_special_tokens=True)["input_ids"]) for t in texts]
         if prepend_bos and self.is_causal:
-            bos = self.bos_token_id
-            rows = [r if r[:1] == [bos] else [bos, *r] for r in rows]
+            bos = [] if chosen and self.prefix.token_id is None else [self.bos_token_id]
+            rows = [r if not chosen and r[:1] == bos else [*bos, *r] for r in rows]
         longest = max(len(r) for r in rows)
         if longest > self.cfg.n_ctx:
             raise ProbeError(f"text is {longest} tokens long; this model's context is n_ctx={self.cfg.n_ctx}")

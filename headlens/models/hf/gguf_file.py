@@ -1,0 +1,155 @@
+"""What a GGUF file is, read from its header without reading its weights: the architecture, the
+quantization types, the tokenizer's ``add_bos_token``; and the one-line refusals of a file headlens
+cannot use (the ``gguf`` package missing, a missing path, a file that is not GGUF or is cut short, an
+architecture this transformers does not read from GGUF). The cache and the loading are
+:mod:`headlens.models.hf.gguf`'s.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from headlens.errors import CheckpointError, ModelReferenceError
+
+INSTALL_GGUF = "pip install 'headlens[gguf]' (or: pip install gguf)"
+_MAGIC = b"GGUF"
+
+
+def require_gguf() -> None:
+    if importlib.util.find_spec("gguf") is None:
+        raise ModelReferenceError(f"GGUF files need the gguf package: {INSTALL_GGUF}")
+
+
+@dataclass(frozen=True)
+class GGUFInfo:
+    """What a GGUF file is, read from its header (no weights are read).
+
+    Attributes:
+        path: the file.
+        sha256: hex digest of its bytes (the cache key).
+        architecture: ``general.architecture`` (``llama``, ``qwen2``, ``gemma3`` ...).
+        file_type: the file's main quantization (``Q4_1``), from ``general.file_type`` or the commonest type.
+        tensor_types: quantization type -> number of tensors (``{"Q4_1": 210, "F32": 61, "Q8_0": 1}``).
+        name: ``general.name`` when the file has one.
+        add_bos_token: whether the file's tokenizer adds BOS by itself (None: not said).
+    """
+
+    path: Path
+    sha256: str
+    architecture: str
+    file_type: str
+    tensor_types: dict[str, int] = field(default_factory=dict)
+    name: str = ""
+    add_bos_token: bool | None = None
+
+    def provenance(self) -> dict[str, Any]:
+        return {"kind": "gguf", "file": str(self.path), "sha256": self.sha256, "architecture": self.architecture,
+                "quantization": self.file_type, "tensor_types": dict(self.tensor_types),
+                "dequantized_to": "float32"}
+
+
+def _field(reader: Any, key: str) -> Any:
+    f = reader.fields.get(key)
+    if f is None:
+        return None
+    try:
+        return f.contents()
+    except Exception:  # an old gguf without contents(): the last part holds the value
+        return f.parts[f.data[0]].tolist()[0] if f.data else None
+
+
+def inspect_file(path: Path, sha256: str) -> GGUFInfo:
+    """Read the header of ``path``, whose content hashes to ``sha256`` (one-line errors for a non-GGUF,
+    truncated or unsupported file)."""
+    require_gguf()
+    check_magic(path)
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as err:  # the reader raises ValueError, struct.error, IndexError ... on a cut file
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise CheckpointError(f"{str(path)!r} is a truncated or corrupt GGUF file ({first})") from None
+    types = Counter(t.tensor_type.name for t in reader.tensors)
+    arch = str(_field(reader, "general.architecture") or "")
+    ftype = _field(reader, "general.file_type")
+    try:
+        main = gguf.LlamaFileType(int(ftype)).name.removeprefix("MOSTLY_").removeprefix("ALL_") \
+            if ftype is not None else ""
+    except ValueError:
+        main = ""
+    if not main or main == "GUESSED":
+        main = next((t for t, _ in types.most_common() if t not in ("F32", "F16")), "F32" if types else "")
+    bos = _field(reader, "tokenizer.ggml.add_bos_token")
+    info = GGUFInfo(path.resolve(), sha256, arch, main, dict(types.most_common()),
+                    str(_field(reader, "general.name") or ""), None if bos is None else bool(bos))
+    _check_complete(path, reader)
+    check_architecture(info)
+    return info
+
+
+def check_magic(path: Path) -> None:
+    """A missing path or a file that is not GGUF, in one line."""
+    if not path.is_file():
+        raise ModelReferenceError(f"no such GGUF file {str(path)!r}" + (" (it is a directory)" if path.is_dir() else ""))
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != _MAGIC:
+        raise CheckpointError(f"{str(path)!r} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")
+
+
+def _check_complete(path: Path, reader: Any) -> None:
+    """The tensors' data must lie inside the file (a download cut short has a full header, short data)."""
+    size = path.stat().st_size
+    for t in reader.tensors:
+        if int(t.data_offset) + int(t.n_bytes) > size:
+            raise CheckpointError(f"{str(path)!r} is truncated: tensor {t.name!r} ends at byte "
+                                  f"{int(t.data_offset) + int(t.n_bytes):,} of a {size:,}-byte file")
+
+
+def supported_architectures() -> list[str]:
+    """The ``general.architecture`` values this transformers reads from GGUF (its legacy reader's and the newer one's)."""
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    known = set(GGUF_SUPPORTED_ARCHITECTURES) - {"general", "tokenizer"}
+    try:
+        from transformers.integrations.gguf import GGUF_CONFIG_ARCHS
+
+        known |= set(GGUF_CONFIG_ARCHS)
+    except ImportError:  # a transformers before the newer reader
+        pass
+    return sorted(known)
+
+
+def check_architecture(info: GGUFInfo) -> None:
+    known = supported_architectures()
+    if info.architecture not in known:
+        import transformers
+
+        raise ModelReferenceError(
+            f"{str(info.path)!r}: architecture {info.architecture or '(none)'!r} is not one transformers "
+            f"{transformers.__version__} reads from GGUF (it reads {', '.join(known)})")
+
+
+UNQUANTIZED = ("F32", "F16", "BF16", "F64")  # float tensors: read exactly, nothing rounded to blocks
+
+
+def dequantized_note(name: str, info: GGUFInfo) -> str:
+    """The one line every GGUF load prints: what runs is the quantized model (or, for a float file, the file's
+    own float weights).
+
+    >>> info = GGUFInfo(Path("m.gguf"), "0" * 64, "llama", "Q8_0", {"Q8_0": 14, "F32": 7})
+    >>> dequantized_note("m", info)
+    "'m': dequantized from Q8_0 (14 tensors; F32 7) to float32: headlens analyses the quantized model, not the original float weights"
+    """
+    if not set(info.tensor_types) - set(UNQUANTIZED):
+        kinds = ", ".join(f"{t} {n}" for t, n in info.tensor_types.items())
+        return f"{name!r}: GGUF float weights ({kinds} tensors) read as float32: nothing in the file is quantized"
+    others = ", ".join(f"{t} {n}" for t, n in info.tensor_types.items() if t != info.file_type)
+    counts = f"{info.tensor_types.get(info.file_type, 0)} tensors" + (f"; {others}" if others else "")
+    return (f"{name!r}: dequantized from {info.file_type} ({counts}) to float32: headlens analyses the "
+            f"quantized model, not the original float weights")
