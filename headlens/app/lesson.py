@@ -19,6 +19,7 @@ or break): they raise ``ConfigError`` saying so; step 4 works on any model.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from headlens.errors import ConfigError, ProbeError
+from headlens.models.token_text import readable_tokens
 
 
 def _native(model: Any, what: str) -> None:
@@ -65,10 +67,17 @@ class SplitStep:
     q_split: np.ndarray  # (T, H, d_head): q.view(B, T, H, d_head)[0]
     q_heads: np.ndarray  # (H, T, d_head): .transpose(1, 2)[0]: each head's own (T, d_head) slice
     patterns: np.ndarray  # (H, T, T)
+    k: np.ndarray | None = None  # (T, H_kv * d_head): the keys, on a bridged model (grouped-query attention)
+    k_heads: np.ndarray | None = None  # (H_kv, T, d_head)
+    rope: bool = False  # q and k are rotated by position (RoPE) after the split
 
     @property
     def n_heads(self) -> int:
         return self.q_heads.shape[0]
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.n_heads if self.k_heads is None else self.k_heads.shape[0]
 
     @property
     def d_head(self) -> int:
@@ -88,7 +97,7 @@ def split_step(model: Any, text: str, layer: int = 0) -> SplitStep:
     q = attn.c_attn(x).split(D, dim=2)[0]  # (B, T, d_model)
     q_split = q.view(B, T, attn.n_heads, attn.d_head)  # (B, T, H, d_head): axis 2 is the head
     q_heads = q_split.transpose(1, 2)  # (B, H, T, d_head): each head attends on its own
-    return SplitStep(layer, model.to_str_tokens(tokens), _np(q[0]), _np(q_split[0]), _np(q_heads[0]),
+    return SplitStep(layer, readable_tokens(model, tokens), _np(q[0]), _np(q_split[0]), _np(q_heads[0]),
                      _np(cache[names[1]][0]))
 
 
@@ -135,7 +144,7 @@ def bug_step(model: Any, text: str, bug: str, layer: int = 0) -> BugStep:
     verdict = (f"{report.diagnosis}: {report.diagnosis_title}" if report.diagnosis
                else report.diagnosis_title)
     return BugStep(
-        bug=bug, looks_like=LESSON_BUGS[bug][0], tokens=model.to_str_tokens(tokens),
+        bug=bug, looks_like=LESSON_BUGS[bug][0], tokens=readable_tokens(model, tokens),
         clean_loss=float(clean_loss.mean()), bugged_loss=float(bugged_loss.mean()),
         token_diff=bugged_loss - clean_loss, clean_patterns=_np(clean[name][0]),
         bugged_patterns=_np(bugged[name][0]),
@@ -190,7 +199,7 @@ def head_count_step(source: str | Path, text: str, layer: int = 0,
         loss = float(text_loss(split, tokens).mean())
         rows.append(HeadCountRow(h, w.config.d_model // h, loss, _np(cache[name][0])))
     if model is not None:
-        str_tokens = model.to_str_tokens(tokens)
+        str_tokens = readable_tokens(model, tokens)
     elif w.tokenizer is not None:
         str_tokens = [w.tokenizer.str_token(int(i)) for i in tokens[0]]
     else:
@@ -215,8 +224,27 @@ class HeadExample:
     row: np.ndarray | None  # (T,) the head's attention row at the query
 
 
-def head_examples(model: Any, text: str, scores: Any, max_heads: int = 12) -> tuple[list[str], list[HeadExample]]:
-    """Each labelled head (strongest label, by lift) with its best example on ``text``.
+def specialists(scores: Any, per_type: int = 3, types: Sequence[str] | None = None) -> dict[str, list[Any]]:
+    """The labelled heads by head type: each head under its strongest label (the library's order,
+    :func:`headlens.scoring.table.labelled_heads`), the ``per_type`` strongest of each type, the types in the
+    order of their strongest head (only ``types``, when given)."""
+    from headlens.scoring.table import labelled_heads
+
+    best: dict[tuple[int, int], Any] = {}
+    rows = list(labelled_heads(scores).itertuples())
+    # a top-1 label (retrieval) reads needle prompts, not this text: a head's other labels come first
+    for row in sorted(rows, key=lambda r: _kind(str(r.detector)) == "top1"):  # stable: table order otherwise
+        best.setdefault((int(row.layer), int(row.head)), row)
+    out: dict[str, list[Any]] = {}
+    for row in best.values():
+        if types is None or str(row.detector) in types:
+            out.setdefault(str(row.detector), []).append(row)
+    return {name: heads[:per_type] for name, heads in out.items()}
+
+
+def head_examples(model: Any, text: str, scores: Any, per_type: int = 3,
+                  types: Sequence[str] | None = None) -> tuple[list[str], list[HeadExample]]:
+    """The strongest labelled heads of each type (:func:`specialists`), each with its best example on ``text``.
 
     The example is the query where the head puts the most attention on what its detector
     says it should attend to (the previous token, the token after an earlier copy, the
@@ -227,19 +255,12 @@ def head_examples(model: Any, text: str, scores: Any, max_heads: int = 12) -> tu
     from headlens.models.vocab import vocab
     from headlens.probes.base import collate
     from headlens.probes.text import text_prompts
-    from headlens.scoring.table import labelled_heads
-
     probe = text_prompts(model, [text])
     v = vocab(model)
     pad_id = getattr(model.tokenizer, "pad_token_id", None)
     batch = collate(probe, [0], model.is_causal, v.special, int(pad_id) if pad_id is not None else v.ordinary[0],
                     model.device)
-    best: dict[tuple[int, int], Any] = {}
-    rows = list(labelled_heads(scores).itertuples())
-    # a top-1 label (retrieval) reads needle prompts, not this text: a head's other labels come first
-    for row in sorted(rows, key=lambda r: _kind(str(r.detector)) == "top1"):  # stable: table order otherwise
-        best.setdefault((int(row.layer), int(row.head)), row)
-    chosen = list(best.values())[:max_heads]
+    chosen = [row for heads in specialists(scores, per_type, types).values() for row in heads]
     layers = sorted({int(r.layer) for r in chosen})
     names = [f"blocks.{layer}.attn.hook_pattern" for layer in layers]
     with torch.inference_mode():
@@ -255,7 +276,7 @@ def head_examples(model: Any, text: str, scores: Any, max_heads: int = 12) -> tu
         out.append(HeadExample(int(r.layer), int(r.head), str(r.detector), float(r.score), float(r.ci_low),
                                float(r.ci_high), query, keys, weight,
                                pattern[query].numpy() if query is not None else None))
-    return model.to_str_tokens(batch.tokens), out
+    return readable_tokens(model, batch.tokens), out
 
 
 def _kind(name: str) -> str:

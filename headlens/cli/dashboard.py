@@ -7,7 +7,8 @@ imports torch, loads the first model and scores its heads into the app's caches,
 page shows the grid without waiting for a scan. ``import headlens`` does not import torch, so
 the server answers before torch has loaded, and the page draws a placeholder figure at once so
 that the browser parses plotly while the server scores. A zoo model's grid is drawn from its
-shipped scores before torch is imported at all; the views under it fill in once the model is loaded. The first model is handed over in
+shipped scores (or from the scores an earlier start stored on disk: headlens.app.score_store) before torch is
+imported at all; the views under it fill in once the model is loaded. The first model is handed over in
 ``HEADLENS_DASHBOARD_MODEL``.
 """
 
@@ -31,6 +32,13 @@ def _check_reference(ref: str) -> None:
     from headlens.zoo import ZOO
 
     if ref in ZOO or ref == "minilm":
+        return
+    from headlens.models.hf.gguf import parse_reference
+
+    gguf = parse_reference(ref)  # smollm2 without its package says how to install it
+    if gguf is not None:
+        if not gguf.is_file():
+            raise ModelReferenceError(f"no GGUF file at {str(gguf)!r}")
         return
     if ref.startswith("hf:"):
         from headlens.models.hf.hub import split_reference
@@ -86,13 +94,17 @@ def import_shared() -> None:
 FIRST_PAINT_WAIT_S = 10.0  # how long the warm-up waits for a page to draw shipped scores before importing torch
 
 
-def _shipped(ref: str) -> bool:
-    """Whether zoo model ``ref`` ships the scores of the dashboard's default scan (read without torch)."""
+def _stored(ref: str, placed: tuple[str, str]) -> bool:
+    """Whether the scores of the dashboard's default scan of ``ref`` are stored (a zoo model's shipped table, or
+    one an earlier start kept on disk), so the page draws the grid without torch."""
     from headlens.app import helpers as hd
+    from headlens.app import score_store
     from headlens.zoo import scores
 
     try:
-        return scores.read(ref, hd.DEFAULT_N_PROMPTS, 0) is not None
+        if placed[0] == "float32" and scores.read(ref, hd.DEFAULT_N_PROMPTS, 0) is not None:
+            return True
+        return score_store.stamp(ref, hd.DEFAULT_N_PROMPTS, 0, None, placed) > 0
     except (OSError, ValueError, KeyError):
         return False
 
@@ -101,8 +113,8 @@ def _warm_up() -> None:
     """Import the heavy modules once Streamlit's runtime exists; then load and score the first model.
 
     Runs beside the server, so pandas' and plotly's imports overlap with the browser loading the page
-    (not with the server starting: the GIL would make both slower); for a zoo model with shipped scores
-    it then waits (at most ``FIRST_PAINT_WAIT_S``) until the page has drawn the grid from them without
+    (not with the server starting: the GIL would make both slower); for a model whose scores are stored (shipped with
+    the zoo, or kept on disk by an earlier start) it then waits (at most ``FIRST_PAINT_WAIT_S``) until the page has drawn the grid from them without
     torch (``headlens.app.FIRST_PAINT``): torch's import holds the GIL for seconds. The Streamlit caches
     wait for the runtime too: ``st.cache_data`` used before it exists warns and stores into a throwaway
     cache.
@@ -128,7 +140,7 @@ def _warm_up() -> None:
         if ref == hd.CUSTOM_CHOICE:
             return
         placed = (os.environ.get(DTYPE_ENV) or "float32", os.environ.get(DEVICE_ENV) or "cpu")
-        if placed[0] == "float32" and _shipped(ref):  # the page draws the grid without torch: let it go first
+        if _stored(ref, placed):  # the page draws the grid without torch: let it go first
             FIRST_PAINT.wait(timeout=FIRST_PAINT_WAIT_S)
         import headlens.models.gpt  # noqa: F401  (torch)
 
@@ -146,7 +158,7 @@ def register(app: typer.Typer) -> None:
     @app.command("dashboard")
     def dashboard(
         model: str = typer.Option(None, "--model", "-m", help="Model shown first: zoo name, path.safetensors, "
-                                  "hf:<dir> or minilm (default: the bundled default model)."),
+                                  "hf:<dir>, smollm2, gguf:<file> or minilm (default: the bundled default model)."),
         port: int = typer.Option(8501, "--port", min=1, max=65535, help="Port on 127.0.0.1."),
         warm: bool = typer.Option(True, "--warm/--no-warm", help="Score the first model while the server starts."),
         dtype: opt.Dtype = "float32",

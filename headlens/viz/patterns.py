@@ -23,11 +23,14 @@ PATTERN_WINDOW = 64  # tokens one pattern shows with every token labelled; longe
 def display_token(token: str) -> str:
     """A token made readable and safe as a plotly label (whitespace shown, HTML escaped).
 
-    >>> display_token("<bos>"), display_token(" "), display_token("\\n")
-    ('&lt;bos&gt;', '␣', '⏎')
+    A word's spaces are light dots (`` Paris`` is ``·Paris``); a token that is only a space is ``␣``.
+
+    >>> display_token("<bos>"), display_token(" "), display_token("\\n"), display_token(" Paris")
+    ('&lt;bos&gt;', '␣', '⏎', '·Paris')
     """
     token = BYTE_ESCAPES.get(token, token)
-    shown = token.replace(" ", "␣").replace("\n", "⏎").replace("\t", "⇥").replace("\r", "␍")
+    space = "␣" if not token.strip(" ") else "·"
+    shown = token.replace(" ", space).replace("\n", "⏎").replace("\t", "⇥").replace("\r", "␍")
     return html.escape(shown or "∅", quote=False)
 
 

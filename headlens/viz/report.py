@@ -130,6 +130,7 @@ def _patterns(model: Any, table: Any, prompt: str) -> list[str]:
     """Each labelled head's pattern on ``prompt``: a heatmap (every token labelled) and coloured text."""
     import torch
 
+    from headlens.models.token_text import readable_tokens
     from headlens.scoring.table import head_labels
     from headlens.viz.patterns import pattern_figure, token_window
     from headlens.viz.tokenview import token_view_html
@@ -142,7 +143,7 @@ def _patterns(model: Any, table: Any, prompt: str) -> list[str]:
     tokens = model.to_tokens(prompt)  # (1, T)
     with torch.inference_mode():
         _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
-    str_tokens = model.to_str_tokens(tokens)
+    str_tokens = readable_tokens(model, tokens)  # ' Paris', not 'ĠParis'
     window = token_window(len(str_tokens))
     out = [f"<h2>Patterns of the labelled heads</h2><p>On the example prompt <code>{html.escape(prompt)}</code>"
            + (f" (first {len(window)} of {len(str_tokens)} tokens in the heatmaps)" if len(window) < len(str_tokens)

@@ -6,7 +6,9 @@ inlines it. Several heads are shown as one line of text each, on the same tokens
 a token shows every head's attention row for that query at once.
 
 Why the first query is coloured in the HTML itself: the fragment reads correctly before (or
-without) its script, e.g. in a test that only sees the markup, or a mail client.
+without) its script, e.g. in a test that only sees the markup, or a mail client. Weights travel as whole
+percents: a colour needs no finer steps, and a layer of a language model on a few hundred tokens stays a
+page of a megabyte or two.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ _SCRIPT = """
       const row = w[line.dataset.head][q];
       line.querySelectorAll(".hl-tok").forEach((el) => {
         const k = +el.dataset.pos;
-        const a = k < row.length ? row[k] : 0;
+        const a = k < row.length ? row[k] / 100 : 0;
         el.style.background = `rgba(%(color)s,${a})`;
         el.style.outline = k === q ? "2px solid %(outline)s" : "none";
       });
@@ -88,12 +90,12 @@ def token_view_html(
         z = np.nan_to_num(np.asarray(pattern, dtype=float))  # (Q, K)
         if z.shape != (T, T):
             raise ValueError(f"pattern of {name} has shape {z.shape}; expected ({T}, {T}) for {T} tokens")
-        weights[name] = np.round(z, 3).tolist()
+        weights[name] = np.rint(np.clip(z, 0.0, 1.0) * 100).astype(int).tolist()  # percent: 9 heads x 300 tokens ~1.6 MB
     lines = []
     for name, rows in weights.items():
         spans = []
         for k, token in enumerate(str_tokens):
-            a = rows[query][k]
+            a = rows[query][k] / 100
             outline = f"outline: 2px solid {QUERY_OUTLINE};" if k == query else ""
             spans.append(f'<span class="hl-tok" data-pos="{k}" title="#{k} {html.escape(repr(token))}: query" '
                          f'style="background: rgba({COLOR},{a:g}); {outline} white-space: pre; '

@@ -53,6 +53,11 @@ def read(name: str, n_prompts: int, seed: int, detectors: Iterable[str] = ()) ->
     stored = json.loads(scores_path(name).read_text())
     if stored.get("key") != _key(name, n_prompts, seed):
         return None
+    return decode(stored, detectors)
+
+
+def decode(stored: dict[str, Any], detectors: Iterable[str] = ()) -> pd.DataFrame | None:
+    """The scores table in a stored dict (:func:`encode`), or None when it lacks one of ``detectors``."""
     covered = set(stored["columns"].get("detector", [])) | set(stored["attrs"].get("skipped", {}))
     if set(detectors) - covered:
         return None
@@ -63,16 +68,24 @@ def read(name: str, n_prompts: int, seed: int, detectors: Iterable[str] = ()) ->
     return table
 
 
-def write(name: str, table: pd.DataFrame, n_prompts: int, seed: int) -> Path:
-    """Store ``table`` (the dashboard's scan of zoo model ``name``) next to its weights."""
-    stored = {
-        "key": _key(name, n_prompts, seed),
+def encode(table: pd.DataFrame, key: dict[str, Any]) -> dict[str, Any]:
+    """A scores table as a JSON-ready dict under ``key`` (what it was computed from)."""
+    return {
+        "key": key,
         "dtypes": {c: str(t) for c, t in table.dtypes.items()},
         "columns": {c: table[c].tolist() for c in table.columns},  # json floats round-trip exactly
         "attrs": table.attrs,
     }
-    path = scores_path(name)
-    tmp = path.with_suffix(".tmp")
+
+
+def write_json(path: Path, stored: dict[str, Any]) -> Path:
+    """Write ``stored`` to ``path`` whole or not at all (written beside it, then renamed)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(stored, indent=0, default=str) + "\n")
     os.replace(tmp, path)
     return path
+
+
+def write(name: str, table: pd.DataFrame, n_prompts: int, seed: int) -> Path:
+    """Store ``table`` (the dashboard's scan of zoo model ``name``) next to its weights."""
+    return write_json(scores_path(name), encode(table, _key(name, n_prompts, seed)))

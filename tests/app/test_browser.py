@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pytest
 from conftest import make_gpt
+from smollm2_cache import smollm2_dashboard_cache  # noqa: F401  (the SmolLM2 test's fixture)
 
 from headlens import save_checkpoint
 from headlens.app import MODEL_ENV
@@ -365,3 +366,39 @@ def test_dashboard_in_chromium(tmp_path):
     (ARTIFACTS / "browser_timings.json").write_text(json.dumps(timings, indent=1))
     print("\n" + "\n".join(f"browser timing: {k} = {v:.2f}" if isinstance(v, float) else f"browser: {k}: {v}"
                            for k, v in timings.items()))
+
+
+def test_learn_on_smollm2_in_chromium(smollm2_dashboard_cache, monkeypatch):  # noqa: F811
+    """SmolLM2 in a real browser: its grid drawn from the stored scores, then the Learn view's silent-bug step, where
+    the clean model continues "The Eiffel Tower is in the city of" with " Paris" and the broken one does not."""
+    executable = chromium()
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    monkeypatch.setenv("HEADLENS_CACHE", str(smollm2_dashboard_cache))
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        with dashboard_server("smollm2") as (proc, started, port):
+            url = f"http://127.0.0.1:{port}"
+            page = browser.new_page(viewport={"width": 1400, "height": 2400})
+            try:
+                wait_healthy(url, proc)
+                page.goto(url)
+                wait_points(page, 180_000)
+                grid_s = time.perf_counter() - started
+                assert page.locator("[data-testid=stPlotlyChart]").first.locator(".scatterlayer .point").count() == 270
+                page.wait_for_selector("[data-testid=stTextArea] textarea", timeout=300_000)
+                wait_idle(page, 300_000)
+                click_view(page, "Learn")
+                click_and_wait(page, page.get_by_text("2 · Silent bugs", exact=True), STEP_MARKERS[1], 300_000)
+                said = page.locator(".headlens-continuation").all_inner_texts()
+                assert len(said) == 2 and "Paris" in said[0] and "Paris" not in said[1], said
+                no_exception(page)
+                page.screenshot(path=str(ARTIFACTS / "learn_smollm2_bugs.png"), full_page=True)
+            except Exception:
+                with contextlib.suppress(Exception):
+                    page.screenshot(path=str(ARTIFACTS / "smollm2_failure.png"), full_page=True)
+                    (ARTIFACTS / "smollm2_failure.txt").write_text(page.locator("body").inner_text())
+                raise
+        browser.close()
+    print(f"\nbrowser timing: smollm2 server start to a grid from stored scores = {grid_s:.2f} s")

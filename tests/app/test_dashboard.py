@@ -94,6 +94,11 @@ def test_head_patterns_are_the_models_own_and_leave_no_hooks():
     np.testing.assert_allclose(patterns[(1, 2)], cache["blocks.1.attn.hook_pattern"][0, 2].numpy())
     np.testing.assert_allclose(patterns[(0, 1)].sum(-1), 1.0, atol=1e-5)
     assert model.active_hooks() == []
+    fired = []
+    with model.hooks([("blocks.1.attn.hook_pattern", lambda x, hook: fired.append(hook.name))]):
+        _, only = hd.head_patterns(model, "abcabc", [(0, 1)])
+    assert not fired and model.active_hooks() == []  # the pass stopped after layer 0
+    np.testing.assert_allclose(only[(0, 1)], patterns[(0, 1)])
 
 
 def test_token_losses_are_next_token_cross_entropy():
@@ -287,3 +292,23 @@ def test_ablation_control_falls_back_to_heads_anywhere_when_the_selection_fills_
                             n_prompts=4)
     assert some["control"] == "layer" and whole["control"] == "model"
     assert np.isfinite(some["sweep"]["control_delta"]) and np.isfinite(whole["sweep"]["control_delta"])
+
+
+def test_smollm2_and_gguf_files_are_offered_and_checked_before_serving(tmp_path):
+    from headlens.app import picker
+    from headlens.cli.dashboard import _check_reference
+    from headlens.errors import ModelReferenceError
+
+    choices = hd.model_choices()
+    assert ("smollm2" in choices) == picker.smollm2_installed() and choices[-1] == hd.CUSTOM_CHOICE
+    if picker.smollm2_installed():
+        _check_reference("smollm2")
+        assert hd.fingerprint("smollm2").split(":")[0].endswith(".gguf")  # the file's path, size and mtime
+    with pytest.raises(ModelReferenceError, match="no GGUF file"):
+        _check_reference(f"gguf:{tmp_path / 'missing.gguf'}")
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    _check_reference(f"gguf:{gguf}")
+    before = hd.fingerprint(f"gguf:{gguf}")
+    gguf.write_bytes(b"GGUF and more")
+    assert hd.fingerprint(f"gguf:{gguf}") != before  # another file: another cache entry

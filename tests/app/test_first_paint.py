@@ -65,11 +65,12 @@ print(json.dumps({"first": first, "last": page(at)}))
 '''
 
 
-def _page(mode: str, tmp_path: Path) -> dict:
+def _page(mode: str, tmp_path: Path, ref: str = DEFAULT_MODEL, **env_vars: str) -> dict:
+    """The first paint and the page after the model's load, in a fresh interpreter (``mode``: block or allow torch)."""
     script = tmp_path / "first_paint.py"
     script.write_text(FIRST_PAINT)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, str(script), str(ENTRY), DEFAULT_MODEL, mode], capture_output=True,
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", **env_vars}
+    proc = subprocess.run([sys.executable, str(script), str(ENTRY), ref, mode], capture_output=True,
                           text=True, cwd=ROOT, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -576,7 +576,7 @@ def test_the_dashboard_reads_shipped_scores_without_scoring(monkeypatch):
         raise AssertionError("the dashboard scored a zoo model that ships its scores")
 
     monkeypatch.setattr(hd, "compute_scores", no_scan)
-    cache._scores.clear()
+    cache._stored.clear()
     table = cache.get_scores(SHIPPED[0])
     assert len(table) > 0 and set(hd.SCORE_COLUMNS) <= set(table.columns)
 

@@ -17,6 +17,7 @@ import streamlit as st
 from headlens import viz
 from headlens.app import cache
 from headlens.app.ui import attempt, current_placement, html_download
+from headlens.models.token_text import readable_tokens
 
 OWN, PREDICTED = "the token that is there", "the model's own top prediction there"
 _HEAD = re.compile(r"^L\d+H\d+$")
@@ -35,7 +36,7 @@ def picked(state: Any, key: int = 0) -> list[int]:
 
 
 def attribution_view(ref: str, model: Any, text: str) -> None:
-    tokens = attempt("Could not read your text", lambda: model.to_str_tokens(model.to_tokens(text)))
+    tokens = attempt("Could not read your text", lambda: readable_tokens(model, model.to_tokens(text)))
     if tokens is None:
         return
     if len(tokens) < 2:

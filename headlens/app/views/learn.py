@@ -2,7 +2,9 @@
 
 Each step is a figure and two or three sentences; the tensors come from ``headlens.app.lesson``
 (through the cached loaders) and the figures from ``headlens.viz`` / ``headlens.viz.lesson``.
-Steps that need headlens' native GPT say so on a bridged model and show what they can.
+On a bridged language model with a Hugging Face directory (SmolLM2) steps 1-3 run on its real tensors and on
+plain ``transformers`` copies of its weights (:mod:`headlens.app.views.learn_lm`); on other bridged models (an
+encoder) the bug steps say what they need. Step 4 is :mod:`headlens.app.views.specialists`.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ import streamlit as st
 from headlens import viz
 from headlens.app import cache
 from headlens.app import helpers as hd
-from headlens.app.ui import HALF_WINDOW, attempt, current_placement, html_download, window_slider
+from headlens.app.ui import attempt, current_placement, html_download
+from headlens.app.views import learn_lm
+from headlens.app.views.lesson_parts import bug_losses, bug_patterns, chosen_bugs, window_for
+from headlens.app.views.specialists import specialise_step
 from headlens.viz import lesson as viz_lesson
-from headlens.viz.tokenview import attention_row_html
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -38,23 +42,33 @@ def learn_view(ref: str, model: Any, text: str, scores: pd.DataFrame, n_prompts:
     step = c1.radio("Step", STEPS, horizontal=True, key="learn_step", label_visibility="collapsed")
     layer = c2.selectbox("Layer", list(range(model.n_layers)), key="learn_layer",
                          format_func=lambda i: f"layer {i}")
+    lm = not native and real_lm(model)  # a bridged language model: the lesson runs on copies of its weights
     if step == STEPS[0]:
-        split_step(ref, model, text, layer, native)
+        (learn_lm.split_step(ref, model, text, layer) if not native else split_step(ref, model, text, layer))
     elif step == STEPS[1]:
-        bugs_step(ref, model, text, layer, native)
+        (learn_lm.bugs_step(ref, model, text, layer) if lm else bugs_step(ref, model, text, layer, native))
     elif step == STEPS[2]:
-        head_count_step(ref, model, text, layer)
+        (learn_lm.head_count_step(ref, model, text, layer) if lm else head_count_step(ref, model, text, layer))
     else:
         specialise_step(ref, model, text, scores, n_prompts, seed, corpus)
 
 
-def window_for(n_tokens: int, n_panels: int, key: str) -> range:
-    """The token window every panel shows with all its tokens labelled; a slider when the text is longer.
-    Several panels wrap onto rows (``viz.panels_per_row``), so each keeps legible labels."""
-    return window_slider(n_tokens, viz.PATTERN_WINDOW if n_panels == 1 else HALF_WINDOW, key)
+def real_lm(model: Any) -> bool:
+    """A causal language model with a Hugging Face directory the lesson can rebuild it from (SmolLM2, hf:<dir>)."""
+    from headlens.app.lesson_lm import model_directory
+    from headlens.errors import ConfigError
+
+    if not model.is_causal or getattr(model, "output_kind", "logits") != "logits":
+        return False
+    try:
+        model_directory(model)
+    except ConfigError:
+        return False
+    return True
 
 
-def split_step(ref: str, model: Any, text: str, layer: int, native: bool) -> None:
+def split_step(ref: str, model: Any, text: str, layer: int) -> None:
+    """The split on headlens' own GPT (a bridged model's is :func:`headlens.app.views.learn_lm.split_step`)."""
     d_model, H = model.cfg.d_model, model.n_heads
     d_head = d_model // H
     st.markdown(
@@ -65,18 +79,6 @@ def split_step(ref: str, model: Any, text: str, layer: int, native: bool) -> Non
     st.code("q = q.view(B, T, n_heads, d_head)   # (B, T, H, d_head): axis 2 is the head\n"
             "q = q.transpose(1, 2)               # (B, H, T, d_head): each head attends on its own",
             language="python")
-    if not native:
-        st.info(NATIVE_NOTE.format(what="here are the heads' patterns on your text, side by side."))
-        heads = [(layer, h) for h in range(H)]
-        result = attempt("Could not compute the attention patterns", cache.get_patterns, ref, text, heads,
-                         placement=current_placement())
-        if result is not None:
-            tokens, pats = result
-            window = window_for(len(tokens), H, "learn_window")
-            fig = viz.patterns_figure([pats[h] for h in heads], [hd.format_head(*h) for h in heads], tokens,
-                                      causal=model.is_causal, window=window)
-            st.plotly_chart(fig, key="learn_patterns", config={"displayModeBar": False})
-        return
     with st.spinner("Splitting the heads..."):
         split = attempt("Could not compute the split", cache.get_split, ref, text, layer, current_placement())
     if split is None:
@@ -112,12 +114,7 @@ def bugs_step(ref: str, model: Any, text: str, layer: int, native: bool) -> None
         st.info(NATIVE_NOTE.format(what="the bugs are planted in headlens' own GPT, so this step needs a zoo "
                                         "model or a headlens checkpoint."))
         return
-    cols = st.columns(len(BUG_TOGGLES))
-    chosen = [bug for col, (label, bug) in zip(cols, BUG_TOGGLES.items(), strict=True)
-              if col.toggle(label, value=bug == "missing_transpose_split", key=f"learn_bug::{bug}")]
-    if not chosen:
-        st.caption("Switch a bug on to plant it.")
-    for bug in chosen:
+    for bug in chosen_bugs(BUG_TOGGLES):
         with st.spinner(f"Planting {bug} and running the doctor..."):
             result = attempt(f"Could not plant {bug}", cache.get_bug, ref, text, bug, layer, current_placement())
         if result is not None:
@@ -125,29 +122,11 @@ def bugs_step(ref: str, model: Any, text: str, layer: int, native: bool) -> None
 
 
 def show_bug(model: Any, b: Any, layer: int) -> None:
-    st.subheader(b.bug.replace("_", " "))
-    st.code(b.looks_like, language="python")
-    c1, c2, c3 = st.columns([1, 1, 3])
-    c1.metric("loss, clean model", f"{b.clean_loss:.3f} nats")
-    c2.metric("loss, with the bug", f"{b.bugged_loss:.3f} nats", delta=f"{b.bugged_loss - b.clean_loss:+.3f}",
-              delta_color="inverse")
+    c3 = bug_losses(b)
     (c3.error if b.diagnosis else c3.warning)(f"**headlens doctor on the broken layer {layer}:** {b.verdict}")
     with c3.expander("The doctor's full report"):
         st.code(b.report, language=None)
-    T, H = len(b.tokens), b.clean_patterns.shape[0]
-    window = window_for(T, min(H, 4), f"learn_bug_window::{b.bug}")
-    shown = list(range(min(H, 4)))
-    fig = viz.patterns_figure([b.clean_patterns[h] for h in shown], [hd.format_head(layer, h) for h in shown],
-                              b.tokens, causal=model.is_causal, window=window, title=f"clean: layer {layer}, (H, T, T)")
-    st.plotly_chart(fig, key=f"learn_clean::{b.bug}", config={"displayModeBar": False})
-    fig = viz_lesson.bugged_pattern_figure(b.bugged_patterns, b.tokens, window,
-                                           title=f"with the bug: layer {layer}, {tuple(b.bugged_patterns.shape)}")
-    st.plotly_chart(fig, key=f"learn_bugged::{b.bug}", config={"displayModeBar": False})
-    st.caption(f"With the bug the pattern is {b.pattern_axes}."
-               + (" The split is right, so the first layer's patterns are unchanged; the scrambled output "
-                  "reaches the layers above." if b.bug == "missing_transpose_merge" else ""))
-    st.markdown("Per-token loss change on your text (red: worse with the bug):")
-    st.html(hd.loss_diff_html(b.tokens[1:], b.token_diff))
+    bug_patterns(model, b, layer)
 
 
 def head_count_step(ref: str, model: Any, text: str, layer: int) -> None:
@@ -196,52 +175,3 @@ def head_count_step(ref: str, model: Any, text: str, layer: int) -> None:
     st.plotly_chart(fig, key="learn_count_patterns", config={"displayModeBar": False})
 
 
-def specialise_step(ref: str, model: Any, text: str, scores: pd.DataFrame, n_prompts: int, seed: int,
-                    corpus: str | None) -> None:
-    st.markdown("Trained heads specialise: one attends to the previous token, another to the token after an "
-                "earlier copy of the current one (induction), another to the matching bracket. These are this "
-                "model's labelled heads, each with the place in your text where it does its job best (query "
-                "outlined, target underlined, blue = attention).")
-    if scores.empty:
-        st.info("No scores for this model, so no labelled heads to show.")
-        return
-    with st.spinner("Finding an example for each labelled head..."):
-        result = attempt("Could not find examples", cache.get_examples, ref, text, n_prompts, seed, corpus,
-                         current_placement())
-    if result is None:
-        return
-    tokens, examples = result
-    if not examples:
-        st.info("No head of this model passes the labelling rule (see the All heads view for every score).")
-        return
-    for i, e in enumerate(examples):
-        name = hd.format_head(e.layer, e.head)
-        c1, c2 = st.columns([5, 1])
-        head_line = (f"**{name}** · `{e.detector}` {e.score:.2f} [{e.ci_low:.2f}, {e.ci_high:.2f}]")
-        if e.query is None:
-            c1.markdown(head_line + ": your text has no position where this head type has a target "
-                        "(e.g. repeat a segment for induction, nest brackets for bracket heads).")
-        else:
-            targets = ", ".join(f"{tokens[k]!r} (#{k})" for k in e.keys[:4]) + (" ..." if len(e.keys) > 4 else "")
-            c1.markdown(head_line + f": at {tokens[e.query]!r} (#{e.query}) it puts **{e.weight:.2f}** of its "
-                        f"attention on {targets}.")
-            start = max(0, e.query - CONTEXT + 1)  # the query and the context before it
-            stop = e.query + 1 if model.is_causal else min(len(tokens), e.query + CONTEXT // 4)
-            with c1:
-                st.html(attention_row_html(tokens[start:stop], list(e.row[start:stop]), e.query - start,
-                                           [k - start for k in e.keys if start <= k < stop]))
-        if c2.button("Show in grid", key=f"learn_show::{name}", on_click=show_in_grid, args=(ref, name, e.detector),
-                     help="select this head in the grid above, coloured by this detector"):
-            st.rerun()  # the whole page: the grid is outside this view's fragment
-        if i < len(examples) - 1:
-            st.divider()
-
-
-CONTEXT = 48  # tokens of context shown up to an example's query
-
-
-def show_in_grid(ref: str, head: str, detector: str) -> None:
-    """Select ``head`` in the grid and colour the grid by ``detector`` (a button callback)."""
-    st.session_state[f"heads::{ref}"] = [head]
-    st.session_state["detector"] = detector
-    st.session_state["color_by"] = "score"

@@ -61,7 +61,7 @@ def layer_side_by_side(ref: str, model: Any, text: str, layer: int) -> None:
         return
     tokens, patterns = result
     window = token_window(len(tokens), WIDE_WINDOW if len(heads) == 1 else HALF_WINDOW)
-    per_figure = 8  # heads per figure; panels wrap onto rows inside it (viz.panels_per_row)
+    per_figure = model.n_heads if model.n_heads <= 12 else 8  # heads per figure; panels wrap onto rows inside it
     for start in range(0, len(heads), per_figure):
         row = heads[start:start + per_figure]
         fig = viz.patterns_figure([patterns[h] for h in row], [hd.format_head(*h) for h in row], tokens,
