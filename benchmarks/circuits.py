@@ -36,7 +36,7 @@ import torch
 import headlens
 from headlens.circuits.api import setup
 from headlens.circuits.engine import edge_values
-from headlens.circuits.local import receiver_effects
+from headlens.circuits.local import receiver_values
 from headlens.circuits.nodes import Edge, Node
 from headlens.circuits.twin import native_twin
 from headlens.interventions.metrics import get_metric, repeated_task
@@ -109,7 +109,7 @@ def edge_benchmark(n_edges: int) -> None:
             if forks_only:
                 bridged._native_twin = twin
         deltas = _deltas(native, task, clean_tokens)
-        local_cpu, _ = timed(lambda: receiver_effects(native, task, all_edges, deltas))  # all 132: it is cheap
+        local_cpu, _ = timed(lambda: receiver_values(native, task, "receiver:induction", all_edges, deltas))  # all 132: it is cheap
         for label, cpu, vals in rows:
             diff = float(np.abs(vals - tl).max())
             print(f"  {label:30s} {cpu / n:7.3f} s/edge  x132 {132 * cpu / n:7.1f} s  ratio to TL {cpu / tl_cpu:5.3f}"

@@ -14,7 +14,7 @@ def _table() -> pd.DataFrame:
             ["m", "L0H2", "L1H1", 1, "k", 1.0, 0.9, 1.1, 1.2, 1.1, 1.3, 0.12, 1.0, True, ""],
             ["m", "embed", "L1H1", 1, "q", 2.0, 1.9, 2.1, float("nan"), float("nan"), float("nan"),
              float("nan"), float("nan"), False, ""]]
-    return pd.DataFrame(rows, columns=COLUMNS)
+    return pd.DataFrame([[*r, "all", "all"] for r in rows], columns=COLUMNS)
 
 
 def test_graph_places_heads_and_draws_each_edge():
