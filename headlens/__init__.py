@@ -42,6 +42,8 @@ _LAZY = {
     "ablate": "headlens.interventions.ablation",
     "sweep": "headlens.interventions.sweep",
     "circuit": "headlens.circuits.api",
+    "attribute": "headlens.readout.dla",
+    "attribution_summary": "headlens.scoring.writers",
     "doctor": "headlens.doctor",  # the package, not a function: headlens.doctor.check_checkpoint(path)
     "write_report": "headlens.viz.report",
     **{name: "headlens.errors" for name in (
@@ -120,9 +122,11 @@ if TYPE_CHECKING:
     from headlens.models.gpt import GPT
     from headlens.models.loading import load
     from headlens.models.tokenizer import Tokenizer
+    from headlens.readout.dla import attribute
     from headlens.scoring.classification import classify
     from headlens.scoring.induction_distance import induction_curve
     from headlens.scoring.series import trajectory
+    from headlens.scoring.writers import attribution_summary
     from headlens.viz.report import write_report
 
 
@@ -153,6 +157,8 @@ __all__ = [
     "Tokenizer",
     "__version__",
     "ablate",
+    "attribute",
+    "attribution_summary",
     "circuit",
     "classify",
     "induction_curve",

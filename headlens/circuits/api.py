@@ -22,7 +22,7 @@ from headlens.circuits.nodes import (
     parse_nodes,
 )
 from headlens.circuits.positions import NamedPositions, parse_positions
-from headlens.circuits.senders import SenderDeltas, check_method
+from headlens.circuits.senders import Alignment, SenderDeltas, check_method
 from headlens.interventions.metrics import Task, get_metric, make_task
 from headlens.scoring.output import provenance
 
@@ -51,9 +51,10 @@ class Setup:
     fast: bool
     labels: dict[str, str] | None
     progress: Callable[[int], None] | None = None
-    prompts: Sequence[str] | None = None  # the user's prompts, for the sweep that finds discovery's roots
+    prompts: Any = None  # the user's prompts (or the IOI probe), for the sweep that finds discovery's roots
     composition_ref: dict[str, Any] = field(default_factory=dict)  # reference scores, once per call (edge_table)
     named: NamedPositions | None = None  # the prompts' named positions (edges restricted to them)
+    ioi: Any = None  # the IOI probe, when the prompts are it
 
     def values(self, edges: Sequence[Edge]) -> tuple[Any, dict[tuple[Edge, str], np.ndarray]]:
         """``(clean, values)`` of ``edges`` on this process: ``values[edge, metric]`` per prompt; ``clean`` the
@@ -95,20 +96,29 @@ def setup(model: Any, metric: str = "repeated_loss", method: str = "mean", promp
     ``prompts`` may hold JSONL rows (dicts) that name positions by character span (:mod:`headlens.probes.named`).
     """
     check_method(method)
-    texts, index = split_positions(model, prompts)
+    from headlens.probes.ioi import resolve
+
+    ioi = None if isinstance(prompts, list | tuple) else resolve(model, prompts, n_prompts, seed)
+    texts, index = (ioi, dict(ioi.positions)) if ioi is not None else split_positions(model, prompts)
     if is_receiver_metric(metric):
         receiver_detector(metric)
         base = "lm_loss" if texts is not None else "repeated_loss"  # the detectors' probe: BOS + r + r
     else:
         metric = base = get_metric(metric).name
     task = make_task(model, base, texts, n_prompts, seed)
-    if method == "corrupted" and reference is None:  # a fresh draw of the same probe: same shape, other tokens
+    aligned = None
+    if ioi is not None and reference is None:  # the paper's corrupted distribution: each prompt's ABC twin
+        from headlens.interventions.metrics import ioi_task
+
+        reference = ioi_task(model, ioi, corrupted=True).tokens
+        aligned = Alignment.of(task, index)
+    elif method == "corrupted" and reference is None:  # a fresh draw of the same probe: same shape, other tokens
         reference = make_task(model, base, texts, n_prompts, seed + 1).tokens
-    deltas = SenderDeltas(model, task.tokens, method, reference, seed, task.attention_mask)
+    deltas = SenderDeltas(model, task.tokens, method, reference, seed, task.attention_mask, aligned)
     dev = task.tokens.device
     named = NamedPositions({k: v.to(dev) for k, v in index.items()}, tuple(task.tokens.shape)) if index else None
-    return Setup(model, metric, task, deltas, n_control, n_boot, seed, fast, head_labels(labels), progress, texts,
-                 named=named)
+    return Setup(model, metric, task, deltas, n_control, n_boot, seed, fast, head_labels(labels), progress,
+                 texts, named=named, ioi=ioi)
 
 
 def split_positions(model: Any, prompts: Sequence[Any] | None) -> tuple[list[str] | None, dict[str, torch.Tensor]]:
@@ -170,8 +180,10 @@ def circuit(
             detector, nothing downstream (:mod:`headlens.circuits.local`; q and k edges, receivers given).
         method: how the sender is ablated on the edge: ``mean``, ``resample``, ``zero`` or ``corrupted``
             (the same row of a corrupted run: ``reference``, default a fresh draw of the metric's probe).
-        prompts: the user's prompts (``lm_loss``, ``kl``); JSONL rows as dicts may name positions by
-            character span, ``{"text": ..., "positions": {"END": [40, 42]}}`` (:mod:`headlens.probes.named`).
+        prompts: the user's prompts (``lm_loss``, ``kl``), or ``"ioi"``: the IOI probe (``logit_diff``'s; its
+            named positions IO, S1, S1+1, S2, END, and its corrupted ABC twin for ``method="corrupted"``).
+            JSONL rows as dicts may name positions by character span, ``{"text": ..., "positions": {"END":
+            [40, 42]}}`` (:mod:`headlens.probes.named`).
         reference: reference prompts for ``mean``/``resample`` (default: the task's own), corrupted ones
             for ``corrupted``.
         n_prompts: probe prompts.

@@ -88,8 +88,7 @@ def chunk_inputs(chunk: Sequence[Edge], deltas: Any, named: NamedPositions | Non
 
 
 def _rows(task: Task, rows: slice) -> Task:
-    mask = None if task.attention_mask is None else task.attention_mask[rows]
-    return Task(task.tokens[rows], task.positions[rows], mask, task.candidates, task.probe)
+    return task.rows(rows)  # every per-prompt field (IOI's answers too)
 
 
 def edge_values(model: Any, task: Task, metrics: Sequence[str], edges: Sequence[Edge], deltas: Any,

@@ -119,6 +119,7 @@ _COMMAND_MODULES = [
     "headlens.cli.classify",
     "headlens.cli.ablate",
     "headlens.cli.circuit",
+    "headlens.cli.attribute",
     "headlens.cli.dashboard",
     "headlens.cli.doctor",
     "headlens.cli.export",

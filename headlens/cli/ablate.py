@@ -35,6 +35,13 @@ def read_prompts(path: Path) -> list[str]:
     return prompts
 
 
+def prompts_arg(path: Path | None) -> list[str] | str | None:
+    """``--prompts``: ``ioi`` names the IOI probe (``headlens.probes.ioi``); anything else is a prompts file."""
+    if path is not None and str(path).strip().lower() == "ioi":
+        return "ioi"
+    return read_prompts(path) if path is not None else None
+
+
 def render(df: Any, title: str) -> Any:
     """A rich table of a sweep result (worst effect first)."""
     from rich.table import Table
@@ -119,7 +126,7 @@ def run_ablate(model: str | None, heads: str | None, method: str, metric: str, p
         check_output(out)
     if not heads and not sweep_all:
         raise AblationError("give --heads L1H2,... or --sweep (every single head)")
-    texts = read_prompts(prompts) if prompts is not None else None
+    texts = prompts_arg(prompts)
     rank = current()  # under torchrun: ranks share the head groups out, rank 0 reports
     quiet = quiet or not rank.is_main
     err = Console(stderr=True, quiet=quiet)

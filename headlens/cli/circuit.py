@@ -75,6 +75,7 @@ def register(app: typer.Typer) -> None:
         from headlens.circuits.local import is_receiver_metric, receiver_detector
         from headlens.circuits.nodes import parse_inputs
         from headlens.circuits.senders import check_method
+        from headlens.cli.ablate import prompts_arg
         from headlens.cli.progress import is_terminal, progress
         from headlens.interventions.metrics import get_metric
         from headlens.probes.spans import read_rows
@@ -93,7 +94,9 @@ def register(app: typer.Typer) -> None:
             check_output(out)
         if report is not None:
             check_report_path(report)
-        texts = read_rows(prompts) if prompts is not None else None  # rows may name positions by character span
+        texts = prompts_arg(prompts)  # "ioi", or a file's rows (which may name positions by character span)
+        if isinstance(texts, list):
+            texts = read_rows(prompts)
         from headlens.scoring.distributed import current
 
         rank = current()  # under torchrun: ranks share the edges out, rank 0 reports

@@ -93,7 +93,8 @@ Detectors = Annotated[str | None, typer.Option(
     "or module:attribute references to your own headlens.Detector (default: every registered detector the "
     "model supports; `headlens detectors` lists them)")]
 Prompts = Annotated[Path | None, typer.Option(
-    "--prompts", "-p", help="your texts: one per line, or JSONL with a 'text' field (default: generated probes)")]
+    "--prompts", "-p", help="your texts: one per line, or JSONL with a 'text' field; or 'ioi', the indirect-object "
+    "probe (names this model keeps as one token; logit_diff's default) (default: generated probes)")]
 Corpus = Annotated[str | None, typer.Option(
     "--corpus", help="{corpora}: real text windows instead of generated probes: stdlib is held-out Python "
     "standard-library source, prose is English documentation prose (pydoc topics, docstrings) for real LMs")]

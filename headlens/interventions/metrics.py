@@ -11,12 +11,15 @@ that count). Logits at position ``t`` predict token ``t + 1``.
 | ``lm_loss`` | the user's prompts (stdlib source for byte-level models if none) | mean next-token loss |
 | ``kl`` | the user's prompts (else the repeated probe) | mean KL(clean ‖ ablated) of the next-token distribution |
 | ``needle_recall`` | needle-in-a-haystack prompts (``headlens.probes.haystack``) | fraction of the needle's copy steps whose argmax is the next needle token |
+| ``logit_diff`` | IOI prompts (``headlens.probes.ioi``) | logit of IO minus logit of S at the final position (Wang et al. 2022) |
 
 ``r`` is drawn without replacement from the model's ordinary tokens (no accidental repeats).
+Wherever prompts are taken, ``"ioi"`` (or an :class:`~headlens.probes.ioi.IOIProbe`) names the IOI prompts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,6 +31,7 @@ import torch.nn.functional as F
 
 from headlens.errors import ProbeError
 from headlens.interventions.ablation import AblationError
+from headlens.interventions.coreference import coreference_margins as coreference_margins  # it lived here
 
 BRACKET_PAIRS = ("()", "[]", "{}", "<>")
 
@@ -42,6 +46,8 @@ class Task:
         attention_mask: ``(B, T)`` 1 for real tokens, 0 for right padding (None: no padding).
         candidates: token ids the argmax is restricted to (bracket accuracy: the closers).
         probe: which probe made the tokens.
+        answers: ``(B, 2)`` the correct and the wrong next token of each prompt, read at ``positions``
+            (``logit_diff`` on IOI: IO and S).
     """
 
     tokens: torch.Tensor
@@ -49,13 +55,20 @@ class Task:
     attention_mask: torch.Tensor | None = None
     candidates: torch.Tensor | None = None
     probe: str = ""
+    answers: torch.Tensor | None = None
 
     @property
     def n_prompts(self) -> int:
         return int(self.tokens.shape[0])
 
     def with_positions(self, positions: torch.Tensor) -> Task:
-        return Task(self.tokens, positions, self.attention_mask, self.candidates, self.probe)
+        return dataclasses.replace(self, positions=positions)
+
+    def rows(self, rows: slice) -> Task:
+        """The task of prompts ``rows`` only (every per-prompt field sliced)."""
+        cut = {f: getattr(self, f)[rows] for f in ("tokens", "positions", "attention_mask", "answers")
+               if getattr(self, f) is not None}
+        return dataclasses.replace(self, **cut)
 
 
 @dataclass(frozen=True)
@@ -115,6 +128,15 @@ def _next_correct(logits: torch.Tensor, task: Task, clean: torch.Tensor | None =
     return F.pad(hit.float(), (0, 1))  # (B, T)
 
 
+def _logit_diff(logits: torch.Tensor, task: Task, clean: torch.Tensor | None = None) -> torch.Tensor:
+    """Correct minus wrong answer logit at every position (the task's positions pick END)."""
+    if task.answers is None:
+        raise ProbeError("logit_diff needs prompts with a correct and a wrong answer: the IOI probe (prompts='ioi')")
+    B, T = task.tokens.shape
+    pair = logits.gather(-1, task.answers[:, None, :].expand(B, T, 2))  # (B, T, 2): correct, wrong
+    return (pair[..., 0] - pair[..., 1]).float()  # (B, T)
+
+
 def _next_token_prob(logits: torch.Tensor, task: Task, clean: torch.Tensor | None = None) -> torch.Tensor:
     """Smooth surrogate of needle recall: the probability of the right next token."""
     return (-_next_token_loss(logits, task)).exp()  # (B, T)
@@ -137,6 +159,7 @@ METRICS: dict[str, Metric] = {
         "needle_recall", "needle", _next_correct, False,
         "greedy recall of a needle's tokens copied out of a long haystack (teacher-forced)", differentiable=False,
     ),
+    "logit_diff": Metric("logit_diff", "ioi", _logit_diff, False, "IOI: logit of IO minus logit of S at END"),
 }
 SURROGATES = {"bracket_accuracy": _closer_soft, "needle_recall": _next_token_prob}
 
@@ -308,17 +331,45 @@ def needle_task(model: Any, n_prompts: int = 32, seq_len: int | None = None, see
     return Task(tokens, positions, probe="needle")
 
 
-def make_task(model: Any, metric: str, prompts: Sequence[str] | None = None, n_prompts: int = 32,
+def ioi_task(model: Any, probe: Any, corrupted: bool = False) -> Task:
+    """The IOI prompts of ``probe`` (an :class:`~headlens.probes.ioi.IOIProbe`), right-padded, read at END
+    against their answers (IO, S); ``corrupted``: the position-aligned ABC prompts instead (the paper's
+    corrupted run, same shape, same answers)."""
+    rows = probe.corrupted if corrupted else probe.prompts
+    T = max(len(r) for r in rows)
+    tokens = torch.zeros(len(rows), T, dtype=torch.long)
+    mask = torch.zeros(len(rows), T, dtype=torch.long)
+    for i, r in enumerate(rows):
+        tokens[i, : len(r)], mask[i, : len(r)] = r, 1
+    end = F.one_hot(probe.positions["END"], T).bool()  # (N, T): the logits that predict the answer
+    return Task(tokens.to(model.device), end.to(model.device), mask.to(model.device), probe="ioi",
+                answers=probe.answers.to(model.device))
+
+
+def make_task(model: Any, metric: str, prompts: Sequence[str] | str | Any = None, n_prompts: int = 32,
               seed: int = 0, seq_len: int | None = None, corpus: str | None = None) -> Task:
     """The task ``metric`` is measured on (for ``kl``: the prompts if given, else the repeated probe).
 
     ``seq_len`` sets the length of generated prompts (capped by the context; default: each probe's own),
     ``corpus`` (``"stdlib"`` source or ``"prose"``) puts real text windows under the text metrics
     (``lm_loss``, ``kl``); without it they read stdlib source on byte-level models and prose on the others.
+    ``prompts="ioi"`` (or an ``IOIProbe``) is the IOI probe: ``logit_diff`` reads it (its default), the text
+    metrics read its texts.
     """
     from headlens.probes.base import CORPORA
+    from headlens.probes.ioi import ioi_probe, resolve
 
     m = get_metric(metric)
+    ioi = resolve(model, prompts, n_prompts, seed)
+    if m.probe == "ioi":
+        if prompts is not None and ioi is None:
+            raise ProbeError(f"metric {metric!r} reads IOI prompts, whose answers it knows; give prompts='ioi' "
+                             f"(--prompts ioi) or none")
+        if corpus is not None:
+            raise AblationError(f"metric {metric!r} reads IOI prompts, not a corpus")
+        return ioi_task(model, ioi or ioi_probe(model, n_prompts, seed))
+    if ioi is not None:
+        prompts = ioi.texts
     if corpus is not None and corpus not in CORPORA:
         raise ProbeError(f"unknown corpus {corpus!r}; expected one of {', '.join(CORPORA)}")
     if corpus is not None and prompts is not None:
@@ -354,62 +405,3 @@ def bootstrap_ci(values: np.ndarray | torch.Tensor, n_boot: int = 1000, seed: in
     means = v[idx].mean(1)
     a = (1 - level) / 2
     return float(np.quantile(means, a)), float(np.quantile(means, 1 - a))
-
-
-# -- coreference, for embedding models (headlens.probes.coreference) -------------------------------------
-def _hidden_batches(model: Any, texts: Sequence[str], batch_size: int) -> Any:
-    """Yield ``(hidden (B, T, d_model) float64, mask (B, T))`` per batch of texts (right-padded)."""
-    if getattr(model, "output_kind", "logits") != "hidden":
-        raise ProbeError(f"this metric needs an encoder that returns hidden states; {model.name!r} "
-                         f"returns {getattr(model, 'output_kind', 'logits')}")
-    with torch.no_grad():
-        for start in range(0, len(texts), batch_size):
-            rows = [model.to_tokens(t)[0] for t in texts[start:start + batch_size]]
-            T = max(len(r) for r in rows)
-            tokens = torch.zeros(len(rows), T, dtype=torch.long, device=model.device)
-            mask = torch.zeros(len(rows), T, dtype=torch.long, device=model.device)
-            for i, r in enumerate(rows):
-                tokens[i, : len(r)], mask[i, : len(r)] = r, 1
-            yield model.forward(tokens, attention_mask=mask).double().cpu(), mask.cpu()  # (B, T, d_model)
-
-
-def _mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``(B, d_model)`` unit vectors: the attention-masked mean of ``(B, T, d_model)`` hidden states
-    (sentence-transformers' pooling for all-MiniLM-L6-v2, then its normalisation)."""
-    m = mask[:, :, None].double()  # (B, T, 1)
-    return F.normalize((hidden * m).sum(1) / m.sum(1), dim=-1)  # (B, d_model)
-
-
-def coreference_margins(model: Any, examples: Sequence[Any], batch_size: int = 64) -> dict[str, torch.Tensor]:
-    """Two per-sentence ``(N,)`` float64 measures of how far the model resolves each pronoun,
-    from one pass over the sentences and their paraphrases (positive = sides with the referent):
-
-    * ``"sentence"``: ``cos(s, resolved) - cos(s, wrong)`` of mean-pooled sentence embeddings:
-      ``s`` embeds ``"John told Mary that she needed help."``, ``resolved`` the paraphrase with
-      the pronoun replaced by its referent (``"Mary needed help."``), ``wrong`` the one with the
-      other candidate (``"John needed help."``);
-    * ``"token"``: ``cos(h_pronoun, h_referent) - cos(h_pronoun, h_other)`` of the final hidden
-      states. Caveat: it also measures lexical kinship (``she`` and ``Mary`` share gender
-      features before any attention), so its clean value overstates resolution.
-
-    Everything is embedded by the model as it is (inside ``headlens.ablate``: ablated), so a
-    head that resolves pronouns should, when removed, shrink both. ``examples`` are
-    :class:`headlens.probes.coreference.Example` (``text``, ``resolved``, ``wrong``, spans).
-    """
-    from headlens.probes.spans import annotated_probe
-
-    n = len(examples)
-    probe = annotated_probe(model, [(i, e.row()) for i, e in enumerate(examples)], "coreference")
-    texts = [e.text for e in examples] + [e.resolved for e in examples] + [e.wrong for e in examples]
-    pooled, token, i = [], [], 0
-    for hidden, mask in _hidden_batches(model, texts, batch_size):
-        pooled.append(_mean_pool(hidden, mask))  # (B, d_model)
-        for h in F.normalize(hidden, dim=-1):  # (T, d_model): one text's unit token vectors
-            if i < n:
-                t = probe.targets[i][0]
-                p = h[list(t.query)].mean(0)
-                token.append(float(p @ h[list(t.keys)].mean(0) - p @ h[list(t.distractors[0])].mean(0)))
-            i += 1
-    emb = torch.cat(pooled)  # (3N, d_model)
-    s, right, wrong = emb[:n], emb[n:2 * n], emb[2 * n:]
-    return {"sentence": (s * right).sum(-1) - (s * wrong).sum(-1), "token": torch.tensor(token, dtype=torch.float64)}

@@ -212,7 +212,7 @@ def sweep(
     groups: Sequence[Any] | None = None,
     method: str = "zero",
     metrics: Sequence[str] = ("repeated_loss",),
-    prompts: Sequence[str] | None = None,
+    prompts: Sequence[str] | str | None = None,
     reference: Any = None,
     n_prompts: int = 32,
     n_control: int = 8,
@@ -240,7 +240,7 @@ def sweep(
         groups: head groups (each ``"L1H2,L1H3"``, a list of ids or pairs); None = every single head.
         method: ``"zero"``, ``"mean"``, ``"resample"`` or ``"uniform"`` (see ``headlens.interventions.ablation``).
         metrics: registered metric names (``headlens.interventions.metrics.METRICS``).
-        prompts: user prompts for ``lm_loss`` / ``kl``.
+        prompts: user prompts (``lm_loss`` / ``kl``), or ``"ioi"``: the IOI probe (``logit_diff``'s).
         reference: reference prompts for mean/resample; default: each metric's own probe prompts.
         n_prompts: probe prompts per metric.
         n_control: random control groups per group (all of them when there are fewer).

@@ -1,0 +1,298 @@
+"""Direct logit attribution: how much each head, MLP and the embedding writes directly into a logit.
+
+A component's attribution to a target at a position is its write to the residual stream, passed through
+the final norm with the norm's scale frozen at the clean run's value, dotted with ``W_U[:, target]`` (or
+with a difference of two columns: a contrast such as ``IO - S``). Why it looks like this:
+
+* **Exact, not approximately so.** The final residual stream is a sum of parts (:mod:`headlens.readout.parts`)
+  and, at a frozen scale, every norm between a part and the logits is linear (:mod:`headlens.readout.norms`),
+  so the parts plus one ``bias`` term (the output projections' biases, the norms' biases, the unembedding's)
+  sum to the model's own logit. Models that norm each sublayer's output again (Gemma 2 / 3
+  ``post_attention_layernorm``) get that norm linearised per position the same way and applied to each
+  head's share: nothing is left in a remainder. Every run measures the gap against the model's logits
+  (``attrs["max_error"]``; about 1e-6 in float32) and warns when it is not small.
+* **One forward.** Hooks keep only the read positions of each activation (``(B, P, ...)``), so memory
+  does not grow with the prompt length; the readout direction is pulled back through the final norm once
+  (``g = P(w * u) / scale``) and each head's attribution is ``z_h . (W_O[h] g)``: no per-head residual
+  vectors are ever formed. Under grouped-query attention each query head has its own row.
+* **Targets.** A token (``target=" Paris"`` or an id), a contrast of two (``contrast=(" Mary", " John")``),
+  the IOI metric's logit difference (``metric="logit_diff"``: IO - S at END, per prompt), or by default
+  the model's own top prediction at each position. Soft-capped logits (Gemma 2) are decomposed before the
+  cap, which is monotone: ``attrs["softcap"]`` says so.
+
+The table (ARCHITECTURE.md, "Attribution table") has one row per component x prompt x position; the
+summary with bootstrap CIs over prompts is :func:`headlens.scoring.writers.attribution_summary` (``headlens.attribution_summary``).
+
+>>> import headlens
+>>> df = headlens.attribute(headlens.load("smollm2"), "ioi", n_prompts=16)  # doctest: +SKIP
+>>> headlens.attribution_summary(df).head(3)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from headlens.errors import ProbeError
+from headlens.probes.ioi import IOIProbe, resolve
+from headlens.probes.text import text_prompts
+from headlens.readout.parts import Parts, ReadoutError, model_parts
+
+COLUMNS = ("model", "component", "prompt", "position", "target", "attribution")
+METRICS = ("logit_diff",)  # task metrics that are a difference of two logits (IOI: IO - S at END)
+TOKEN_BUDGET = 2048  # prompt rows x positions per forward (the (B, T, V) logits are the largest tensor)
+
+
+def attribute(model: Any, prompts: Any, target: str | int | None = None, position: int | str | None = None, *,
+              contrast: Sequence[str | int] | str | None = None, metric: str | None = None, n_prompts: int = 128,
+              seed: int = 0, batch_size: int | None = None, device: str = "cpu",
+              progress: Callable[[int, int], None] | None = None) -> Any:
+    """Direct logit attribution of every head, MLP and the embedding: the tidy attribution table.
+
+    Args:
+        model: a loaded causal LM or a reference for ``headlens.load``.
+        prompts: one text, a list of texts, or ``"ioi"`` / an :class:`~headlens.probes.ioi.IOIProbe`
+            (the IOI prompts; ``metric="logit_diff"`` is then the default).
+        target: the token whose logit is decomposed (its text, one token, e.g. ``" Paris"``, or its id);
+            None with no contrast or metric: the model's top prediction at each position.
+        position: where the logits are read: None (each prompt's last token; IOI's ``END``), a token index
+            (negative counts from each prompt's end), a named position of the probe (``"S2"``), or
+            ``"all"`` (every position of every prompt).
+        contrast: two tokens ``(A, B)`` or ``"A,B"``: the attribution to ``logit(A) - logit(B)``.
+        metric: ``"logit_diff"``: each IOI prompt's own ``logit(IO) - logit(S)``.
+        n_prompts, seed: the size and seed of the IOI probe when ``prompts="ioi"``.
+        batch_size: prompts per forward (default: about 2,048 tokens' worth). Changes speed only.
+        device: where a model reference is loaded.
+        progress: called as ``progress(prompts done, prompts in all)``.
+
+    Returns:
+        A pandas DataFrame with :data:`COLUMNS`: ``component`` is ``embed``, ``L{l}H{h}``, ``mlp{l}`` or
+        ``bias``; per prompt and position the attributions sum to the model's logit (or logit difference).
+        ``attrs`` hold the provenance and ``max_error``, the largest gap to the model's own logits.
+    """
+    import pandas as pd
+
+    if isinstance(model, str):
+        from headlens.models.loading import load
+
+        model = load(model, device=device)
+    parts = model_parts(model)
+    probe, tokens = _prompts(model, prompts, n_prompts, seed)
+    if metric is None and target is None and contrast is None and probe is not None:
+        metric = "logit_diff"
+    pos = _positions(tokens, position, probe)  # (N, P), -1 where a prompt has fewer positions
+    spec = _target_spec(model, target, contrast, metric, probe)
+    N = pos.shape[0]
+    per = batch_size or max(1, TOKEN_BUDGET // max(len(t) for t in tokens))
+    table, labels, worst = [], [], 0.0
+    for start in range(0, N, per):
+        rows = range(start, min(N, start + per))
+        ids, attr, err = _batch(model, parts, [tokens[i] for i in rows], pos[start:start + per], spec,
+                                None if probe is None else probe.answers[start:start + per])
+        table.append(attr)
+        labels += [[_label(model, spec, pair) for pair in row] for row in ids.tolist()]
+        worst = max(worst, err)
+        if progress is not None:
+            progress(rows.stop, N)
+    values = torch.cat(table)  # (N, P, C)
+    names = parts.components
+    keep = (pos >= 0).nonzero().tolist()  # (prompt, slot) pairs that exist
+    frame = pd.DataFrame({
+        "model": str(getattr(model, "name", type(model).__name__)),
+        "component": [c for _ in keep for c in names],
+        "prompt": [b for b, _ in keep for _ in names],
+        "position": [int(pos[b, p]) for b, p in keep for _ in names],
+        "target": [labels[b][p] for b, p in keep for _ in names],
+        "attribution": values[[b for b, _ in keep], [p for _, p in keep]].reshape(-1).numpy(),
+    }, columns=list(COLUMNS))
+    _check(worst, model)
+    frame.attrs.update(_provenance(model, parts, spec, position, probe, len(tokens), worst))
+    return frame
+
+
+def _prompts(model: Any, prompts: Any, n_prompts: int, seed: int) -> tuple[IOIProbe | None, list[torch.Tensor]]:
+    """The IOI probe (or None) and every prompt's token ids, BOS first."""
+    if isinstance(prompts, str) and prompts.strip().lower() != "ioi":
+        prompts = [prompts]
+    probe = resolve(model, prompts, n_prompts, seed)
+    if probe is not None:
+        return probe, list(probe.prompts)
+    if prompts is None or not len(prompts):
+        raise ProbeError("attribute needs prompts: a text, a list of texts, or 'ioi'")
+    return None, list(text_prompts(model, list(prompts)).prompts)
+
+
+def _positions(tokens: list[torch.Tensor], position: int | str | None, probe: IOIProbe | None) -> torch.Tensor:
+    """``(N, P)`` long token indices read per prompt (``-1`` pads prompts with fewer)."""
+    lengths = torch.tensor([len(t) for t in tokens])
+    if position is None:
+        return (probe.positions["END"] if probe is not None else lengths - 1)[:, None]
+    if isinstance(position, str) and position == "all":
+        T = int(lengths.max())
+        idx = torch.arange(T).expand(len(tokens), T)
+        return torch.where(idx < lengths[:, None], idx, -1)
+    if isinstance(position, str) and not position.lstrip("-").isdigit():
+        names = sorted(probe.positions) if probe is not None else []
+        if position not in names:
+            raise ProbeError(f"unknown position {position!r}; expected an index, 'all'"
+                             + (f" or one of the probe's {', '.join(names)}" if names else ""))
+        return probe.positions[position][:, None]
+    at = int(position)
+    idx = lengths + at if at < 0 else torch.full_like(lengths, at)
+    if bool(((idx < 0) | (idx >= lengths)).any()):
+        raise ProbeError(f"position {at} is outside a prompt of {int(lengths.min())} tokens")
+    return idx[:, None]
+
+
+def _token_id(model: Any, token: str | int, what: str) -> int:
+    if isinstance(token, int):
+        tid = int(token)
+        if not 0 <= tid < model.cfg.d_vocab:
+            raise ProbeError(f"{what} id {tid} is outside the vocabulary (0 .. {model.cfg.d_vocab - 1})")
+        return tid
+    from headlens.models.vocab import encode_body
+
+    ids = encode_body(model, token)
+    if len(ids) != 1:
+        pieces = [_text(model, i) for i in ids]
+        raise ProbeError(f"{what} {token!r} is {len(ids)} tokens for this tokenizer ({pieces}); give one token "
+                         f"(mind the leading space: ' Paris')")
+    return ids[0]
+
+
+def _target_spec(model: Any, target: Any, contrast: Any, metric: str | None, probe: IOIProbe | None) -> dict:
+    """What is decomposed: ``{"kind": "metric" | "contrast" | "token" | "prediction", "ids": ...}``."""
+    given = [n for n, v in (("target", target), ("contrast", contrast), ("metric", metric)) if v is not None]
+    if len(given) > 1:
+        raise ProbeError(f"give one of target, contrast and metric, not {' and '.join(given)}")
+    if metric is not None:
+        if metric not in METRICS:
+            raise ProbeError(f"metric {metric!r} is not a logit difference attribute can decompose; expected one "
+                             f"of {', '.join(METRICS)}")
+        if probe is None:
+            raise ProbeError(f"metric {metric!r} reads the IOI prompts' answers; give prompts='ioi' (--prompts ioi)")
+        return {"kind": "metric", "name": metric}
+    if contrast is not None:
+        pair = [p for p in contrast.split(",")] if isinstance(contrast, str) else list(contrast)
+        if len(pair) != 2:
+            raise ProbeError(f"contrast {contrast!r} needs two tokens, A,B (the attribution to logit A - logit B)")
+        return {"kind": "contrast", "ids": (_token_id(model, pair[0], "contrast token"),
+                                            _token_id(model, pair[1], "contrast token"))}
+    if target is not None:
+        return {"kind": "token", "ids": (_token_id(model, target, "target"), -1)}
+    return {"kind": "prediction"}
+
+
+def _batch(model: Any, parts: Parts, tokens: list[torch.Tensor], pos: torch.Tensor, spec: dict,
+           answers: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """One forward: target ids ``(B, P, 2)``, attributions ``(B, P, C)`` float64 and the largest gap to the logits."""
+    B, P = pos.shape
+    T = max(len(t) for t in tokens)
+    ids = torch.zeros(B, T, dtype=torch.long)
+    mask = torch.zeros(B, T, dtype=torch.long)
+    for b, t in enumerate(tokens):
+        ids[b, : len(t)], mask[b, : len(t)] = t, 1
+    got = _run(model, parts, ids.to(model.device), mask.to(model.device), pos.clamp(min=0).to(model.device))
+    logits = got.pop("logits")  # (B, P, V) at the read positions, before any soft-cap
+    if spec["kind"] == "metric":
+        pair = answers.to(logits.device)[:, None, :].expand(B, P, 2)
+    elif spec["kind"] == "prediction":
+        pair = torch.stack([logits.argmax(-1), torch.full((B, P), -1, device=logits.device)], -1)
+    else:
+        pair = torch.tensor(spec["ids"], device=logits.device).expand(B, P, 2)
+    attr = decompose(parts, got, pair)  # (B, P, C)
+    total = logits.gather(-1, pair.clamp(min=0)).double()  # (B, P, 2)
+    want = total[..., 0] - torch.where(pair[..., 1] >= 0, total[..., 1], 0.0)  # (B, P)
+    gap = (attr.sum(-1) - want).abs()[(pos >= 0).to(want.device)]
+    return pair.cpu(), attr.cpu(), float(gap.max()) if gap.numel() else 0.0
+
+
+def _run(model: Any, parts: Parts, tokens: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> dict:
+    """Every activation DLA reads, at the read positions only: name -> ``(B, P, ...)``."""
+    rows = torch.arange(tokens.shape[0], device=tokens.device)[:, None]  # (B, 1)
+    got: dict[str, torch.Tensor] = {}
+
+    def keep(name: str) -> Callable[..., None]:
+        def hook(x: torch.Tensor, hook: Any) -> None:
+            got[name] = x[rows, pos].detach()  # (B, P, ...): the read positions of (B, T, ...)
+        return hook
+
+    norms = [n for n in (parts.final, *parts.post) if n is not None and n.scale_hook]
+    names = [parts.embed, parts.resid, *parts.z, *parts.mlp, *(n.scale_hook for n in norms)]
+    names += [parts.logits] if parts.logits else []
+    with torch.no_grad(), model.hooks([(n, keep(n)) for n in dict.fromkeys(names)]):
+        out = model(tokens, attention_mask=mask)
+    got["logits"] = got.pop(parts.logits) if parts.logits else out[rows, pos]
+    return got
+
+
+def decompose(parts: Parts, got: dict[str, torch.Tensor], pair: torch.Tensor) -> torch.Tensor:
+    """``(B, P, C)`` float64 attributions (components in ``parts.components`` order, ``bias`` last) of the
+    logit of ``pair[..., 0]`` minus that of ``pair[..., 1]`` (none where it is ``-1``), from activations
+    ``got`` read at the positions (:func:`_run`)."""
+    f64 = {k: v.double() for k, v in got.items()}
+    x = f64[parts.resid]  # (B, P, D): the final norm's input
+    w_u = parts.w_u.to(x.device)
+    minus = pair[..., 1] >= 0  # (B, P)
+    u = w_u[:, pair[..., 0]].double() - w_u[:, pair[..., 1].clamp(min=0)].double() * minus[None]  # (D, B, P)
+    u = u.permute(1, 2, 0)  # (B, P, D): the readout direction in the final norm's output
+    final = parts.final
+    s = f64[final.scale_hook] if final.scale_hook else final.scale(x)  # (B, P, 1): frozen from the run
+    g = final.pullback(u.to(x), s.to(x))  # (B, P, D): the same direction on the residual stream
+    bias = (final.bias.to(x) * u).sum(-1)  # (B, P)
+    if parts.b_u is not None:
+        b_u = parts.b_u.to(x.device).double()
+        bias = bias + b_u[pair[..., 0]] - b_u[pair[..., 1].clamp(min=0)] * minus
+    cols = [(f64[parts.embed] * g).sum(-1, keepdim=True)]  # (B, P, 1)
+    for layer in range(parts.n_layers):
+        post = parts.post[layer]
+        g_l = g if post is None else post.pullback(g, f64[post.scale_hook].to(x))  # (B, P, D) into the o_proj
+        if post is not None:
+            bias = bias + (post.bias.to(x) * g).sum(-1)
+        w_og = torch.einsum("hdD,bpD->bphd", parts.w_o[layer].to(x), g_l)  # (B, P, H, d_head): W_O[h] g
+        cols.append((f64[parts.z[layer]] * w_og).sum(-1))  # (B, P, H): one column per query head
+        if parts.b_o[layer] is not None:
+            bias = bias + (parts.b_o[layer].to(x) * g_l).sum(-1)
+        if parts.mlp:
+            cols.append((f64[parts.mlp[layer]] * g).sum(-1, keepdim=True))
+    return torch.cat([*cols, bias[..., None]], dim=-1)  # (B, P, C)
+
+
+def _text(model: Any, tid: int) -> str:
+    tok = getattr(model, "tokenizer", None)
+    if hasattr(tok, "decode") and not hasattr(tok, "alphabet"):
+        return tok.decode([tid])
+    return model.to_str_tokens(torch.tensor([tid]))[0]
+
+
+def _label(model: Any, spec: dict, pair: list[int]) -> str:
+    if spec["kind"] == "metric":
+        return "IO - S"
+    first = repr(_text(model, pair[0]))
+    return first if pair[1] < 0 else f"{first} - {_text(model, pair[1])!r}"
+
+
+def _check(worst: float, model: Any) -> None:
+    if worst > 1e-3 and str(getattr(model, "dtype", "float32")).endswith("float32"):
+        warnings.warn(f"direct logit attribution: the parts of {getattr(model, 'name', 'the model')!r} miss its "
+                      f"logits by up to {worst:.2g} (expected ~1e-6 in float32): this architecture's residual "
+                      f"stream or norms are not read right; treat the table with care", stacklevel=3)
+
+
+def _provenance(model: Any, parts: Parts, spec: dict, position: Any, probe: IOIProbe | None, n: int,
+                worst: float) -> dict[str, Any]:
+    from headlens import __version__
+
+    return {"headlens_version": __version__, "table": "direct logit attribution", "model": getattr(model, "name", ""),
+            "target": dict(spec), "position": "default" if position is None else position,
+            "probe": "ioi" if probe is not None else "prompts", "n_prompts": n,
+            "probe_settings": dict(probe.settings) if probe is not None else {},
+            "frozen_norm": "final norm" + (" and post-attention norms" if any(parts.post) else "")
+            + ": scale frozen at the clean run's value", "softcap": parts.softcap, "max_error": worst,
+            "n_layers": parts.n_layers, "n_heads": parts.n_heads}
+
+
+__all__ = ["COLUMNS", "ReadoutError", "attribute", "decompose"]

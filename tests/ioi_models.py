@@ -1,0 +1,59 @@
+"""Tiny word-level models for the IOI probe, built in-process (nothing downloads).
+
+The tokenizer is word-level (the words of :func:`headlens.probes.ioi.words`, split on whitespace and
+punctuation), so the names the probe may use are exactly the ones given to :func:`save_ioi_tokenizer`:
+what "found automatically" must find. ``save_ioi_llama`` writes a random-weight grouped-query Llama
+(4 query heads on 2 key/value heads) with it, loadable as ``hf:<dir>``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+UNK, BOS, PAD = "[UNK]", "<bos>", "<pad>"
+
+
+def ioi_vocab(names: tuple[str, ...] | None = None) -> dict[str, int]:
+    """Specials, then every probe word except the names, then ``names`` (default: all of the probe's)."""
+    from headlens.probes.ioi import NAMES, words
+
+    names = NAMES if names is None else names
+    plain = [w for w in words() if w not in NAMES]
+    return {w: i for i, w in enumerate([UNK, BOS, PAD, *plain, *names])}
+
+
+def save_ioi_tokenizer(out: Path, names: tuple[str, ...] | None = None, n_ctx: int = 64) -> dict[str, int]:
+    """A word-level fast tokenizer over :func:`ioi_vocab` into ``out``; returns the vocabulary."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = ioi_vocab(names)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=UNK, bos_token=BOS, eos_token=BOS, pad_token=PAD,
+                            model_max_length=n_ctx).save_pretrained(str(out))
+    return vocab
+
+
+def llama_config(vocab_size: int, **overrides: Any) -> Any:
+    from transformers import LlamaConfig
+
+    fields = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+                  bos_token_id=1, eos_token_id=1, pad_token_id=2, tie_word_embeddings=False, initializer_range=0.1)
+    fields.update(overrides)
+    return LlamaConfig(**fields)
+
+
+def save_ioi_llama(out: Path, names: tuple[str, ...] | None = None, seed: int = 0, **overrides: Any) -> Path:
+    """A random-weight GQA Llama with the IOI word-level tokenizer, as a Hugging Face directory."""
+    from transformers import LlamaForCausalLM
+
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = save_ioi_tokenizer(out, names)
+    torch.manual_seed(seed)
+    LlamaForCausalLM(llama_config(len(vocab), **overrides)).eval().save_pretrained(str(out))
+    return out
