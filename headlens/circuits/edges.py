@@ -44,14 +44,15 @@ def control_edges(model: Any, edges: Sequence[Edge], n_control: int, seed: int) 
     return out
 
 
-def significant(row: Any, higher_is_worse: bool, floor: float = 0.0) -> bool:
+def significant(row: Any, higher_is_worse: bool, floor: float = 0.0, two_sided: bool = False) -> bool:
     """CI on the harmful side of ``floor`` (an effect too small to be evidence, see :data:`EFFECT_FLOOR`),
-    and clear of the control's CI (when there is one)."""
-    if higher_is_worse:
-        beyond = row.ci_low > floor and not (row.control == row.control and row.ci_low <= row.control_ci_high)
-    else:
-        beyond = row.ci_high < -floor and not (row.control == row.control and row.ci_high >= row.control_ci_low)
-    return bool(beyond)
+    and clear of the control's CI (when there is one). ``two_sided``: the helpful side counts too (a head
+    that writes against the answer, whose ablation *raises* the metric: IOI's negative name movers)."""
+    up = row.ci_low > floor and not (row.control == row.control and row.ci_low <= row.control_ci_high)
+    down = row.ci_high < -floor and not (row.control == row.control and row.ci_high >= row.control_ci_low)
+    if two_sided:
+        return bool(up or down)
+    return bool(up if higher_is_worse else down)
 
 
 def effect_floor(clean: float) -> float:
@@ -132,8 +133,11 @@ def _label(e: Edge, labels: dict[str, str] | None) -> str:
     return f"{s or '-'} -> {r or '-'}" if (s or r) else ""
 
 
-def significant_mask(df: Any) -> Any:
-    """Boolean Series: which rows of an edge table are significant (see :func:`significant`)."""
+def significant_mask(df: Any, two_sided: bool | None = None) -> Any:
+    """Boolean Series: which rows of an edge table are significant (see :func:`significant`); ``two_sided``
+    defaults to what the table's discovery used (``attrs["two_sided"]``)."""
     worse = higher_is_worse(df.attrs.get("metric", "repeated_loss"))
     floor = effect_floor(df.attrs.get("clean", float("nan")))
-    return df.apply(lambda row: significant(row, worse, floor), axis=1).astype(bool) if len(df) else df["disagree"]
+    both = bool(df.attrs.get("two_sided", False)) if two_sided is None else two_sided
+    return (df.apply(lambda row: significant(row, worse, floor, both), axis=1).astype(bool) if len(df)
+            else df["disagree"])

@@ -45,8 +45,11 @@ class NaiveNative:
         return out[None]  # (1, B, T, V)
 
 
-def make_patcher(model: Any, task: Task, fast: bool = True, max_tokens: int = 8192) -> Any:
-    """The patcher for ``model``: cached fast path, the resumed bridge, or a forward per edge."""
+def make_patcher(model: Any, task: Task, fast: bool = True, max_tokens: int = 8192, resume_tokens: int = 8192,
+                 metrics: Sequence[str] = ()) -> Any:
+    """The patcher for ``model``: cached fast path, the resumed bridge, or a forward per edge. ``max_tokens``:
+    rows x positions of ``(K, B, T, V)`` logits per chunk; ``resume_tokens``: of hidden states, for the resumed
+    bridge (it unembeds one edge at a time; for ``logit_diff`` alone, at the answers' columns only)."""
     if isinstance(model, GPT):  # the fast path resumes blocks without a padding mask: padded bidirectional goes naive
         fast = fast and not model.padded(task.attention_mask)
         return NativePatcher(model, task, task.positions, max_tokens) if fast else NaiveNative(model, task)
@@ -54,7 +57,8 @@ def make_patcher(model: Any, task: Task, fast: bool = True, max_tokens: int = 81
     if twin is not None:
         return NativePatcher(twin, task, task.positions, max_tokens)
     if fast and resumable(model):
-        return ResumePatcher(model, task, max_tokens)
+        answers_only = bool(metrics) and set(metrics) <= {"logit_diff"} and task.answers is not None
+        return ResumePatcher(model, task, resume_tokens, task.answers if answers_only else None)
     return BridgePatcher(model, task, fast, max_tokens)
 
 
@@ -107,7 +111,8 @@ def edge_values(model: Any, task: Task, metrics: Sequence[str], edges: Sequence[
     budget = min(max_tokens, max(T, LOGIT_BUDGET // (4 * model.cfg.d_vocab)))  # rows x positions per pass
     per = max(1, budget // T)
     parts = [_block(model, _rows(task, slice(i, i + per)), metrics, edges, RowDeltas(deltas, slice(i, i + per)),
-                    fast, progress if i == 0 else None, budget, None if named is None else named.rows(slice(i, i + per)))
+                    fast, progress if i == 0 else None, budget, None if named is None else named.rows(slice(i, i + per)),
+                    max_tokens)
              for i in range(0, B, per)]
     clean = {m: np.concatenate([p[0][m] for p in parts]) for m in metrics}
     values = {k: np.concatenate([p[1][k] for p in parts]) for k in parts[0][1]}
@@ -115,9 +120,10 @@ def edge_values(model: Any, task: Task, metrics: Sequence[str], edges: Sequence[
 
 
 def _block(model: Any, task: Task, metrics: Sequence[str], edges: Sequence[Edge], deltas: Any, fast: bool,
-           progress: Callable[[int], None] | None, budget: int, named: NamedPositions | None) -> tuple[dict, dict]:
+           progress: Callable[[int], None] | None, budget: int, named: NamedPositions | None,
+           max_tokens: int = 8192) -> tuple[dict, dict]:
     with torch.no_grad():
-        runner = make_patcher(model, task, fast, budget)
+        runner = make_patcher(model, task, fast, budget, max_tokens, metrics)
         clean_logits = runner.clean_logits
         clean = {m: get_metric(m)(clean_logits, task, clean_logits).cpu().numpy() for m in metrics}
         values: dict[tuple[Edge, str], np.ndarray] = {}

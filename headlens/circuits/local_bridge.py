@@ -2,10 +2,11 @@
 full-forward references on every backend.
 
 The fast path calls the receiver's own block on the clean residual stream recorded by
-:class:`~headlens.circuits.resume.CleanRun`, ``K`` copies of the batch at once, with the bridge's fork
-hooks adding each edge's delta to its receiver's q or k input (``LN(resid + delta)``, the family's own norm,
-projection, rotary embedding, soft-cap and window), and stops at the layer's ``hook_pattern``. The clean
-pattern comes from the same call without a delta, so clean and patched share their numerics.
+:class:`~headlens.circuits.resume.CleanRun`, ``K`` copies of the batch at once, with each copy's receiver
+q or k replaced by the projection of ``LN(resid + delta)`` (:func:`~headlens.circuits.resume.input_hooks`:
+the block's own input norm and the head's rows; then the family's own rotary embedding, q/k norms,
+soft-cap and window), and stops at the layer's ``hook_pattern``. The clean pattern comes from the same call
+without a delta, so clean and patched share their numerics.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 import torch
 
-from headlens.circuits.bridge import _add_fork, fork_plan, forks
+from headlens.circuits.bridge import forks
 from headlens.circuits.nodes import Edge, kv_head
 from headlens.interventions.metrics import Task
 
@@ -36,8 +37,8 @@ def _block_pattern(model: Any, run: Any, layer: int, hooks: list, x: torch.Tenso
     """``(K*B, H, Q, K)``: block ``layer``'s pattern on ``x`` under ``hooks`` (the block stops there)."""
     seen: dict[str, torch.Tensor] = {}
     try:
-        with forks(model), model.hooks([*hooks, (f"blocks.{layer}.attn.hook_pattern", _grab(seen))]):
-            run.block(model, layer, x, B, K)
+        with model.hooks([*hooks, (f"blocks.{layer}.attn.hook_pattern", _grab(seen))]):
+            run.block(model, layer, x, K)
     except _Stop:
         pass
     return seen["p"]
@@ -51,13 +52,12 @@ def clean_pattern(model: Any, run: Any, layer: int) -> torch.Tensor:
 
 def bridge_patterns(model: Any, run: Any, chunk: Sequence[Edge], d: torch.Tensor) -> torch.Tensor:
     """``(K, B, Q, K)``: each edge's receiver pattern, ``d`` ``(K, B, T, D)`` the (masked) sender deltas."""
-    K, B, T, D = d.shape
+    from headlens.circuits.resume import input_hooks
+
+    K, B = d.shape[:2]
     layer = chunk[0].receiver.layer
-    flat = d.reshape(K * B, T, D)  # copy k owns rows k*B .. (k+1)*B
-    fork_add, _, _ = fork_plan(model, chunk, B, None)
-    hooks = [(name, _add_fork(flat, items)) for name, items in fork_add.items()]
-    x = run.calls[layer][0][0].repeat(K, 1, 1)  # (K*B, T, D)
-    p = _block_pattern(model, run, layer, hooks, x, B, K)  # (K*B, H, Q, K)
+    resid = run.calls[layer][0][0]  # (B, T, D): the clean residual stream entering the block
+    p = _block_pattern(model, run, layer, input_hooks(model, chunk, d, resid), resid.repeat(K, 1, 1), B, K)
     p = p.view(K, B, *p.shape[1:])  # (K, B, H, Q, K)
     heads = torch.tensor([e.receiver.head for e in chunk], device=p.device)
     return p[torch.arange(K, device=p.device), :, heads]  # (K, B, Q, K)

@@ -155,3 +155,39 @@ def test_cli_positions_from_a_jsonl_file(tmp_path: Path, monkeypatch, capsys):
     df = pd.read_csv(out)
     assert list(zip(df.receiver_pos, df.sender_pos, strict=True)) == [("Q", "K"), ("Q", "F")]
     assert df.effect[0] > 0.2 and df.effect[1] == 0.0
+
+
+@pytest.mark.parametrize("method", ["corrupted", "mean"])
+def test_ioi_edges_at_its_positions_equal_one_forward_per_edge(tmp_path, method):
+    """The IOI probe on a grouped-query Llama: prompts of different templates put END (and S2) at different
+    positions, so the resumed blocks run each prompt's own positions; logit_diff reads only the answers'
+    logits. Equal to one full forward per edge; the reference is each prompt's ABC twin (corrupted) or the
+    aligned mean over the twins."""
+    from ioi_models import save_ioi_llama
+
+    import headlens
+
+    model = headlens.load(f"hf:{save_ioi_llama(tmp_path / 'ioi')}")
+    s = setup(model, "logit_diff", method, prompts="ioi", n_prompts=6, seed=0)
+    assert set(s.named.names) == {"IO", "S1", "S1+1", "S2", "END"} and len(set(s.named.index["END"].tolist())) > 1
+    edges = make_edges(model, parse_nodes("L1H1,L1H2,logits", model), None, "qkv", positions=["END", "S2"],
+                       sender_positions=["S2", "IO", "all"])
+    fast = edge_values(model, s.task, ["logit_diff"], edges, s.deltas, True, named=s.named)
+    naive = edge_values(model, s.task, ["logit_diff"], edges, s.deltas, False, named=s.named)
+    assert max(float(np.abs(fast[1][k] - naive[1][k]).max()) for k in naive[1]) < TOL
+    moved = [e for e in edges if float(np.abs(naive[1][e, "logit_diff"] - naive[0]["logit_diff"]).max()) > 1e-4]
+    assert len(moved) > len(edges) // 3
+
+
+def test_aligned_mean_over_the_corrupted_distribution():
+    """At a named position the aligned mean is the mean over every twin at its own such position; elsewhere
+    over the twins of the same layout."""
+    from headlens.circuits.senders import Alignment, aligned_replaced
+
+    ref = torch.arange(4 * 5, dtype=torch.float64).view(4, 5, 1)  # (B, T, 1): row r position t -> 5r + t
+    al = Alignment({"END": torch.tensor([4, 3, 4, 3])}, torch.tensor([0, 1, 0, 1]))
+    out = aligned_replaced(torch.zeros_like(ref), ref, "mean", 0, al)
+    assert out[0, 4, 0] == out[1, 3, 0] == (4 + 8 + 14 + 18) / 4  # every END, wherever it is
+    assert out[0, 1, 0] == (1 + 11) / 2 and out[1, 1, 0] == (6 + 16) / 2  # same layout, same position
+    res = aligned_replaced(torch.zeros_like(ref), ref, "resample", 0, al)
+    assert all(res[b, 1, 0] != ref[b, 1, 0] for b in range(4))  # another prompt of the layout
