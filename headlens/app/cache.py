@@ -282,3 +282,22 @@ def get_circuit(ref: str, receivers: Sequence[str], method: str, metric: str, n_
     """``headlens.circuit`` edges into ``receivers`` on the cached model (results cached too)."""
     return _circuit(ref, hd.fingerprint(ref), tuple(receivers), method, metric, int(n_prompts), int(seed),
                     tuple(sorted((labels or {}).items())), tuple(placement))
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def _writers(ref: str, key: str, text: str, position: int, own_token: bool,
+             placement: Placement = DEFAULT_PLACEMENT) -> tuple[list[str], pd.DataFrame]:
+    from headlens.readout.dla import attribute
+    from headlens.scoring.writers import attribution_summary
+
+    with exclusive(get_model(ref, placement)) as model:
+        ids = model.to_tokens(text)[0]
+        table = attribute(model, [text], target=int(ids[position]) if own_token else None, position=position - 1)
+        return model.to_str_tokens(ids), attribution_summary(table, n_boot=10)
+
+
+def get_writers(ref: str, text: str, position: int, own_token: bool = True,
+                placement: Placement = DEFAULT_PLACEMENT) -> tuple[list[str], pd.DataFrame]:
+    """Which heads wrote the token at ``position`` of ``text`` (``own_token=False``: the model's own top
+    prediction there instead): the tokens and :func:`headlens.attribution_summary` (cached)."""
+    return _writers(ref, hd.fingerprint(ref), text, int(position), bool(own_token), tuple(placement))

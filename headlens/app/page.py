@@ -27,13 +27,13 @@ import streamlit as st
 from headlens.app import DEVICE_ENV, DTYPE_ENV, FIRST_PAINT, SHARED_IMPORTS, cache
 from headlens.app import helpers as hd
 from headlens.app.ui import attempt
-from headlens.app.views import ablation, circuit, compare, grid, learn, patterns, table, training
+from headlens.app.views import ablation, attribution, circuit, compare, grid, learn, patterns, table, training
 from headlens.errors import HeadlensError
 
 if TYPE_CHECKING:  # pandas is imported by the library calls; the first paint does not wait for it
     import pandas as pd
 
-VIEWS = ("Patterns", "Learn", "Compare", "Ablation", "Circuit", "Training", "All heads")
+VIEWS = ("Patterns", "Attribution", "Learn", "Compare", "Ablation", "Circuit", "Training", "All heads")
 
 
 # -- sidebar ----------------------------------------------------------------------------------
@@ -198,11 +198,15 @@ def text_and_views(ref: str, model: Any, scores: pd.DataFrame, detector: str, co
             st.session_state[text_key] = attempt("Could not build an example text", hd.example_text, model) or ""
         text = st.text_area("Your text", key=text_key, height=110,
                             help="Attention patterns and per-token losses are computed on this text.")
+    if st.session_state.get("goto_view") in VIEWS:  # a view handed over to another (Attribution -> Patterns)
+        st.session_state.view = st.session_state.pop("goto_view")
     view = st.segmented_control("View", VIEWS, default=VIEWS[0], required=True, key="view",
                                 label_visibility="collapsed")
     if view == "Patterns":
         if getattr(model, "tokenizer", "") is not None:  # else the line above said why there is no text
             patterns.patterns_view(ref, model, text, selected)
+    elif view == "Attribution":
+        attribution.attribution_view(ref, model, text)
     elif view == "Learn":
         learn.learn_view(ref, model, text, scores, n_prompts, seed, corpus)
     elif view == "Compare":

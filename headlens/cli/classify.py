@@ -189,7 +189,12 @@ def run_classify(
         if not quiet:
             err.print(f"wrote {len(df)} rows to {out}")
     if report is not None:
-        write_report(loaded, df, report)
+        from headlens.readout.dla import attribute
+
+        ioi = "dla" in df.columns and bool(df["dla"].notna().any())  # name movers ran: who writes IO - S
+        same = df.attrs.get("probes", {}).get("ioi", {}).get("seed", seed)  # the prompts the name movers read
+        write_report(loaded, df, report, attribution=attribute(loaded, "ioi", n_prompts=n_prompts, seed=same)
+                     if ioi else None)
         if not quiet:
             err.print(f"wrote the report to {report} (one page, opens offline)")
     asked = [n.strip() for n in detectors.split(",")] if detectors else []

@@ -20,6 +20,9 @@ def rows() -> list[dict[str, str]]:
         extra = [] if d.default else ["scored only when named with --detectors"]
         if d.bidirectional_only:
             extra.append("bidirectional models only")
+        if d.gate is not None:
+            extra.append(f"the label also needs {d.gate.name}'s CI {'above' if d.gate.sign > 0 else 'below'} 0 "
+                         f"({d.gate.description})")
         out.append({"name": name, "mark": label_mark(name), "kind": d.kind, "threshold": f"{tau:g}",
                     "probe": probe, "description": "; ".join([d.description, *extra])})
     return out

@@ -38,6 +38,7 @@ from headlens.detectors import (
     duplicate_token,
     first_token,
     induction,
+    name_mover,
     next_token,
     previous_token,
     retrieval,
@@ -65,6 +66,8 @@ DETECTORS: dict[str, Detector] = {
         sink.DETECTOR,
         streaming.DETECTOR,
         retrieval.DETECTOR,
+        name_mover.DETECTOR,
+        name_mover.NEGATIVE_DETECTOR,
     )
 }
 _CALL = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*\((.*)\)\s*$")
@@ -72,7 +75,7 @@ _CALL = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*\((.*)\)\s*$")
 
 BUILTIN = frozenset(DETECTORS)
 KINDS = ("index", "mask", "weights", "top1", "annotated")
-PROBES = ("random_tokens", "repeated_segments", "brackets", "needle")  # the generated probes a detector may name
+PROBES = ("random_tokens", "repeated_segments", "brackets", "needle", "ioi")  # the generated probes a detector may name
 ENTRY_POINT_GROUP = "headlens.detectors"
 _plugins_loaded = False
 

@@ -28,6 +28,13 @@ Detectors with settings (``streaming``: s sinks and a window of w) carry ``param
 Every target function already drops the rows a detector must not count (pads, special
 tokens, rows outside the definition).
 
+**A gate on what the head writes** (issue 30). Some head types are defined by their pattern *and* by
+what they write: a name mover attends from END to IO *and* its direct logit attribution to ``IO - S``
+is positive. Such a detector is an ordinary pattern detector (its score, CI, baseline and lift are the
+attention mass on its targets) with a :class:`Gate`: a per-prompt statistic of each head on the same
+probe (``(P, L, H)`` float64) whose bootstrap CI must clear zero on the gate's side for the label; the
+scores table carries it in the gate's columns (``dla``, ``dla_ci_low``, ``dla_ci_high``).
+
 **Targets as a predicate** (issue 23). A detector may instead (or as well) give ``predicate``:
 ``(batch, q, k) -> bool``, with ``q`` the ``(C, 1)`` and ``k`` the ``(1, K)`` long positions of a block of
 query rows and keys; the result broadcasts to ``(B, C, K)``. ``previous_token`` is ``k == q - 1``,
@@ -56,6 +63,24 @@ PREDICATE_BYTES = 16 * 2**20  # a (B, C, K) block of a predicate evaluated at on
 
 
 @dataclass(frozen=True)
+class Gate:
+    """A second condition on a pattern detector's label, from what each head writes (module docstring).
+
+    Attributes:
+        name: the column prefix in the scores table (``dla``: ``dla``, ``dla_ci_low``, ``dla_ci_high``).
+        values: ``(model, probe, cache) -> (P, L, H)`` float64: the statistic per prompt of the probe and
+            head; ``cache`` is a dict shared by the gates of one run, for measurements two gates both need.
+        sign: +1: the label needs the CI above zero (``ci_low > 0``); -1: below zero (``ci_high < 0``).
+        description: what the statistic is, in one line.
+    """
+
+    name: str
+    values: Callable[[Any, Any, dict], torch.Tensor]
+    sign: int
+    description: str
+
+
+@dataclass(frozen=True)
 class Detector:
     """One head type.
 
@@ -77,6 +102,7 @@ class Detector:
             (duplicate token, induction) stay O(window x M) in memory at long context.
         predicate: ``(batch, q (C, 1), k (1, K)) -> (B, C, K)`` bool, the same targets as a rule (module
             docstring); with ``targets=None`` the index lists are built from it.
+        gate: a :class:`Gate` on what the head writes, which the label also needs (name movers), or None.
 
     >>> two_back = Detector("two_back", "mask", None, "random_tokens", "attends two tokens back",
     ...                     predicate=lambda batch, q, k: k == q - 2)
@@ -97,6 +123,7 @@ class Detector:
     windowed: bool = False
     default: bool = True
     predicate: Predicate | None = None
+    gate: Gate | None = None
 
     def __post_init__(self) -> None:
         if self.targets is None and self.predicate is not None:  # index lists from the rule, row window by window

@@ -157,7 +157,7 @@ def bracket_annotations(ids: list[int], pairs: tuple[tuple[int, int], ...]) -> t
 def short_of(probe: Probe, seq_len: int) -> str | None:
     """One line when ``probe``'s longest prompt is shorter than ``seq_len``, else None."""
     longest = int(probe.settings.get("max_len", max((len(p) for p in probe.prompts), default=0)))
-    if probe.name == "prompts" or longest >= seq_len:
+    if probe.name in ("prompts", "ioi") or longest >= seq_len:  # texts and templates are as long as they are
         return None
     return (f"the {probe.name} probe reached {longest} of the {seq_len} tokens asked for "
             f"({probe.settings.get('why_short', 'the source ran out')})")

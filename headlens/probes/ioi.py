@@ -17,8 +17,8 @@ model should predict IO at the end. Why it looks like this:
   clean one (same length; only the S2 token differs), the reference path patching and resampling need.
 * **Named positions** (:attr:`Probe.positions`): ``IO``, ``S1``, ``S1+1``, ``S2``, ``END`` (the last
   token, whose logits predict the answer), token indices of the full prompt (BOS included). The answers
-  are ``answers[:, 0]`` (IO, correct) and ``answers[:, 1]`` (S, wrong). The annotation ``IO`` marks, at
-  the END row, the IO position: the key a name mover reads (``headlens.detectors.name_mover``).
+  are ``answers[:, 0]`` (IO, correct) and ``answers[:, 1]`` (S, wrong). The annotations ``IO``, ``S1`` and
+  ``S2`` mark, at the END row, those positions: the keys a name mover reads (``headlens.detectors.name_mover``).
 
 Model calls: none, apart from tokenization.
 
@@ -28,6 +28,7 @@ Model calls: none, apart from tokenization.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,7 +159,8 @@ def _tokens(model: Any, text: str, spans: dict[str, tuple[int, int]], ids: dict[
     return [model.bos_token_id, *body], where
 
 
-def ioi_probe(model: Any, n_prompts: int = 128, seed: int = 0) -> IOIProbe:
+def ioi_probe(model: Any, n_prompts: int = 128, seed: int = 0, templates: Sequence[int] | None = None,
+              orders: Sequence[str] = ORDERS) -> IOIProbe:
     """``n_prompts`` IOI prompts for ``model`` (orders alternate, templates cycle in ABBA/BABA pairs), their
     corrupted twins, answers and named positions; a ``ProbeError`` when the tokenizer keeps too few names.
 
@@ -166,39 +168,35 @@ def ioi_probe(model: Any, n_prompts: int = 128, seed: int = 0) -> IOIProbe:
         model: any headlens model with a tokenizer (causal).
         n_prompts: how many prompts (at least 1).
         seed: seeds the names, places and objects.
+        templates: indices into :data:`TEMPLATES` to use (default: all twelve).
+        orders: ``("ABBA", "BABA")`` (default: both, alternating) or one of them.
     """
     why = unsupported(model)
     if why:
         raise ProbeError(why)
-    if n_prompts < 1:
-        raise ProbeError(f"ioi needs n_prompts >= 1, got {n_prompts}")
+    use = list(range(len(TEMPLATES))) if templates is None else [int(t) for t in templates]
+    if n_prompts < 1 or not use or not orders or not set(orders) <= set(ORDERS) \
+            or not all(0 <= t < len(TEMPLATES) for t in use):
+        raise ProbeError(f"ioi needs n_prompts >= 1, templates among 0..{len(TEMPLATES) - 1} and orders among "
+                         f"{ORDERS}; got {n_prompts}, {templates}, {orders}")
     ids = usable_names(model)
-    pool = sorted(ids)
     gen = torch.Generator().manual_seed(seed * 1009 + 31)
-    out = IOIProbe("ioi", [], settings={"n_prompts": n_prompts, "seed": seed, "n_names": len(pool),
-                                        "names": pool, "n_templates": len(TEMPLATES), "corrupted": "ABC (S2 -> C)"})
+    out = IOIProbe("ioi", [], settings={"n_prompts": n_prompts, "seed": seed, "n_names": len(ids),
+                                        "names": sorted(ids), "templates": use, "orders": list(orders),
+                                        "corrupted": "ABC (S2 -> C)"})
     pos: dict[str, list[int]] = {k: [] for k in POSITION_NAMES}
     answers = []
     for i in range(n_prompts):
-        io, s, c = (pool[j] for j in torch.randperm(len(pool), generator=gen)[:3].tolist())
-        place = PLACES[int(torch.randint(len(PLACES), (1,), generator=gen))]
-        obj = OBJECTS[int(torch.randint(len(OBJECTS), (1,), generator=gen))]
-        order, t = ORDERS[i % 2], (i // 2) % len(TEMPLATES)
-        a, b = (io, s) if order == "ABBA" else (s, io)
-        text, spans = _fill(TEMPLATES[t], a, b, s, place, obj)
-        bad, bad_spans = _fill(TEMPLATES[t], a, b, c, place, obj)
-        clean, at = _tokens(model, text, spans, ids, {"A": a, "B": b, "C": s})
-        corrupt, _ = _tokens(model, bad, bad_spans, ids, {"C": c})
-        if len(corrupt) != len(clean):
-            raise ProbeError(f"ioi: {bad!r} is not token-aligned with {text!r}")
-        io_pos, s1 = (at["A"], at["B"]) if order == "ABBA" else (at["B"], at["A"])
-        for key, value in zip(POSITION_NAMES, (io_pos, s1, s1 + 1, at["C"], len(clean) - 1), strict=True):
+        order, t = orders[i % len(orders)], use[(i // len(orders)) % len(use)]
+        (io, s, c), clean, corrupt, text, bad, where = _prompt(model, ids, gen, t, order)
+        for key, value in zip(POSITION_NAMES, where, strict=True):
             pos[key].append(value)
-        marks = torch.full((len(clean),), -1, dtype=torch.long)
-        marks[-1] = io_pos  # the END row reads IO
+        for key, at in (("IO", where[0]), ("S1", where[1]), ("S2", where[3])):  # what the END row may read
+            marks = torch.full((len(clean),), -1, dtype=torch.long)
+            marks[-1] = at
+            out.annotations.setdefault(key, []).append(marks)
         out.prompts.append(torch.tensor(clean, dtype=torch.long))
         out.corrupted.append(torch.tensor(corrupt, dtype=torch.long))
-        out.annotations.setdefault("IO", []).append(marks)
         out.texts.append(text)
         out.corrupted_texts.append(bad)
         out.names.append((io, s, c))
@@ -209,6 +207,24 @@ def ioi_probe(model: Any, n_prompts: int = 128, seed: int = 0) -> IOIProbe:
     out.answers = torch.tensor(answers, dtype=torch.long)  # (N, 2): IO, S
     out.settings["max_len"] = max(len(p) for p in out.prompts)
     return out
+
+
+def _prompt(model: Any, ids: dict[str, int], gen: torch.Generator, t: int, order: str) -> tuple:
+    """One prompt of template ``t`` in ``order``: its names (IO, S, C), clean and corrupted ids and texts, and
+    its named positions (IO, S1, S1+1, S2, END)."""
+    pool = sorted(ids)
+    io, s, c = (pool[j] for j in torch.randperm(len(pool), generator=gen)[:3].tolist())
+    place = PLACES[int(torch.randint(len(PLACES), (1,), generator=gen))]
+    obj = OBJECTS[int(torch.randint(len(OBJECTS), (1,), generator=gen))]
+    a, b = (io, s) if order == "ABBA" else (s, io)
+    text, spans = _fill(TEMPLATES[t], a, b, s, place, obj)
+    bad, bad_spans = _fill(TEMPLATES[t], a, b, c, place, obj)
+    clean, at = _tokens(model, text, spans, ids, {"A": a, "B": b, "C": s})
+    corrupt, _ = _tokens(model, bad, bad_spans, ids, {"C": c})
+    if len(corrupt) != len(clean):
+        raise ProbeError(f"ioi: {bad!r} is not token-aligned with {text!r}")
+    io_pos, s1 = (at["A"], at["B"]) if order == "ABBA" else (at["B"], at["A"])
+    return (io, s, c), clean, corrupt, text, bad, (io_pos, s1, s1 + 1, at["C"], len(clean) - 1)
 
 
 def words() -> list[str]:
@@ -231,3 +247,9 @@ def resolve(model: Any, prompts: Any, n_prompts: int = 128, seed: int = 0) -> IO
             return ioi_probe(model, n_prompts, seed)
         raise ProbeError(f"prompts={prompts[:40]!r} is one string; give a list of prompts, or 'ioi' for the IOI probe")
     return None
+
+
+def scan_probe(model: Any, n_prompts: int, seq_len: int, gen: torch.Generator) -> IOIProbe:
+    """The IOI probe with the signature of the generated probes a scan builds (``seq_len`` does not apply:
+    each prompt is as long as its template; the seed is drawn from ``gen``)."""
+    return ioi_probe(model, n_prompts, seed=int(torch.randint(2**31 - 1, (1,), generator=gen)))

@@ -85,19 +85,9 @@ def attribute(model: Any, prompts: Any, target: str | int | None = None, positio
         metric = "logit_diff"
     pos = _positions(tokens, position, probe)  # (N, P), -1 where a prompt has fewer positions
     spec = _target_spec(model, target, contrast, metric, probe)
-    N = pos.shape[0]
-    per = batch_size or max(1, TOKEN_BUDGET // max(len(t) for t in tokens))
-    table, labels, worst = [], [], 0.0
-    for start in range(0, N, per):
-        rows = range(start, min(N, start + per))
-        ids, attr, err = _batch(model, parts, [tokens[i] for i in rows], pos[start:start + per], spec,
-                                None if probe is None else probe.answers[start:start + per])
-        table.append(attr)
-        labels += [[_label(model, spec, pair) for pair in row] for row in ids.tolist()]
-        worst = max(worst, err)
-        if progress is not None:
-            progress(rows.stop, N)
-    values = torch.cat(table)  # (N, P, C)
+    answers = None if probe is None else probe.answers
+    values, ids, worst = _values(model, parts, tokens, pos, spec, answers, batch_size, progress)  # (N, P, C)
+    labels = [[_label(model, spec, pair) for pair in row] for row in ids.tolist()]
     names = parts.components
     keep = (pos >= 0).nonzero().tolist()  # (prompt, slot) pairs that exist
     frame = pd.DataFrame({
@@ -111,6 +101,36 @@ def attribute(model: Any, prompts: Any, target: str | int | None = None, positio
     _check(worst, model)
     frame.attrs.update(_provenance(model, parts, spec, position, probe, len(tokens), worst))
     return frame
+
+
+def head_attributions(model: Any, probe: IOIProbe, batch_size: int | None = None) -> torch.Tensor:
+    """``(P, L, H)`` float64: each query head's direct logit attribution to ``logit(IO) - logit(S)`` at END,
+    per prompt of an IOI probe (the name movers' gate, :mod:`headlens.detectors.name_mover`)."""
+    parts = model_parts(model)
+    values, _, worst = _values(model, parts, list(probe.prompts), probe.positions["END"][:, None],
+                               {"kind": "metric", "name": "logit_diff"}, probe.answers, batch_size, None)
+    _check(worst, model)
+    heads = [i for i, c in enumerate(parts.components) if c.startswith("L")]
+    return values[:, 0, heads].reshape(len(probe), parts.n_layers, parts.n_heads)
+
+
+def _values(model: Any, parts: Parts, tokens: list[torch.Tensor], pos: torch.Tensor, spec: dict,
+            answers: torch.Tensor | None, batch_size: int | None, progress: Callable[[int, int], None] | None
+            ) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Attributions ``(N, P, C)``, target ids ``(N, P, 2)`` and the largest gap to the logits, batch by batch."""
+    N = pos.shape[0]
+    per = batch_size or max(1, TOKEN_BUDGET // max(len(t) for t in tokens))
+    values, ids, worst = [], [], 0.0
+    for start in range(0, N, per):
+        rows = range(start, min(N, start + per))
+        pair, attr, err = _batch(model, parts, [tokens[i] for i in rows], pos[start:start + per], spec,
+                                 None if answers is None else answers[start:start + per])
+        values.append(attr)
+        ids.append(pair)
+        worst = max(worst, err)
+        if progress is not None:
+            progress(rows.stop, N)
+    return torch.cat(values), torch.cat(ids), worst
 
 
 def _prompts(model: Any, prompts: Any, n_prompts: int, seed: int) -> tuple[IOIProbe | None, list[torch.Tensor]]:
@@ -295,4 +315,4 @@ def _provenance(model: Any, parts: Parts, spec: dict, position: Any, probe: IOIP
             "n_layers": parts.n_layers, "n_heads": parts.n_heads}
 
 
-__all__ = ["COLUMNS", "ReadoutError", "attribute", "decompose"]
+__all__ = ["COLUMNS", "ReadoutError", "attribute", "decompose", "head_attributions"]

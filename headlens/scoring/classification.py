@@ -30,6 +30,7 @@ from headlens.models.vocab import vocab
 from headlens.probes.base import CORPORA, Probe, short_of
 from headlens.probes.generated import brackets, random_tokens, repeated_segments
 from headlens.probes.haystack import needle_haystack
+from headlens.probes.ioi import scan_probe as ioi_scan_probe
 from headlens.probes.prose import prose_windows
 from headlens.probes.text import stdlib_windows, text_prompts
 from headlens.scoring import defaults
@@ -44,6 +45,7 @@ from headlens.scoring.annotated import (
 from headlens.scoring.annotated import summaries as target_summaries
 from headlens.scoring.distributed import current, scan_blocks
 from headlens.scoring.engine import DetectorStats, choose_path
+from headlens.scoring.gates import MIN_SHARE, gate_columns, gate_passes, gate_summary, with_gate
 from headlens.scoring.stats import (
     COPYING_THRESHOLD,
     DEFAULT_THRESHOLD,
@@ -127,12 +129,12 @@ def select_detectors(model: Any, names: Sequence[str] | str | None, tl_compatibl
         elif d.probe == "brackets" and not vocab(model).brackets:
             why = (f"{d.name}: the tokenizer keeps no bracket pair as single tokens" if model.tokenizer is not None
                    else f"{d.name} needs a tokenizer to find brackets; this model has none")
-        elif d.probe == "coreference":
-            from headlens.probes.coreference import unsupported
+        elif d.probe in ("coreference", "ioi"):
+            from importlib import import_module
 
-            why = unsupported(model) or ""
+            why = import_module(f"headlens.probes.{d.probe}").unsupported(model) or ""
         if why and explicit:
-            raise (ProbeError if d.probe in ("brackets", "coreference") else DetectorError)(why)
+            raise (ProbeError if d.probe in ("brackets", "coreference", "ioi") else DetectorError)(why)
         if why:
             skipped[d.name] = why
         else:
@@ -161,7 +163,7 @@ def _probes(model: Any, dets: list[Detector], prompts: Any, n_prompts: int, seq_
     if prompts is not None:
         return [(text_prompts(model, prompts, truncate=truncate), pattern)]
     builders = {"random_tokens": random_tokens, "repeated_segments": repeated_segments,
-                "brackets": brackets, "needle": needle_haystack}
+                "brackets": brackets, "needle": needle_haystack, "ioi": ioi_scan_probe}
     groups = []
     for k, name in enumerate(builders):
         served = [d for d in pattern if d.probe == name]
@@ -337,6 +339,9 @@ def classify(
     kv = kv_heads(H, H_kv)
     rows = []
     by_name = {d.name: d for d in dets}  # Detector objects passed in need not be registered
+    probe_of = {d.name: pr for pr, served in groups for d in served}  # where a gate measures its statistic
+    gate_cache: dict = {}
+    gated: set[str] = set()
     for name in [d.name for d in dets] + user_types:
         d = by_name.get(name) or DETECTORS.get(name)
         if d is not None and d.kind == "weights":
@@ -355,9 +360,15 @@ def classify(
         lift, pref = s.lift, preferences.get(name)
         # with distractors, preference accuracy is the primary statistic (Clark et al. 2019); mass stays in the table
         labels = label(s.ci_low, lift, taus[name]) if pref is None else preference_label(pref, s)
+        if d is not None and d.gate is not None:  # what the head writes: the gate's CI must clear zero too
+            g = gate_summary(model, d.gate, probe_of[name], gate_cache, seed, n_boot)
+            labels, gated = labels & gate_passes(g, d.gate.sign), gated | {d.gate.name}
         new_rows = _rows(model.name, name, s, lift, labels, L, kv)
+        if d is not None and d.gate is not None:
+            new_rows = with_gate(new_rows, d.gate, g)
         rows += with_preference(new_rows, pref) if name in preferences else new_rows
     columns = list(empty_table().columns) + (list(PREFERENCE_COLUMNS) if preferences else [])
+    columns += [c for name in sorted(gated) for c in gate_columns(name)]
     df = pd.DataFrame(rows, columns=columns) if rows else empty_table()
     if s_small := [d for d, s in summaries.items() if 0 < s.n_prompts < 10]:
         notes.append(f"fewer than 10 prompts with targets for {', '.join(s_small)}: wide intervals")
@@ -382,6 +393,8 @@ def classify(
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "device": str(model.device),
         "substitutions": list(getattr(model, "substitutions", [])),  # what ran in place of what the model asked for
     })
+    if gated:  # the second half of the name movers' label (headlens.scoring.gates)
+        df.attrs["gate_rule"] = f"gate CI on its side of zero and |mean| >= {MIN_SHARE:g} x the strongest head's"
     if "retrieval" in set(df["detector"]):  # Wu et al.'s own rule next to ours
         r = df[(df["detector"] == "retrieval") & (df["score"] > WU_THRESHOLD)].sort_values("score", ascending=False)
         df.attrs["retrieval_wu_2024"] = {"threshold": WU_THRESHOLD, "rule": "score > 0.1 (Wu et al. 2024)",

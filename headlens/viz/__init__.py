@@ -8,6 +8,7 @@ the comparison (:mod:`headlens.viz.compare`) and the report (:mod:`headlens.viz.
 from their modules.
 """
 
+from headlens.viz.attribution import token_strip_figure, writers_figure
 from headlens.viz.circuit import circuit_figure, selected_edge
 from headlens.viz.figures import (
     ablation_figure,
@@ -62,8 +63,10 @@ __all__ = [
     "ranking_figure",
     "selected_edge",
     "token_loss_figure",
+    "token_strip_figure",
     "token_window",
     "training_figure",
     "trajectory_figure",
     "trajectory_losses",
+    "writers_figure",
 ]

@@ -40,6 +40,8 @@ LABEL_MARKS = {
     "sink": "SNK",
     "streaming": "STR",
     "retrieval": "RET",
+    "name_mover": "NM",
+    "negative_name_mover": "NNM",
 }
 
 
@@ -60,7 +62,7 @@ LABEL_COLORS = {
     "previous_token": "#1f77b4", "next_token": "#17becf", "current_token": "#7f7f7f", "first_token": "#8c564b",
     "duplicate_token": "#9467bd", "induction": "#d62728", "bracket_matching": "#2ca02c",
     "bracket_matching_hard": "#2ca02c", "open_bracket": "#ff7f0e", "open_bracket_hard": "#ff7f0e",
-    "copying": "#e377c2",
+    "copying": "#e377c2", "name_mover": "#bcbd22", "negative_name_mover": "#393b79",
 }
 UNLABELLED_COLOR = "#d9d9d9"
 

@@ -3,7 +3,9 @@
 The page opens offline (plotly.js is inlined once, every figure after it reuses it) and holds:
 the head grid coloured by each head's strongest label, the labelled heads with their 95 %
 confidence intervals, each labelled head's pattern on an example prompt (heatmap and coloured
-text), the circuit when an edge table is given (graph and table), and the provenance of the scores (model, probes, seeds, thresholds, headlens version).
+text), the circuit when an edge table is given (graph and table), the heads that write a prediction when an
+attribution table is given (direct logit attribution: bars and the strongest writers and suppressors with
+their CIs), and the provenance of the scores (model, probes, seeds, thresholds, headlens version).
 
 >>> import headlens
 >>> model = headlens.load("induction-2l")  # doctest: +SKIP
@@ -35,7 +37,7 @@ pre { background: #f6f6f6; padding: 0.8em; overflow-x: auto; font-size: 0.85em; 
 """
 
 
-def report_html(model: Any, table: Any, prompt: str | None = None, edges: Any = None) -> str:
+def report_html(model: Any, table: Any, prompt: str | None = None, edges: Any = None, attribution: Any = None) -> str:
     """The report page for ``table`` (a ``headlens.classify`` result on ``model``) as one HTML string.
 
     Args:
@@ -45,6 +47,7 @@ def report_html(model: Any, table: Any, prompt: str | None = None, edges: Any = 
             segment and nested brackets in the model's own alphabet).
         edges: an edge table (``headlens.circuit``): adds the circuit graph of its significant
             edges and the whole table.
+        attribution: an attribution table (``headlens.attribute``): adds who writes its target.
     """
     from headlens.probes.texts import example_text
     from headlens.scoring.table import labelled_heads
@@ -65,6 +68,8 @@ def report_html(model: Any, table: Any, prompt: str | None = None, edges: Any = 
     parts += _patterns(model, table, prompt)
     if edges is not None:
         parts += _circuit(model, table, edges)
+    if attribution is not None:
+        parts += _attribution(attribution)
     prov = json.dumps(attrs, indent=1, default=str)
     embedded = prov.replace("</", "<\\/")  # JSON-equal; cannot close the script element
     parts += ["<h2>Provenance</h2>", f"<pre>{html.escape(prov, quote=False)}</pre>",
@@ -77,13 +82,17 @@ def report_html(model: Any, table: Any, prompt: str | None = None, edges: Any = 
 def _labelled_table(rows: Any) -> str:
     if rows.empty:
         return "<p>No head passes the labelling rule (ci_low ≥ threshold and lift ≥ 3).</p>"
-    head = "".join(f"<th>{c}</th>" for c in ("head", "label", "score", "95% CI", "baseline", "lift", "positions"))
+    gated = "dla" in rows.columns and rows["dla"].notna().any()  # name movers: what the head writes
+    cols = ("head", "label", "score", "95% CI", "baseline", "lift", "positions") + (("DLA (95% CI)",) if gated else ())
+    head = "".join(f"<th>{c}</th>" for c in cols)
     body = []
     for r in rows.itertuples():
         lift = "-" if r.lift != r.lift else f"{r.lift:.1f}"
+        dla = "" if not gated else ("<td>-</td>" if r.dla != r.dla else
+                                    f"<td>{r.dla:+.3f} [{r.dla_ci_low:+.3f}, {r.dla_ci_high:+.3f}]</td>")
         body.append(f"<tr><td>L{r.layer}H{r.head}</td><td>{html.escape(str(r.detector))}</td><td>{r.score:.3f}</td>"
                     f"<td>[{r.ci_low:.3f}, {r.ci_high:.3f}]</td><td>{r.baseline:.3f}</td><td>{lift}</td>"
-                    f"<td>{int(r.n_positions)}</td></tr>")
+                    f"<td>{int(r.n_positions)}</td>{dla}</tr>")
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
 
@@ -140,6 +149,27 @@ def _circuit(model: Any, table: Any, edges: Any) -> list[str]:
             fig.to_html(full_html=False, include_plotlyjs=False), f"<table><tr>{head}</tr>{rows}</table>"]
 
 
+def _attribution(table: Any, top: int = 10) -> list[str]:
+    """The direct logit attribution section: the strongest writers and suppressors, as bars and as a table."""
+    from headlens.scoring.writers import attribution_summary, strongest
+    from headlens.viz.attribution import writers_figure
+
+    summary = attribution_summary(table)
+    writers, suppressors = strongest(summary, top)
+    total, n = summary.attrs["total"], int(summary["n_prompts"].iloc[0])
+    cols = ["component", "attribution", "ci_low", "ci_high", "share"]
+    rows = "".join("<tr>" + "".join(f"<td>{_cell(getattr(r, c))}</td>" for c in cols) + "</tr>"
+                   for r in [*writers.itertuples(), *suppressors.itertuples()])
+    head = "".join(f"<th>{c}</th>" for c in cols)
+    what = html.escape(str(summary["target"].iloc[0]))
+    return ["<h2>Who writes the prediction</h2>",
+            f"<p>Direct logit attribution to {what} over {n} prompt(s) (the final norm's scale frozen; mean "
+            f"total {total['mean']:+.3f}, CIs over prompts); the parts sum to the model's logits within "
+            f"{table.attrs.get('max_error', float('nan')):.1g}.</p>",
+            writers_figure(summary, top).to_html(full_html=False, include_plotlyjs=False),
+            f"<table><tr>{head}</tr>{rows}</table>"]
+
+
 def _cell(v: Any) -> str:
     if isinstance(v, float):
         return "-" if v != v else f"{v:+.3f}"
@@ -155,11 +185,11 @@ def check_report_path(path: str | os.PathLike) -> Path:
 
 
 def write_report(model: Any, table: Any, path: str | os.PathLike, prompt: str | None = None,
-                 edges: Any = None) -> Path:
+                 edges: Any = None, attribution: Any = None) -> Path:
     """Write :func:`report_html` to ``path`` (``.html``), atomically, with the umask's mode; returns the path.
 
     Raises ``OutputError`` for another suffix or a folder that cannot be written (checked before the
     page is computed).
     """
     p = check_report_path(path)
-    return write_text(p, report_html(model, table, prompt, edges))
+    return write_text(p, report_html(model, table, prompt, edges, attribution))

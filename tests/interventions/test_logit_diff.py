@@ -3,8 +3,6 @@ CLI through ``prompts="ioi"`` / ``--prompts ioi``, and refused on prompts that c
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 import torch
@@ -13,7 +11,7 @@ from headlens.errors import ProbeError
 from headlens.interventions.metrics import get_metric, ioi_task, make_task
 from headlens.probes.ioi import ioi_probe
 from tests.conftest import run_cli
-from tests.ioi_models import save_ioi_llama
+from tests.ioi_models import load_quietly, save_ioi_llama
 
 
 @pytest.fixture(scope="module")
@@ -23,11 +21,7 @@ def word_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def word_model(word_dir):
-    import headlens
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return headlens.load(f"hf:{word_dir}")
+    return load_quietly(word_dir)
 
 
 def test_equals_plain_transformers(word_model, word_dir):

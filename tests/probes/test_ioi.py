@@ -3,28 +3,18 @@ positions that point at the right tokens, and a one-line refusal when a tokenize
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
 from headlens.errors import ProbeError
 from headlens.probes.ioi import MIN_NAMES, NAMES, TEMPLATES, ioi_probe, resolve, unsupported, usable_names
-from tests.ioi_models import save_ioi_llama
-
-
-def _load(path):
-    import headlens
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return headlens.load(f"hf:{path}")
+from tests.ioi_models import load_quietly, save_ioi_llama
 
 
 @pytest.fixture(scope="module")
 def word_model(tmp_path_factory):
     """A word-level Llama whose vocabulary holds only 12 of the probe's names."""
-    return _load(save_ioi_llama(tmp_path_factory.mktemp("ioi") / "m", names=NAMES[:12]))
+    return load_quietly(save_ioi_llama(tmp_path_factory.mktemp("ioi") / "m", names=NAMES[:12]))
 
 
 def test_names_are_found_in_the_tokenizer(word_model):
@@ -75,7 +65,7 @@ def test_seeded(word_model):
 
 
 def test_too_few_names_is_one_line(tmp_path):
-    few = _load(save_ioi_llama(tmp_path / "few", names=NAMES[: MIN_NAMES - 1]))
+    few = load_quietly(save_ioi_llama(tmp_path / "few", names=NAMES[: MIN_NAMES - 1]))
     why = unsupported(few)
     assert why and "\n" not in why and f"keeps {MIN_NAMES - 1} of {len(NAMES)} names" in why
     with pytest.raises(ProbeError, match="needs at least"):

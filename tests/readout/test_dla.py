@@ -3,8 +3,6 @@ the summary with bootstrap CIs, the CLI, and one-line refusals of what it cannot
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 import torch
@@ -15,7 +13,7 @@ from headlens.interventions.metrics import get_metric, make_task
 from headlens.readout.dla import COLUMNS
 from headlens.scoring.writers import SUMMARY_COLUMNS, attribution_summary, strongest
 from tests.conftest import make_gpt, run_cli
-from tests.ioi_models import save_ioi_llama
+from tests.ioi_models import load_quietly, save_ioi_llama
 
 TEXTS = ["abc abd abe", "hello world"]
 
@@ -81,9 +79,7 @@ def test_refusals_are_one_line(gpt):
 
 
 def test_ioi_logit_diff_matches_the_metric(ioi_dir):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = headlens.load(f"hf:{ioi_dir}")
+    model = load_quietly(ioi_dir)
     df = headlens.attribute(model, "ioi", n_prompts=8, seed=4)  # metric logit_diff by default
     assert set(df.target) == {"IO - S"} and df.attrs["probe"] == "ioi"
     task = make_task(model, "logit_diff", "ioi", n_prompts=8, seed=4)

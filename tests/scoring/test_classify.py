@@ -84,7 +84,8 @@ def test_user_prompts_score_every_detector_with_targets():
     texts = ["f(x[1]) + f(x[2])", "abc abc abc", "if (a) { b[c] }"] * 4
     df = headlens.classify(model, prompts=texts, n_boot=100)
     assert {"previous_token", "induction", "duplicate_token", "bracket_matching", "copying"} <= set(df.detector)
-    assert set(df.attrs["skipped"]) == {"next_token", "coreference", "streaming"}  # causal; byte tokens; no targets
+    assert set(df.attrs["skipped"]) == {"next_token", "coreference", "streaming",  # causal; byte tokens; no targets
+                                        "name_mover", "negative_name_mover"}  # byte tokens: no single-token names
     # targets counted by hand on the byte-level text (x4 copies): closers, and closers with a closed group
     # between them and their opener: "f(x[1]) + f(x[2])" has 4 closers, 2 hard (")" after "[1]", "[2]");
     # "if (a) { b[c] }" has 3, 1 hard ("}" after "[c]"); a repeated byte: 7 + 0 + 3 in the bracket texts, 7 in
