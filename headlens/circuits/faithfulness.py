@@ -127,3 +127,16 @@ def measures(s: Any, circuit: Any, measured: Any, roots: Nodes, max_curve: int =
                                  for k in steps]
     out["faithfulness_curve_n"] = steps
     return out
+
+
+def describe(attrs: dict[str, Any]) -> list[str]:
+    """Discovery's roles and faithfulness (its ``attrs``), one line each, for the CLI and the dashboard."""
+    out = []
+    if attrs.get("roles"):
+        out.append("roles: " + "; ".join(f"{k} {v}" for k, v in attrs["roles"].items()))
+    line = f"faithfulness (circuit heads clean, the rest ablated): {attrs['faithfulness']:.3f}"
+    if "ioi_faithfulness" in attrs:
+        ioi, mib = attrs["ioi_faithfulness"], attrs["mib"]
+        line += (f"; F(M) {ioi['F_M']:.3f}, F(C) {ioi['F_C']:.3f}, |F(M) - F(C)| {ioi['abs_diff']:.3f} (IOI paper); "
+                 f"MIB CPR {mib['cpr']:.3f}, CMD {mib['cmd']:.3f} over {mib['n_edges']} measured edges")
+    return [*out, line]

@@ -62,12 +62,12 @@ def discover_positions(s: Any, inputs: Sequence[str] = ("q", "k", "v"), senders:
     """The discovered circuit's edge table (significant edges only); roles and faithfulness in ``attrs``."""
     import pandas as pd
 
-    from headlens.circuits.discovery import _FirstPass
     from headlens.circuits.faithfulness import measures
+    from headlens.circuits.firstpass import FirstPass
     from headlens.circuits.roles import node_roles
 
     read = read_position(s)
-    ranked = _FirstPass(s, FIRST_PASS if first_pass is None else first_pass)
+    ranked = FirstPass(s, FIRST_PASS if first_pass is None else first_pass)
     logits = s.table([e for e in make_edges(s.model, [LOGITS], senders, ("resid",), strict=False)
                       for e in at_positions(e, [read], None)])
     logits.attrs["two_sided"] = True

@@ -131,7 +131,10 @@ def register(app: typer.Typer) -> None:
             err.print(f"first pass: patched {fp['kept']} of {fp['candidates']} candidate edges{rho}"
                       + (f" (all: {fp['skipped']})" if "skipped" in fp else ""))
         if df.attrs.get("verdict") != "inconclusive" and "faithfulness" in df.attrs:
-            err.print(f"faithfulness (circuit heads clean, the rest ablated): {df.attrs['faithfulness']:.3f}")
+            from headlens.circuits.faithfulness import describe
+
+            for line in describe(df.attrs):
+                err.print(line)
         if out is not None:
             write_frame(df, out)
             err.print(f"wrote {out}")
