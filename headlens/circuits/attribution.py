@@ -182,12 +182,13 @@ class _Restricted:
 
 def _bridge_attribution(model: Any, task: Task, value: Any, edges: Sequence[Edge], deltas: Any,
                         named: Any = None) -> dict[Edge, np.ndarray]:
-    """The same estimate through the bridge's forks: each head's pre-norm copy of the residual stream
-    (``hook_{c}_input`` ``(B, T, H or H_kv, D)``) is exactly what that input reads, so its gradient already
-    carries the family's norm, rotary embedding and soft-cap. Under grouped-query attention a key/value copy
-    is its group's: an unrestricted per-query-head k/v edge is ranked by its group's estimate; one restricted
-    to a receiver position by the gradient through that head's own output."""
-    from headlens.circuits.bridge import forks
+    """The same estimate through the bridge's own forward (no per-head forks, so no normed copy of the residual
+    stream per head in the graph): the gradient at each receiver layer's ``hook_q|k|v`` ``(B, T, n, d_head)``
+    (before the rotary embedding and any q/k norm: theirs is inside it), through the head's rows of
+    ``W_Q|W_K|W_V``, and by autograd on the block's own input norm at the clean residual stream back to what
+    the input reads. Under grouped-query attention a key/value head feeds its group: an unrestricted
+    per-query-head k/v edge is ranked by its group's estimate; one restricted to a receiver position by the
+    gradient through that head's own output."""
     from headlens.circuits.nodes import kv_head, n_kv_heads
     from headlens.interventions.sweep import task_logits
 
@@ -196,10 +197,28 @@ def _bridge_attribution(model: Any, task: Task, value: Any, edges: Sequence[Edge
     final = f"blocks.{L - 1}.hook_resid_post"
     run = _Restricted(edges, named)
     size = model.cfg.n_heads // n_kv_heads(model)
-    fwd = [(f"blocks.{layer}.attn.hook_{c}_input", run.leaf) for layer in layers for c in INPUTS] + [(final, run.leaf)]
+    seen: dict[str, torch.Tensor] = {}
+
+    def keep(x: torch.Tensor, hook: Any) -> None:
+        seen[hook.name] = x.detach()
+
+    fwd = [(f"blocks.{layer}.attn.hook_{c}", run.leaf) for layer in layers for c in INPUTS] + [(final, run.leaf)]
     fwd += [(f"blocks.{layer}.attn.hook_z", run.z) for layer in layers if run.needs(layer)]
+    fwd += [(f"blocks.{layer}.hook_resid_pre", keep) for layer in layers]
     result: dict[Edge, np.ndarray] = {}
-    with torch.enable_grad(), forks(model), model.hooks(fwd):
+    reads: dict[tuple, torch.Tensor] = {}
+
+    def read(layer: int, c: str, pos: str, heads: Any) -> torch.Tensor:
+        """``(n, B, T, D)``: per head (per key/value head for k, v) the gradient at what its input c reads."""
+        block = model.bridge.blocks[layer]
+        g = run.grad(f"blocks.{layer}.attn.hook_{c}", layer, pos, heads)  # (B, T, n, d_head)
+        w = getattr(block.attn, f"W_{c.upper()}").detach()  # (n, D, d_head)
+        u = torch.einsum("btnd,nDd->nbtD", g, w.to(g))  # (n, B, T, D): at the normed input
+        x = seen[f"blocks.{layer}.hook_resid_pre"].detach().requires_grad_(True)  # (B, T, D)
+        y = block.ln1(x)
+        return torch.stack([torch.autograd.grad(y, x, u[i], retain_graph=True)[0] for i in range(len(u))])
+
+    with torch.enable_grad(), model.hooks(fwd):
         logits = task_logits(model, task, 0)  # (B, T, V)
         run.backward(per_prompt_mean(value(logits, task, None), task.positions).sum())
         for e in edges:
@@ -209,8 +228,11 @@ def _bridge_attribution(model: Any, task: Task, value: Any, edges: Sequence[Edge
             else:
                 idx = r.head if e.input == "q" else kv_head(model, r.head)
                 j = r.head % size
-                heads = None if (e.input == "q" or e.group or size == 1) else range(j, model.cfg.n_heads, size)
-                name = f"blocks.{r.layer}.attn.hook_{e.input}_input"
-                grad = run.grad(name, r.layer, e.pos, heads)[:, :, idx]  # (B, T, D)
+                heads = None if (e.input == "q" or e.group or size == 1 or e.pos == "all") else tuple(
+                    range(j, model.cfg.n_heads, size))
+                key = (r.layer, e.input, e.pos, heads)
+                if key not in reads:
+                    reads[key] = read(*key)
+                grad = reads[key][idx]  # (B, T, D)
             result[e] = run.estimate(e, deltas, grad)
     return result
