@@ -102,18 +102,17 @@ def edge_attribution(model: Any, task: Task, metric: str, edges: Sequence[Edge],
             return _ln_vjp(block.ln_1, seen[f"blocks.{layer}.hook_resid_pre"], u)
 
         reads: dict[tuple[int, str, str], torch.Tensor] = {}
-        result: dict[Edge, np.ndarray] = {}
-        for e in edges:
+
+        def grad_of(e: Edge) -> tuple[Any, torch.Tensor]:
             r = e.receiver
             if r.kind == "logits":
-                grad = run.grads[final]  # (B, T, D): the logits read the final residual stream, through ln_f
-            else:
-                key = (r.layer, e.input, e.pos)
-                if key not in reads:
-                    reads[key] = read(*key)
-                grad = reads[key][r.head]  # (B, T, D)
-            result[e] = run.estimate(e, deltas, grad)
-    return result
+                return "final", run.grads[final]  # (B, T, D): the logits read the final residual stream, via ln_f
+            key = (r.layer, e.input, e.pos)
+            if key not in reads:
+                reads[key] = read(*key)
+            return (*key, r.head), reads[key][r.head]  # (B, T, D)
+
+        return run.estimates(edges, deltas, grad_of)
 
 
 class _Restricted:
@@ -169,15 +168,27 @@ class _Restricted:
                                 for n, g in zip(names, out, strict=True)}
         return self._local[key][name]
 
-    def estimate(self, e: Edge, deltas: Any, grad: torch.Tensor) -> np.ndarray:
-        """``(B,)``: the sender's delta (masked to its ``sender_pos``) dotted with ``grad`` ``(B, T, D)``."""
+    def estimates(self, edges: Sequence[Edge], deltas: Any, grad_of: Any) -> dict[Edge, np.ndarray]:
+        """``(B,)`` per edge: the sender's delta (masked to its ``sender_pos``) dotted with its receiver's
+        gradient ``grad_of(edge) -> (key, (B, T, D))``. Sender by sender, each delta built once, and the
+        per-position dot ``(B, T)`` shared by the edges that differ only in their sender position."""
         from headlens.circuits.positions import edge_masks
 
-        delta = deltas.delta(e.sender).to(grad)  # (B, T, D)
-        s_mask, _ = edge_masks(e, self.named)
-        if s_mask is not None:
-            delta = delta * s_mask[:, :, None].to(delta)
-        return (delta * grad).sum((1, 2)).detach().double().cpu().numpy()
+        by_sender: dict[Any, list[Edge]] = {}
+        for e in edges:
+            by_sender.setdefault(e.sender, []).append(e)
+        out: dict[Edge, np.ndarray] = {}
+        for sender, group in by_sender.items():
+            delta = deltas.delta(sender)  # (B, T, D)
+            dots: dict[Any, torch.Tensor] = {}
+            for e in group:
+                key, grad = grad_of(e)
+                if key not in dots:
+                    dots[key] = (delta.to(grad) * grad).sum(-1)  # (B, T): per position
+                s_mask, _ = edge_masks(e, self.named)
+                dot = dots[key] if s_mask is None else dots[key] * s_mask.to(dots[key])
+                out[e] = dot.sum(1).detach().double().cpu().numpy()
+        return {e: out[e] for e in edges}
 
 
 def _bridge_attribution(model: Any, task: Task, value: Any, edges: Sequence[Edge], deltas: Any,
@@ -205,7 +216,6 @@ def _bridge_attribution(model: Any, task: Task, value: Any, edges: Sequence[Edge
     fwd = [(f"blocks.{layer}.attn.hook_{c}", run.leaf) for layer in layers for c in INPUTS] + [(final, run.leaf)]
     fwd += [(f"blocks.{layer}.attn.hook_z", run.z) for layer in layers if run.needs(layer)]
     fwd += [(f"blocks.{layer}.hook_resid_pre", keep) for layer in layers]
-    result: dict[Edge, np.ndarray] = {}
     reads: dict[tuple, torch.Tensor] = {}
 
     def read(layer: int, c: str, pos: str, heads: Any) -> torch.Tensor:
@@ -221,18 +231,18 @@ def _bridge_attribution(model: Any, task: Task, value: Any, edges: Sequence[Edge
     with torch.enable_grad(), model.hooks(fwd):
         logits = task_logits(model, task, 0)  # (B, T, V)
         run.backward(per_prompt_mean(value(logits, task, None), task.positions).sum())
-        for e in edges:
+
+        def grad_of(e: Edge) -> tuple[Any, torch.Tensor]:
             r = e.receiver
             if r.kind == "logits":
-                grad = run.grads[final]  # (B, T, D)
-            else:
-                idx = r.head if e.input == "q" else kv_head(model, r.head)
-                j = r.head % size
-                heads = None if (e.input == "q" or e.group or size == 1 or e.pos == "all") else tuple(
-                    range(j, model.cfg.n_heads, size))
-                key = (r.layer, e.input, e.pos, heads)
-                if key not in reads:
-                    reads[key] = read(*key)
-                grad = reads[key][idx]  # (B, T, D)
-            result[e] = run.estimate(e, deltas, grad)
-    return result
+                return "final", run.grads[final]  # (B, T, D)
+            idx = r.head if e.input == "q" else kv_head(model, r.head)
+            j = r.head % size
+            heads = None if (e.input == "q" or e.group or size == 1 or e.pos == "all") else tuple(
+                range(j, model.cfg.n_heads, size))
+            key = (r.layer, e.input, e.pos, heads)
+            if key not in reads:
+                reads[key] = read(*key)
+            return (*key, idx), reads[key][idx]  # (B, T, D)
+
+        return run.estimates(edges, deltas, grad_of)

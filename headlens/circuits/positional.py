@@ -6,8 +6,9 @@ duplicate-token heads at S2 feed the S-inhibition heads; previous-token heads at
 heads' keys. With ``logit_diff`` read at END:
 
 1. **Roots**: every sender's edge into the logits at the read position (END), measured exactly (cheap: the
-   final norm and unembedding). A head whose edge is significant on either side is a root at END: a
-   positive writer of the answer (its ablation lowers the metric) or a negative one (it raises it).
+   final norm and unembedding). A head whose edge is significant on either side, and at least
+   :data:`ROOT_SHARE` of the strongest head's, is a root at END: a positive writer of the answer (its
+   ablation lowers the metric) or a negative one (it raises it).
 2. **Rounds**: every edge into a node's q at its own position and into its k and v at each named position
    up to it (``receiver_pos`` the node's position, ``sender_pos`` the key position), ranked by the gradient
    first pass (:mod:`~headlens.circuits.attribution`, restricted to those positions; ``first_pass``, default
@@ -28,6 +29,7 @@ from headlens.circuits.edges import significant_mask
 from headlens.circuits.nodes import LOGITS, Node, at_positions, make_edges
 
 FIRST_PASS = 48  # exact candidates per round when the caller names none
+ROOT_SHARE = 0.05  # a root writes at least this share of the strongest head's direct effect (32 prompts resolve tiny ones)
 MAX_DEPTH = 4
 
 
@@ -73,6 +75,9 @@ def discover_positions(s: Any, inputs: Sequence[str] = ("q", "k", "v"), senders:
     logits.attrs["two_sided"] = True
     ranked.measured.append(logits)
     hit = logits[significant_mask(logits)]
+    heads = hit[hit.sender.str.startswith("L")]
+    strongest = float(heads.effect.abs().max()) if len(heads) else 0.0
+    hit = hit[~hit.sender.str.startswith("L") | (hit.effect.abs() >= ROOT_SHARE * strongest)]
     tables = [hit]
     roots = [(_node(n), read) for n in hit.sender if n.startswith("L")]
     frontier, seen = list(roots), set(roots)
