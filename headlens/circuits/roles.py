@@ -3,8 +3,12 @@
 A node is a head at a named position (``L23H0@END``). Its role comes from where it sits in the circuit,
 what it attends to there (the clean pattern, averaged over prompts) and ``classify``'s labels:
 
-* a head whose edge into the logits at the read position is significant: **name mover** (its ablation
-  lowers the metric: it writes the answer) or **negative name mover** (it raises it);
+* a head whose edge into the logits at the read position is significant, and which attends from there to
+  a name (IO, S1 or S2: at least :data:`NAME_MASS` of its attention): **name mover** when it writes for the
+  name it attends to, **negative name mover** when it writes against it (copy suppression: McDougall et al.
+  2023). Attending to IO and writing the answer (its ablation lowers ``logit_diff``) is a name mover;
+  attending to S and writing the answer (pushing S down) a negative one. A writer attending to no name is
+  ``writes the answer`` or ``writes against``;
 * a head at the read position with a significant edge into a name mover's **query**: **S-inhibition**;
 * a head at S2 attending to S1+1 more than to S1: **induction**; to S1 more: **duplicate token** (Wang et
   al. 2022, §3: the two look back at the first S from its second mention, one through the token after it);
@@ -22,6 +26,7 @@ from typing import Any
 import torch
 
 IOI_POSITIONS = {"IO", "S1", "S1+1", "S2", "END"}
+NAME_MASS = 0.2  # attention on the names (IO + S1 + S2) from END for a writer to count as reading one
 
 
 def attention(s: Any, nodes: list[tuple[str, str]]) -> dict[tuple[str, str], dict[str, float]]:
@@ -54,12 +59,12 @@ def node_roles(df: Any, read: str, labels: dict[str, str] | None, s: Any = None)
     ioi = s is not None and IOI_POSITIONS <= set(s.named.names)
     worse = higher_is_worse(df.attrs.get("metric", "logit_diff"))
     roles: dict[tuple[str, str], str] = {}
-    for r in df[df.receiver == "logits"].itertuples():
-        if r.sender.startswith("L"):
-            writes = (r.effect < 0) != worse  # ablating it hurts: it writes the answer
-            roles[r.sender, read] = ("name mover" if writes else "negative name mover") if ioi else (
-                "writes the answer" if writes else "writes against")
-    movers = {k for k, v in roles.items() if v in ("name mover", "writes the answer")}
+    writers = [r for r in df[df.receiver == "logits"].itertuples() if r.sender.startswith("L")]
+    seen = attention(s, [(r.sender, read) for r in writers]) if (ioi and writers) else {}
+    for r in writers:
+        writes = (r.effect < 0) != worse  # ablating it hurts: it writes the answer
+        roles[r.sender, read] = _writer(writes, seen.get((r.sender, read), {}))
+    movers = {k for k, v in roles.items() if v in ("name mover", "negative name mover", "writes the answer")}
     nodes = {(r.sender, r.sender_pos) for r in df.itertuples() if r.sender.startswith("L")}
     for r in df.itertuples():
         node = (r.sender, r.sender_pos)
@@ -74,6 +79,15 @@ def node_roles(df: Any, read: str, labels: dict[str, str] | None, s: Any = None)
         extra = (labels or {}).get(name, "")
         out[f"{name}@{pos}"] = f"{role} ({extra})" if extra else role
     return out
+
+
+def _writer(writes: bool, att: dict[str, float]) -> str:
+    """A direct writer's role from whether it writes the answer and which name it attends to."""
+    io, s = att.get("IO", 0.0), att.get("S1", 0.0) + att.get("S2", 0.0)
+    if io + s < NAME_MASS:
+        return "writes the answer" if writes else "writes against"
+    copies = writes == (io >= s)  # it writes for the name it attends to
+    return "name mover" if copies else "negative name mover"
 
 
 def _by_attention(pos: str, att: dict[str, float]) -> str:
