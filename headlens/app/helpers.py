@@ -348,11 +348,12 @@ def ablation_metrics(model: Any) -> list[str]:
     if not model.is_causal:
         return ["kl"]
     from headlens.interventions.metrics import bracket_ids
+    from headlens.probes.ioi import unsupported
 
     names = ["repeated_loss", "first_half_loss"]
     if len(bracket_ids(model)[0]) >= 2:
         names.append("bracket_accuracy")
-    return [*names, "lm_loss", "kl"]
+    return [*names, "lm_loss", "kl", *(["logit_diff"] if unsupported(model) is None else [])]
 
 
 def run_ablation(model: Any, heads: Sequence[str], method: str, metric: str, text: str,

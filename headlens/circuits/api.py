@@ -11,8 +11,18 @@ import torch
 
 from headlens.circuits.edges import control_edges, edge_table
 from headlens.circuits.engine import edge_values
-from headlens.circuits.nodes import CircuitError, Edge, Node, make_edges, parse_inputs, parse_nodes
-from headlens.circuits.senders import SenderDeltas, check_method
+from headlens.circuits.local import check_edges, is_receiver_metric, receiver_detector, receiver_values
+from headlens.circuits.nodes import (
+    CircuitError,
+    Edge,
+    Node,
+    at_positions,
+    make_edges,
+    parse_inputs,
+    parse_nodes,
+)
+from headlens.circuits.positions import NamedPositions, parse_positions
+from headlens.circuits.senders import Alignment, SenderDeltas, check_method
 from headlens.interventions.metrics import Task, get_metric, make_task
 from headlens.scoring.output import provenance
 
@@ -41,8 +51,22 @@ class Setup:
     fast: bool
     labels: dict[str, str] | None
     progress: Callable[[int], None] | None = None
-    prompts: Sequence[str] | None = None  # the user's prompts, for the sweep that finds discovery's roots
+    prompts: Any = None  # the user's prompts (or the IOI probe), for the sweep that finds discovery's roots
     composition_ref: dict[str, Any] = field(default_factory=dict)  # reference scores, once per call (edge_table)
+    named: NamedPositions | None = None  # the prompts' named positions (edges restricted to them)
+    ioi: Any = None  # the IOI probe, when the prompts are it
+
+    def values(self, edges: Sequence[Edge]) -> tuple[Any, dict[tuple[Edge, str], np.ndarray]]:
+        """``(clean, values)`` of ``edges`` on this process: ``values[edge, metric]`` per prompt; ``clean`` the
+        metric's clean values, or for a receiver metric ``values[edge, "clean"]`` (each receiver its own)."""
+        if is_receiver_metric(self.metric):
+            clean, patched = receiver_values(self.model, self.task, self.metric, edges, self.deltas, self.named,
+                                             self.fast, progress=self.progress)
+            return None, {**{(e, self.metric): v for e, v in patched.items()},
+                          **{(e, "clean"): v for e, v in clean.items()}}
+        clean, values = edge_values(self.model, self.task, [self.metric], edges, self.deltas, self.fast,
+                                    self.progress, named=self.named)
+        return clean[self.metric], values
 
     def table(self, edges: Sequence[Edge], composition: bool = True) -> Any:
         """The edge table of ``edges`` (with their controls). Under torchrun each rank patches a
@@ -53,26 +77,60 @@ class Setup:
         todo = list(dict.fromkeys([*edges, *(c for cs in controls.values() for c in cs)]))
         rank = current()
         mine = [todo[i] for i in rank.block(len(todo))]
-        clean, values = run_everywhere(rank, edge_values, self.model, self.task, [self.metric], mine, self.deltas,
-                                       self.fast, self.progress)
+        clean, values = run_everywhere(rank, self.values, mine)
         gathered = gather_objects(rank, list(values.items()))
         if gathered is None:
             return None
-        return edge_table(self.model, self.metric, edges, clean[self.metric], dict(gathered), controls,
+        values = dict(gathered)
+        if clean is None:  # a receiver metric: each edge against its receiver's clean score
+            clean = {e: values[e, "clean"] for e in todo}
+        return edge_table(self.model, self.metric, edges, clean, values, controls,
                           self.labels, self.n_boot, self.seed, composition, self.composition_ref)
 
 
-def setup(model: Any, metric: str = "repeated_loss", method: str = "mean", prompts: Sequence[str] | None = None,
+def setup(model: Any, metric: str = "repeated_loss", method: str = "mean", prompts: Sequence[Any] | None = None,
           reference: Any = None, n_prompts: int = 32, n_control: int = 8, n_boot: int = 1000, seed: int = 0,
           fast: bool = True, labels: Any = None, progress: Callable[[int], None] | None = None) -> Setup:
-    """Resolve the metric's task, the reference and the sender deltas once."""
+    """Resolve the metric's task, the prompts' named positions, the reference and the sender deltas once.
+
+    ``prompts`` may hold JSONL rows (dicts) that name positions by character span (:mod:`headlens.probes.named`).
+    """
     check_method(method)
-    metric = get_metric(metric).name
-    task = make_task(model, metric, prompts, n_prompts, seed)
-    if method == "corrupted" and reference is None:  # a fresh draw of the same probe: same shape, other tokens
-        reference = make_task(model, metric, prompts, n_prompts, seed + 1).tokens
-    deltas = SenderDeltas(model, task.tokens, method, reference, seed, task.attention_mask)
-    return Setup(model, metric, task, deltas, n_control, n_boot, seed, fast, head_labels(labels), progress, prompts)
+    from headlens.probes.ioi import resolve
+
+    ioi = None if isinstance(prompts, list | tuple) else resolve(model, prompts, n_prompts, seed)
+    texts, index = (ioi, dict(ioi.positions)) if ioi is not None else split_positions(model, prompts)
+    if is_receiver_metric(metric):
+        receiver_detector(metric)
+        base = "lm_loss" if texts is not None else "repeated_loss"  # the detectors' probe: BOS + r + r
+    else:
+        metric = base = get_metric(metric).name
+    task = make_task(model, base, texts, n_prompts, seed)
+    aligned = None
+    if ioi is not None and reference is None:  # the paper's corrupted distribution: each prompt's ABC twin
+        from headlens.interventions.metrics import ioi_task
+
+        reference = ioi_task(model, ioi, corrupted=True).tokens
+        aligned = Alignment.of(task, index)
+    elif method == "corrupted" and reference is None:  # a fresh draw of the same probe: same shape, other tokens
+        reference = make_task(model, base, texts, n_prompts, seed + 1).tokens
+    deltas = SenderDeltas(model, task.tokens, method, reference, seed, task.attention_mask, aligned)
+    dev = task.tokens.device
+    named = NamedPositions({k: v.to(dev) for k, v in index.items()}, tuple(task.tokens.shape)) if index else None
+    return Setup(model, metric, task, deltas, n_control, n_boot, seed, fast, head_labels(labels), progress,
+                 texts, named=named, ioi=ioi)
+
+
+def split_positions(model: Any, prompts: Sequence[Any] | None) -> tuple[list[str] | None, dict[str, torch.Tensor]]:
+    """The prompts' texts and their named positions (``{}`` when no row names any)."""
+    if prompts is None:
+        return None, {}
+    rows = list(prompts)
+    if not any(isinstance(r, dict) for r in rows):
+        return [str(r) for r in rows], {}
+    from headlens.probes.named import named_positions
+
+    return named_positions(model, rows)
 
 
 def head_labels(labels: Any) -> dict[str, str] | None:
@@ -97,7 +155,8 @@ def circuit(
     n_prompts: int = 32,
     n_control: int = 8,
     per_group: bool = False,
-    positions: bool = False,
+    positions: str | Sequence[str] | bool | None = None,
+    sender_positions: str | Sequence[str] | None = None,
     labels: Any = None,
     n_boot: int = 1000,
     seed: int = 0,
@@ -116,18 +175,28 @@ def circuit(
             that runs after its receiver is an error.
         inputs: which receiver inputs, letters of ``"qkv"``.
         metric: a registered task metric (``repeated_loss``, ``lm_loss``, ``kl``, ``bracket_accuracy``,
-            ``needle_recall``, ...); the effect is ``metric(patched) - metric(clean)``.
+            ``needle_recall``, ...); the effect is ``metric(patched) - metric(clean)``. Or a receiver-local
+            metric ``receiver:<detector>`` (``receiver:induction``): the receiver's own score for that
+            detector, nothing downstream (:mod:`headlens.circuits.local`; q and k edges, receivers given).
         method: how the sender is ablated on the edge: ``mean``, ``resample``, ``zero`` or ``corrupted``
             (the same row of a corrupted run: ``reference``, default a fresh draw of the metric's probe).
-        prompts: the user's prompts (``lm_loss``, ``kl``), or ``"ioi"``: the IOI probe (``logit_diff``'s).
+        prompts: the user's prompts (``lm_loss``, ``kl``), or ``"ioi"``: the IOI probe (``logit_diff``'s; its
+            named positions IO, S1, S1+1, S2, END, and its corrupted ABC twin for ``method="corrupted"``).
+            JSONL rows as dicts may name positions by character span, ``{"text": ..., "positions": {"END":
+            [40, 42]}}`` (:mod:`headlens.probes.named`).
         reference: reference prompts for ``mean``/``resample`` (default: the task's own), corrupted ones
             for ``corrupted``.
         n_prompts: probe prompts.
         n_control: random senders of the sender's layer per edge, for the control.
         per_group: under grouped-query attention, key/value edges per key/value group (named by the
             group's first query head) instead of per query head.
-        positions: add ``effect_first_half`` / ``effect_second_half`` columns: the edge patched only
-            at positions ``t <= T // 2`` or only after (for ``BOS + r + r``: the first copy vs the repeat).
+        positions: receiver positions the edges are restricted to: names the prompts give (``"END,S2"``)
+            or ``all``; one row per position (``receiver_pos``). The receiver's output is patched at those
+            query positions only (:mod:`headlens.circuits.positions`). ``True``: instead, add
+            ``effect_first_half`` / ``effect_second_half`` columns (the sender patched only at positions
+            ``t <= T // 2`` or only after; for ``BOS + r + r``: the first copy vs the repeat).
+        sender_positions: the positions of the sender's write that enter a key or value (``sender_pos``;
+            a query reads at its own position, so q edges take the receiver's).
         labels: ``classify``'s scores table or ``{"L1H1": "induction"}``: fills the ``label`` column.
         n_boot: bootstrap resamples for the CIs.
         seed: seeds the probe, the controls, resampling, the null and the bootstrap.
@@ -158,8 +227,14 @@ def circuit(
         raise CircuitError("first_pass ranks discovery's candidates; with receivers given every edge is patched "
                            "(drop --receivers to discover, or drop --first-pass)")
     send = parse_nodes(senders, model)
+    if is_receiver_metric(metric):
+        receiver_detector(metric)
+        if recv is None:
+            raise CircuitError(f"{metric} is a receiver's own score: give --receivers (discovery needs a task metric)")
     if recv is not None:  # names first: a bad edge fails before any forward
         edges = make_edges(model, recv, send, ins, per_group)
+        if is_receiver_metric(metric):
+            check_edges(edges)
     elif hasattr(model, "bridge"):  # discovery patches q/k/v inputs: a family without forks fails before the sweep
         from headlens.circuits.bridge import forks
 
@@ -175,10 +250,14 @@ def circuit(
 
         df = discover(s, inputs=ins, senders=send, first_pass=first_pass)
     else:
+        named_pos = None if isinstance(positions, bool) else parse_positions(positions, s.named)
+        sender_pos = parse_positions(sender_positions, s.named)
+        if named_pos or sender_pos:
+            edges = list(dict.fromkeys(p for e in edges for p in at_positions(e, named_pos, sender_pos)))
         df = s.table(edges)
         if df is None:  # a rank other than 0 under torchrun: its edges went to rank 0
             return None
-        if positions:
+        if positions is True:
             add_position_split(s, df, edges)
     df.attrs["method"] = method
     made = provenance(model, table="circuit edges", metric=metric, method=method, inputs=inputs,

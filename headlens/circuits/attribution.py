@@ -61,89 +61,188 @@ def _ln_vjp(norm: torch.nn.Module, x: torch.Tensor, w: torch.Tensor) -> torch.Te
     return (gw - gw.mean(-1, keepdim=True) - x_hat * (gw * x_hat).mean(-1, keepdim=True)) / sigma
 
 
-def edge_attribution(model: Any, task: Task, metric: str, edges: Sequence[Edge], deltas: Any) -> dict[Edge, np.ndarray]:
-    """Per-prompt first-order estimates ``(B,)`` of each edge's effect (``metric(patched) - metric(clean)``)."""
+def edge_attribution(model: Any, task: Task, metric: str, edges: Sequence[Edge], deltas: Any,
+                     named: Any = None) -> dict[Edge, np.ndarray]:
+    """Per-prompt first-order estimates ``(B,)`` of each edge's effect (``metric(patched) - metric(clean)``).
+
+    ``named``: the prompts' named positions, for edges restricted to them (:mod:`~headlens.circuits.positions`):
+    the sender's delta is masked to ``sender_pos``, and the gradient at the receiver's input is the one that
+    flows through its output at ``receiver_pos`` only (:class:`_Restricted`).
+    """
     why = supported(model, metric)
     if why is not None:
         raise ValueError(why)
     gpt = native_of(model)
     value = SURROGATES.get(metric, get_metric(metric).value)
     if gpt is None:
-        return _bridge_attribution(model, task, value, edges, deltas)
+        return _bridge_attribution(model, task, value, edges, deltas, named)
     L = gpt.cfg.n_layers
     layers = sorted({e.receiver.layer for e in edges if e.receiver.kind == "head"})
     final = f"blocks.{L - 1}.hook_resid_post"
-    leaves: dict[str, torch.Tensor] = {}
+    run = _Restricted(edges, named)
     seen: dict[str, torch.Tensor] = {}
-
-    def leaf(x: torch.Tensor, hook: Any) -> torch.Tensor:
-        leaves[hook.name] = torch.zeros_like(x, requires_grad=True)
-        return x + leaves[hook.name]
 
     def keep(x: torch.Tensor, hook: Any) -> None:
         seen[hook.name] = x.detach()
 
-    fwd = [(f"blocks.{layer}.attn.hook_{c}", leaf) for layer in layers for c in INPUTS]
-    fwd += [(f"blocks.{layer}.hook_resid_pre", keep) for layer in layers] + [(final, leaf)]
+    fwd = [(f"blocks.{layer}.attn.hook_{c}", run.leaf) for layer in layers for c in INPUTS]
+    fwd += [(f"blocks.{layer}.attn.hook_z", run.z) for layer in layers if run.needs(layer)]
+    fwd += [(f"blocks.{layer}.hook_resid_pre", keep) for layer in layers] + [(final, run.leaf)]
     with torch.enable_grad(), gpt.hooks(fwd):
         logits = gpt(task.tokens, attention_mask=task.attention_mask)
-        total = per_prompt_mean(value(logits, task, None), task.positions).sum()
-        names = list(leaves)
-        grads = dict(zip(names, torch.autograd.grad(total, [leaves[n] for n in names]), strict=True))
+        run.backward(per_prompt_mean(value(logits, task, None), task.positions).sum())
+        H, d = gpt.cfg.n_heads, gpt.cfg.d_head
 
-    reads: dict[tuple[int, str], torch.Tensor] = {}  # (layer, c) -> (H, B, T, D): what each head's input c reads
-    H, d = gpt.cfg.n_heads, gpt.cfg.d_head
-    for layer in layers:
-        block = gpt.transformer.h[layer]
-        x = seen[f"blocks.{layer}.hook_resid_pre"]  # (B, T, D)
-        w = block.attn.c_attn.weight.detach().view(3, H, d, -1)  # (qkv, H, d_head, D): rows are q, k, v then heads
-        for i, c in enumerate(INPUTS):
-            g = grads[f"blocks.{layer}.attn.hook_{c}"]  # (B, T, H, d_head)
-            u = torch.einsum("bthd,hdD->hbtD", g, w[i])  # (H, B, T, D): gradient at the normed input
-            reads[layer, c] = _ln_vjp(block.ln_1, x, u)
-    g_final = grads[final]  # (B, T, D): the logits read the final residual stream, through ln_f
+        def read(layer: int, c: str, pos: str) -> torch.Tensor:
+            """``(H, B, T, D)``: what each head's input c reads, the gradient through its output at ``pos``."""
+            block = gpt.transformer.h[layer]
+            w = block.attn.c_attn.weight.detach().view(3, H, d, -1)  # (qkv, H, d_head, D): q, k, v rows, heads
+            g = run.grad(f"blocks.{layer}.attn.hook_{c}", layer, pos)  # (B, T, H, d_head)
+            u = torch.einsum("bthd,hdD->hbtD", g, w[INPUTS.index(c)])  # (H, B, T, D): at the normed input
+            return _ln_vjp(block.ln_1, seen[f"blocks.{layer}.hook_resid_pre"], u)
 
-    result: dict[Edge, np.ndarray] = {}
-    for e in edges:
-        delta = deltas.delta(e.sender).to(g_final)  # (B, T, D)
-        r = e.receiver
-        grad = g_final if r.kind == "logits" else reads[r.layer, e.input][r.head]  # (B, T, D)
-        result[e] = (delta * grad).sum((1, 2)).detach().double().cpu().numpy()  # (B,)
-    return result
+        reads: dict[tuple[int, str, str], torch.Tensor] = {}
+
+        def grad_of(e: Edge) -> tuple[Any, torch.Tensor]:
+            r = e.receiver
+            if r.kind == "logits":
+                return "final", run.grads[final]  # (B, T, D): the logits read the final residual stream, via ln_f
+            key = (r.layer, e.input, e.pos)
+            if key not in reads:
+                reads[key] = read(*key)
+            return (*key, r.head), reads[key][r.head]  # (B, T, D)
+
+        return run.estimates(edges, deltas, grad_of)
 
 
-def _bridge_attribution(model: Any, task: Task, value: Any, edges: Sequence[Edge], deltas: Any) -> dict[Edge, np.ndarray]:
-    """The same estimate through the bridge's forks: each head's pre-norm copy of the residual stream
-    (``hook_{c}_input`` ``(B, T, H or H_kv, D)``) is exactly what that input reads, so its gradient already
-    carries the family's norm, rotary embedding and soft-cap. Under grouped-query attention a key/value copy
-    is its group's: a per-query-head k/v edge is ranked by its group's estimate."""
-    from headlens.circuits.bridge import forks
-    from headlens.circuits.nodes import kv_head
+class _Restricted:
+    """The gradients one backward pass gives, and those restricted to receivers' query positions.
+
+    An edge patched only at ``receiver_pos`` changes the receiver's output there only, so its first-order
+    effect is ``<delta, J^T (g_z * mask)>``: ``g_z`` the metric's gradient at the receiver layer's ``hook_z``
+    (everything downstream live), masked to those query positions, pulled back through that one layer to its
+    inputs (a vector-Jacobian product on the forward's graph). One per (layer, position name), and under
+    grouped-query attention one per query head of a key/value group (a key/value copy feeds its whole group).
+    """
+
+    def __init__(self, edges: Sequence[Edge], named: Any) -> None:
+        self.named = named
+        self.pos_layers = {e.receiver.layer for e in edges if e.receiver.kind == "head" and e.pos != "all"}
+        self.leaves: dict[str, torch.Tensor] = {}
+        self.zs: dict[int, torch.Tensor] = {}
+        self.grads: dict[str, torch.Tensor] = {}
+        self._local: dict[tuple[int, str, int | None], dict[str, torch.Tensor]] = {}
+
+    def needs(self, layer: int) -> bool:
+        return layer in self.pos_layers
+
+    def leaf(self, x: torch.Tensor, hook: Any) -> torch.Tensor:
+        self.leaves[hook.name] = torch.zeros_like(x, requires_grad=True)
+        return x + self.leaves[hook.name]
+
+    def z(self, x: torch.Tensor, hook: Any) -> torch.Tensor:  # (B, T, H, d_head)
+        self.zs[int(hook.name.split(".")[1])] = x
+        return self.leaf(x, hook)
+
+    def backward(self, total: torch.Tensor) -> None:
+        names = list(self.leaves)
+        self.grads = dict(zip(names, torch.autograd.grad(total, [self.leaves[n] for n in names],
+                                                         retain_graph=bool(self.zs)), strict=True))
+
+    def grad(self, name: str, layer: int, pos: str, heads: Any = None) -> torch.Tensor:
+        """The gradient at input leaf ``name`` of ``layer``, through the outputs at ``pos`` (of ``heads``)."""
+        if pos == "all":
+            return self.grads[name]
+        key = (layer, pos, None if heads is None else tuple(heads))
+        if key not in self._local:
+            g_z = self.grads[f"blocks.{layer}.attn.hook_z"]  # (B, T, H, d_head)
+            mask = self.named.mask(pos)[:, :, None, None].to(g_z)  # (B, T, 1, 1)
+            if heads is not None:
+                sel = torch.zeros(g_z.shape[2], dtype=g_z.dtype, device=g_z.device)
+                sel[list(heads)] = 1.0
+                mask = mask * sel[:, None]  # (B, T, H, 1)
+            names = [n for n in self.leaves if n.startswith(f"blocks.{layer}.") and "hook_z" not in n]
+            out = torch.autograd.grad(self.zs[layer], [self.leaves[n] for n in names], grad_outputs=g_z * mask,
+                                      retain_graph=True, allow_unused=True)
+            self._local[key] = {n: (torch.zeros_like(self.leaves[n]) if g is None else g)
+                                for n, g in zip(names, out, strict=True)}
+        return self._local[key][name]
+
+    def estimates(self, edges: Sequence[Edge], deltas: Any, grad_of: Any) -> dict[Edge, np.ndarray]:
+        """``(B,)`` per edge: the sender's delta (masked to its ``sender_pos``) dotted with its receiver's
+        gradient ``grad_of(edge) -> (key, (B, T, D))``. Sender by sender, each delta built once, and the
+        per-position dot ``(B, T)`` shared by the edges that differ only in their sender position."""
+        from headlens.circuits.positions import edge_masks
+
+        by_sender: dict[Any, list[Edge]] = {}
+        for e in edges:
+            by_sender.setdefault(e.sender, []).append(e)
+        out: dict[Edge, np.ndarray] = {}
+        for sender, group in by_sender.items():
+            delta = deltas.delta(sender)  # (B, T, D)
+            dots: dict[Any, torch.Tensor] = {}
+            for e in group:
+                key, grad = grad_of(e)
+                if key not in dots:
+                    dots[key] = (delta.to(grad) * grad).sum(-1)  # (B, T): per position
+                s_mask, _ = edge_masks(e, self.named)
+                dot = dots[key] if s_mask is None else dots[key] * s_mask.to(dots[key])
+                out[e] = dot.sum(1).detach().double().cpu().numpy()
+        return {e: out[e] for e in edges}
+
+
+def _bridge_attribution(model: Any, task: Task, value: Any, edges: Sequence[Edge], deltas: Any,
+                        named: Any = None) -> dict[Edge, np.ndarray]:
+    """The same estimate through the bridge's own forward (no per-head forks, so no normed copy of the residual
+    stream per head in the graph): the gradient at each receiver layer's ``hook_q|k|v`` ``(B, T, n, d_head)``
+    (before the rotary embedding and any q/k norm: theirs is inside it), through the head's rows of
+    ``W_Q|W_K|W_V``, and by autograd on the block's own input norm at the clean residual stream back to what
+    the input reads. Under grouped-query attention a key/value head feeds its group: an unrestricted
+    per-query-head k/v edge is ranked by its group's estimate; one restricted to a receiver position by the
+    gradient through that head's own output."""
+    from headlens.circuits.nodes import kv_head, n_kv_heads
     from headlens.interventions.sweep import task_logits
 
     L = model.cfg.n_layers
     layers = sorted({e.receiver.layer for e in edges if e.receiver.kind == "head"})
     final = f"blocks.{L - 1}.hook_resid_post"
-    leaves: dict[str, torch.Tensor] = {}
+    run = _Restricted(edges, named)
+    size = model.cfg.n_heads // n_kv_heads(model)
+    seen: dict[str, torch.Tensor] = {}
 
-    def leaf(x: torch.Tensor, hook: Any) -> torch.Tensor:
-        leaves[hook.name] = torch.zeros_like(x, requires_grad=True)
-        return x + leaves[hook.name]
+    def keep(x: torch.Tensor, hook: Any) -> None:
+        seen[hook.name] = x.detach()
 
-    fwd = [(f"blocks.{layer}.attn.hook_{c}_input", leaf) for layer in layers for c in INPUTS] + [(final, leaf)]
-    with torch.enable_grad(), forks(model), model.hooks(fwd):
+    fwd = [(f"blocks.{layer}.attn.hook_{c}", run.leaf) for layer in layers for c in INPUTS] + [(final, run.leaf)]
+    fwd += [(f"blocks.{layer}.attn.hook_z", run.z) for layer in layers if run.needs(layer)]
+    fwd += [(f"blocks.{layer}.hook_resid_pre", keep) for layer in layers]
+    reads: dict[tuple, torch.Tensor] = {}
+
+    def read(layer: int, c: str, pos: str, heads: Any) -> torch.Tensor:
+        """``(n, B, T, D)``: per head (per key/value head for k, v) the gradient at what its input c reads."""
+        block = model.bridge.blocks[layer]
+        g = run.grad(f"blocks.{layer}.attn.hook_{c}", layer, pos, heads)  # (B, T, n, d_head)
+        w = getattr(block.attn, f"W_{c.upper()}").detach()  # (n, D, d_head)
+        u = torch.einsum("btnd,nDd->nbtD", g, w.to(g))  # (n, B, T, D): at the normed input
+        x = seen[f"blocks.{layer}.hook_resid_pre"].detach().requires_grad_(True)  # (B, T, D)
+        y = block.ln1(x)
+        return torch.stack([torch.autograd.grad(y, x, u[i], retain_graph=True)[0] for i in range(len(u))])
+
+    with torch.enable_grad(), model.hooks(fwd):
         logits = task_logits(model, task, 0)  # (B, T, V)
-        total = per_prompt_mean(value(logits, task, None), task.positions).sum()
-        names = list(leaves)
-        grads = dict(zip(names, torch.autograd.grad(total, [leaves[n] for n in names]), strict=True))
-    result: dict[Edge, np.ndarray] = {}
-    for e in edges:
-        r = e.receiver
-        if r.kind == "logits":
-            grad = grads[final]  # (B, T, D)
-        else:
+        run.backward(per_prompt_mean(value(logits, task, None), task.positions).sum())
+
+        def grad_of(e: Edge) -> tuple[Any, torch.Tensor]:
+            r = e.receiver
+            if r.kind == "logits":
+                return "final", run.grads[final]  # (B, T, D)
             idx = r.head if e.input == "q" else kv_head(model, r.head)
-            grad = grads[f"blocks.{r.layer}.attn.hook_{e.input}_input"][:, :, idx]  # (B, T, D)
-        delta = deltas.delta(e.sender).to(grad)  # (B, T, D)
-        result[e] = (delta * grad).sum((1, 2)).detach().double().cpu().numpy()  # (B,)
-    return result
+            j = r.head % size
+            heads = None if (e.input == "q" or e.group or size == 1 or e.pos == "all") else tuple(
+                range(j, model.cfg.n_heads, size))
+            key = (r.layer, e.input, e.pos, heads)
+            if key not in reads:
+                reads[key] = read(*key)
+            return (*key, idx), reads[key][idx]  # (B, T, D)
+
+        return run.estimates(edges, deltas, grad_of)

@@ -87,32 +87,22 @@ class BridgePatcher:
         """Forks on whenever the family has them: clean and patched runs then share their numerics."""
         return forks(self.model) if self.has_forks else contextlib.nullcontext()
 
-    def chunks(self, edges: Sequence[Edge]) -> list[list[Edge]]:
+    def chunks(self, edges: Sequence[Edge], named: Any = None) -> list[list[Edge]]:
         if not self.fast:
             return [[e] for e in edges]
         B, T = self.task.tokens.shape
         per = max(1, self.max_tokens // (B * T))
         return [list(edges[i:i + per]) for i in range(0, len(edges), per)]
 
-    def logits(self, chunk: Sequence[Edge], deltas: torch.Tensor) -> torch.Tensor:
-        """``(K, B, T, V)`` logits of ``K`` edges run as ``K`` copies of the batch; ``deltas`` ``(K, B, T, D)``."""
+    def logits(self, chunk: Sequence[Edge], deltas: torch.Tensor, recv: torch.Tensor | None = None) -> torch.Tensor:
+        """``(K, B, T, V)`` logits of ``K`` edges run as ``K`` copies of the batch; ``deltas`` ``(K, B, T, D)``,
+        ``recv`` ``(K, B, T)`` the receivers' patched query positions (None: all)."""
         K, B, T, D = deltas.shape
         if not self.has_forks and any(e.receiver.kind == "head" for e in chunk):
             with forks(self.model):  # raises the one-line CircuitError
                 pass
         flat = deltas.reshape(K * B, T, D)  # copy k owns rows k*B .. (k+1)*B
-        fork_add: dict[str, list[tuple[slice, int]]] = {}
-        keep: dict[int, list[tuple[slice, list[int]]]] = {}
-        final: list[slice] = []
-        for k, e in enumerate(chunk):
-            rows = slice(k * B, (k + 1) * B)
-            if e.receiver.kind == "logits":
-                final.append(rows)
-                continue
-            r = e.receiver
-            idx = r.head if e.input == "q" else kv_head(self.model, r.head)
-            fork_add.setdefault(f"blocks.{r.layer}.attn.hook_{e.input}_input", []).append((rows, idx))
-            keep.setdefault(r.layer, []).append((rows, _scope(self.model, e)))
+        fork_add, keep, final = fork_plan(self.model, chunk, B, recv)
         hooks = [(name, _add_fork(flat, items)) for name, items in fork_add.items()]
         hooks += [(f"blocks.{layer}.attn.hook_z", _splice(self.clean_z[layer].repeat(K, 1, 1, 1), items))
                   for layer, items in keep.items()]
@@ -126,6 +116,28 @@ class BridgePatcher:
         return out.view(K, B, T, -1)
 
 
+Keep = dict[int, list[tuple[slice, list[int], torch.Tensor | None]]]
+
+
+def fork_plan(model: Any, chunk: Sequence[Edge], B: int, recv: torch.Tensor | None
+              ) -> tuple[dict[str, list[tuple[slice, int]]], Keep, list[slice]]:
+    """Where each copy of the batch is patched: ``fork_add[hook] = [(rows, fork index)]``, ``keep[layer] =
+    [(rows, heads that keep their patched z, (B, T) query positions or None)]`` and the logits' rows."""
+    fork_add: dict[str, list[tuple[slice, int]]] = {}
+    keep: Keep = {}
+    final: list[slice] = []
+    for k, e in enumerate(chunk):
+        rows = slice(k * B, (k + 1) * B)
+        if e.receiver.kind == "logits":
+            final.append(rows)
+            continue
+        r = e.receiver
+        idx = r.head if e.input == "q" else kv_head(model, r.head)
+        fork_add.setdefault(f"blocks.{r.layer}.attn.hook_{e.input}_input", []).append((rows, idx))
+        keep.setdefault(r.layer, []).append((rows, _scope(model, e), None if recv is None else recv[k]))
+    return fork_add, keep, final
+
+
 def _add_fork(flat: torch.Tensor, items: list[tuple[slice, int]]) -> Any:
     def hook(x: torch.Tensor, hook: Any) -> torch.Tensor:  # (K*B, T, n_copies, D): per-head pre-norm copies
         out = x.clone()
@@ -136,13 +148,17 @@ def _add_fork(flat: torch.Tensor, items: list[tuple[slice, int]]) -> Any:
     return hook
 
 
-def _splice(clean_z: torch.Tensor, items: list[tuple[slice, list[int]]]) -> Any:
+def _splice(clean_z: torch.Tensor, items: list[tuple[slice, list[int], torch.Tensor | None]]) -> Any:
+    """Clean ``z`` for every head of a copy but its receivers, and for those outside their query positions."""
     def hook(z: torch.Tensor, hook: Any) -> torch.Tensor:  # (K*B, T, H, d_head)
         out = z.clone()
-        for rows, heads in items:
+        for rows, heads, mask in items:
             others = [h for h in range(z.shape[2]) if h not in heads]
             if others:
                 out[rows, :, others] = clean_z[rows, :, others].to(z)
+            if mask is not None:  # (B, T): the receivers' patched query positions
+                m = mask[:, :, None, None]  # (B, T, 1, 1)
+                out[rows, :, heads] = torch.where(m, out[rows, :, heads], clean_z[rows, :, heads].to(z))
         return out
 
     return hook

@@ -6,10 +6,14 @@
    exactly; significant edges (:func:`~headlens.circuits.edges.significant`) are kept, and their head
    senders are expanded in turn. Every reported edge is measured by exact patching; no gradient
    estimate is reported.
-3. Faithfulness: the metric with only the circuit's heads (its roots and every edge's heads) left clean
-   (every other head ablated with the same method) as the fraction of the clean-vs-all-ablated gap it recovers,
-   ``(m_all_ablated - m_circuit) / (m_all_ablated - m_clean)`` (1: the circuit alone does the task), and
-   the same with the roots and the heads of the top-n edges for n = 1..N (``attrs["faithfulness_curve"]``).
+3. Faithfulness (:mod:`~headlens.circuits.faithfulness`): the metric with only the circuit's heads (its
+   roots and every edge's heads) left clean (every other head ablated as the edges were) as the fraction of
+   the clean-vs-all-ablated gap it recovers (1: the circuit alone does the task), the same with the roots
+   and the heads of the top-n edges (``attrs["faithfulness_curve"]`` at ``attrs["faithfulness_curve_n"]``),
+   the IOI paper's ``|F(M) - F(C)|`` and MIB's CPR and CMD.
+
+With named positions and a metric read at one of them (IOI's logit_diff at END), discovery follows the
+circuit through positions instead (:mod:`~headlens.circuits.positional`).
 
 The same seed gives the same table: probes, controls, resampling and bootstraps are all seeded.
 """
@@ -20,13 +24,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
 from headlens.circuits.edges import EFFECT_FLOOR, effect_floor, significant_mask
+from headlens.circuits.faithfulness import measures
+from headlens.circuits.firstpass import FirstPass
 from headlens.circuits.nodes import Node, make_edges
-from headlens.interventions.ablation import ablate
 from headlens.interventions.metrics import get_metric
-from headlens.interventions.sweep import sweep, task_logits
+from headlens.interventions.sweep import sweep
 
 MAX_DEPTH = 4
 
@@ -57,15 +61,20 @@ def discover(s: Any, inputs: Sequence[str] = ("q", "k", "v"), senders: Sequence[
     """
     import pandas as pd
 
+    from headlens.circuits.positional import discover_positions, read_position
+
+    if s.named is not None and read_position(s) is not None:
+        return discover_positions(s, inputs, senders, first_pass)
     roots = heads_that_matter(s)
     frontier, seen, tables = list(roots), set(roots), []
-    ranked = _FirstPass(s, first_pass)
+    ranked = FirstPass(s, first_pass)
     for _ in range(MAX_DEPTH):
         if not frontier:
             break
         edges = ranked.keep(make_edges(s.model, sorted(frontier), senders, inputs, strict=False))
         df = s.table(edges)
         ranked.compare(df)
+        ranked.measured.append(df)
         keep = df[significant_mask(df)]
         tables.append(keep)
         frontier = []
@@ -90,87 +99,8 @@ def discover(s: Any, inputs: Sequence[str] = ("q", "k", "v"), senders: Sequence[
         out.attrs["why"] = (f"{', '.join(n.name for n in roots)} matter for {s.metric}, but no edge into their q, k "
                             f"or v beats its control by more than {EFFECT_FLOOR:g} of the clean value: what feeds "
                             f"them is spread over many senders, or arrives through MLPs, which are not receivers")
-    curve = faithfulness_curve(s, out, roots)
-    out.attrs["faithfulness_curve"] = curve
-    out.attrs["faithfulness"] = curve[-1] if curve else float("nan")
+    if len(out):
+        out.attrs.update(measures(s, out, pd.concat(ranked.measured, ignore_index=True), {(n.name, "all") for n in roots}))
+    else:
+        out.attrs.update(faithfulness_curve=[], faithfulness=float("nan"))
     return out
-
-
-class _FirstPass:
-    """Discovery's optional gradient first pass: which candidates get patched exactly, and how well it ranked."""
-
-    def __init__(self, s: Any, top: int | None) -> None:
-        from headlens.circuits.attribution import supported
-
-        self.s, self.top = s, top
-        self.why = supported(s.model, s.metric) if top else "off"
-        self.kept = self.candidates = 0
-        self.estimates: dict[tuple[str, str, str], float] = {}  # (sender, receiver, input) -> estimate
-        self.pairs: list[tuple[float, float]] = []
-
-    def keep(self, edges: list[Any]) -> list[Any]:
-        self.candidates += len(edges)
-        if self.why is not None or len(edges) <= self.top:
-            self.kept += len(edges)
-            return edges
-        from headlens.circuits.attribution import edge_attribution
-
-        s = self.s
-        est = {e: float(v.mean()) for e, v in edge_attribution(s.model, s.task, s.metric, edges, s.deltas).items()}
-        if not any(est.values()):  # an estimate of zero everywhere ranks nothing: patch them all, and say so
-            self.why = "every estimate is zero (the metric's gradient vanishes at the clean run)"
-            self.kept += len(edges)
-            return edges
-        self.estimates.update({(e.sender.name, e.receiver.name, e.input): v for e, v in est.items()})
-        best = set(sorted(edges, key=lambda e: -abs(est[e]))[: self.top])
-        self.kept += len(best)
-        return [e for e in edges if e in best]  # in the forward's order, as without the first pass
-
-    def compare(self, df: Any) -> None:
-        self.pairs += [(self.estimates[k], row.effect) for row in df.itertuples()
-                       if (k := (row.sender, row.receiver, row.input)) in self.estimates]
-
-    def summary(self) -> dict[str, Any]:
-        from headlens.interventions.attribution import spearman
-
-        out: dict[str, Any] = {"kept": self.kept, "candidates": self.candidates}
-        if self.why is not None:
-            out["skipped"] = self.why
-        elif self.pairs:
-            a, b = zip(*self.pairs, strict=True)
-            out["spearman"] = spearman(np.array(a), np.array(b))
-        return out
-
-
-def _metric_with_clean_heads(s: Any, clean_heads: set[str]) -> float:
-    model = s.model
-    others = [(layer, h) for layer in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)
-              if f"L{layer}H{h}" not in clean_heads]
-    metric = get_metric(s.metric)
-    method = s.deltas.method if s.deltas.method in ("mean", "resample", "zero") else "mean"
-    with torch.no_grad():
-        clean = task_logits(model, s.task)
-        if not others:
-            return float(metric(clean, s.task, clean).mean())
-        with ablate(model, others, method, reference=s.task.tokens, seed=s.seed):
-            logits = task_logits(model, s.task)
-    return float(metric(logits, s.task, clean).mean())
-
-
-def faithfulness_curve(s: Any, df: Any, roots: Sequence[Node] = ()) -> list[float]:
-    """Recovered fraction with the circuit's roots and the heads of the top-n edges clean, n = 1 .. len(df).
-
-    The roots belong to the circuit whether or not an edge into them was found: a head reached only
-    through MLPs (compiled tracr programs compute through them) matters all the same."""
-    if not len(df):
-        return []
-    m_clean = _metric_with_clean_heads(s, {f"L{layer}H{h}" for layer in range(s.model.cfg.n_layers)
-                                           for h in range(s.model.cfg.n_heads)})
-    m_none = _metric_with_clean_heads(s, set())
-    gap = m_none - m_clean
-    curve, heads = [], {n.name for n in roots}
-    for row in df.itertuples():
-        heads |= {n for n in (row.sender, row.receiver) if n.startswith("L")}
-        m = _metric_with_clean_heads(s, heads)
-        curve.append(float((m_none - m) / gap) if abs(gap) > 1e-12 else float("nan"))
-    return [float(np.round(c, 12)) for c in curve]

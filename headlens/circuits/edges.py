@@ -20,7 +20,8 @@ from headlens.interventions.controls import control_groups
 from headlens.interventions.metrics import bootstrap_ci, get_metric
 
 COLUMNS = ["model", "sender", "receiver", "kv_head", "input", "effect", "ci_low", "ci_high", "control",
-           "control_ci_low", "control_ci_high", "composition", "composition_z", "disagree", "label"]
+           "control_ci_low", "control_ci_high", "composition", "composition_z", "disagree", "label",
+           "receiver_pos", "sender_pos"]
 Z_STRONG = 3.0  # composition_z beyond which weights say "these heads compose"
 Z_WEAK = 2.0  # below which they say "no composition"
 # an effect smaller than this fraction of the clean metric is no evidence, however tight its CI: an untrained
@@ -38,18 +39,20 @@ def control_edges(model: Any, edges: Sequence[Edge], n_control: int, seed: int) 
             out[e] = []
             continue
         groups = control_groups(((s.layer, s.head),), model.cfg.n_heads, n_control, rng, scope="layer")
-        out[e] = [Edge(Node("head", layer, h), e.receiver, e.input, e.group) for (layer, h), in groups]
+        out[e] = [Edge(Node("head", layer, h), e.receiver, e.input, e.group, e.pos, e.sender_pos)
+                  for (layer, h), in groups]
     return out
 
 
-def significant(row: Any, higher_is_worse: bool, floor: float = 0.0) -> bool:
+def significant(row: Any, higher_is_worse: bool, floor: float = 0.0, two_sided: bool = False) -> bool:
     """CI on the harmful side of ``floor`` (an effect too small to be evidence, see :data:`EFFECT_FLOOR`),
-    and clear of the control's CI (when there is one)."""
-    if higher_is_worse:
-        beyond = row.ci_low > floor and not (row.control == row.control and row.ci_low <= row.control_ci_high)
-    else:
-        beyond = row.ci_high < -floor and not (row.control == row.control and row.ci_high >= row.control_ci_low)
-    return bool(beyond)
+    and clear of the control's CI (when there is one). ``two_sided``: the helpful side counts too (a head
+    that writes against the answer, whose ablation *raises* the metric: IOI's negative name movers)."""
+    up = row.ci_low > floor and not (row.control == row.control and row.ci_low <= row.control_ci_high)
+    down = row.ci_high < -floor and not (row.control == row.control and row.ci_high >= row.control_ci_low)
+    if two_sided:
+        return bool(up or down)
+    return bool(up if higher_is_worse else down)
 
 
 def effect_floor(clean: float) -> float:
@@ -57,27 +60,38 @@ def effect_floor(clean: float) -> float:
     return EFFECT_FLOOR * abs(float(clean)) if clean == clean else 0.0
 
 
-def edge_table(model: Any, metric: str, edges: Sequence[Edge], clean: np.ndarray,
+def higher_is_worse(metric: str) -> bool:
+    """Which way an edge's effect is harmful: a task metric's own; a receiver's score dropping (``receiver:``)."""
+    from headlens.circuits.local import is_receiver_metric
+
+    return False if is_receiver_metric(metric) else get_metric(metric).higher_is_worse
+
+
+def edge_table(model: Any, metric: str, edges: Sequence[Edge], clean: np.ndarray | dict[Edge, np.ndarray],
                values: dict[tuple[Edge, str], np.ndarray], controls: dict[Edge, list[Edge]],
                labels: dict[str, str] | None = None, n_boot: int = 1000, seed: int = 0,
                composition: bool = True, ref: dict[str, np.ndarray] | None = None) -> Any:
-    """The tidy table (:data:`COLUMNS`), one row per edge, in the order given. ``ref``: the model's reference
-    composition scores by input (:func:`~headlens.circuits.composition.reference_scores`), filled in as
-    needed: pass the same dict to every table of one model (discovery's rounds) to compute them once."""
+    """The tidy table (:data:`COLUMNS`), one row per edge, in the order given. ``clean``: the metric's clean
+    values per prompt, or per edge (a receiver-local metric: each receiver's own score). ``ref``: the model's
+    reference composition scores by input (:func:`~headlens.circuits.composition.reference_scores`), filled in
+    as needed: pass the same dict to every table of one model (discovery's rounds) to compute them once."""
     import pandas as pd
+
+    per_edge = isinstance(clean, dict)
 
     comp = scores(model, edges, seed=seed) if composition else {}
     ref = {} if ref is None else ref
     for c in sorted({e.input for e in comp} - set(ref)):
         ref[c] = reference_scores(model, c, seed=seed)
-    worse = get_metric(metric).higher_is_worse
+    worse = higher_is_worse(metric)
     rows, says = [], []
     for e in edges:
-        delta = values[e, metric] - clean
+        delta = values[e, metric] - (clean[e] if per_edge else clean)
         lo, hi = bootstrap_ci(delta, n_boot, seed)
         c_mean = c_lo = c_hi = float("nan")
         if controls.get(e):
-            c_delta = np.mean([values[c, metric] - clean for c in controls[e]], axis=0)  # (B,) per prompt
+            c_delta = np.mean([values[c, metric] - (clean[c] if per_edge else clean) for c in controls[e]],
+                              axis=0)  # (B,) per prompt
             c_mean = float(c_delta.mean())
             c_lo, c_hi = bootstrap_ci(c_delta, n_boot, seed)
         score, z = comp.get(e, (float("nan"), float("nan")))
@@ -85,12 +99,14 @@ def edge_table(model: Any, metric: str, edges: Sequence[Edge], clean: np.ndarray
         r = e.receiver
         rows.append([getattr(model, "name", ""), e.sender.name, r.name,
                      kv_head(model, r.head) if r.kind == "head" else -1, e.input, float(delta.mean()), lo, hi,
-                     c_mean, c_lo, c_hi, score, z, False, _label(e, labels)])
+                     c_mean, c_lo, c_hi, score, z, False, _label(e, labels), e.pos, e.sender_pos])
     df = pd.DataFrame(rows, columns=COLUMNS)
     sig = df.apply(lambda row: significant(row, worse), axis=1) if len(df) else df["disagree"]
     say = pd.Series(says, index=df.index, dtype=object)
     df["disagree"] = ((sig & (say == "no")) | (~sig & (say == "yes"))).astype(bool)
-    df.attrs.update(metric=metric, clean=float(clean.mean()), n_prompts=len(clean),
+    base = np.mean([clean[e] for e in edges], axis=0) if per_edge and len(edges) else clean
+    base = np.array([np.nan]) if isinstance(base, dict) else np.asarray(base)
+    df.attrs.update(metric=metric, clean=float(base.mean()), n_prompts=len(base),
                     composition_baseline=random_baseline(model) if composition else float("nan"))
     return df
 
@@ -117,8 +133,11 @@ def _label(e: Edge, labels: dict[str, str] | None) -> str:
     return f"{s or '-'} -> {r or '-'}" if (s or r) else ""
 
 
-def significant_mask(df: Any) -> Any:
-    """Boolean Series: which rows of an edge table are significant (see :func:`significant`)."""
-    worse = get_metric(df.attrs.get("metric", "repeated_loss")).higher_is_worse
+def significant_mask(df: Any, two_sided: bool | None = None) -> Any:
+    """Boolean Series: which rows of an edge table are significant (see :func:`significant`); ``two_sided``
+    defaults to what the table's discovery used (``attrs["two_sided"]``)."""
+    worse = higher_is_worse(df.attrs.get("metric", "repeated_loss"))
     floor = effect_floor(df.attrs.get("clean", float("nan")))
-    return df.apply(lambda row: significant(row, worse, floor), axis=1).astype(bool) if len(df) else df["disagree"]
+    both = bool(df.attrs.get("two_sided", False)) if two_sided is None else two_sided
+    return (df.apply(lambda row: significant(row, worse, floor, both), axis=1).astype(bool) if len(df)
+            else df["disagree"])

@@ -60,7 +60,7 @@ class NativePatcher:
             self._final = cache[name]
         return self._final
 
-    def chunks(self, edges: Sequence[Edge]) -> list[list[Edge]]:
+    def chunks(self, edges: Sequence[Edge], named: Any = None) -> list[list[Edge]]:
         """Edges grouped by receiver layer (logits last), at most ``max_tokens`` rows x positions per chunk."""
         B, T = self.task.tokens.shape
         per = max(1, self.max_tokens // (B * T))
@@ -69,8 +69,9 @@ class NativePatcher:
             by_layer.setdefault(e.receiver.layer if e.receiver.kind == "head" else 10**9, []).append(e)
         return [group[i:i + per] for _, group in sorted(by_layer.items()) for i in range(0, len(group), per)]
 
-    def logits(self, chunk: Sequence[Edge], deltas: torch.Tensor) -> torch.Tensor:
-        """``(K, B, T, V)`` logits of ``K`` edges of one chunk; ``deltas`` ``(K, B, T, D)`` their senders' deltas."""
+    def logits(self, chunk: Sequence[Edge], deltas: torch.Tensor, recv: torch.Tensor | None = None) -> torch.Tensor:
+        """``(K, B, T, V)`` logits of ``K`` edges of one chunk; ``deltas`` ``(K, B, T, D)`` their senders' deltas
+        (masked to their sender positions), ``recv`` ``(K, B, T)`` the receivers' patched query positions."""
         model = self.model
         K, B, T, _ = deltas.shape  # edges, prompts, positions, d_model
         if chunk[0].receiver.kind == "logits":
@@ -89,13 +90,17 @@ class NativePatcher:
         q, k, v = torch.where(mask, patched[:, None], sel).unbind(1)  # 3 x (K, B, T, d_head)
         z_h = F.scaled_dot_product_attention(q, k, v, is_causal=model.cfg.causal)  # (K, B, T, d_head)
         z = self.runner.cache[f"blocks.{layer}.attn.hook_z"][None].repeat(K, 1, 1, 1, 1)  # (K, B, T, H, d_head)
+        if recv is not None:  # clean output at the query positions the edge is not restricted to
+            z_h = torch.where(recv[..., None], z_h, z[torch.arange(K), :, :, heads])  # (K, B, T, d_head)
         z[torch.arange(K), :, :, heads] = z_h
         logits = self.runner._finish(layer, z.view(K * B, T, H, d), pre.repeat(K, 1, 1))  # (K*B, T, V)
         return logits.view(K, B, T, -1)
 
 
-def naive_logits(model: Any, task: Task, edge: Edge, delta: torch.Tensor) -> torch.Tensor:
-    """``(B, T, V)``: one full forward with hooks that patch ``edge`` alone (the reference)."""
+def naive_logits(model: Any, task: Task, edge: Edge, delta: torch.Tensor, recv: torch.Tensor | None = None,
+                 clean_z: torch.Tensor | None = None) -> torch.Tensor:
+    """``(B, T, V)``: one full forward with hooks that patch ``edge`` alone (the reference). ``recv`` ``(B, T)``:
+    the receiver's query positions that keep the patched output; elsewhere its ``hook_z`` is ``clean_z``."""
     r = edge.receiver
     if r.kind == "logits":
         hooks = [(f"blocks.{model.cfg.n_layers - 1}.hook_resid_post", lambda x, hook: x + delta)]
@@ -113,6 +118,13 @@ def naive_logits(model: Any, task: Task, edge: Edge, delta: torch.Tensor) -> tor
             out[:, :, r.head] = F.linear(block.ln_1(seen["pre"] + delta), w, b)  # (B, T, d_head)
             return out
 
+        def splice(z: torch.Tensor, hook: Any) -> torch.Tensor:  # (B, T, H, d_head)
+            out = z.clone()
+            out[:, :, r.head] = torch.where(recv[..., None], z[:, :, r.head], clean_z[:, :, r.head])
+            return out
+
         hooks = [(f"blocks.{r.layer}.hook_resid_pre", keep), (f"blocks.{r.layer}.attn.hook_{edge.input}", patch)]
+        if recv is not None:
+            hooks.append((f"blocks.{r.layer}.attn.hook_z", splice))
     with model.hooks(hooks):
         return model(task.tokens, attention_mask=task.attention_mask)

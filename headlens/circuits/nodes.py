@@ -64,16 +64,27 @@ class Edge:
 
     ``group``: a key/value edge per group of a grouped-query model (every query head of the receiver's
     key/value head reads the patched key or value); False: only the receiver head reads it.
+    ``pos`` / ``sender_pos``: the receiver's query positions and the sender's write positions the edge is
+    restricted to (a name the probe gives, or ``all``; :mod:`headlens.circuits.positions`).
     """
 
     sender: Node
     receiver: Node
     input: str
     group: bool = False
+    pos: str = "all"
+    sender_pos: str = "all"
 
     @property
     def name(self) -> str:
-        return f"{self.sender}->{self.receiver}.{self.input}"
+        """``L0H0->L1H0.k``, with positions where restricted: ``L0H0@S1+1->L1H0.k@S2``."""
+        s = self.sender.name if self.sender_pos == "all" else f"{self.sender}@{self.sender_pos}"
+        r = f"{self.receiver}.{self.input}" if self.pos == "all" else f"{self.receiver}.{self.input}@{self.pos}"
+        return f"{s}->{r}"
+
+    def at(self, pos: str, sender_pos: str) -> Edge:
+        """The same edge at other positions."""
+        return Edge(self.sender, self.receiver, self.input, self.group, pos, sender_pos)
 
 
 def n_kv_heads(model: Any) -> int:
@@ -145,13 +156,17 @@ def parse_inputs(spec: str) -> tuple[str, ...]:
 
 
 def make_edges(model: Any, receivers: Sequence[Node], senders: Sequence[Node] | None, inputs: Sequence[str],
-               per_group: bool = False, strict: bool = True) -> list[Edge]:
+               per_group: bool = False, strict: bool = True, positions: Sequence[str] | None = None,
+               sender_positions: Sequence[str] | None = None) -> list[Edge]:
     """Every valid (sender, receiver, input) edge, receivers first, senders in the order given.
 
     ``strict``: a named sender that can feed none of the receivers (it runs after, or with, every one of
     them) is an error; pairs where it runs after one receiver but before another are skipped.
     ``per_group``: key/value edges once per key/value group (the group's first query head names the
     receiver) instead of once per query head.
+    ``positions`` / ``sender_positions``: receiver and sender positions (names, or ``all``); one edge per
+    combination. A query and the logits read their own position, so there the sender position is the
+    receiver's (:func:`at_positions`).
     """
     edges: dict[Edge, None] = {}
     grouped = per_group and n_kv_heads(model) < model.cfg.n_heads
@@ -167,10 +182,31 @@ def make_edges(model: Any, receivers: Sequence[Node], senders: Sequence[Node] | 
                 continue
             for c in (("resid",) if r.kind == "logits" else inputs):
                 if grouped and c in ("k", "v"):  # the group's edge, named by its first query head
-                    edges[Edge(s, Node("head", r.layer, _first_of_group(model, r.head)), c, True)] = None
+                    e = Edge(s, Node("head", r.layer, _first_of_group(model, r.head)), c, True)
                 else:
-                    edges[Edge(s, r, c)] = None
+                    e = Edge(s, r, c)
+                for p in at_positions(e, positions, sender_positions):
+                    edges[p] = None
     return list(edges)
+
+
+def at_positions(edge: Edge, positions: Sequence[str] | None, sender_positions: Sequence[str] | None) -> list[Edge]:
+    """``edge`` at each (receiver position, sender position) pair. A ``q`` (or ``resid``) input reads the
+    residual stream at its own query position: its sender position is its receiver position (with only
+    sender positions given, each names both).
+
+    >>> e = Edge(Node("head", 0, 0), Node("head", 1, 0), "q")
+    >>> [x.name for x in at_positions(e, ["END"], ["S2"])]
+    ['L0H0@END->L1H0.q@END']
+    """
+    rps, sps = list(positions or ["all"]), list(sender_positions or ["all"])
+    if edge.input in ("q", "resid"):
+        pairs = [(rp, rp) for rp in rps if rp != "all"]
+        if "all" in rps:
+            pairs += [(sp, sp) for sp in sps]
+    else:
+        pairs = [(rp, sp) for rp in rps for sp in sps]
+    return [edge.at(rp, sp) for rp, sp in dict.fromkeys(pairs)]
 
 
 def _first_of_group(model: Any, head: int) -> int:

@@ -13,10 +13,18 @@ Methods (what the sender's activation becomes), as in :mod:`headlens.interventio
 * ``corrupted``: the same row of a corrupted run (reference row ``b`` for input row ``b``), as
   TransformerLens' ``get_act_patch_direct_path`` does. The reference needs at least as many prompts
   and positions as the input.
+
+**Aligned prompts** (:class:`Alignment`: the IOI probe, whose reference is each prompt's corrupted ABC twin).
+Prompts of different templates put different words at one position, so a per-position mean over all of
+them mixes the wrong tokens (and padding). Aligned, ``mean`` at a named position (IO, S1, S1+1, S2, END) is
+the mean over every reference prompt *at its own* such position, and elsewhere the mean over the
+reference prompts of the same layout (template and order); ``resample`` draws another prompt the same way.
+This is the IOI paper's mean ablation over the corrupted (ABC) distribution, position by position.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -60,11 +68,80 @@ def _run(model: Any, tokens: torch.Tensor, attention_mask: torch.Tensor | None =
     return {key: cache[name].detach() for key, name in names.items()}
 
 
-def replaced(clean: torch.Tensor, ref: torch.Tensor | None, method: str, seed: int) -> torch.Tensor:
-    """``clean`` ``(B, T, ...)`` replaced under ``method`` from reference activations ``(R, T_ref, ...)``."""
+@dataclass(frozen=True)
+class Alignment:
+    """Which positions of different prompts mean the same thing (see the module docstring).
+
+    Attributes:
+        named: name -> ``(B,)`` token index per prompt (``-1``: none), the same in each reference row.
+        group: ``(B,)`` layout id: prompts with the same length and named positions share one.
+    """
+
+    named: dict[str, torch.Tensor]
+    group: torch.Tensor
+
+    @classmethod
+    def of(cls, task: Any, named: dict[str, torch.Tensor]) -> Alignment:
+        """The alignment of a task's prompts (their real lengths and named positions)."""
+        B, T = task.tokens.shape
+        length = (task.attention_mask.sum(1) if task.attention_mask is not None
+                  else torch.full((B,), T)).cpu()
+        keys = [(int(length[b]), *(int(v[b]) for v in named.values())) for b in range(B)]
+        ids = {k: i for i, k in enumerate(dict.fromkeys(keys))}
+        return cls({k: v.cpu() for k, v in named.items()}, torch.tensor([ids[k] for k in keys]))
+
+
+def aligned_replaced(clean: torch.Tensor, ref: torch.Tensor, method: str, seed: int, al: Alignment) -> torch.Tensor:
+    """``clean`` ``(B, T, ...)`` replaced from row-aligned reference activations ``ref`` ``(B, T, ...)``."""
+    B = clean.shape[0]
+    ref = ref[:B, : clean.shape[1]].to(clean)
+    gen = torch.Generator().manual_seed(seed)
+    out = torch.empty_like(clean)
+    for g in al.group.unique().tolist():
+        rows = (al.group == g).nonzero().flatten()  # prompts of one layout
+        if method == "mean":
+            out[rows] = ref[rows].mean(0)
+        else:  # resample: another prompt of the layout (its own ABC twin when it is alone)
+            pick = rows[torch.randint(len(rows), (len(rows),), generator=gen)]
+            alone = pick == rows
+            pick[alone] = rows[(torch.arange(len(rows))[alone] + 1) % len(rows)]
+            out[rows] = ref[pick]
+    perm = _derangement(B, gen)
+    for idx in al.named.values():
+        has = (idx >= 0).nonzero().flatten()
+        if not len(has):
+            continue
+        at = ref[has, idx[has]]  # (n, ...): every prompt's activation at its own named position
+        if method == "mean":
+            out[has, idx[has]] = at.mean(0)
+        else:
+            src = perm[has]
+            ok = idx[src] >= 0
+            out[has[ok], idx[has[ok]]] = ref[src[ok], idx[src[ok]]]
+    return out
+
+
+def _derangement(n: int, gen: torch.Generator) -> torch.Tensor:
+    """A random permutation of ``range(n)`` with no fixed point (identity for n < 2)."""
+    if n < 2:
+        return torch.arange(n)
+    perm = torch.randperm(n, generator=gen)
+    fixed = perm == torch.arange(n)
+    while bool(fixed.any()):
+        perm = torch.randperm(n, generator=gen)
+        fixed = perm == torch.arange(n)
+    return perm
+
+
+def replaced(clean: torch.Tensor, ref: torch.Tensor | None, method: str, seed: int,
+             aligned: Alignment | None = None) -> torch.Tensor:
+    """``clean`` ``(B, T, ...)`` replaced under ``method`` from reference activations ``(R, T_ref, ...)``
+    (``aligned``: row-aligned reference prompts whose positions mean different things, see :class:`Alignment`)."""
     if method == "zero":
         return torch.zeros_like(clean)
     B, T = clean.shape[:2]
+    if aligned is not None and method in ("mean", "resample"):
+        return aligned_replaced(clean, ref, method, seed, aligned)
     if method == "corrupted":
         if ref.shape[0] < B or ref.shape[1] < T:
             raise ProbeError(f"corrupted patching needs a reference of at least {B} prompts x {T} tokens, "
@@ -83,9 +160,9 @@ class SenderDeltas:
     """
 
     def __init__(self, model: Any, tokens: torch.Tensor, method: str = "mean", reference: Any = None,
-                 seed: int = 0, attention_mask: torch.Tensor | None = None) -> None:
+                 seed: int = 0, attention_mask: torch.Tensor | None = None, aligned: Alignment | None = None) -> None:
         check_method(method)
-        self.model, self.method, self.seed = model, method, seed
+        self.model, self.method, self.seed, self.aligned = model, method, seed, aligned
         self.clean = _run(model, tokens, attention_mask)
         self.ref: dict[str, torch.Tensor] = {}
         if method != "zero":
@@ -96,7 +173,7 @@ class SenderDeltas:
 
     def _replaced(self, key: str) -> torch.Tensor:
         if key not in self._repl:
-            self._repl[key] = replaced(self.clean[key], self.ref.get(key), self.method, self.seed)
+            self._repl[key] = replaced(self.clean[key], self.ref.get(key), self.method, self.seed, self.aligned)
         return self._repl[key]
 
     def delta(self, node: Node) -> torch.Tensor:

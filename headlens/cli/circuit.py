@@ -20,7 +20,10 @@ def render(df: Any, title: str) -> Any:
         table.add_column(col, justify="left" if col in ("edge", "label") else "right", no_wrap=True)
     for _, r in df.iterrows():
         nan = r.control != r.control
-        table.add_row(f"{r.sender} -> {r.receiver}.{r.input}", "-" if r.kv_head < 0 else str(r.kv_head),
+        rp, sp = getattr(r, "receiver_pos", "all"), getattr(r, "sender_pos", "all")
+        at_s = "" if sp == "all" or (r.input in ("q", "resid") and sp == rp) else f"@{sp}"
+        at_r = "" if rp == "all" else f"@{rp}"
+        table.add_row(f"{r.sender}{at_s} -> {r.receiver}.{r.input}{at_r}", "-" if r.kv_head < 0 else str(r.kv_head),
                       f"{r.effect:+.4f}", f"[{r.ci_low:+.4f}, {r.ci_high:+.4f}]",
                       "-" if nan else f"{r.control:+.4f}",
                       "-" if r.composition != r.composition else f"{r.composition:.3f}",
@@ -38,9 +41,17 @@ def register(app: typer.Typer) -> None:
         senders: Annotated[str | None, typer.Option(
             "--senders", help="senders, e.g. L0H0,embed,mlp0 (default: all earlier)")] = None,
         inputs: Annotated[str, typer.Option("--inputs", help="receiver inputs: letters of qkv")] = "qkv",
-        metric: Annotated[str, typer.Option("--metric", help="{metrics}")] = "repeated_loss",
+        metric: Annotated[str, typer.Option("--metric", help="{metrics}; or receiver:DETECTOR (the receiver's own score, "
+                                            "e.g. receiver:induction; q/k edges, nothing downstream)")] = "repeated_loss",
         method: Annotated[str, typer.Option("--method", help="mean | resample | zero | corrupted")] = "mean",
-        positions: Annotated[bool, typer.Option("--positions", help="add the effect split by position half")] = False,
+        positions: Annotated[str | None, typer.Option(
+            "--positions", help="receiver positions the prompts name, e.g. END,S2 (or all): the receiver's output "
+            "is patched there only; one row per position")] = None,
+        sender_positions: Annotated[str | None, typer.Option(
+            "--sender-positions", help="positions of the sender's write into a key or value, e.g. S2,IO "
+            "(a query reads at its own position)")] = None,
+        halves: Annotated[bool, typer.Option(
+            "--position-halves", help="add the effect with the sender patched at t <= T/2 and after")] = False,
         per_group: Annotated[bool, typer.Option("--per-group", help="GQA: k/v edges per key/value group")] = False,
         prompts: opt.Prompts = None,
         out: opt.Out = None,
@@ -61,24 +72,31 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         from headlens.circuits.api import circuit
+        from headlens.circuits.local import is_receiver_metric, receiver_detector
         from headlens.circuits.nodes import parse_inputs
         from headlens.circuits.senders import check_method
         from headlens.cli.ablate import prompts_arg
         from headlens.cli.progress import is_terminal, progress
         from headlens.interventions.metrics import get_metric
+        from headlens.probes.spans import read_rows
         from headlens.scoring.classification import classify, resolve_model
         from headlens.scoring.output import check_output, write_frame
         from headlens.viz.report import check_report_path, write_report
         from headlens.zoo import DEFAULT_MODEL
 
         check_method(method)
-        get_metric(metric)
+        if is_receiver_metric(metric):
+            receiver_detector(metric)
+        else:
+            get_metric(metric)
         parse_inputs(inputs)
         if out is not None:
             check_output(out)
         if report is not None:
             check_report_path(report)
-        texts = prompts_arg(prompts)
+        texts = prompts_arg(prompts)  # "ioi", or a file's rows (which may name positions by character span)
+        if isinstance(texts, list):
+            texts = read_rows(prompts)
         from headlens.scoring.distributed import current
 
         rank = current()  # under torchrun: ranks share the edges out, rank 0 reports
@@ -96,7 +114,8 @@ def register(app: typer.Typer) -> None:
 
             df = circuit(m, receivers=receivers, senders=senders, inputs=inputs, metric=metric, method=method,
                          prompts=texts, n_prompts=n_prompts, n_control=n_control, per_group=per_group,
-                         positions=positions, seed=seed, labels=scores, progress=step, first_pass=first_pass)
+                         positions=True if halves else positions, sender_positions=sender_positions, seed=seed,
+                         labels=scores, progress=step, first_pass=first_pass)
         if df is None:  # a rank other than 0
             return
         if df.attrs.get("verdict") == "inconclusive":  # discovery found no evidence: say so, not an empty circuit
@@ -112,7 +131,10 @@ def register(app: typer.Typer) -> None:
             err.print(f"first pass: patched {fp['kept']} of {fp['candidates']} candidate edges{rho}"
                       + (f" (all: {fp['skipped']})" if "skipped" in fp else ""))
         if df.attrs.get("verdict") != "inconclusive" and "faithfulness" in df.attrs:
-            err.print(f"faithfulness (circuit heads clean, the rest ablated): {df.attrs['faithfulness']:.3f}")
+            from headlens.circuits.faithfulness import describe
+
+            for line in describe(df.attrs):
+                err.print(line)
         if out is not None:
             write_frame(df, out)
             err.print(f"wrote {out}")

@@ -37,6 +37,7 @@ from headlens.viz.patterns import (
     patterns_figure,
     token_window,
 )
+from headlens.viz.positions import positional_figure
 from headlens.viz.ranking import ranking_figure
 from headlens.viz.training import trajectory_figure, trajectory_losses
 
@@ -60,6 +61,7 @@ __all__ = [
     "pattern_figure",
     "patterns_figure",
     "placeholder_figure",
+    "positional_figure",
     "ranking_figure",
     "selected_edge",
     "token_loss_figure",

@@ -167,17 +167,40 @@ def _circuit(model: Any, table: Any, edges: Any) -> list[str]:
 
     labels = head_labels(table) or {}
     sig = edges[significant_mask(edges)]
-    fig = circuit_figure(sig, model.n_layers, model.n_heads, labels,
-                         title=f"significant edges for {edges.attrs.get('metric', '')} ({len(sig)} of {len(edges)})")
-    cols = ["sender", "receiver", "kv_head", "input", "effect", "ci_low", "ci_high", "control", "composition",
-            "composition_z", "disagree", "label"]
+    title = f"significant edges for {edges.attrs.get('metric', '')} ({len(sig)} of {len(edges)})"
+    at = "receiver_pos" in edges and bool(((edges.receiver_pos != "all") | (edges.sender_pos != "all")).any())
+    if at:  # a circuit at named positions (IOI): by layer and position, coloured by role
+        from headlens.viz.positions import positional_figure
+
+        fig = positional_figure(sig, model.n_layers, edges.attrs.get("roles"), title=title)
+    else:
+        fig = circuit_figure(sig, model.n_layers, model.n_heads, labels, title=title)
+    cols = ["sender", "receiver", "kv_head", "input", *(("sender_pos", "receiver_pos") if at else ()), "effect",
+            "ci_low", "ci_high", "control", "composition", "composition_z", "disagree", "label"]
     rows = "".join("<tr>" + "".join(f"<td>{_cell(getattr(r, c))}</td>" for c in cols) + "</tr>"
                    for r in edges.itertuples())
     head = "".join(f"<th>{c}</th>" for c in cols)
     return ["<h2>Circuit</h2>", f"<p>Edges sender → receiver.input by exact patching on the direct path "
             f"({html.escape(str(edges.attrs.get('method', '')))} ablation; clean "
             f"{html.escape(str(edges.attrs.get('metric', '')))} {edges.attrs.get('clean', float('nan')):.4f}).</p>",
-            fig.to_html(full_html=False, include_plotlyjs=False), f"<table><tr>{head}</tr>{rows}</table>"]
+            fig.to_html(full_html=False, include_plotlyjs=False), *_roles(edges),
+            f"<table><tr>{head}</tr>{rows}</table>"]
+
+
+def _roles(edges: Any) -> list[str]:
+    """Discovery's roles and faithfulness, when it ran (a positional circuit: IOI)."""
+    out = []
+    roles = edges.attrs.get("roles")
+    if roles:
+        items = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in roles.items())
+        out.append(f"<h3>Roles</h3><table><tr><th>head at position</th><th>role</th></tr>{items}</table>")
+    ioi, mib = edges.attrs.get("ioi_faithfulness"), edges.attrs.get("mib")
+    if ioi and mib:
+        out.append(f"<p>Faithfulness: the circuit alone recovers {edges.attrs['faithfulness']:.2f} of the "
+                   f"clean-vs-ablated gap; F(M) {ioi['F_M']:.3f}, F(C) {ioi['F_C']:.3f}, |F(M) - F(C)| "
+                   f"{ioi['abs_diff']:.3f} (Wang et al. 2022); MIB CPR {mib['cpr']:.3f}, CMD {mib['cmd']:.3f} "
+                   f"(Mueller et al. 2025) over {mib['n_edges']} measured edges.</p>")
+    return out
 
 
 def _attribution(table: Any, top: int = 10) -> list[str]:

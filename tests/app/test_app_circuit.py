@@ -38,3 +38,26 @@ def test_circuit_view_draws_edges_and_the_chosen_edges_patterns(monkeypatch, ref
     assert any("significant edges" in t for t in titles)
     assert any(t.startswith("L0H1") for t in titles) and any(t.startswith("L1H2") for t in titles)
     assert cache.get_model(ref).active_hooks() == []
+
+
+def test_circuit_view_takes_the_ioi_probe_and_draws_by_position(monkeypatch, tmp_path):
+    """metric logit_diff: the IOI probe, edges at its named positions, the graph by layer and position."""
+    from tests.ioi_models import save_planted_llama
+
+    ref = f"hf:{save_planted_llama(tmp_path / 'ioi', {(1, 0): (12, 4.0)})}"
+    monkeypatch.setenv(hd.MODEL_ENV, ref)
+    at = AppTest.from_file(str(ENTRY), default_timeout=TIMEOUT)
+    at.run()
+    at.segmented_control(key="view").set_value("Circuit").run()
+    at.selectbox(key="circuit_metric").set_value("logit_diff").run()
+    assert not at.exception and not at.error
+    at.multiselect(key="circuit_receivers").set_value(["L1H0"])
+    at.multiselect(key="circuit_positions").set_value(["END"])
+    at.multiselect(key="circuit_sender_positions").set_value(["IO", "S2"])
+    at.button(key="run_circuit").click().run()
+    assert not at.exception and not at.error
+    (table,) = [d.value for d in at.dataframe if "effect" in d.value.columns]
+    assert set(table.receiver_pos) == {"END"} and set(table.sender_pos) == {"END", "IO", "S2"}
+    titles = [f["layout"].get("title", {}).get("text", "") for f in figures(at)]
+    assert any("by layer and position" in t for t in titles)
+    assert "embed@IO -> L1H0.v@END" in at.selectbox(key="circuit_edge").options

@@ -71,8 +71,41 @@ def test_a_first_pass_that_estimates_zero_everywhere_ranks_nothing(monkeypatch):
     import headlens.circuits.attribution as attribution
 
     monkeypatch.setattr(attribution, "edge_attribution",
-                        lambda model, task, metric, edges, deltas: {e: np.zeros(task.n_prompts) for e in edges})
+                        lambda model, task, metric, edges, deltas, **kw: {e: np.zeros(task.n_prompts) for e in edges})
     df = headlens.circuit(planted_circuit_model(), method="mean", n_prompts=8, n_control=3, seed=1, first_pass=2)
     fp = df.attrs["first_pass"]
     assert fp["kept"] == fp["candidates"] and "every estimate is zero" in fp["skipped"]
     assert set(PLANTED_EDGES) <= set(zip(df.sender, df.receiver, df.input, strict=True))
+
+
+def _derivative_at_positions(model, fast: bool) -> tuple[np.ndarray, np.ndarray]:
+    from tests.circuits.test_positions import _named
+
+    s = setup(model, "repeated_loss", "mean", n_prompts=4, seed=1)
+    named = _named(s.task)
+    edges = make_edges(model, parse_nodes("L1H1,logits", model), None, "qkv", positions=["A", "C"],
+                       sender_positions=["B", "all"])
+    eps = 1e-2
+    clean, values = edge_values(model, s.task, ["repeated_loss"], edges, Scaled(s.deltas, eps), fast=fast, named=named)
+    exact = np.array([(values[e, "repeated_loss"] - clean["repeated_loss"]).mean() / eps for e in edges])
+    est = edge_attribution(model, s.task, "repeated_loss", edges, s.deltas, named=named)
+    return exact, np.array([est[e].mean() for e in edges])
+
+
+def test_the_estimate_at_positions_is_the_derivative_of_the_exact_patch_there():
+    """Restricted to a receiver's query positions, the gradient flows through its output there only: the
+    estimate is still the derivative of the exact patch at those positions (native, float64)."""
+    exact, estimate = _derivative_at_positions(make_gpt(n_layers=3, init_range=0.2).double(), fast=False)
+    assert np.abs(exact - estimate).max() < 0.02 * np.abs(exact).max()
+    assert np.corrcoef(exact, estimate)[0, 1] > 0.999
+
+
+def test_the_estimate_at_positions_through_the_forks_under_gqa(tmp_path):
+    """Through the bridge's forks on a grouped-query Llama: a per-query-head key or value edge at a receiver
+    position is ranked by the gradient through that head's own output (not its group's)."""
+    from hf_families import build
+
+    model = headlens.load(f"hf:{build('llama', tmp_path / 'llama')}")
+    exact, estimate = _derivative_at_positions(model, fast=True)
+    assert np.corrcoef(exact, estimate)[0, 1] > 0.99
+    assert np.abs(exact - estimate).max() < 0.05 * np.abs(exact).max()

@@ -25,10 +25,11 @@ def test_help(monkeypatch, capsys):
 def test_edges_to_csv(monkeypatch, capsys, tiny_checkpoint, tmp_path):
     dest = tmp_path / "edges.csv"
     code, out, _ = run(monkeypatch, capsys, "--model", tiny_checkpoint, "--receivers", "L1H0,logits", "--senders", "L0H1,embed",
-                       "--inputs", "k", "--method", "zero", "--n-prompts", "4", "--positions", "--out", str(dest))
+                       "--inputs", "k", "--method", "zero", "--n-prompts", "4", "--position-halves", "--out", str(dest))
     assert code == 0 and "L0H1 -> L1H0.k" in out
     df = pd.read_csv(dest)
-    assert list(df.columns[:15]) == COLUMNS and len(df) == 4
+    assert list(df.columns[:len(COLUMNS)]) == COLUMNS and len(df) == 4
+    assert set(df.receiver_pos) == {"all"} == set(df.sender_pos)
     assert set(df.input) == {"k", "resid"} and "effect_second_half" in df.columns
 
 
@@ -48,6 +49,10 @@ def test_report_flag_writes_the_circuit_section(monkeypatch, capsys, tiny_checkp
     (["--receivers", "L0H1", "--senders", "L1H0"], "runs after", 2),
     (["--receivers", "L1H0", "--method", "uniform"], "unknown edge ablation method", 2),
     (["--receivers", "L1H0", "--inputs", "qx"], "unknown receiver inputs", 2),
+    (["--receivers", "L1H0", "--positions", "END"], "the prompts name none", 2),
+    (["--receivers", "L1H0", "--metric", "receiver:nosuch"], "unknown detector", 2),
+    (["--receivers", "L1H0", "--metric", "receiver:induction", "--inputs", "v"], "q and k edges into heads only", 2),
+    (["--metric", "receiver:induction"], "give --receivers", 2),
 ])
 def test_bad_input_is_one_line(monkeypatch, capsys, tiny_checkpoint, args, message, exit_code):
     code, _, err = run(monkeypatch, capsys, "--model", tiny_checkpoint, "--n-prompts", "2", *args)

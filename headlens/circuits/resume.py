@@ -1,0 +1,331 @@
+"""Edge patching on Hugging Face models, resumed at the receiver's layer with the bridge's own blocks.
+
+Why it looks like this:
+
+* **One clean forward, then only what changes.** Through the bridge every patched edge used to cost a whole
+  forward. The clean forward records what each block was called with (the residual stream entering it, the
+  rotary ``cos``/``sin``, the mask: whatever the family passes), every layer's ``hook_z``, and every layer's
+  keys and values as attention scores them (after the rotary embedding, at ``_update_kv_cache``: the seam
+  every attention of the bridge calls before its scores, where a key/value cache extends the keys while
+  generating). A chunk of ``K`` edges into layer ``R`` then runs as ``K`` copies of the batch from block
+  ``R`` on: the blocks are the bridge's own modules, so the family's norms, rotary embedding, soft-caps,
+  windows, post-attention norms and MLPs are its own. In block ``R`` the receiver's q, k or v
+  (``hook_q|k|v``, before the rotary embedding and any q/k norm) becomes the projection of
+  ``LN(resid + delta)`` (the block's own input norm, the head's rows of ``W_Q|W_K|W_V``): what the forks
+  compute for that one head, without a normed copy of the residual stream for every head.
+* **Only the positions that change, per prompt.** A receiver patched only at query positions
+  ``receiver_pos`` leaves every earlier position clean in every later layer. So the blocks run, for each
+  prompt, only its positions from its first patched one to its end (``P``, ``(B, S)``: IOI's END is one
+  position, wherever each prompt's END is), and attention reads every other position's clean keys and
+  values: the new ones are scattered into the recorded ones at the seam, and the rows of the recorded mask,
+  cos and sin are taken at ``P``. Block ``R`` runs on all positions when a key or value is patched before.
+* **Logits at the read positions only, one edge at a time.** A 50k vocabulary makes ``(K, B, T, V)`` the
+  largest tensor of a run; the final norm and unembedding run per edge, at each prompt's read positions,
+  into one buffer of clean logits (for ``logit_diff``, only the two answers' columns).
+
+Equal to one full forward per edge through the forks (:class:`~headlens.circuits.bridge.BridgePatcher`,
+``fast=False``) within float rounding; tested on every forked family.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from headlens.circuits.bridge import _splice, fork_plan, has_forks
+from headlens.circuits.nodes import Edge
+from headlens.circuits.positions import suffix_start
+from headlens.interventions.metrics import Task
+
+_DROP = ("cache", "past_key_values", "layer_past")  # the family's own cache: the seam stands in for it
+
+
+def resumable(model: Any) -> bool:
+    """True when ``model`` is bridged with the blocks, input norms, projections and seam the resumed path needs
+    (and forks, which its reference, one full forward per edge, patches through)."""
+    b = getattr(model, "bridge", None)
+    if b is None or not hasattr(b, "blocks") or not hasattr(b, "ln_final") or not hasattr(b, "unembed"):
+        return False
+    for blk in b.blocks:
+        if not (hasattr(blk, "ln1") and hasattr(blk.attn, "_update_kv_cache")
+                and all(getattr(blk.attn, f"W_{c}", None) is not None for c in "QKV")):
+            return False
+    return has_forks(model)
+
+
+@contextlib.contextmanager
+def _seam(blocks: Sequence[Any], fn: Any) -> Iterator[None]:
+    """Every block's attention calls ``fn(layer, k, v)`` for its keys and values ``(B, H_kv, S, d)``."""
+    saved = [blk.attn.__dict__.get("_update_kv_cache") for blk in blocks]
+    try:
+        for layer, blk in enumerate(blocks):
+            blk.attn._update_kv_cache = lambda k, v, _layer=layer, **kw: fn(_layer, k, v)
+        yield
+    finally:
+        for blk, old in zip(blocks, saved, strict=True):
+            if old is None:
+                blk.attn.__dict__.pop("_update_kv_cache", None)
+            else:
+                blk.attn._update_kv_cache = old
+
+
+class NotRagged(Exception):
+    """A block argument that cannot be taken per prompt at ``P``: run every position instead."""
+
+
+def _fit(x: Any, T: int, K: int, P: torch.Tensor | None) -> Any:
+    """A block argument for ``K`` copies of the batch at positions ``P`` ``(B, S)`` (None: all): positional
+    tensors taken at ``P`` (a 4-D mask: its query rows), batch-sized ones repeated ``K`` times."""
+    if isinstance(x, tuple | list):
+        return type(x)(_fit(v, T, K, P) for v in x)
+    if isinstance(x, dict):
+        return {k: _fit(v, T, K, P) for k, v in x.items()}
+    if not isinstance(x, torch.Tensor):
+        return x
+    B = 0 if P is None else P.shape[0]
+    if P is not None and x.ndim == 1 and x.shape[0] == T:
+        if not bool((P == P[:1]).all()):
+            raise NotRagged
+        return x[P[0]]
+    if P is not None and x.ndim == 4 and x.shape[-2] == T:  # (B|1, h, Q, K) mask: the rows of the queries at P
+        x = x.expand(B, *x.shape[1:])
+        x = x.gather(2, P[:, None, :, None].expand(B, x.shape[1], P.shape[1], x.shape[-1]))
+    elif P is not None and 2 <= x.ndim < 4 and x.shape[1] == T:  # (B|1, T, ...): cos, sin, position ids
+        x = x.expand(B, *x.shape[1:])
+        x = x.gather(1, P.view(B, -1, *([1] * (x.ndim - 2))).expand(B, P.shape[1], *x.shape[2:]))
+    if x.ndim >= 2 and K > 1 and (P is None or x.shape[0] == B) and x.shape[0] > 1:
+        x = x.repeat(K, *([1] * (x.ndim - 1)))
+    return x
+
+
+def _at(x: torch.Tensor, P: torch.Tensor, axis: int) -> torch.Tensor:
+    """``x`` taken at positions ``P`` ``(B, S)`` along its T axis ``axis`` (the axis before it is B)."""
+    B, S = P.shape
+    shape = [1] * x.ndim
+    shape[axis - 1], shape[axis] = B, S
+    return x.gather(axis, P.view(shape).expand(*x.shape[:axis], S, *x.shape[axis + 1:]))
+
+
+class CleanRun:
+    """One clean forward of a bridged model, recording what the resumed paths start from.
+
+    Attributes:
+        calls: per block, the ``(args, kwargs)`` it was called with (``args[0]``: the residual stream in).
+        kv: per layer, the keys and values ``(B, H_kv, T, d)`` as attention scores them (``keys=True``).
+        z: per layer, ``hook_z`` ``(B, T, H, d_head)``.
+        final: ``(B, T, D)`` the residual stream entering the final norm.
+        logits: ``(B, T, V)``.
+    """
+
+    def __init__(self, model: Any, task: Task, keys: bool = False) -> None:
+        blocks = list(model.bridge.blocks)
+        L = len(blocks)
+        self.calls: list[tuple[tuple, dict]] = [((), {})] * L
+        self.kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * L
+
+        def record(layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            self.kv[layer] = (k, v)  # (B, H_kv, T, d) each
+            return k, v
+
+        def pre(layer: int) -> Any:
+            def hook(mod: Any, args: tuple, kwargs: dict) -> None:
+                kept = {k: v for k, v in kwargs.items() if k not in _DROP}
+                self.calls[layer] = (args, kept | ({"use_cache": False} if "use_cache" in kept else {}))
+            return hook
+
+        names = [f"blocks.{layer}.attn.hook_z" for layer in range(L)] + [f"blocks.{L - 1}.hook_resid_post"]
+        handles = [blk.register_forward_pre_hook(pre(i), with_kwargs=True) for i, blk in enumerate(blocks)]
+        kwargs = {} if task.attention_mask is None else {"attention_mask": task.attention_mask}
+        seam = _seam(blocks, record) if keys else contextlib.nullcontext()
+        try:
+            with torch.no_grad(), seam:
+                self.logits, cache = model.run_with_cache(task.tokens, names_filter=names, **kwargs)
+        finally:
+            for h in handles:
+                h.remove()
+        self.z = [cache[n] for n in names[:L]]
+        self.final = cache[names[-1]]
+
+    def block(self, model: Any, layer: int, x: torch.Tensor, K: int, P: torch.Tensor | None = None) -> torch.Tensor:
+        """Block ``layer`` on ``x`` ``(K*B, S, D)``: ``K`` copies of the batch at positions ``P`` (None: all)."""
+        args, kwargs = self.calls[layer]
+        T = args[0].shape[1]
+        return _out(model.bridge.blocks[layer](x, *_fit(args[1:], T, K, P), **_fit(kwargs, T, K, P)))
+
+
+def _out(y: Any) -> torch.Tensor:
+    return y[0] if isinstance(y, tuple) else y
+
+
+class ResumePatcher:
+    """Logits of edges on a bridged model, resumed at each chunk's receiver layer (see the module docstring).
+
+    ``columns``: ``(B, n)`` the vocabulary ids the metrics read per prompt (``logit_diff``: its answers);
+    None: every logit of a read position is computed.
+    """
+
+    def __init__(self, model: Any, task: Task, max_tokens: int = 8192, columns: torch.Tensor | None = None) -> None:
+        self.model, self.task, self.max_tokens, self.columns = model, task, max_tokens, columns
+        b = model.bridge
+        self.blocks = list(b.blocks)
+        self.run = CleanRun(model, task, keys=True)
+        self.clean_logits = self.run.logits
+        B, T = task.tokens.shape
+        self.lengths = (task.attention_mask.sum(1) if task.attention_mask is not None
+                        else torch.full((B,), T, device=task.tokens.device))  # (B,)
+        # per-prompt positions need the mask as a tensor to take its rows; without one, a common suffix
+        self.ragged = all(isinstance(kw.get("attention_mask"), torch.Tensor) and kw["attention_mask"].ndim == 4
+                          for _, kw in self.run.calls)
+        soft = float(getattr(b.cfg, "output_logits_soft_cap", -1.0) or -1.0)
+        self.softcap = soft if soft > 0 else None
+
+    def chunks(self, edges: Sequence[Edge], named: Any = None) -> list[list[Edge]]:
+        """Edges grouped by receiver layer and first changed position, ``max_tokens`` rows x positions each."""
+        B, T = self.task.tokens.shape
+        groups: dict[tuple[int, int], list[Edge]] = {}
+        for e in edges:
+            layer = e.receiver.layer if e.receiver.kind == "head" else len(self.blocks)
+            groups.setdefault((layer, suffix_start([e], named)), []).append(e)
+        out = []
+        for (_, p0), group in sorted(groups.items()):
+            per = max(1, self.max_tokens // (B * max(1, T - p0)))
+            out += [group[i:i + per] for i in range(0, len(group), per)]
+        return out
+
+    def positions(self, recv: torch.Tensor | None) -> torch.Tensor | None:
+        """``(B, S)`` the positions that can change, per prompt: from its first patched one to its end (None: all)."""
+        if recv is None:
+            return None
+        B, T = recv.shape[1:]
+        any_ = recv.any(0)  # (B, T): a copy patches this position
+        first = torch.where(any_.any(1), any_.float().argmax(1), self.lengths - 1)  # (B,)
+        if not self.ragged:
+            first = first.min().expand(B)
+        S = int((self.lengths - first).max())
+        if S >= T:
+            return None
+        P = first[:, None] + torch.arange(S, device=recv.device)  # (B, S)
+        return torch.minimum(P, (self.lengths - 1)[:, None])  # past a prompt's end: its last position again
+
+    def logits(self, chunk: Sequence[Edge], deltas: torch.Tensor, recv: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
+        """Each edge's ``(B, T, V)`` logits in turn (one shared buffer: read each before the next);
+        ``deltas`` ``(K, B, T, D)``, ``recv`` ``(K, B, T)`` the receivers' patched query positions."""
+        K, B, T, D = deltas.shape
+        P = self.positions(recv)
+        try:
+            if chunk[0].receiver.kind == "logits":
+                x = self.run.final[None] + deltas  # (K, B, T, D)
+                x = x if P is None else _at(x, P, 2)  # (K, B, S, D)
+            else:
+                x = self._resume(chunk, deltas, recv, P)
+        except NotRagged:
+            self.ragged = False
+            yield from self.logits(chunk, deltas, recv)
+            return
+        S = T if P is None else P.shape[1]
+        x = x.reshape(K, B, S, D)
+        Pf = torch.arange(T, device=deltas.device).expand(B, T) if P is None else P
+        first = torch.ones_like(Pf, dtype=torch.bool)
+        first[:, 1:] = Pf[:, 1:] != Pf[:, :-1]  # a position repeated past a prompt's end counts once
+        b, j = (first & self.task.positions.gather(1, Pf)).nonzero(as_tuple=True)
+        t = Pf[b, j]
+        buf = self.clean_logits.clone()  # (B, T, V): unread and unchanged positions stay clean
+        for k in range(K):
+            h = x[k][b, j]  # (n, D): one row per read (prompt, position)
+            if self.columns is None:
+                buf[b, t] = self._unembed(h).to(buf)
+            else:
+                cols = self.columns[b]  # (n, c)
+                buf[b[:, None], t[:, None], cols] = self._unembed(h, cols).to(buf)
+            yield buf
+
+    def _unembed(self, h: torch.Tensor, cols: torch.Tensor | None = None) -> torch.Tensor:
+        """``(n, V)`` logits of final residual rows ``h`` ``(n, D)``, or ``(n, c)`` at vocabulary ids ``cols``."""
+        b = self.model.bridge
+        if cols is None:
+            logits = b.unembed(b.ln_final(h[None]))[0]
+        else:
+            x = b.ln_final(h[None])[0]  # (n, D)
+            w = b.W_U.detach()  # (D, V)
+            logits = torch.einsum("nD,Dnc->nc", x, w[:, cols].to(x))
+            bias = getattr(b, "b_U", None)
+            if bias is not None:
+                logits = logits + bias.detach()[cols].to(x)
+        if self.softcap is not None:
+            logits = self.softcap * torch.tanh(logits / self.softcap)
+        return logits
+
+    def _resume(self, chunk: Sequence[Edge], deltas: torch.Tensor, recv: torch.Tensor | None,
+                P: torch.Tensor | None) -> torch.Tensor:
+        """``(K*B, S, D)``: the residual stream after the last block at ``P``, from the receiver layer on."""
+        K, B, T, D = deltas.shape
+        R = chunk[0].receiver.layer
+        PR = P  # block R runs at P too unless a key or value is patched before a prompt's first position
+        if P is not None:
+            before = torch.arange(T, device=P.device)[None] < P[:, :1]  # (B, T)
+            if bool((deltas.abs().sum(-1) * before).any()):
+                PR = None
+        resid = self.run.calls[R][0][0]  # (B, T, D): the clean residual stream entering block R
+        take = (lambda x, axis: x) if PR is None else (lambda x, axis: _at(x, PR, axis))
+        hooks = input_hooks(self.model, chunk, take(deltas, 2), take(resid, 1))
+        _, keep, _ = fork_plan(self.model, chunk, B, None if recv is None else take(recv, 2))
+        hooks.append((f"blocks.{R}.attn.hook_z", _splice(take(self.run.z[R], 1).repeat(K, 1, 1, 1), keep[R])))
+        with self.model.hooks(hooks), self._keys(PR, K):
+            x = self.run.block(self.model, R, take(resid, 1).repeat(K, 1, 1), K, PR)
+        if PR is None and P is not None:
+            x = _at(x.view(K, B, T, D), P, 2).reshape(K * B, -1, D)
+        with self._keys(P, K):
+            for layer in range(R + 1, len(self.blocks)):
+                x = self.run.block(self.model, layer, x, K, P)
+        return x
+
+    def _keys(self, P: torch.Tensor | None, K: int) -> contextlib.AbstractContextManager[None]:
+        """Attention reads the recorded clean keys and values except at ``P``, where the new ones go."""
+        if P is None:
+            return contextlib.nullcontext()
+
+        def scatter(layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            ck, cv = self.run.kv[layer]  # (B, H_kv, T, d): the clean keys and values of this layer
+            idx = P.repeat(K, 1)[:, None, :, None].expand(k.shape)  # (K*B, H_kv, S, d)
+            full_k = ck.to(k).repeat(K, 1, 1, 1).scatter(2, idx, k)
+            full_v = cv.to(v).repeat(K, 1, 1, 1).scatter(2, idx, v)
+            return full_k, full_v  # (K*B, H_kv, T, d)
+
+        return _seam(self.blocks, scatter)
+
+
+def input_hooks(model: Any, chunk: Sequence[Edge], deltas: torch.Tensor, resid: torch.Tensor) -> list:
+    """Hooks on the receiver layer's ``hook_q|k|v`` ``(K*B, S, n, d_head)`` that replace each copy's receiver
+    slice with the projection of ``LN(resid + delta)``: the block's own input norm (``ln1``), the head's rows
+    of ``W_Q|W_K|W_V`` and bias (its key/value head's under grouped-query attention). ``deltas`` ``(K, B, S, D)``."""
+    from headlens.circuits.nodes import kv_head
+
+    K, B, S, D = deltas.shape
+    block = model.bridge.blocks[chunk[0].receiver.layer]
+    hooks = []
+    for c in ("q", "k", "v"):
+        ks = [k for k, e in enumerate(chunk) if e.input == c]
+        if not ks:
+            continue
+        idx = torch.tensor([chunk[k].receiver.head if c == "q" else kv_head(model, chunk[k].receiver.head) for k in ks])
+        x = block.ln1((resid[None] + deltas[ks]).reshape(len(ks) * B, S, D)).view(len(ks), B, S, D)
+        w = getattr(block.attn, f"W_{c.upper()}").detach()[idx]  # (n, D, d_head)
+        proj = torch.einsum("kbsD,kDd->kbsd", x, w.to(x))  # (n, B, S, d_head)
+        bias = getattr(block.attn, f"b_{c.upper()}", None)
+        if bias is not None:
+            proj = proj + bias.detach()[idx].to(x)[:, None, None]
+        hooks.append((f"blocks.{chunk[0].receiver.layer}.attn.hook_{c}", _replace(ks, idx, proj, K)))
+    return hooks
+
+
+def _replace(ks: list[int], idx: torch.Tensor, proj: torch.Tensor, K: int) -> Any:
+    def hook(x: torch.Tensor, hook: Any) -> torch.Tensor:  # (K*B, S, n, d_head): copy k owns rows k*B ..
+        out = x.clone()
+        view = out.view(K, -1, *x.shape[1:])  # (K, B, S, n, d_head)
+        view[torch.tensor(ks), :, :, idx] = proj.to(x)
+        return out
+
+    return hook

@@ -1,0 +1,49 @@
+"""Discovery at named positions (issue 31) on a planted IOI model: a Llama whose head L1H0 attends from END to
+IO and copies it (a name mover) and L1H2 copies it negatively (a negative name mover); both are found as
+roots at END with their roles, the name reaches the mover through its value at IO, and the circuit is
+faithful by every measure."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import headlens
+from headlens.probes.ioi import ioi_probe
+from tests.ioi_models import load_quietly, save_planted_llama
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    heads = {(1, 0): (12, 4.0), (1, 2): (12, -1.5)}  # template 0, ABBA: IO is 12 tokens before END
+    return load_quietly(save_planted_llama(tmp_path_factory.mktemp("ioi") / "m", heads))
+
+
+def test_the_planted_ioi_circuit_is_found_at_its_positions(planted):
+    probe = ioi_probe(planted, 16, templates=[0], orders=["ABBA"])
+    df = headlens.circuit(planted, prompts=probe, metric="logit_diff", method="mean", n_prompts=16, n_control=3)
+    assert df.attrs["verdict"] == "found" and df.attrs["read_position"] == "END"
+    assert df.attrs["roots"] == ["L1H0@END", "L1H2@END"]
+    assert df.attrs["roles"]["L1H0@END"] == "name mover" and df.attrs["roles"]["L1H2@END"] == "negative name mover"
+    edges = set(df[["sender", "receiver", "input", "receiver_pos", "sender_pos"]].itertuples(index=False, name=None))
+    assert ("embed", "L1H0", "v", "END", "IO") in edges  # the name it copies, read at IO
+    assert not any(s.startswith("L0") for s in df.sender)  # layer 0's heads do nothing for the task
+    mover = df[(df.sender == "L1H0") & (df.receiver == "logits")].iloc[0]
+    assert mover.effect < -20 and mover.ci_high < mover.control_ci_low
+    assert df.attrs["faithfulness"] > 0.95
+    ioi = df.attrs["ioi_faithfulness"]
+    assert ioi["abs_diff"] < 0.05 * ioi["F_M"] and abs(ioi["ratio"] - 1) < 0.05
+    mib = df.attrs["mib"]
+    assert len(mib["faithfulness"]) == 10 and mib["cpr"] > 0.9 and mib["cmd"] < 0.1
+    fp = df.attrs["first_pass"]
+    assert fp["kept"] < fp["candidates"]  # the gradient first pass chose what to patch
+
+
+def test_a_random_model_shows_no_ioi_circuit(tmp_path):
+    from tests.ioi_models import save_ioi_llama
+
+    model = load_quietly(save_ioi_llama(tmp_path / "random"))
+    df = headlens.circuit(model, prompts="ioi", metric="logit_diff", n_prompts=16, n_control=3)
+    assert len(df) == 0 and df.attrs["verdict"] == "inconclusive" and "logits at END" in df.attrs["why"]
+    assert math.isnan(df.attrs["faithfulness"])
