@@ -59,6 +59,7 @@ from headlens.scoring.stats import (
     preference_label,
     summarize,
 )
+from headlens.scoring.table import head_rows
 from headlens.scoring.weights import summarize_weights
 
 ProgressFn = Callable[[int, int, str], None]  # (prompts done so far, prompts in total, what is running)
@@ -174,21 +175,6 @@ def _probes(model: Any, dets: list[Detector], prompts: Any, n_prompts: int, seq_
             gen = torch.Generator().manual_seed(seed * 1009 + k)  # one stream per probe kind
             groups.append((builders[name](model, n_prompts, seq_len, gen), served))
     return groups
-
-
-def _rows(model_name: str, det: str, s: Summary, lifts: torch.Tensor, labels: torch.Tensor,
-          n_layers: int, kv: list[int], rest: torch.Tensor | None, extra: dict[str, torch.Tensor] | None = None
-          ) -> list[dict[str, Any]]:
-    heads = [(layer, head) for layer in range(n_layers) for head in range(len(kv))]  # per query head
-    return [
-        {"model": model_name, "layer": layer, "head": head, "kv_head": kv[head], "detector": det,
-         "score": float(s.score[i]), "ci_low": float(s.ci_low[i]), "ci_high": float(s.ci_high[i]),
-         "baseline": s.baseline, "lift": float(lifts[i]), "n_positions": s.n_positions,
-         "n_prompts": s.n_prompts, "label": bool(labels[i]),
-         "rest": float("nan") if rest is None else float(rest[i]),  # resting on the row's probe (scoring.resting)
-         **{c: float(v[i]) for c, v in (extra or {}).items()}}
-        for i, (layer, head) in enumerate(heads)
-    ]
 
 
 def _summaries(stats: dict[str, DetectorStats], tl_compatible: bool, seed: int,
@@ -363,7 +349,7 @@ def classify(
                     raise
                 skipped[name] = str(err)
                 continue
-            rows += _rows(model.name, d.name, w.summary, w.summary.lift, w.labels, L, kv, None, w.columns)
+            rows += head_rows(model.name, d.name, w.summary, w.summary.lift, w.labels, L, kv, None, w.columns)
             extra += [c for c in w.columns if c not in extra]
             weights[d.name] = w.attrs
             continue
@@ -381,7 +367,7 @@ def classify(
         if d is not None and d.gate is not None:  # what the head writes: the gate's CI must clear zero too
             g = gate_summary(model, d.gate, probe_of[name], gate_cache, seed, n_boot)
             labels, gated = labels & gate_passes(g, d.gate.sign), gated | {d.gate.name}
-        new_rows = _rows(model.name, name, s, lift, labels, L, kv, rests.get(name))
+        new_rows = head_rows(model.name, name, s, lift, labels, L, kv, rests.get(name))
         if d is not None and d.gate is not None:
             new_rows = with_gate(new_rows, d.gate, g)
         rows += with_preference(new_rows, pref) if name in preferences else new_rows

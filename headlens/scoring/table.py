@@ -25,13 +25,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from headlens.errors import HeadlensError
 from headlens.scoring.output import SUFFIXES as SUFFIXES  # re-exported: the table formats
 from headlens.scoring.output import check_output, read_frame, write_frame
 from headlens.scoring.output import sidecar_path as sidecar_path
 from headlens.scoring.primary import label_order
+
+if TYPE_CHECKING:  # the table is read where torch is not imported (the dashboard's first paint)
+    import torch
+
+    from headlens.scoring.stats import Summary
 
 COLUMNS: dict[str, str] = {  # column -> pandas dtype kind: O object/str, i int, f float, b bool
     "model": "O",
@@ -145,3 +150,19 @@ def head_labels(df: Any) -> dict[tuple[int, int], list[str]]:
     for row in labelled_heads(df).itertuples():
         out.setdefault((int(row.layer), int(row.head)), []).append(str(row.detector))
     return out
+
+
+def head_rows(model_name: str, det: str, s: Summary, lifts: torch.Tensor, labels: torch.Tensor,
+          n_layers: int, kv: list[int], rest: torch.Tensor | None, extra: dict[str, torch.Tensor] | None = None
+          ) -> list[dict[str, Any]]:
+    """One table row per query head for detector ``det`` (the schema above; ``extra``: more columns)."""
+    heads = [(layer, head) for layer in range(n_layers) for head in range(len(kv))]  # per query head
+    return [
+        {"model": model_name, "layer": layer, "head": head, "kv_head": kv[head], "detector": det,
+         "score": float(s.score[i]), "ci_low": float(s.ci_low[i]), "ci_high": float(s.ci_high[i]),
+         "baseline": s.baseline, "lift": float(lifts[i]), "n_positions": s.n_positions,
+         "n_prompts": s.n_prompts, "label": bool(labels[i]),
+         "rest": float("nan") if rest is None else float(rest[i]),  # resting on the row's probe (scoring.resting)
+         **{c: float(v[i]) for c, v in (extra or {}).items()}}
+        for i, (layer, head) in enumerate(heads)
+    ]
