@@ -93,7 +93,7 @@ def build(directory: Path, layout: Any = None) -> tuple[Any, list[str]]:
     cfg = read_config(directory)
     layout = layout or claimed_layout(cfg)
     with _heard() as said:
-        hf = build_layout(directory, cfg, layout)
+        hf = build_layout(directory, cfg, layout, attn_implementation="eager")  # patterns come back
     if hf is None:
         raise CheckpointError(f"the weights in {str(directory)!r} do not load as {layout}")
     return hf, said

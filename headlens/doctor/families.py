@@ -149,13 +149,15 @@ def _regroup_gguf_rows(model: Any, header: HeadLayout, layout: HeadLayout) -> No
             module.bias = torch.nn.Parameter(module.bias.detach()[idx], requires_grad=False)
 
 
-def build(model_dir: Path, cfg: Any, layout: HeadLayout, gguf_header: HeadLayout | None = None) -> Any | None:
+def build(model_dir: Path, cfg: Any, layout: HeadLayout, gguf_header: HeadLayout | None = None,
+          attn_implementation: str | None = None) -> Any | None:
     """The directory's weights loaded by ``transformers`` into the model rebuilt with ``layout``
     (float32, eval, its own key renames and tying), or None when this layout cannot hold them.
 
     ``gguf_header``: the directory is transformers' reading of a llama GGUF whose header said this layout;
     the q/k rows are then regrouped as that reader would have un-permuted them under ``layout``
-    (:func:`gguf_rows`)."""
+    (:func:`gguf_rows`). ``attn_implementation``: transformers' default (SDPA, what the doctor's losses need)
+    unless named (``"eager"`` returns attention patterns)."""
     import transformers
     from transformers import AutoModelForCausalLM
 
@@ -169,7 +171,8 @@ def build(model_dir: Path, cfg: Any, layout: HeadLayout, gguf_header: HeadLayout
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
             str(model_dir), config=c, dtype=torch.float32, local_files_only=True,
-            trust_remote_code=False, output_loading_info=True)
+            trust_remote_code=False, output_loading_info=True,
+            **({"attn_implementation": attn_implementation} if attn_implementation else {}))
     except (RuntimeError, ValueError, OSError):  # size mismatch, or a layout the family refuses
         return None
     if info.get("missing_keys") or info.get("unexpected_keys") or info.get("mismatched_keys"):

@@ -16,7 +16,8 @@ from tests.ioi_models import load_quietly, save_planted_llama
 
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
-    heads = {(1, 0): (12, 4.0), (1, 2): (12, -1.5)}  # template 0, ABBA: IO is 12 tokens before END
+    heads = {(1, 0): (12, 4.0), (1, 2): (12, -3.0)}  # template 0, ABBA: IO is 12 tokens before END; L1H2 writes
+    # a share of the answer above positional.ROOT_SHARE (at -1.5 it wrote 2 % of L1H0's effect and was no root)
     return load_quietly(save_planted_llama(tmp_path_factory.mktemp("ioi") / "m", heads))
 
 

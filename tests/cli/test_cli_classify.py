@@ -51,7 +51,7 @@ def test_summary_by_default_every_labelled_row_with_all(tmp_path):
     out = tmp_path / "scores.csv"
     args = ["--model", ckpt, "--n-prompts", "12", "--seq-len", "32", "-q"]
     summary = _run(*args, "--out", str(out)).stdout
-    assert f"full table (80 rows): in {out}" in summary.replace("\n", "")
+    assert f"full table ({len(read_table(out))} rows): in {out}" in summary.replace("\n", "")
     first = next(ln for ln in summary.splitlines() if ln.lstrip().startswith("first_token"))
     assert "L1H1" in first and "L1H0" not in first  # L1H0 rests too, and is listed as the induction head it is
     every = _run(*args, "--all").stdout

@@ -101,8 +101,11 @@ def test_rest_is_part_of_the_schema(resting_table, tmp_path):
     for suffix in (".csv", ".parquet", ".json"):
         back = read_table(write_table(resting_table, tmp_path / f"s{suffix}"))
         np.testing.assert_allclose(back.rest.to_numpy(), resting_table.rest.to_numpy(), equal_nan=True)
-    weights = resting_table[resting_table.detector == "copying"]
-    assert weights.rest.isna().all() and resting_table[resting_table.detector != "copying"].rest.notna().all()
+    from headlens.detectors import DETECTORS
+
+    by_weights = resting_table.detector.map(lambda d: DETECTORS[d].kind == "weights")
+    assert by_weights.any() and resting_table[by_weights].rest.isna().all()  # no probe: nothing to rest on
+    assert resting_table[~by_weights].rest.notna().all()
     with pytest.raises(HeadlensError, match="rest"):
         validate(resting_table.assign(rest=1.5))
     old = tmp_path / "old.csv"  # a table written before the column existed
