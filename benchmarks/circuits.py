@@ -194,6 +194,7 @@ def main() -> None:
     parser.add_argument("--smollm2", action="store_true")
     parser.add_argument("--only-smollm2", action="store_true")
     parser.add_argument("--tl-edges", type=int, default=6)
+    parser.add_argument("--ioi-out", default="", help="write the SmolLM2 IOI circuit's edge table here (CSV)")
     parser.add_argument("--child", default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -209,7 +210,7 @@ def main() -> None:
         sys.path.insert(0, str(Path(__file__).parent))
         from circuits_smollm2 import smollm2_benchmark
 
-        smollm2_benchmark(args.tl_edges)
+        smollm2_benchmark(args.tl_edges, args.ioi_out)
 
 
 if __name__ == "__main__":

@@ -136,7 +136,7 @@ def discovery(out_csv: str = "") -> None:
           f"(ratio {d['rss_gb'] / c['rss_gb']:.2f}, goal <= 2)")
 
 
-def smollm2_benchmark(n_tl: int) -> None:
+def smollm2_benchmark(n_tl: int, ioi_out: str = "") -> None:
     from headlens.models.hf.gguf import smollm2_installed
 
     if not smollm2_installed():
@@ -145,4 +145,4 @@ def smollm2_benchmark(n_tl: int) -> None:
     model = headlens.load("smollm2")
     key_senders(model, n_tl)
     del model
-    discovery()
+    discovery(ioi_out)

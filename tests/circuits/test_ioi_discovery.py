@@ -21,9 +21,14 @@ def planted(tmp_path_factory):
     return load_quietly(save_planted_llama(tmp_path_factory.mktemp("ioi") / "m", heads))
 
 
-def test_the_planted_ioi_circuit_is_found_at_its_positions(planted):
+@pytest.fixture(scope="module")
+def discovered(planted):
     probe = ioi_probe(planted, 16, templates=[0], orders=["ABBA"])
-    df = headlens.circuit(planted, prompts=probe, metric="logit_diff", method="mean", n_prompts=16, n_control=3)
+    return headlens.circuit(planted, prompts=probe, metric="logit_diff", method="mean", n_prompts=16, n_control=3)
+
+
+def test_the_planted_ioi_circuit_is_found_at_its_positions(discovered):
+    df = discovered
     assert df.attrs["verdict"] == "found" and df.attrs["read_position"] == "END"
     assert df.attrs["roots"] == ["L1H0@END", "L1H2@END"]
     assert df.attrs["roles"]["L1H0@END"] == "name mover" and df.attrs["roles"]["L1H2@END"] == "negative name mover"
@@ -39,6 +44,20 @@ def test_the_planted_ioi_circuit_is_found_at_its_positions(planted):
     assert len(mib["faithfulness"]) == 10 and mib["cpr"] > 0.9 and mib["cmd"] < 0.1
     fp = df.attrs["first_pass"]
     assert fp["kept"] < fp["candidates"]  # the gradient first pass chose what to patch
+
+
+def test_the_report_draws_the_circuit_by_position_with_roles_and_faithfulness(planted, discovered):
+    from headlens.viz.report import report_html
+
+    table = headlens.classify(planted, detectors="previous_token", n_prompts=8, seq_len=16, n_boot=20)
+    page = report_html(planted, table, prompt="When Mary and John went to the store, John gave a drink to",
+                       edges=discovered)
+    section = page[page.index("<h2>Circuit</h2>"):]
+    assert "<td>L1H0@END</td><td>name mover</td>" in section
+    assert "<td>L1H2@END</td><td>negative name mover</td>" in section
+    assert "<th>sender_pos</th><th>receiver_pos</th>" in section  # the table says where each edge acts
+    assert "<td>embed</td><td>L1H0</td><td>0</td><td>v</td><td>IO</td><td>END</td>" in section  # read at IO, acts at END
+    assert f"MIB CPR {discovered.attrs['mib']['cpr']:.3f}" in section
 
 
 def test_a_random_model_shows_no_ioi_circuit(tmp_path):
