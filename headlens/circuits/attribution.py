@@ -190,6 +190,33 @@ class _Restricted:
                 out[e] = dot.sum(1).detach().double().cpu().numpy()
         return {e: out[e] for e in edges}
 
+    def estimates_by_receiver(self, edges: Sequence[Edge], deltas: Any, key_of: Any, grads_for: Any
+                              ) -> dict[Edge, np.ndarray]:
+        """:meth:`estimates` with the receivers' gradients ``grads_for(key) -> (n, B, T, D)`` built one key at a
+        time and dropped after its edges (``key_of(edge) -> (key, index into n)``), each sender's delta built
+        once. Kept all at once, a round's receiver gradients held over a GB on SmolLM2's IOI circuit."""
+        from headlens.circuits.positions import edge_masks
+
+        by_key: dict[Any, list[tuple[Edge, int]]] = {}
+        for e in edges:
+            key, idx = key_of(e)
+            by_key.setdefault(key, []).append((e, idx))
+        made: dict[Any, torch.Tensor] = {}  # sender -> (B, T, D)
+        out: dict[Edge, np.ndarray] = {}
+        for key, group in by_key.items():
+            grads = grads_for(key)  # (n, B, T, D)
+            dots: dict[tuple[Any, int], torch.Tensor] = {}
+            for e, idx in group:
+                if e.sender not in made:
+                    made[e.sender] = deltas.delta(e.sender)
+                if (e.sender, idx) not in dots:
+                    dots[e.sender, idx] = (made[e.sender].to(grads) * grads[idx]).sum(-1)  # (B, T): per position
+                s_mask, _ = edge_masks(e, self.named)
+                dot = dots[e.sender, idx] if s_mask is None else dots[e.sender, idx] * s_mask.to(grads)
+                out[e] = dot.sum(1).detach().double().cpu().numpy()
+            del grads
+        return {e: out[e] for e in edges}
+
 
 def _bridge_attribution(model: Any, task: Task, value: Any, edges: Sequence[Edge], deltas: Any,
                         named: Any = None) -> dict[Edge, np.ndarray]:
@@ -216,8 +243,6 @@ def _bridge_attribution(model: Any, task: Task, value: Any, edges: Sequence[Edge
     fwd = [(f"blocks.{layer}.attn.hook_{c}", run.leaf) for layer in layers for c in INPUTS] + [(final, run.leaf)]
     fwd += [(f"blocks.{layer}.attn.hook_z", run.z) for layer in layers if run.needs(layer)]
     fwd += [(f"blocks.{layer}.hook_resid_pre", keep) for layer in layers]
-    reads: dict[tuple, torch.Tensor] = {}
-
     def read(layer: int, c: str, pos: str, heads: Any) -> torch.Tensor:
         """``(n, B, T, D)``: per head (per key/value head for k, v) the gradient at what its input c reads."""
         block = model.bridge.blocks[layer]
@@ -232,17 +257,17 @@ def _bridge_attribution(model: Any, task: Task, value: Any, edges: Sequence[Edge
         logits = task_logits(model, task, 0)  # (B, T, V)
         run.backward(per_prompt_mean(value(logits, task, None), task.positions).sum())
 
-        def grad_of(e: Edge) -> tuple[Any, torch.Tensor]:
+        def key_of(e: Edge) -> tuple[Any, int]:
             r = e.receiver
             if r.kind == "logits":
-                return "final", run.grads[final]  # (B, T, D)
+                return "final", 0
             idx = r.head if e.input == "q" else kv_head(model, r.head)
             j = r.head % size
             heads = None if (e.input == "q" or e.group or size == 1 or e.pos == "all") else tuple(
                 range(j, model.cfg.n_heads, size))
-            key = (r.layer, e.input, e.pos, heads)
-            if key not in reads:
-                reads[key] = read(*key)
-            return (*key, idx), reads[key][idx]  # (B, T, D)
+            return (r.layer, e.input, e.pos, heads), idx
 
-        return run.estimates(edges, deltas, grad_of)
+        def grads_for(key: Any) -> torch.Tensor:  # (n, B, T, D)
+            return run.grads[final][None] if key == "final" else read(*key)
+
+        return run.estimates_by_receiver(edges, deltas, key_of, grads_for)
