@@ -20,6 +20,7 @@ differentiable uses the smooth surrogate the head attribution uses (``interventi
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -75,7 +76,7 @@ def edge_attribution(model: Any, task: Task, metric: str, edges: Sequence[Edge],
     gpt = native_of(model)
     value = SURROGATES.get(metric, get_metric(metric).value)
     if gpt is None:
-        return _bridge_attribution(model, task, value, edges, deltas, named)
+        return _in_chunks(model, task, value, edges, deltas, named)
     L = gpt.cfg.n_layers
     layers = sorted({e.receiver.layer for e in edges if e.receiver.kind == "head"})
     final = f"blocks.{L - 1}.hook_resid_post"
@@ -216,6 +217,39 @@ class _Restricted:
                 out[e] = dot.sum(1).detach().double().cpu().numpy()
             del grads
         return {e: out[e] for e in edges}
+
+
+CHUNK = 8  # prompts per backward pass through the bridge: a pass holds the autograd graph of a whole forward
+
+
+def _in_chunks(model: Any, task: Task, value: Any, edges: Sequence[Edge], deltas: Any, named: Any
+               ) -> dict[Edge, np.ndarray]:
+    """:func:`_bridge_attribution` over :data:`CHUNK` prompts at a time, joined: each prompt's estimate depends on
+    its own forward only, so the chunks give the same ``(B,)`` per edge, with a graph a quarter the size on 32
+    prompts (SmolLM2's IOI discovery peaked at 2.2x a classify of the same prompts in one pass)."""
+    B = task.n_prompts
+    if B <= CHUNK:
+        return _bridge_attribution(model, task, value, edges, deltas, named)
+    parts = []
+    for i in range(0, B, CHUNK):
+        rows = slice(i, min(i + CHUNK, B))
+        part = dataclasses.replace(task, **{f: getattr(task, f)[rows] for f in ("tokens", "positions",
+                                                                              "attention_mask", "answers")
+                                            if getattr(task, f) is not None})
+        sub = None if named is None else dataclasses.replace(
+            named, index={k: v[rows] for k, v in named.index.items()}, shape=(part.n_prompts, named.shape[1]))
+        parts.append(_bridge_attribution(model, part, value, edges, _Rows(deltas, rows), sub))
+    return {e: np.concatenate([p[e] for p in parts]) for e in edges}
+
+
+class _Rows:
+    """The senders' deltas of some prompts only (``deltas.delta(node)[rows]``)."""
+
+    def __init__(self, deltas: Any, rows: slice) -> None:
+        self.deltas, self.rows = deltas, rows
+
+    def delta(self, node: Any) -> torch.Tensor:
+        return self.deltas.delta(node)[self.rows]  # (b, T, D)
 
 
 def _bridge_attribution(model: Any, task: Task, value: Any, edges: Sequence[Edge], deltas: Any,

@@ -109,3 +109,24 @@ def test_the_estimate_at_positions_through_the_forks_under_gqa(tmp_path):
     exact, estimate = _derivative_at_positions(model, fast=True)
     assert np.corrcoef(exact, estimate)[0, 1] > 0.99
     assert np.abs(exact - estimate).max() < 0.05 * np.abs(exact).max()
+
+
+def test_the_bridge_first_pass_in_chunks_of_prompts_equals_one_pass(tmp_path, monkeypatch):
+    """Through the bridge, prompts go through the backward pass a few at a time (a pass holds the graph of a
+    whole forward): each prompt's estimate is the same as in one pass over all of them, at named positions too."""
+    from hf_families import build
+
+    from headlens.circuits import attribution
+    from tests.circuits.test_positions import _named
+
+    model = headlens.load(f"hf:{build('llama', tmp_path / 'llama')}")
+    s = setup(model, "repeated_loss", "mean", n_prompts=7, seed=1)
+    named = _named(s.task)
+    edges = make_edges(model, parse_nodes("L1H1,logits", model), None, "qkv", positions=["A", "C"],
+                       sender_positions=["B", "all"])
+    whole = edge_attribution(model, s.task, "repeated_loss", edges, s.deltas, named=named)
+    monkeypatch.setattr(attribution, "CHUNK", 3)  # 3 + 3 + 1 prompts
+    chunked = edge_attribution(model, s.task, "repeated_loss", edges, s.deltas, named=named)
+    assert all(chunked[e].shape == (7,) for e in edges)
+    scale = max(np.abs(v).max() for v in whole.values())
+    assert scale > 0 and max(np.abs(chunked[e] - whole[e]).max() for e in edges) < 1e-5 * scale
