@@ -133,8 +133,11 @@ def head_grid_figure(
     """
     import plotly.graph_objects as go
 
+    from headlens.scoring.primary import light
+
     if color_by not in ("score", "lift", "label"):
         raise ValueError(f"color_by must be 'score', 'lift' or 'label', got {color_by!r}")
+    scores = light(scores)  # pandas copies attrs at every step: a real LM's provenance cost more than the grid
     if color_by == "label":
         return _label_grid(scores, n_layers, n_heads, selected, title)
     rows: dict[tuple[int, int], Any] = {}
