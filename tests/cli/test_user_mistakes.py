@@ -153,13 +153,7 @@ def test_there_are_forty_mistakes_across_every_command():
 
 @pytest.mark.parametrize(("what", "args", "code", "needle"), MISTAKES, ids=[m[0] for m in MISTAKES])
 def test_a_mistake_is_one_line_and_a_documented_exit_code(files, what, args, code, needle):
-    result = runner.invoke(app, _fill(args, files, unwritable(files["root"])))
-    lines = result.stderr.strip().splitlines()
-    assert result.exit_code == code, (what, result.exit_code, result.output)
-    assert code in EXIT_CODES
-    assert len(lines) == 1 and lines[0].startswith("headlens: error:"), (what, result.stderr)
-    assert needle in lines[0], (what, lines[0])
-    assert "Traceback" not in result.output
+    check_one_line(runner.invoke(app, _fill(args, files, unwritable(files["root"]))), what, code, needle)
 
 
 # GGUF files (gguf:PATH, *.gguf, smollm2): each refused in one line before anything is converted
