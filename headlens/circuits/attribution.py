@@ -102,18 +102,14 @@ def edge_attribution(model: Any, task: Task, metric: str, edges: Sequence[Edge],
             u = torch.einsum("bthd,hdD->hbtD", g, w[INPUTS.index(c)])  # (H, B, T, D): at the normed input
             return _ln_vjp(block.ln_1, seen[f"blocks.{layer}.hook_resid_pre"], u)
 
-        reads: dict[tuple[int, str, str], torch.Tensor] = {}
-
-        def grad_of(e: Edge) -> tuple[Any, torch.Tensor]:
+        def key_of(e: Edge) -> tuple[Any, int]:
             r = e.receiver
-            if r.kind == "logits":
-                return "final", run.grads[final]  # (B, T, D): the logits read the final residual stream, via ln_f
-            key = (r.layer, e.input, e.pos)
-            if key not in reads:
-                reads[key] = read(*key)
-            return (*key, r.head), reads[key][r.head]  # (B, T, D)
+            return ("final", 0) if r.kind == "logits" else ((r.layer, e.input, e.pos), r.head)
 
-        return run.estimates(edges, deltas, grad_of)
+        def grads_for(key: Any) -> torch.Tensor:  # (n, B, T, D); the logits read the final residual stream, via ln_f
+            return run.grads[final][None] if key == "final" else read(*key)
+
+        return run.estimates(edges, deltas, key_of, grads_for)
 
 
 class _Restricted:
@@ -169,33 +165,12 @@ class _Restricted:
                                 for n, g in zip(names, out, strict=True)}
         return self._local[key][name]
 
-    def estimates(self, edges: Sequence[Edge], deltas: Any, grad_of: Any) -> dict[Edge, np.ndarray]:
-        """``(B,)`` per edge: the sender's delta (masked to its ``sender_pos``) dotted with its receiver's
-        gradient ``grad_of(edge) -> (key, (B, T, D))``. Sender by sender, each delta built once, and the
-        per-position dot ``(B, T)`` shared by the edges that differ only in their sender position."""
-        from headlens.circuits.positions import edge_masks
-
-        by_sender: dict[Any, list[Edge]] = {}
-        for e in edges:
-            by_sender.setdefault(e.sender, []).append(e)
-        out: dict[Edge, np.ndarray] = {}
-        for sender, group in by_sender.items():
-            delta = deltas.delta(sender)  # (B, T, D)
-            dots: dict[Any, torch.Tensor] = {}
-            for e in group:
-                key, grad = grad_of(e)
-                if key not in dots:
-                    dots[key] = (delta.to(grad) * grad).sum(-1)  # (B, T): per position
-                s_mask, _ = edge_masks(e, self.named)
-                dot = dots[key] if s_mask is None else dots[key] * s_mask.to(dots[key])
-                out[e] = dot.sum(1).detach().double().cpu().numpy()
-        return {e: out[e] for e in edges}
-
-    def estimates_by_receiver(self, edges: Sequence[Edge], deltas: Any, key_of: Any, grads_for: Any
+    def estimates(self, edges: Sequence[Edge], deltas: Any, key_of: Any, grads_for: Any
                               ) -> dict[Edge, np.ndarray]:
-        """:meth:`estimates` with the receivers' gradients ``grads_for(key) -> (n, B, T, D)`` built one key at a
-        time and dropped after its edges (``key_of(edge) -> (key, index into n)``), each sender's delta built
-        once. Kept all at once, a round's receiver gradients held over a GB on SmolLM2's IOI circuit."""
+        """``(B,)`` per edge: the sender's delta (masked to its ``sender_pos``) dotted with its receiver's gradient.
+        The receivers' gradients ``grads_for(key) -> (n, B, T, D)`` are built one key at a time and dropped after
+        its edges (``key_of(edge) -> (key, index into n)``); each sender's delta is built once, and the
+        per-position dot ``(B, T)`` is shared by the edges that differ only in their sender position."""
         from headlens.circuits.positions import edge_masks
 
         by_key: dict[Any, list[tuple[Edge, int]]] = {}
@@ -304,4 +279,4 @@ def _bridge_attribution(model: Any, task: Task, value: Any, edges: Sequence[Edge
         def grads_for(key: Any) -> torch.Tensor:  # (n, B, T, D)
             return run.grads[final][None] if key == "final" else read(*key)
 
-        return run.estimates_by_receiver(edges, deltas, key_of, grads_for)
+        return run.estimates(edges, deltas, key_of, grads_for)
