@@ -97,7 +97,35 @@ EXTRAS: dict[str, Family] = {f.name: f for f in [
            dict(_LLAMA_LIKE, intermediate_size=64, num_key_value_heads=2, head_dim=16, sliding_window=SLIDING_WINDOW,
                 num_local_experts=2, num_experts_per_tok=1), n_kv_heads=2),
 ]}
-_ALL = {**FAMILIES, **EXTRAS}
+# Joining the matrix (issue 38): each builds and boots; the claims they earn are tested where FAMILIES is, and a
+# family moves into FAMILIES once every command is tested on it. Post-norms (Gemma 2/3, OLMo-2), QK norms (Gemma 3,
+# Qwen3, OLMo-2, Cohere, StableLM), head width != d_model / n_heads (Gemma 3, Qwen3), sliding and global layers
+# (Gemma 3, Starcoder2), experts (Mixtral), parallel attention and MLP (Phi-1/2, Falcon, Cohere).
+JOINING: dict[str, Family] = {f.name: f for f in [
+    Family("gemma3", "Gemma3TextConfig", "Gemma3ForCausalLM",  # post-norms, QK norm, sliding + global layers
+           dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=32, sliding_window=SLIDING_WINDOW,
+                layer_types=["sliding_attention", "full_attention"]), n_kv_heads=2),
+    Family("qwen3", "Qwen3Config", "Qwen3ForCausalLM",  # QK norm, head_dim 32 != 64 / 4
+           dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=32), n_kv_heads=2),
+    Family("olmo2", "Olmo2Config", "Olmo2ForCausalLM",  # norms after each sublayer only; QK norm over all heads
+           dict(_LLAMA_LIKE, num_key_value_heads=2), n_kv_heads=2),
+    Family("mixtral", "MixtralConfig", "MixtralForCausalLM",  # mixture of experts
+           dict(_LLAMA_LIKE, num_key_value_heads=2, num_local_experts=2, num_experts_per_tok=1), n_kv_heads=2),
+    Family("phi", "PhiConfig", "PhiForCausalLM",  # Phi-1/2: parallel attention and MLP, partial rotary
+           dict(_LLAMA_LIKE, partial_rotary_factor=0.5), out_proj="self_attn.dense"),
+    Family("falcon", "FalconConfig", "FalconForCausalLM",  # parallel attention and MLP, multi-query
+           dict(hidden_size=D_MODEL, num_attention_heads=N_HEADS, num_hidden_layers=N_LAYERS,
+                new_decoder_architecture=False, multi_query=True, parallel_attn=True, alibi=False),
+           out_proj="self_attention.dense", layers="transformer.h", n_kv_heads=1),
+    Family("cohere", "CohereConfig", "CohereForCausalLM",  # parallel attention and MLP, QK norm (LayerNorm)
+           dict(_LLAMA_LIKE, num_key_value_heads=2, use_qk_norm=True), n_kv_heads=2),
+    Family("starcoder2", "Starcoder2Config", "Starcoder2ForCausalLM",  # GQA, sliding window, biases
+           dict(_LLAMA_LIKE, num_key_value_heads=2, sliding_window=SLIDING_WINDOW), n_kv_heads=2),
+    Family("stablelm", "StableLmConfig", "StableLmForCausalLM",  # partial rotary, qkv bias, per-head QK LayerNorm
+           dict(_LLAMA_LIKE, num_key_value_heads=2, partial_rotary_factor=0.25, use_qkv_bias=True,
+                qk_layernorm=True), n_kv_heads=2),
+]}
+_ALL = {**FAMILIES, **EXTRAS, **JOINING}
 
 SPECIALS_CAUSAL = {"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>", "unk_token": "<|unk|>"}
 SPECIALS_ENCODER = {"cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]", "mask_token": "[MASK]",
@@ -181,7 +209,7 @@ def load_eager(path: Path, family: str) -> Any:
 
 def out_proj(hf_model: Any, family: str, layer: int) -> torch.nn.Module:
     """The output projection of ``layer``: its input is every head's ``z``, concatenated."""
-    fam = FAMILIES[family]
+    fam = _ALL[family]
     module = hf_model
     for part in f"{fam.layers}.{layer}.{fam.out_proj}".split("."):
         module = module[int(part)] if part.isdigit() else getattr(module, part)

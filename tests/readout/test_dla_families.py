@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 import torch
-from hf_families import _ALL, _LLAMA_LIKE, FAMILIES, Family, build, load_eager, out_proj
+from hf_families import FAMILIES, build, load_eager, out_proj
 
 from headlens.readout.dla import attribute, decompose
 from headlens.readout.parts import ReadoutError, model_parts
@@ -19,8 +19,6 @@ from tests.conftest import make_gpt
 
 TOL = 1e-4
 PROMPTS = ["def f(x):\n    return x + 1", "import os\nprint(os.sep)"]
-_ALL.setdefault("gemma3", Family("gemma3", "Gemma3TextConfig", "Gemma3ForCausalLM",  # post-attention norms, QK norm
-                                 dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16, sliding_window=16), n_kv_heads=2))
 CAUSAL = [f for f, fam in FAMILIES.items() if fam.causal] + ["gemma2", "gemma3"]
 
 
