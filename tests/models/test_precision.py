@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 import headlens
 from headlens.cli import app
 from headlens.errors import ConfigError
+from headlens.models.hf.boot import FLOAT32_ONLY
 from headlens.models.placement import resolve_device, resolve_dtype
 from headlens.zoo import ZOO
 
@@ -81,6 +82,10 @@ def test_bfloat16_scores_within_the_documented_bound_on_every_family(family, tmp
     """The docs' claim, family by family: every detector's score (weight-based copying included)."""
     torch.set_num_threads(1)
     ref = f"hf:{build(family, tmp_path / family)}"
+    if family in FLOAT32_ONLY:  # the bridge cannot run it in bfloat16: one line, before any forward
+        with pytest.raises(ConfigError, match="load it in float32"):
+            headlens.load(ref, dtype="bfloat16")
+        return
     full, half, diff = _compare(ref, n_prompts=16, seq_len=32, n_boot=200)
     assert len(full) == len(half) > 0 and full.detector.tolist() == half.detector.tolist()
     assert full.label.tolist() == half.label.tolist(), family

@@ -23,9 +23,9 @@ from headlens.scoring.lse import heads_first, implied_pattern
 from headlens.scoring.scan import scan
 from tests.hf_families import EXTRAS, FAMILIES, build, load_eager
 
-FAMS = [*FAMILIES, *EXTRAS]  # + Gemma-2 (soft-capping) and GPT-OSS (attention sinks)
+FAMS = list({**FAMILIES, **EXTRAS})  # + GPT-OSS (attention sinks); Gemma 2 (soft-capping) is in both
 # the bridge (TL 4.3) has hook_rot_q/k on these but never fires them: only the fused path shows q and k
-SILENT_ROT = ("gpt_neox", "gptj", "phi3")
+SILENT_ROT = ("gpt_neox", "gptj", "phi3", "falcon")
 TEXTS = ["def f(x):\n    return [x, (x)] + f(x)", "import os", "x = {'k': [1, 2]} ( y ) x = {'k'",
          "for i in range(10):\n    print(i, i, i)"]
 

@@ -18,7 +18,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from headlens.errors import ModelReferenceError, ProbeError
+from headlens.errors import ConfigError, ModelReferenceError, ProbeError
 from headlens.models.hf.hub import HFSource, remote_code_note, resolve
 from headlens.models.hf.prefix import adds_bos
 from headlens.models.hf.prefix import choose as choose_prefix
@@ -26,6 +26,11 @@ from headlens.models.tokenizer import Tokenizer
 
 _HEADLESS_SUFFIXES = ("Model",)
 _HEADED_SUFFIXES = ("LMHeadModel", "ForCausalLM", "ForMaskedLM")
+# model_type -> why the bridge (TransformerLens 4.3) cannot run the family below float32; plain transformers can
+FLOAT32_ONLY = {
+    "olmo2": "TransformerLens 4.3's attention rotates q and k with OLMo-2's float32 cos/sin and never casts them "
+             "back, so the pattern (float32) meets the values (bfloat16/float16) and the forward fails",
+}
 
 
 def _output_kind(config: dict[str, Any]) -> str:
@@ -98,6 +103,16 @@ def substitutions(src: HFSource, trust_remote_code: bool, tokenizer: Any, hf_mod
     return out
 
 
+def check_dtype(config: dict[str, Any], torch_dtype: Any) -> None:
+    """Refuse, in one line, a dtype the bridge cannot run this family in (``FLOAT32_ONLY``)."""
+    import torch
+
+    kind = config.get("model_type")
+    if torch_dtype != torch.float32 and kind in FLOAT32_ONLY:
+        raise ConfigError(f"{kind} cannot run in {str(torch_dtype).removeprefix('torch.')} through headlens: "
+                          f"{FLOAT32_ONLY[kind]}; load it in float32 (--dtype float32)")
+
+
 def _stand_in_tokenizer() -> Any:
     """A one-token tokenizer for booting a model that has none (the bridge insists on one)."""
     from tokenizers import Tokenizer as RawTokenizer
@@ -138,6 +153,7 @@ def load_bridge(
 
     src = resolve(str(ref), trust_remote_code=trust_remote_code)
     device, torch_dtype = resolve_device(device), resolve_dtype(dtype)
+    check_dtype(src.config, torch_dtype)
     import transformers
     from transformer_lens.model_bridge import TransformerBridge
 
