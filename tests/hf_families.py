@@ -64,8 +64,10 @@ class Family:
 _LLAMA_LIKE = dict(hidden_size=D_MODEL, num_attention_heads=N_HEADS, num_hidden_layers=N_LAYERS,
                    intermediate_size=128, max_position_embeddings=N_CTX)
 
-_ENCODER = dict(refuses={"attribute": "is an encoder", "doctor": "checks causal language models"})
-_NO_FORKS = dict(refuses={"circuit": "no per-head q/k/v input forks"})  # edges into the logits still work
+_FORKS = "no per-head q/k/v input forks"  # the bridge cannot patch a head's q/k/v input: edges into the logits work
+_NO_FORKS = dict(refuses={"circuit": _FORKS, "circuit_receiver": _FORKS, "circuit_positions": _FORKS})
+_ENCODER = dict(refuses={**_NO_FORKS["refuses"], "circuit_receiver": "this model is bidirectional",
+                         "attribute": "is an encoder", "doctor": "checks causal language models"})
 
 # The architecture matrix (README "## Architectures"): every command is tested on every family here
 # (tests/models/test_families.py; attribute in tests/readout/test_dla_families.py). Post-norms (Gemma 2/3,
