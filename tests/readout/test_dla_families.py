@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 import torch
-from hf_families import FAMILIES, build, load_eager, out_proj
+from hf_families import FAMILIES, build, claims, load_eager, out_proj
 
 from headlens.readout.dla import attribute, decompose
 from headlens.readout.parts import ReadoutError, model_parts
@@ -19,7 +19,7 @@ from tests.conftest import make_gpt
 
 TOL = 1e-4
 PROMPTS = ["def f(x):\n    return x + 1", "import os\nprint(os.sep)"]
-CAUSAL = [f for f, fam in FAMILIES.items() if fam.causal] + ["gemma2", "gemma3"]
+CAUSAL = claims("attribute", causal_only=True)  # the matrix's causal families (encoders: refused, below)
 
 
 @pytest.fixture(scope="module")
