@@ -85,11 +85,29 @@ def test_bfloat16_scores_within_the_documented_bound_on_every_family(family, tmp
     if family in FLOAT32_ONLY:  # the bridge cannot run it in bfloat16: one line, before any forward
         with pytest.raises(ConfigError, match="load it in float32"):
             headlens.load(ref, dtype="bfloat16")
+        result = CliRunner().invoke(app, ["classify", "--model", ref, "--dtype", "bfloat16", "-q"])
+        lines = result.stderr.strip().splitlines()
+        assert result.exit_code == 2 and len(lines) == 1 and "load it in float32" in lines[0], result.output
+        _bfloat16_fails_in_the_bridge_alone(ref[3:], family)
         return
     full, half, diff = _compare(ref, n_prompts=16, seq_len=32, n_boot=200)
     assert len(full) == len(half) > 0 and full.detector.tolist() == half.detector.tolist()
     assert full.label.tolist() == half.label.tolist(), family
     assert diff <= BF16_TOLERANCE, f"{family}: max |score(bf16) - score(fp32)| = {diff:.4f}"
+
+
+def _bfloat16_fails_in_the_bridge_alone(path: str, family: str) -> None:
+    """Why the refusal: plain transformers runs the family in bfloat16, TransformerBridge does not. When a new
+    TransformerLens runs it, this fails: drop the family from ``FLOAT32_ONLY``."""
+    from hf_families import load_eager
+    from transformer_lens.model_bridge import TransformerBridge
+
+    tokens = torch.arange(5, 21)[None]  # (1, 16)
+    with torch.no_grad():
+        assert load_eager(path, family).to(torch.bfloat16)(tokens).logits.isfinite().all()
+        bridge = TransformerBridge.boot_transformers(path, dtype=torch.bfloat16, device="cpu")
+        with pytest.raises(RuntimeError, match=r"dtype|scalar type"):
+            bridge(tokens)
 
 
 @pytest.mark.skipif(not ZOO["induction-2l"].available, reason="induction-2l weights not installed")
