@@ -25,6 +25,7 @@ Each model is built once per module and only when a test asks for it (``-k gemma
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ import numpy as np
 import pytest
 import torch
 from hf_families import (
+    CLAIMS,
     FAMILIES,
     N_HEADS,
     N_LAYERS,
@@ -296,3 +298,29 @@ def test_doctor_passes_or_says_why_it_cannot_tell(built, family):
         else:
             assert not report.passed and "no source separates the layouts" in str(report)
             assert report.warnings, str(report)  # why each source could not tell
+
+
+ROWS = {"gpt2": "GPT-2", "gpt_neox": "GPT-NeoX", "gptj": "GPT-J", "opt": "OPT", "llama": "Llama", "mistral": "Mistral",
+        "qwen2": "Qwen2", "gemma": "Gemma (", "phi3": "Phi-3", "bert": "BERT", "roberta": "RoBERTa", "gemma2": "Gemma 2",
+        "gemma3": "Gemma 3", "qwen3": "Qwen3", "olmo2": "OLMo-2", "mixtral": "Mixtral", "phi": "Phi-1/2",
+        "falcon": "Falcon", "cohere": "Cohere", "starcoder2": "Starcoder2", "stablelm": "StableLM"}
+COLUMNS = ["family (config in the matrix)", "patterns, classify", "ablate", "attribute", "circuit", "doctor",
+           "dashboard", "does not, and why", "parity: pattern / ablation"]
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/models.md"])
+def test_the_matrix_on_the_page_has_every_family_and_command(page):
+    """The published table: its header row, a column per command, one row per family of FAMILIES; a family
+    with a known bug says so in its row. The claims the tests check name real commands."""
+    for fam in FAMILIES.values():
+        assert set(fam.refuses) | set(fam.known) <= set(CLAIMS) and not set(fam.refuses) & set(fam.known)
+    text = (Path(__file__).resolve().parents[2] / page).read_text(encoding="utf-8")
+    lines = text[text.index("## Architectures"):].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| family"))
+    assert [c.strip() for c in lines[start].strip("|").split("|")] == COLUMNS and lines[start + 1].startswith("|---")
+    rows = list(itertools.takewhile(lambda line: line.startswith("|"), lines[start + 2:]))  # the table's body
+    assert len(rows) == len(FAMILIES) == len(ROWS)
+    for name, fam in FAMILIES.items():
+        row = next(r for r in rows if r.startswith(f"| {ROWS[name]}"))
+        assert len(row.strip("|").split("|")) == len(COLUMNS), row
+        assert ("known bug" in row) is bool(fam.known), (name, row)
