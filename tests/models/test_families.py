@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -285,20 +286,26 @@ def test_circuit_at_named_positions(built, family):
 
 @pytest.mark.parametrize("family", claims("doctor"))
 def test_doctor_passes_or_says_why_it_cannot_tell(built, family):
-    """Random weights: the doctor cannot separate head layouts by loss. It must say inconclusive with its
-    reason, or pass on evidence the weights fix (a QK norm's width), never fail or crash."""
-    from headlens.doctor import check_checkpoint
+    """``headlens doctor`` as a user runs it. Random weights: it cannot separate head layouts by loss, so it
+    says inconclusive (exit 9) with its reasons, or passes (exit 0) on evidence the weights fix (a QK norm's
+    width); never fails, never a traceback. An encoder is refused in one line."""
+    from typer.testing import CliRunner
+
+    from headlens.cli import app
 
     b, fam = built(family), FAMILIES[family]
-    with _refused(fam, "doctor"):
-        report = check_checkpoint(b.path, n_rows=4, seq_len=32)
-        assert report.verdict in ("passed", "inconclusive"), str(report)
-        if report.verdict == "passed":
-            assert (report.inferred_n_heads, report.inferred_n_kv_heads) == (N_HEADS, fam.n_kv_heads), str(report)
-        else:
-            assert not report.passed and "no source separates the layouts" in str(report)
-            assert report.warnings, str(report)  # why each source could not tell
-
+    result = CliRunner().invoke(app, ["doctor", f"hf:{b.path}", "--rows", "4", "--seq-len", "32", "--json", "-q"])
+    assert isinstance(result.exception, SystemExit | None) and "Traceback" not in result.output, result.output
+    if why := fam.refuses.get("doctor"):
+        lines = result.stderr.strip().splitlines()
+        assert result.exit_code not in (0, 8, 9) and len(lines) == 1 and why in lines[0], result.output
+        return
+    report = json.loads(result.stdout)
+    assert (result.exit_code, report["verdict"]) in ((0, "passed"), (9, "inconclusive")), result.output
+    if report["verdict"] == "passed":
+        assert (report["inferred_n_heads"], report["inferred_n_kv_heads"]) == (N_HEADS, fam.n_kv_heads), report
+    else:
+        assert not report["passed"] and report["warnings"], report  # why each source could not tell
 
 ROWS = {"gpt2": "GPT-2", "gpt_neox": "GPT-NeoX", "gptj": "GPT-J", "opt": "OPT", "llama": "Llama", "mistral": "Mistral",
         "qwen2": "Qwen2", "gemma": "Gemma (", "phi3": "Phi-3", "bert": "BERT", "roberta": "RoBERTa", "gemma2": "Gemma 2",
