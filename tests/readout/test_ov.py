@@ -17,14 +17,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_families import _ALL, FAMILIES, JOINING, build, load_eager, save_tokenizer
+from hf_families import _ALL, FAMILIES, build, load_eager, save_tokenizer
 
 import headlens
 from headlens.readout.ov import effective_embedding, folded_unembed, readout, unsupported
 
-# issue 38's new families are left out: the reference below disagrees with the readout on Phi-1/2, Falcon, Cohere,
-# OLMo-2, Starcoder2 and StableLM (parallel blocks, post-norms, LayerNorm without centring here), not yet told apart
-CAUSAL = [*sorted(f for f, fam in FAMILIES.items() if fam.causal and f not in JOINING), "gemma3"]
+# left out: the reference below disagrees with the readout on these (parallel blocks, post-norms, LayerNorm without
+# centring here); which of the two is wrong is not yet told apart (README's matrix: weight scores not yet checked)
+UNCHECKED = ("phi", "falcon", "cohere", "olmo2", "starcoder2", "stablelm")
+CAUSAL = sorted(f for f, fam in FAMILIES.items() if fam.causal and f not in UNCHECKED)
 FINAL_NORM = {"gpt2": "transformer.ln_f", "gptj": "transformer.ln_f", "gpt_neox": "gpt_neox.final_layer_norm",
               "opt": "model.decoder.final_layer_norm"}  # the others: model.norm
 POSITIONS = {"gpt2": "transformer.wpe", "opt": "model.decoder.embed_positions"}
