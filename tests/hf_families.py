@@ -71,7 +71,7 @@ _ENCODER = dict(refuses={**_NO_FORKS["refuses"], "circuit_receiver": "this model
 
 # The architecture matrix (README "## Architectures"): every command is tested on every family here
 # (tests/models/test_families.py; attribute in tests/readout/test_dla_families.py). Post-norms (Gemma 2/3,
-# OLMo-2), QK norms (Gemma 3, Qwen3, OLMo-2, Cohere, StableLM), head width != d_model / n_heads (Gemma, Gemma 2/3,
+# OLMo-2), QK norms (Gemma 3, Qwen3, OLMo-2, Cohere, StableLM), head width != d_model / n_heads (Gemma, Gemma 3,
 # Qwen3), sliding and global layers (Mistral, Gemma 2/3, Starcoder2), experts (Mixtral), parallel attention and
 # MLP (Phi-1/2, Falcon, Cohere), soft-capping (Gemma 2).
 FAMILIES: dict[str, Family] = {f.name: f for f in [
