@@ -102,11 +102,17 @@ def run_ablate(model: str | None, heads: str | None, method: str, metric: str, p
                batch_size: int | None, n_control: int, control: str, seed: int, quiet: bool, resume: Path | None,
                device: str, dtype: str, trust_remote_code: bool) -> None:
     """The command body: every argument checked before the model loads, errors left to the caller."""
+    from headlens.cli import precheck
+    from headlens.zoo import names
+
+    precheck.check_model(model)  # mistyped names: refused before torch loads
+    opt.check_choice("--method", method, names.METHODS)
+    precheck.check_names("metric", metric, names.METRICS)
+    opt.check_choice("--control", control, names.CONTROLS)
     from rich.console import Console
 
     from headlens.cli.progress import is_terminal, progress
     from headlens.interventions.ablation import AblationError, check_method, parse_heads
-    from headlens.interventions.controls import CONTROLS
     from headlens.interventions.metrics import get_metric
     from headlens.interventions.sweep import sweep
     from headlens.scoring.classification import resolve_model
@@ -118,7 +124,6 @@ def run_ablate(model: str | None, heads: str | None, method: str, metric: str, p
     metrics = [get_metric(m.strip()).name for m in metric.split(",") if m.strip()]
     if not metrics:
         raise AblationError(f"--metric {metric!r} names no metric")
-    opt.check_choice("--control", control, CONTROLS)
     dtype = opt.check_dtype(dtype)
     if corpus is not None and prompts is not None:
         raise AblationError("give --prompts or --corpus, not both")

@@ -62,6 +62,9 @@ def run_attribute(model: str | None, prompt: str | None, prompts: Path | None, t
                   batch_size: int | None, n_boot: int, out: Path | None, seed: int, quiet: bool, device: str,
                   dtype: str, trust_remote_code: bool) -> None:
     """The command body: every argument checked before the model loads."""
+    from headlens.cli.precheck import check_model
+
+    check_model(model)  # a mistyped name: refused before torch loads
     from rich.console import Console
 
     from headlens.cli.ablate import prompts_arg

@@ -43,7 +43,7 @@ def register(app: typer.Typer) -> None:
         inputs: Annotated[str, typer.Option("--inputs", help="receiver inputs: letters of qkv")] = "qkv",
         metric: Annotated[str, typer.Option("--metric", help="{metrics}; or receiver:DETECTOR (the receiver's own score, "
                                             "e.g. receiver:induction; q/k edges, nothing downstream)")] = "repeated_loss",
-        method: Annotated[str, typer.Option("--method", help="mean | resample | zero | corrupted")] = "mean",
+        method: Annotated[str, typer.Option("--method", help="{edge_methods}")] = "mean",
         positions: Annotated[str | None, typer.Option(
             "--positions", help="receiver positions the prompts name, e.g. END,S2 (or all): the receiver's output "
             "is patched there only; one row per position")] = None,
@@ -69,6 +69,14 @@ def register(app: typer.Typer) -> None:
         trust_remote_code: opt.TrustRemoteCode = False,
     ) -> None:
         """Measure how heads work together: each edge's effect by exact path patching, with CI, control and composition."""
+        from headlens.cli import precheck
+        from headlens.zoo import names
+
+        precheck.check_model(model)  # mistyped names: refused before torch loads
+        opt.check_choice("--method", method, names.EDGE_METHODS)
+        precheck.check_names("metric", metric, names.METRICS, keep="receiver:")
+        if metric.startswith("receiver:"):
+            precheck.check_detectors(metric.partition(":")[2])
         from rich.console import Console
 
         from headlens.circuits.api import circuit

@@ -29,6 +29,7 @@ from typing import Annotated, Any
 import typer
 
 from headlens.cli import options as opt
+from headlens.cli import precheck
 from headlens.cli.failure import fail
 from headlens.errors import HeadlensError, ProbeError
 from headlens.scoring import defaults
@@ -265,6 +266,9 @@ def register(app: typer.Typer) -> None:
         of the prompts and rank 0 writes the table.
         """
         try:
+            precheck.check_model(model)  # a mistyped name: refused before torch loads
+            precheck.check_detectors(detectors)
+            opt.check_choice("--scan-path", scan_path, defaults.SCAN_PATHS)
             run_classify(model, detectors, prompts, n_prompts, seq_len, batch_size, seed, threshold,
                          tl_compatible, out, quiet, truncate, confirm, corpus, scan_path, resume, device,
                          {**opt.load_options(device_map, max_memory, offload_folder), "dtype": dtype,
