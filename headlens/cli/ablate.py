@@ -106,7 +106,7 @@ def run_ablate(model: str | None, heads: str | None, method: str, metric: str, p
     from headlens.zoo import names
 
     precheck.check_model(model)  # mistyped names: refused before torch loads
-    opt.check_choice("--method", method, names.METHODS)
+    opt.check_choice("ablation method", method, names.METHODS)
     precheck.check_names("metric", metric, names.METRICS)
     opt.check_choice("--control", control, names.CONTROLS)
     from rich.console import Console

@@ -73,10 +73,15 @@ def register(app: typer.Typer) -> None:
         from headlens.zoo import names
 
         precheck.check_model(model)  # mistyped names: refused before torch loads
-        opt.check_choice("--method", method, names.EDGE_METHODS)
+        opt.check_choice("edge ablation method", method, names.EDGE_METHODS)
         precheck.check_names("metric", metric, names.METRICS, keep="receiver:")
         if metric.startswith("receiver:"):
-            precheck.check_detectors(metric.partition(":")[2])
+            from headlens.errors import ConfigError, DetectorError
+
+            try:
+                precheck.check_detectors(metric.partition(":")[2])
+            except DetectorError as e:  # a bad circuit input: exit 2, like the library's own check
+                raise ConfigError(str(e)) from None
         from rich.console import Console
 
         from headlens.circuits.api import circuit
@@ -114,16 +119,20 @@ def register(app: typer.Typer) -> None:
         m = resolve_model(model, device=rank.device(device), dtype=dtype, trust_remote_code=trust_remote_code)
         scores = classify(m, seed=seed) if report is not None else None
         with progress("patching edges", quiet=quiet or not rank.is_main) as bar:
-            done = [0]
+            now = {"what": "patching edges", "total": None, "done": 0}  # the stage the library says it is in
+
+            def stage(what: str, total: int, done: int) -> None:
+                now.update(what=what, total=total, done=done)
+                bar.update(done, total, what)
 
             def step(n: int) -> None:
-                done[0] += n
-                bar.update(done[0])
+                now["done"] += n
+                bar.update(now["done"], now["total"], now["what"])
 
             df = circuit(m, receivers=receivers, senders=senders, inputs=inputs, metric=metric, method=method,
                          prompts=texts, n_prompts=n_prompts, n_control=n_control, per_group=per_group,
                          positions=True if halves else positions, sender_positions=sender_positions, seed=seed,
-                         labels=scores, progress=step, first_pass=first_pass)
+                         labels=scores, progress=step, first_pass=first_pass, stage=stage)
         if df is None:  # a rank other than 0
             return
         if df.attrs.get("verdict") == "inconclusive":  # discovery found no evidence: say so, not an empty circuit

@@ -27,7 +27,7 @@ CASES = [
     (["ablate", "--heads", "L0H0", "--metric", "lm_loss,repeated_los"], 2, "did you mean 'repeated_loss'"),
     (["ablate", "--heads", "L0H0", "--control", "layers"], 2, "did you mean 'layer'"),
     (["circuit", "--method", "corupted"], 2, "did you mean 'corrupted'"),
-    (["circuit", "--metric", "receiver:inducton"], 6, "did you mean 'induction'"),
+    (["circuit", "--metric", "receiver:inducton"], 2, "did you mean 'induction'"),
     (["attribute", "--model", "smolm2", "--prompt", "x"], 4, "did you mean 'smollm2'"),
     (["trajectory", "--models", "x.safetensors", "-d", "prevous_token"], 6, "did you mean 'previous_token'"),
 ]
