@@ -42,11 +42,17 @@ def prompts_arg(path: Path | None) -> list[str] | str | None:
     return read_prompts(path) if path is not None else None
 
 
+LEGEND = ("delta: ablated - clean, 95% CI over prompts; control Δ: the delta of random groups of as many heads "
+          "(--n-control, --control); beats control: the CI of delta - control Δ clears 0 in the harmful direction "
+          "('-': no control measured); attribution: the one-pass estimate of a single head's delta (attribution "
+          "patching; '-' for groups)")
+
+
 def render(df: Any, title: str) -> Any:
-    """A rich table of a sweep result (worst effect first)."""
+    """A rich table of a sweep result (worst effect first), its legend under it."""
     from rich.table import Table
 
-    table = Table(title=title)
+    table = Table(title=title, caption=LEGEND, caption_justify="left")
     for col in ("heads", "metric", "clean", "ablated", "delta", "95% CI", "control Δ", "beats control",
                 "attribution"):
         table.add_column(col, justify="left" if col in ("heads", "metric") else "right", no_wrap=True)
@@ -55,7 +61,7 @@ def render(df: Any, title: str) -> Any:
             r.heads, r.metric, f"{r.clean:.4f}", f"{r.ablated:.4f}",
             f"{r.delta:+.4f}", f"[{r.ci_low:+.4f}, {r.ci_high:+.4f}]",
             "-" if r.control_delta != r.control_delta else f"{r.control_delta:+.4f}",
-            "yes" if r.beats_control else "no",
+            "-" if r.control_delta != r.control_delta else "yes" if r.beats_control else "no",
             "-" if r.attribution != r.attribution else f"{r.attribution:+.4f}",
         )
     return table

@@ -10,12 +10,36 @@ import typer
 
 from headlens.cli import options as opt
 
+LEGEND = ("effect: the metric's change with the sender ablated on this path only (95% CI over prompts); control: "
+          "the same for random senders of the sender's layer ('-': none); composition: how much the weights compose, "
+          "z: against a null of random rotations; disagree: yes where the weights and the effect disagree; label: "
+          "classify's labels, sender -> receiver")
 
-def render(df: Any, title: str) -> Any:
-    """A rich table of an edge table, largest effect first."""
+
+def cached_scores(ref: str | None, dtype: str, device: str) -> Any:
+    """A ``classify`` table of this model that is already on disk, or None: a zoo model's shipped scores, else
+    the dashboard's store (:mod:`headlens.app.score_store`), both of the default scan. Reading them costs no
+    scan, so ``circuit`` fills its ``label`` column whenever one exists."""
+    from headlens.app import score_store
+    from headlens.scoring import defaults
+    from headlens.zoo import DEFAULT_MODEL
+    from headlens.zoo import scores as shipped
+
+    name = ref or DEFAULT_MODEL
+    table = shipped.read(name, defaults.N_PROMPTS, defaults.SEED) if dtype == "float32" else None
+    if table is None:
+        try:
+            table = score_store.read(name, defaults.N_PROMPTS, defaults.SEED, None, (dtype, device))
+        except (OSError, ValueError):  # an unreadable store is only a missing label
+            table = None
+    return table
+
+
+def render(df: Any, title: str, caption: str = LEGEND) -> Any:
+    """A rich table of an edge table, largest effect first, its legend under it."""
     from rich.table import Table
 
-    table = Table(title=title)
+    table = Table(title=title, caption=caption, caption_justify="left")
     for col in ("edge", "kv", "effect", "95% CI", "control", "composition", "z", "disagree", "label"):
         table.add_column(col, justify="left" if col in ("edge", "label") else "right", no_wrap=True)
     for _, r in df.iterrows():
@@ -117,7 +141,7 @@ def register(app: typer.Typer) -> None:
         if is_terminal():  # progress talk: in a log, the progress lines and the result say enough
             err.print(f"loading {model or DEFAULT_MODEL} ...")
         m = resolve_model(model, device=rank.device(device), dtype=dtype, trust_remote_code=trust_remote_code)
-        scores = classify(m, seed=seed) if report is not None else None
+        scores = classify(m, seed=seed) if report is not None else cached_scores(model, dtype, device)
         with progress("patching edges", quiet=quiet or not rank.is_main) as bar:
             now = {"what": "patching edges", "total": None, "done": 0}  # the stage the library says it is in
 
@@ -141,7 +165,10 @@ def register(app: typer.Typer) -> None:
             shown = df.sort_values("effect", key=abs, ascending=False)
             title = (f"{getattr(m, 'name', model)}: {metric}, {method} ablation on the direct path "
                      f"(clean {df.attrs['clean']:.4f})")
-            Console(width=None if sys.stdout.isatty() else 180).print(render(shown, title))
+            caption = LEGEND if scores is not None else LEGEND + (
+                " (empty: no classify of this model is cached; --report classifies it, or open the model once in "
+                "headlens dashboard)")
+            Console(width=None if sys.stdout.isatty() else 180).print(render(shown, title, caption))
         if "first_pass" in df.attrs:
             fp = df.attrs["first_pass"]
             rho = f", Spearman {fp['spearman']:.2f} with the exact effects" if "spearman" in fp else ""

@@ -18,16 +18,26 @@ MAX_LINES = 60  # the summary of a model whose grid fits: types list fewer heads
 
 
 
-def _cells(t: Any, r: Any, chance: float | None) -> list[str]:
-    """score (or preference), CI, lift (over chance with distractors), rest of one listed head."""
+def _cells(t: Any, r: Any, chance: float | None, power: float) -> list[str]:
+    """strength, score (or preference), CI, lift (over chance with distractors), rest of one listed head."""
     rest = fmt_number(getattr(r, "rest", None), ".2f")
+    power_cell = fmt_number(power, ".2f")
     if t.weights:
-        return [fmt_number(r.score), "weights", "-", rest]
+        return [power_cell, fmt_number(r.score), "weights", "-", rest]
     if t.preference:
         lift = float(r.preference) / chance if chance else float("nan")
         ci = f"[{fmt_number(r.preference_ci_low)}, {fmt_number(r.preference_ci_high)}]"
-        return [fmt_number(r.preference), ci, fmt_number(lift, ".1f"), rest]
-    return [fmt_number(r.score), f"[{fmt_number(r.ci_low)}, {fmt_number(r.ci_high)}]", fmt_number(r.lift, ".1f"), rest]
+        return [power_cell, fmt_number(r.preference), ci, fmt_number(lift, ".1f"), rest]
+    return [power_cell, fmt_number(r.score), f"[{fmt_number(r.ci_low)}, {fmt_number(r.ci_high)}]",
+            fmt_number(r.lift, ".1f"), rest]
+
+
+def type_name(t: Any) -> str:
+    """A type's name in the table: ``(weights)`` for a score read from the weights, ``(pref)`` with
+    distractors, ``(N rest only)`` for a resting type (N heads do nothing else; the others are listed under
+    what else they do)."""
+    return t.detector + (" (weights)" if t.ov else " (pref)" if t.preference else
+                         f" ({t.n_only} rest only)" if t.resting else "")
 
 
 def type_table(df: Any, summaries: list[Any]) -> Any:
@@ -35,27 +45,39 @@ def type_table(df: Any, summaries: list[Any]) -> Any:
     from rich import box
     from rich.table import Table
 
-    from headlens.scoring.primary import preference_chance
+    from headlens.scoring.primary import preference_chance, strength
     from headlens.viz.grid import label_mark
 
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0), pad_edge=False)  # 80 columns
-    for col in ("type", "mark", "labels", "head", "score", "95% CI", "lift", "rest"):
+    for col in ("type", "mark", "labels", "head", "strength", "score", "95% CI", "lift", "rest"):
         table.add_column(col, justify="left" if col in ("type", "mark", "head") else "right", no_wrap=True)
     for t in summaries:
         if t.n_labelled == 0 and not t.preference:
             continue
         chance = preference_chance(df, t.detector) if t.preference else None
-        name = t.detector + (" (weights)" if t.weights else " (pref)" if t.preference else
-                             f" ({t.n_only} only)" if t.resting else "")
         count = str(t.n_labelled)
         mark = label_mark(t.detector)  # the grid's abbreviation
-        if t.heads.empty:  # a resting type whose heads all do something else too (their rest: the rest column)
-            table.add_row(name, mark, count, "none", "", "", "", "")
+        if t.heads.empty:  # a resting type whose heads all do something else too: listed under that type
+            table.add_row(type_name(t), mark, count, "(all listed under another type)", "", "", "", "", "")
+        powers = strength(t.heads).tolist() if not t.heads.empty else []
         for i, r in enumerate(t.heads.itertuples()):
             first = i == 0
-            table.add_row(name if first else "", mark if first else "", count if first else "", f"L{r.layer}H{r.head}",
-                          *_cells(t, r, chance))
+            table.add_row(type_name(t) if first else "", mark if first else "", count if first else "",
+                          f"L{r.layer}H{r.head}", *_cells(t, r, chance, powers[i]))
     return table
+
+
+def legend(summaries: list[Any]) -> str:
+    """The one line under the type table: what each column means (and the marks this table uses)."""
+    parts = ["labels: heads labelled", "strength: (score - chance) / (1 - chance), one scale for all types",
+             "lift: score / chance, within a type", "rest: first-token attention"]
+    if any(t.preference for t in summaries):
+        parts.append("(pref): preference accuracy")
+    if any(t.ov for t in summaries):
+        parts.append("(weights): from the weights, not text")
+    if any(t.resting and t.n_labelled for t in summaries):
+        parts.append("(N rest only): N heads do nothing else")
+    return "; ".join(parts)
 
 
 def grid_table(df: Any) -> Any:
@@ -126,10 +148,7 @@ def print_summary(df: Any, console: Any, out: Path | None = None) -> None:
                   f"{attrs.get('scoring', 'headlens')} scores", highlight=False)
     if any(t.n_labelled or t.preference for t in summaries):
         console.print(type_table(df, summaries))
-        notes = ["rest: first-token attention"] + [n for n, on in (
-            ("(pref): preference accuracy", any(t.preference for t in summaries)),
-            ("(N only): only rest", any(t.resting and t.n_labelled for t in summaries))) if on]
-        console.print(f"[dim]{'; '.join(notes)}[/dim]", highlight=False)
+        console.print(f"[dim]{legend(summaries)}[/dim]", highlight=False)
     else:
         console.print("no head passes the label rule (ci_low >= threshold and lift >= 3)")
     if unlabelled:
