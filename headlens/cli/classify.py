@@ -267,7 +267,8 @@ def register(app: typer.Typer) -> None:
         """
         try:
             precheck.check_model(model)  # a mistyped name: refused before torch loads
-            precheck.check_detectors(detectors)
+            if prompts is None:  # a JSONL prompts file may define head types of its own ("detector": "prev")
+                precheck.check_detectors(detectors)
             opt.check_choice("--scan-path", scan_path, defaults.SCAN_PATHS)
             run_classify(model, detectors, prompts, n_prompts, seq_len, batch_size, seed, threshold,
                          tl_compatible, out, quiet, truncate, confirm, corpus, scan_path, resume, device,
