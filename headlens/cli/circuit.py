@@ -141,7 +141,12 @@ def register(app: typer.Typer) -> None:
         if is_terminal():  # progress talk: in a log, the progress lines and the result say enough
             err.print(f"loading {model or DEFAULT_MODEL} ...")
         m = resolve_model(model, device=rank.device(device), dtype=dtype, trust_remote_code=trust_remote_code)
-        scores = classify(m, seed=seed) if report is not None else cached_scores(model, dtype, device)
+        if report is not None:  # the report's labels: a classify of its own, with its own progress
+            with progress("classifying", quiet=quiet or not rank.is_main) as bar:
+                scores = classify(m, seed=seed, progress=lambda done, total, stage: bar.update(done, total,
+                                                                                          f"classifying {stage}"))
+        else:
+            scores = cached_scores(model, dtype, device)
         with progress("patching edges", quiet=quiet or not rank.is_main) as bar:
             now = {"what": "patching edges", "total": None, "done": 0}  # the stage the library says it is in
 
