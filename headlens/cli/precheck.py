@@ -24,18 +24,23 @@ def check_model(ref: str | None) -> None:
 
 def check_detectors(text: str | None) -> None:
     """Refuse an unknown built-in detector name (exit 6). ``module:attribute`` references and, when detector
-    plugins are installed, names the built-ins lack are left to the registry (a plugin may define them)."""
+    plugins are installed, names the built-ins lack are left to the registry (a plugin may define them). Once
+    the registry is imported (a caller in the same process), the names it holds count too."""
     if not text:
         return
+    import sys
+
     from headlens.zoo.names import DETECTORS, base_name, split_names, unknown_detector
 
+    registry = sys.modules.get("headlens.detectors")  # detectors registered in this process (register_detector)
+    known = list(getattr(registry, "DETECTORS", DETECTORS))
     for name in split_names(text):
         base = base_name(name)
-        if base in DETECTORS or (":" in name and base == name):
+        if base in known or (":" in name and base == name):
             continue
         if _has_plugins():
             return
-        raise unknown_detector(base, DETECTORS)
+        raise unknown_detector(base, known)
 
 
 def check_names(option: str, text: str, names: Sequence[str], keep: str | None = None) -> None:
