@@ -96,10 +96,12 @@ def time_left(elapsed: float, done: int, total: int | None) -> float | None:
 def duration(seconds: float) -> str:
     """``42 s``, ``2 min 48 s``, ``1 h 05 min``: a time left, as precise as it deserves.
 
-    >>> duration(42.4), duration(168), duration(3900)
-    ('42 s', '2 min 48 s', '1 h 05 min')
+    >>> duration(0.2), duration(42.4), duration(168), duration(3900)
+    ('<1 s', '42 s', '2 min 48 s', '1 h 05 min')
     """
     s = round(seconds)
+    if s < 1:
+        return "<1 s"
     if s < 60:
         return f"{s} s"
     if s < 3600:

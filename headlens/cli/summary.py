@@ -69,7 +69,7 @@ def type_table(df: Any, summaries: list[Any]) -> Any:
 
 def legend(summaries: list[Any]) -> str:
     """The one line under the type table: what each column means (and the marks this table uses)."""
-    parts = ["labels: heads labelled", "strength: (score - chance) / (1 - chance), one scale for all types",
+    parts = ["labels: heads with the label", "strength: (score - chance) / (1 - chance), one scale for all types",
              "lift: score / chance, within a type", "rest: first-token attention"]
     if any(t.preference for t in summaries):
         parts.append("(pref): preference accuracy")

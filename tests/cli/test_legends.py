@@ -36,7 +36,7 @@ def test_strength_is_one_scale_and_behaviour_comes_before_weights():
     lines = buf.getvalue().splitlines()
     order = [ln.split()[0] for ln in lines if ln.split() and ln.split()[0] in set(rows.detector)]
     assert order == ["induction", "previous_token", "copying", "first_token"], buf.getvalue()
-    assert any(ln.startswith("labels: heads labelled; strength: (score - chance) / (1 - chance)") for ln in lines)
+    assert any(ln.startswith("labels: heads with the label; strength: (score - chance) / (1 - chance)") for ln in lines)
     assert "first_token (0 rest only)" in buf.getvalue() and "(all listed under another type)" in buf.getvalue()
 
 
