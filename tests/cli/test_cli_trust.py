@@ -115,8 +115,8 @@ def test_weight_rows_say_weights_and_unasked_skips_are_silent():
     assert "skipped streaming" not in out
     assert "skipped streaming" in _printed(df, ["copying", "streaming"])  # asked for: told why not
     summary = next(line for line in _summary(df).splitlines() if "copying" in line).split()
-    assert summary == ["copying", "(weights)", "CPY", "1", "L0H0", "-", "0.970", "weights", "-", "-"], summary  # no
-    # baseline: no strength; CI lift rest
+    assert summary == ["copying", "CPY", "1", "L0H0", "-", "0.970", "weights", "-"], summary  # no baseline: no
+    # strength; CI, rest
 
 
 def test_confirm_names_the_metric_and_rounds():

@@ -36,8 +36,10 @@ def test_strength_is_one_scale_and_behaviour_comes_before_weights():
     lines = buf.getvalue().splitlines()
     order = [ln.split()[0] for ln in lines if ln.split() and ln.split()[0] in set(rows.detector)]
     assert order == ["induction", "previous_token", "copying", "first_token"], buf.getvalue()
-    assert any(ln.startswith("labels: heads with the label; strength: (score - chance) / (1 - chance)") for ln in lines)
-    assert "first_token (0 rest only)" in buf.getvalue() and "(all listed under another type)" in buf.getvalue()
+    assert any(ln.startswith("n: heads with the label; strength: (score - chance) / (1 - chance)") for ln in lines)
+    text = " ".join(buf.getvalue().split())
+    assert "first_token (rests)" in text and "(all listed under another type)" in text
+    assert "first_token: 0 of 1 heads only rest" in text and "read from the weights, not text: copying" in text
 
 
 def test_ablate_says_dash_without_controls_and_explains_its_columns():
