@@ -1,7 +1,8 @@
 """What ``headlens classify`` prints by default: a summary that fits a screen.
 
-For each head type its strongest heads (score, 95 % CI, lift, and ``rest``: the head's attention on the
-first token) and how many heads carry the label (:func:`headlens.scoring.summary.type_summaries`), the
+For each head type (what heads do on text first, weight scores after, resting last) its strongest heads
+(strength on the one scale of every type, score, 95 % CI, and ``rest``: the head's attention on the first
+token) and how many heads carry the label (:func:`headlens.scoring.summary.type_summaries`), the
 layer x head grid of each head's strongest label where it fits the terminal, and where the full table
 went. ``--all`` prints every labelled row instead (:func:`headlens.cli.classify.print_results`).
 """
