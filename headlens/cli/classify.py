@@ -79,7 +79,10 @@ def print_results(df: Any, console: Any, asked: list[str] | None = None) -> None
     attrs = df.attrs
     title = f"{attrs.get('model', '?')}: labelled heads ({attrs.get('scoring', 'headlens')} scores)"
     lab = labelled_heads(df)
-    table = Table(title=title)
+    table = Table(title=title, caption_justify="left", caption=(
+        "behaviour types first, weight scores after, resting last; score, its 95% CI over prompts; baseline: the "
+        "score of uniform attention (chance); lift: score / baseline, to compare heads of one type; positions: "
+        "query rows with a target; rest: first-token attention"))
     for col in ("head", "kv_head", "detector", "score", "95% CI", "baseline", "lift", "positions", "rest"):
         table.add_column(col, justify="left" if col in ("head", "detector") else "right", no_wrap=True)
     confirmed = "ablation_delta" in lab.columns
