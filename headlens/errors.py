@@ -51,3 +51,27 @@ class OutputError(HeadlensError):
     """An output path cannot be written (unwritable folder, unknown suffix)."""
 
     exit_code = 7
+
+
+def did_you_mean(value: object, choices: object) -> str:
+    """``"; did you mean 'x'?"`` naming the valid names closest to a mistyped ``value``, or ``""``.
+
+    Every "unknown name" message ends with it (detectors, models, methods, metrics, options' choices).
+
+    >>> did_you_mean("inducton", ["induction", "previous_token"])
+    "; did you mean 'induction'?"
+    >>> did_you_mean("zzz", ["induction"])
+    ''
+    """
+    import difflib
+
+    names = [str(c) for c in choices]  # type: ignore[attr-defined]
+    text = str(value)
+    close = difflib.get_close_matches(text, names, n=3, cutoff=0.6)
+    if not close:  # case and separators: 'Induction-2L', 'previous-token'
+        folded = {n.lower().replace("-", "_"): n for n in names}
+        close = [folded[m] for m in difflib.get_close_matches(text.lower().replace("-", "_"), list(folded), n=3,
+                                                              cutoff=0.6)]
+    if not close:
+        return ""
+    return "; did you mean " + " or ".join(repr(c) for c in close) + "?"

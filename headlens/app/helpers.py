@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 Head = tuple[int, int]
 
-LABELS_CHOICE = "strongest label"  # grid colouring: each head's top label (type as colour, score as intensity)
+LABELS_CHOICE = "strongest label"  # grid colouring: each head's top label (type as colour, strength as intensity)
 _HEAD_RE = re.compile(r"^\s*L(\d+)\s*H(\d+)\s*$", re.IGNORECASE)
 
 # shared scan settings: small, so a first view of a model is quick on a laptop CPU

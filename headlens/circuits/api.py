@@ -55,6 +55,14 @@ class Setup:
     composition_ref: dict[str, Any] = field(default_factory=dict)  # reference scores, once per call (edge_table)
     named: NamedPositions | None = None  # the prompts' named positions (edges restricted to them)
     ioi: Any = None  # the IOI probe, when the prompts are it
+    # called as stage(what, total, done) when a stage of `total` steps starts (its edges then come through
+    # `progress`) or, for a stage that counts itself (discovery's sweep), as it goes: the CLI's bar and time left
+    stage: Callable[[str, int, int], None] | None = None
+
+    def begin(self, what: str, total: int, done: int = 0) -> None:
+        """Tell the progress display where the work is (:attr:`stage`); nothing when no one listens."""
+        if self.stage is not None:
+            self.stage(what, total, done)
 
     def values(self, edges: Sequence[Edge]) -> tuple[Any, dict[tuple[Edge, str], np.ndarray]]:
         """``(clean, values)`` of ``edges`` on this process: ``values[edge, metric]`` per prompt; ``clean`` the
@@ -68,15 +76,17 @@ class Setup:
                                     self.progress, named=self.named)
         return clean[self.metric], values
 
-    def table(self, edges: Sequence[Edge], composition: bool = True) -> Any:
+    def table(self, edges: Sequence[Edge], composition: bool = True, what: str = "patching edges") -> Any:
         """The edge table of ``edges`` (with their controls). Under torchrun each rank patches a
-        contiguous block of the edges, rank 0 builds the table and the other ranks return None."""
+        contiguous block of the edges, rank 0 builds the table and the other ranks return None. ``what``: the
+        stage's name in the progress display."""
         from headlens.scoring.distributed import current, gather_objects, run_everywhere
 
         controls = control_edges(self.model, edges, self.n_control, self.seed)
         todo = list(dict.fromkeys([*edges, *(c for cs in controls.values() for c in cs)]))
         rank = current()
         mine = [todo[i] for i in rank.block(len(todo))]
+        self.begin(what, len(mine))
         clean, values = run_everywhere(rank, self.values, mine)
         gathered = gather_objects(rank, list(values.items()))
         if gathered is None:
@@ -90,7 +100,8 @@ class Setup:
 
 def setup(model: Any, metric: str = "repeated_loss", method: str = "mean", prompts: Sequence[Any] | None = None,
           reference: Any = None, n_prompts: int = 32, n_control: int = 8, n_boot: int = 1000, seed: int = 0,
-          fast: bool = True, labels: Any = None, progress: Callable[[int], None] | None = None) -> Setup:
+          fast: bool = True, labels: Any = None, progress: Callable[[int], None] | None = None,
+          stage: Callable[[str, int, int], None] | None = None) -> Setup:
     """Resolve the metric's task, the prompts' named positions, the reference and the sender deltas once.
 
     ``prompts`` may hold JSONL rows (dicts) that name positions by character span (:mod:`headlens.probes.named`).
@@ -118,7 +129,7 @@ def setup(model: Any, metric: str = "repeated_loss", method: str = "mean", promp
     dev = task.tokens.device
     named = NamedPositions({k: v.to(dev) for k, v in index.items()}, tuple(task.tokens.shape)) if index else None
     return Setup(model, metric, task, deltas, n_control, n_boot, seed, fast, head_labels(labels), progress,
-                 texts, named=named, ioi=ioi)
+                 texts, named=named, ioi=ioi, stage=stage)
 
 
 def split_positions(model: Any, prompts: Sequence[Any] | None) -> tuple[list[str] | None, dict[str, torch.Tensor]]:
@@ -164,6 +175,7 @@ def circuit(
     progress: Callable[[int], None] | None = None,
     device: str = "cpu",
     first_pass: int | None = None,
+    stage: Callable[[str, int, int], None] | None = None,
 ) -> Any:
     """Measure how heads work together: the edge table (ARCHITECTURE.md) for ``receivers``, or a discovered circuit.
 
@@ -202,6 +214,9 @@ def circuit(
         seed: seeds the probe, the controls, resampling, the null and the bootstrap.
         fast: the cached / batched path (same numbers as ``fast=False``, one forward per edge).
         progress: called with the number of edges just finished.
+        stage: called as ``stage(what, total, done)`` when a stage starts (``"patching edges"`` with its
+            number of edges, each discovery round, discovery's sweep of single heads as it goes), so a
+            progress display can show a fraction and a time left.
         device: where a model reference is loaded.
         first_pass: discovery only: rank each round's candidate edges by edge attribution patching (one
             forward and backward) and patch the top ``first_pass`` exactly; the rest are not measured.
@@ -240,7 +255,8 @@ def circuit(
 
         with forks(model):
             pass
-    s = setup(model, metric, method, prompts, reference, n_prompts, n_control, n_boot, seed, fast, labels, progress)
+    s = setup(model, metric, method, prompts, reference, n_prompts, n_control, n_boot, seed, fast, labels, progress,
+              stage)
     if recv is None:
         from headlens.circuits.discovery import discover
         from headlens.scoring.distributed import current

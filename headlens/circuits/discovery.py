@@ -40,7 +40,8 @@ def heads_that_matter(s: Any) -> list[Node]:
     the effect floor (:func:`~headlens.circuits.edges.effect_floor` of the clean metric)."""
     method = "mean" if s.deltas.method == "corrupted" else s.deltas.method
     df = sweep(s.model, method=method, metrics=[s.metric], prompts=s.prompts, n_prompts=s.task.n_prompts, n_control=s.n_control,
-               control="layer", n_boot=s.n_boot, seed=s.seed, attribution=False)
+               control="layer", n_boot=s.n_boot, seed=s.seed, attribution=False,
+               progress=lambda done, total: s.begin("discovery: ablating single heads", total, done))
     floor = np.array([effect_floor(c) for c in df.clean])
     worse = get_metric(s.metric).higher_is_worse
     harmful = (df.ci_low > floor) if worse else (df.ci_high < -floor)
@@ -68,11 +69,11 @@ def discover(s: Any, inputs: Sequence[str] = ("q", "k", "v"), senders: Sequence[
     roots = heads_that_matter(s)
     frontier, seen, tables = list(roots), set(roots), []
     ranked = FirstPass(s, first_pass)
-    for _ in range(MAX_DEPTH):
+    for depth in range(MAX_DEPTH):
         if not frontier:
             break
         edges = ranked.keep(make_edges(s.model, sorted(frontier), senders, inputs, strict=False))
-        df = s.table(edges)
+        df = s.table(edges, what=f"discovery round {depth + 1}: patching edges")
         ranked.compare(df)
         ranked.measured.append(df)
         keep = df[significant_mask(df)]

@@ -30,15 +30,15 @@ from typing import Any
 import torch
 
 from headlens.circuits.nodes import CircuitError, Node, has_mlp
-from headlens.errors import ProbeError
+from headlens.errors import ProbeError, did_you_mean
 from headlens.interventions.ablation import Replacement, reference_tokens
-
-METHODS = ("mean", "resample", "zero", "corrupted")
+from headlens.zoo.names import EDGE_METHODS as METHODS
 
 
 def check_method(method: str) -> str:
     if method not in METHODS:
-        raise CircuitError(f"unknown edge ablation method {method!r}; expected one of {', '.join(METHODS)}")
+        raise CircuitError(f"unknown edge ablation method {method!r}; expected one of {', '.join(METHODS)}"
+                           f"{did_you_mean(method, METHODS)}")
     return method
 
 

@@ -42,11 +42,17 @@ def prompts_arg(path: Path | None) -> list[str] | str | None:
     return read_prompts(path) if path is not None else None
 
 
+LEGEND = ("delta: ablated - clean, 95% CI over prompts; control Δ: the delta of random groups of as many heads "
+          "(--n-control, --control); beats control: the CI of delta - control Δ clears 0 in the harmful direction "
+          "('-': no control measured); attribution: the one-pass estimate of a single head's delta (attribution "
+          "patching; '-' for groups)")
+
+
 def render(df: Any, title: str) -> Any:
-    """A rich table of a sweep result (worst effect first)."""
+    """A rich table of a sweep result (worst effect first), its legend under it."""
     from rich.table import Table
 
-    table = Table(title=title)
+    table = Table(title=title, caption=LEGEND, caption_justify="left")
     for col in ("heads", "metric", "clean", "ablated", "delta", "95% CI", "control Δ", "beats control",
                 "attribution"):
         table.add_column(col, justify="left" if col in ("heads", "metric") else "right", no_wrap=True)
@@ -55,7 +61,7 @@ def render(df: Any, title: str) -> Any:
             r.heads, r.metric, f"{r.clean:.4f}", f"{r.ablated:.4f}",
             f"{r.delta:+.4f}", f"[{r.ci_low:+.4f}, {r.ci_high:+.4f}]",
             "-" if r.control_delta != r.control_delta else f"{r.control_delta:+.4f}",
-            "yes" if r.beats_control else "no",
+            "-" if r.control_delta != r.control_delta else "yes" if r.beats_control else "no",
             "-" if r.attribution != r.attribution else f"{r.attribution:+.4f}",
         )
     return table
@@ -102,11 +108,17 @@ def run_ablate(model: str | None, heads: str | None, method: str, metric: str, p
                batch_size: int | None, n_control: int, control: str, seed: int, quiet: bool, resume: Path | None,
                device: str, dtype: str, trust_remote_code: bool) -> None:
     """The command body: every argument checked before the model loads, errors left to the caller."""
+    from headlens.cli import precheck
+    from headlens.zoo import names
+
+    precheck.check_model(model)  # mistyped names: refused before torch loads
+    opt.check_choice("ablation method", method, names.METHODS)
+    precheck.check_names("metric", metric, names.METRICS)
+    opt.check_choice("--control", control, names.CONTROLS)
     from rich.console import Console
 
     from headlens.cli.progress import is_terminal, progress
     from headlens.interventions.ablation import AblationError, check_method, parse_heads
-    from headlens.interventions.controls import CONTROLS
     from headlens.interventions.metrics import get_metric
     from headlens.interventions.sweep import sweep
     from headlens.scoring.classification import resolve_model
@@ -118,7 +130,6 @@ def run_ablate(model: str | None, heads: str | None, method: str, metric: str, p
     metrics = [get_metric(m.strip()).name for m in metric.split(",") if m.strip()]
     if not metrics:
         raise AblationError(f"--metric {metric!r} names no metric")
-    opt.check_choice("--control", control, CONTROLS)
     dtype = opt.check_dtype(dtype)
     if corpus is not None and prompts is not None:
         raise AblationError("give --prompts or --corpus, not both")

@@ -15,7 +15,9 @@ def render(rows: Any, title: str) -> Any:
     """A rich table of summary rows: component, mean attribution, its 95 % CI, share of the total."""
     from rich.table import Table
 
-    table = Table(title=title)
+    table = Table(title=title, caption="attribution: what the component writes into the logit (the final norm's "
+                  "scale frozen), mean over prompts, 95% CI over prompts ('-': one prompt); share: of the total",
+                  caption_justify="left")
     for col in ("component", "attribution", "95% CI", "share"):
         table.add_column(col, justify="left" if col == "component" else "right", no_wrap=True)
     for _, r in rows.iterrows():
@@ -62,6 +64,9 @@ def run_attribute(model: str | None, prompt: str | None, prompts: Path | None, t
                   batch_size: int | None, n_boot: int, out: Path | None, seed: int, quiet: bool, device: str,
                   dtype: str, trust_remote_code: bool) -> None:
     """The command body: every argument checked before the model loads."""
+    from headlens.cli.precheck import check_model
+
+    check_model(model)  # a mistyped name: refused before torch loads
     from rich.console import Console
 
     from headlens.cli.ablate import prompts_arg

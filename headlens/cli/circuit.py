@@ -10,12 +10,36 @@ import typer
 
 from headlens.cli import options as opt
 
+LEGEND = ("effect: the metric's change with the sender ablated on this path only (95% CI over prompts); control: "
+          "the same for random senders of the sender's layer ('-': none); composition: how much the weights compose, "
+          "z: against a null of random rotations; disagree: yes where the weights and the effect disagree; label: "
+          "classify's labels, sender -> receiver")
 
-def render(df: Any, title: str) -> Any:
-    """A rich table of an edge table, largest effect first."""
+
+def cached_scores(ref: str | None, dtype: str, device: str) -> Any:
+    """A ``classify`` table of this model that is already on disk, or None: a zoo model's shipped scores, else
+    the dashboard's store (:mod:`headlens.app.score_store`), both of the default scan. Reading them costs no
+    scan, so ``circuit`` fills its ``label`` column whenever one exists."""
+    from headlens.app import score_store
+    from headlens.scoring import defaults
+    from headlens.zoo import DEFAULT_MODEL
+    from headlens.zoo import scores as shipped
+
+    name = ref or DEFAULT_MODEL
+    table = shipped.read(name, defaults.N_PROMPTS, defaults.SEED) if dtype == "float32" else None
+    if table is None:
+        try:
+            table = score_store.read(name, defaults.N_PROMPTS, defaults.SEED, None, (dtype, device))
+        except (OSError, ValueError):  # an unreadable store is only a missing label
+            table = None
+    return table
+
+
+def render(df: Any, title: str, caption: str = LEGEND) -> Any:
+    """A rich table of an edge table, largest effect first, its legend under it."""
     from rich.table import Table
 
-    table = Table(title=title)
+    table = Table(title=title, caption=caption, caption_justify="left")
     for col in ("edge", "kv", "effect", "95% CI", "control", "composition", "z", "disagree", "label"):
         table.add_column(col, justify="left" if col in ("edge", "label") else "right", no_wrap=True)
     for _, r in df.iterrows():
@@ -43,7 +67,7 @@ def register(app: typer.Typer) -> None:
         inputs: Annotated[str, typer.Option("--inputs", help="receiver inputs: letters of qkv")] = "qkv",
         metric: Annotated[str, typer.Option("--metric", help="{metrics}; or receiver:DETECTOR (the receiver's own score, "
                                             "e.g. receiver:induction; q/k edges, nothing downstream)")] = "repeated_loss",
-        method: Annotated[str, typer.Option("--method", help="mean | resample | zero | corrupted")] = "mean",
+        method: Annotated[str, typer.Option("--method", help="{edge_methods}")] = "mean",
         positions: Annotated[str | None, typer.Option(
             "--positions", help="receiver positions the prompts name, e.g. END,S2 (or all): the receiver's output "
             "is patched there only; one row per position")] = None,
@@ -69,6 +93,19 @@ def register(app: typer.Typer) -> None:
         trust_remote_code: opt.TrustRemoteCode = False,
     ) -> None:
         """Measure how heads work together: each edge's effect by exact path patching, with CI, control and composition."""
+        from headlens.cli import precheck
+        from headlens.zoo import names
+
+        precheck.check_model(model)  # mistyped names: refused before torch loads
+        opt.check_choice("edge ablation method", method, names.EDGE_METHODS)
+        precheck.check_names("metric", metric, names.METRICS, keep="receiver:")
+        if metric.startswith("receiver:"):
+            from headlens.errors import ConfigError, DetectorError
+
+            try:
+                precheck.check_detectors(metric.partition(":")[2])
+            except DetectorError as e:  # a bad circuit input: exit 2, like the library's own check
+                raise ConfigError(str(e)) from None
         from rich.console import Console
 
         from headlens.circuits.api import circuit
@@ -104,18 +141,27 @@ def register(app: typer.Typer) -> None:
         if is_terminal():  # progress talk: in a log, the progress lines and the result say enough
             err.print(f"loading {model or DEFAULT_MODEL} ...")
         m = resolve_model(model, device=rank.device(device), dtype=dtype, trust_remote_code=trust_remote_code)
-        scores = classify(m, seed=seed) if report is not None else None
+        if report is not None:  # the report's labels: a classify of its own, with its own progress
+            with progress("classifying", quiet=quiet or not rank.is_main) as bar:
+                scores = classify(m, seed=seed, progress=lambda done, total, stage: bar.update(done, total,
+                                                                                          f"classifying {stage}"))
+        else:
+            scores = cached_scores(model, dtype, device)
         with progress("patching edges", quiet=quiet or not rank.is_main) as bar:
-            done = [0]
+            now = {"what": "patching edges", "total": None, "done": 0}  # the stage the library says it is in
+
+            def stage(what: str, total: int, done: int) -> None:
+                now.update(what=what, total=total, done=done)
+                bar.update(done, total, what)
 
             def step(n: int) -> None:
-                done[0] += n
-                bar.update(done[0])
+                now["done"] += n
+                bar.update(now["done"], now["total"], now["what"])
 
             df = circuit(m, receivers=receivers, senders=senders, inputs=inputs, metric=metric, method=method,
                          prompts=texts, n_prompts=n_prompts, n_control=n_control, per_group=per_group,
                          positions=True if halves else positions, sender_positions=sender_positions, seed=seed,
-                         labels=scores, progress=step, first_pass=first_pass)
+                         labels=scores, progress=step, first_pass=first_pass, stage=stage)
         if df is None:  # a rank other than 0
             return
         if df.attrs.get("verdict") == "inconclusive":  # discovery found no evidence: say so, not an empty circuit
@@ -124,7 +170,10 @@ def register(app: typer.Typer) -> None:
             shown = df.sort_values("effect", key=abs, ascending=False)
             title = (f"{getattr(m, 'name', model)}: {metric}, {method} ablation on the direct path "
                      f"(clean {df.attrs['clean']:.4f})")
-            Console(width=None if sys.stdout.isatty() else 180).print(render(shown, title))
+            caption = LEGEND if scores is not None else LEGEND + (
+                " (empty: no classify of this model is cached; --report classifies it, or open the model once in "
+                "headlens dashboard)")
+            Console(width=None if sys.stdout.isatty() else 180).print(render(shown, title, caption))
         if "first_pass" in df.attrs:
             fp = df.attrs["first_pass"]
             rho = f", Spearman {fp['spearman']:.2f} with the exact effects" if "spearman" in fp else ""

@@ -29,6 +29,7 @@ from typing import Annotated, Any
 import typer
 
 from headlens.cli import options as opt
+from headlens.cli import precheck
 from headlens.cli.failure import fail
 from headlens.errors import HeadlensError, ProbeError
 from headlens.scoring import defaults
@@ -78,7 +79,10 @@ def print_results(df: Any, console: Any, asked: list[str] | None = None) -> None
     attrs = df.attrs
     title = f"{attrs.get('model', '?')}: labelled heads ({attrs.get('scoring', 'headlens')} scores)"
     lab = labelled_heads(df)
-    table = Table(title=title)
+    table = Table(title=title, caption_justify="left", caption=(
+        "behaviour types first, weight scores after, resting last; score, its 95% CI over prompts; baseline: the "
+        "score of uniform attention (chance); lift: score / baseline, to compare heads of one type; positions: "
+        "query rows with a target; rest: first-token attention"))
     for col in ("head", "kv_head", "detector", "score", "95% CI", "baseline", "lift", "positions", "rest"):
         table.add_column(col, justify="left" if col in ("head", "detector") else "right", no_wrap=True)
     confirmed = "ablation_delta" in lab.columns
@@ -265,6 +269,10 @@ def register(app: typer.Typer) -> None:
         of the prompts and rank 0 writes the table.
         """
         try:
+            precheck.check_model(model)  # a mistyped name: refused before torch loads
+            if prompts is None:  # a JSONL prompts file may define head types of its own ("detector": "prev")
+                precheck.check_detectors(detectors)
+            opt.check_choice("--scan-path", scan_path, defaults.SCAN_PATHS)
             run_classify(model, detectors, prompts, n_prompts, seq_len, batch_size, seed, threshold,
                          tl_compatible, out, quiet, truncate, confirm, corpus, scan_path, resume, device,
                          {**opt.load_options(device_map, max_memory, offload_folder), "dtype": dtype,

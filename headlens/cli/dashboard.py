@@ -23,33 +23,6 @@ from headlens.cli import options as opt
 HOST = "127.0.0.1"
 
 
-def _check_reference(ref: str) -> None:
-    """Refuse a model reference that cannot possibly load, before starting a server for it."""
-    from pathlib import Path
-
-    from headlens.errors import ModelReferenceError
-    from headlens.models.loading import describe_references
-    from headlens.zoo import ZOO
-
-    if ref in ZOO or ref == "minilm":
-        return
-    from headlens.models.hf.gguf import parse_reference
-
-    gguf = parse_reference(ref)  # smollm2 without its package says how to install it
-    if gguf is not None:
-        if not gguf.is_file():
-            raise ModelReferenceError(f"no GGUF file at {str(gguf)!r}")
-        return
-    if ref.startswith("hf:"):
-        from headlens.models.hf.hub import split_reference
-
-        split_reference(ref[3:])  # a malformed reference fails here; a hub name is resolved by the page
-        return
-    target = Path(ref).expanduser()
-    if not target.exists():
-        raise ModelReferenceError(f"unknown model reference {ref!r}; expected {describe_references()}")
-
-
 def _check_port(port: int) -> None:
     import socket
 
@@ -179,7 +152,9 @@ def register(app: typer.Typer) -> None:
         from headlens.models.placement import dtype_name, resolve_device
 
         if model:
-            _check_reference(model.strip())
+            from headlens.models.loading import check_reference
+
+            check_reference(model.strip())
             os.environ[MODEL_ENV] = model.strip()
         # refuse a bad or unavailable one before serving, but import no torch for the CPU: imported here, torch
         # held the server's start back by the second or two it takes (the warm-up thread imports it beside)

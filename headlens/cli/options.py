@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from headlens.errors import ConfigError
+from headlens.errors import ConfigError, did_you_mean
 
 EXIT_CODES = {  # documented in every command's --help and in docs/cli.md
     0: "success",
@@ -36,11 +36,12 @@ EXIT_CODES_HELP = "Exit codes: " + "; ".join(f"{code} {what}" for code, what in 
 
 # placeholder -> (module, name) of the registry that lists its choices; read only when --help is asked for
 CHOICES: dict[str, tuple[str, str]] = {
-    "metrics": ("headlens.interventions.metrics", "METRICS"),
+    "metrics": ("headlens.zoo.names", "METRICS"),
     "detectors": ("headlens.detectors", "all_detectors"),  # a function: entry-point plugins included
     "recipes": ("headlens.training.recipes", "RECIPES"),
-    "methods": ("headlens.interventions.ablation", "METHODS"),
-    "controls": ("headlens.interventions.controls", "CONTROLS"),
+    "methods": ("headlens.zoo.names", "METHODS"),
+    "edge_methods": ("headlens.zoo.names", "EDGE_METHODS"),
+    "controls": ("headlens.zoo.names", "CONTROLS"),
     "scan_paths": ("headlens.scoring.defaults", "SCAN_PATHS"),
     "corpora": ("headlens.probes.base", "CORPORA"),
     "dtypes": ("headlens.models.placement", "DTYPES"),
@@ -81,7 +82,8 @@ def check_choice(option: str, value: str, choices: Sequence[str]) -> str:
     'dense'
     """
     if value not in choices:
-        raise ConfigError(f"unknown {option} {value!r}; expected one of {', '.join(choices)}")
+        raise ConfigError(f"unknown {option} {value!r}; expected one of {', '.join(choices)}"
+                          f"{did_you_mean(value, choices)}")
     return value
 
 
@@ -107,7 +109,8 @@ BatchSize = Annotated[int, typer.Option("--batch-size", min=1, help="prompts per
 Seed = Annotated[int, typer.Option("--seed", help="seeds the probes, the bootstrap (and controls, resampling)")]
 Threshold = Annotated[float | None, typer.Option(
     "--threshold", min=0.0, max=1.0, help="label a head when ci_low >= this and lift >= 3 (default 0.4 "
-    "for the pattern detectors; the weight detectors keep their own: copying 0.05)")]
+    "for the pattern detectors; the weight detectors keep their own: copying 0.05; the name movers, unless it is "
+    "given, need ci_low above their uniform baseline instead)")]
 ScanPath = Annotated[str, typer.Option(
     "--scan-path", help="{scan_paths}: dense reads the attention pattern; sparse reads q, k and each row's "
     "log-sum-exp (no T x T pattern: long contexts)")]

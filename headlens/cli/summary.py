@@ -1,13 +1,15 @@
 """What ``headlens classify`` prints by default: a summary that fits a screen.
 
-For each head type its strongest heads (score, 95 % CI, lift, and ``rest``: the head's attention on the
-first token) and how many heads carry the label (:func:`headlens.scoring.summary.type_summaries`), the
+For each head type (what heads do on text first, weight scores after, resting last) its strongest heads
+(strength on the one scale of every type, score, 95 % CI, and ``rest``: the head's attention on the first
+token) and how many heads carry the label (:func:`headlens.scoring.summary.type_summaries`), the
 layer x head grid of each head's strongest label where it fits the terminal, and where the full table
 went. ``--all`` prints every labelled row instead (:func:`headlens.cli.classify.print_results`).
 """
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +20,23 @@ MAX_LINES = 60  # the summary of a model whose grid fits: types list fewer heads
 
 
 
-def _cells(t: Any, r: Any, chance: float | None) -> list[str]:
-    """score (or preference), CI, lift (over chance with distractors), rest of one listed head."""
+def _cells(t: Any, r: Any, power: float) -> list[str]:
+    """strength, score (or preference), CI, rest of one listed head. Lift is left to ``--all`` and the table:
+    it compares heads of one type, and this table lists many types."""
     rest = fmt_number(getattr(r, "rest", None), ".2f")
+    power_cell = fmt_number(power, ".2f")
     if t.weights:
-        return [fmt_number(r.score), "weights", "-", rest]
+        return [power_cell, fmt_number(r.score), "weights", rest]
     if t.preference:
-        lift = float(r.preference) / chance if chance else float("nan")
         ci = f"[{fmt_number(r.preference_ci_low)}, {fmt_number(r.preference_ci_high)}]"
-        return [fmt_number(r.preference), ci, fmt_number(lift, ".1f"), rest]
-    return [fmt_number(r.score), f"[{fmt_number(r.ci_low)}, {fmt_number(r.ci_high)}]", fmt_number(r.lift, ".1f"), rest]
+        return [power_cell, fmt_number(r.preference), ci, rest]
+    return [power_cell, fmt_number(r.score), f"[{fmt_number(r.ci_low)}, {fmt_number(r.ci_high)}]", rest]
+
+
+def type_name(t: Any) -> str:
+    """A type's name in the table: ``(pref)`` with distractors, ``(rests)`` for a resting type (the legend says
+    which types are read from the weights and how many heads only rest)."""
+    return t.detector + (" (pref)" if t.preference else " (rests)" if t.resting else "")
 
 
 def type_table(df: Any, summaries: list[Any]) -> Any:
@@ -35,27 +44,38 @@ def type_table(df: Any, summaries: list[Any]) -> Any:
     from rich import box
     from rich.table import Table
 
-    from headlens.scoring.primary import preference_chance
+    from headlens.scoring.primary import strength
     from headlens.viz.grid import label_mark
 
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0), pad_edge=False)  # 80 columns
-    for col in ("type", "mark", "labels", "head", "score", "95% CI", "lift", "rest"):
+    for col in ("type", "mark", "n", "head", "strength", "score", "95% CI", "rest"):
         table.add_column(col, justify="left" if col in ("type", "mark", "head") else "right", no_wrap=True)
     for t in summaries:
         if t.n_labelled == 0 and not t.preference:
             continue
-        chance = preference_chance(df, t.detector) if t.preference else None
-        name = t.detector + (" (weights)" if t.weights else " (pref)" if t.preference else
-                             f" ({t.n_only} only)" if t.resting else "")
         count = str(t.n_labelled)
         mark = label_mark(t.detector)  # the grid's abbreviation
-        if t.heads.empty:  # a resting type whose heads all do something else too (their rest: the rest column)
-            table.add_row(name, mark, count, "none", "", "", "", "")
+        if t.heads.empty:  # a resting type whose heads all do something else too: listed under that type
+            table.add_row(type_name(t), mark, count, "(all listed under another type)", "", "", "", "")
+        powers = strength(t.heads).tolist() if not t.heads.empty else []
         for i, r in enumerate(t.heads.itertuples()):
             first = i == 0
-            table.add_row(name if first else "", mark if first else "", count if first else "", f"L{r.layer}H{r.head}",
-                          *_cells(t, r, chance))
+            table.add_row(type_name(t) if first else "", mark if first else "", count if first else "",
+                          f"L{r.layer}H{r.head}", *_cells(t, r, powers[i]))
     return table
+
+
+def legend(summaries: list[Any]) -> str:
+    """The one line under the type table: what each column means (and the marks this table uses)."""
+    parts = ["n: heads with the label", "strength: (score - chance) / (1 - chance), one scale for all types "
+             "(lift, within a type: --all)", "rest: first-token attention"]
+    if any(t.preference for t in summaries):
+        parts.append("(pref): preference accuracy")
+    if ov := [t.detector for t in summaries if t.ov and t.n_labelled]:
+        parts.append(f"read from the weights, not text: {', '.join(ov)}")
+    parts += [f"{t.detector}: {t.n_only} of {t.n_labelled} heads only rest (listed), the others are listed under "
+              f"what else they do" for t in summaries if t.resting and t.n_labelled]
+    return "; ".join(parts)
 
 
 def grid_table(df: Any) -> Any:
@@ -120,29 +140,27 @@ def print_summary(df: Any, console: Any, out: Path | None = None) -> None:
     summaries = type_summaries(df)
     unlabelled = [t.detector for t in summaries if t.n_labelled == 0 and not t.preference]
     fits = grid_fits(df, console.width)
-    fixed = 6 + bool(unlabelled) + (L + 2 if fits else 0)  # title, header, rule, 2 notes, footer; the grid
-    summaries = fit_lines(summaries, MAX_LINES - fixed)
+    where = f"in {out}" if out is not None else "not written (--out scores.csv|.parquet|.json)"
+    notes = [legend(summaries), f"no label: {', '.join(unlabelled)}" if unlabelled else "",
+             "each head's strongest label, marked as in the table (dim: it only rests; · none)" if fits else
+             f"the {L} x {H} grid does not fit here: --report FILE.html, or headlens dashboard",
+             f"full table ({len(df)} rows): {where}; every labelled row: --all"]
+    width = max(int(console.width), 1)
+    fixed = 3 + sum(len(textwrap.wrap(n, width)) for n in notes) + (L + 2 if fits else 0)  # title, header, rule
+    summaries = fit_lines(summaries, MAX_LINES - fixed)  # the notes as this terminal wraps them; the grid
     console.print(f"[bold]{attrs.get('model', '?')}[/bold]: {L * H} heads ({L} layers x {H}), "
                   f"{attrs.get('scoring', 'headlens')} scores", highlight=False)
     if any(t.n_labelled or t.preference for t in summaries):
         console.print(type_table(df, summaries))
-        notes = ["rest: first-token attention"] + [n for n, on in (
-            ("(pref): preference accuracy", any(t.preference for t in summaries)),
-            ("(N only): only rest", any(t.resting and t.n_labelled for t in summaries))) if on]
-        console.print(f"[dim]{'; '.join(notes)}[/dim]", highlight=False)
+        console.print(f"[dim]{notes[0]}[/dim]", highlight=False)
     else:
         console.print("no head passes the label rule (ci_low >= threshold and lift >= 3)")
     if unlabelled:
-        console.print(f"[dim]no label: {', '.join(unlabelled)}[/dim]", highlight=False)
+        console.print(f"[dim]{notes[1]}[/dim]", highlight=False)
     if fits:
         console.print(grid_table(df))
-        console.print("[dim]each head's strongest label, marked as in the table (dim: it only rests; · none)[/dim]",
-                      highlight=False)
-    else:
-        console.print(f"[dim]the {L} x {H} grid does not fit here: --report FILE.html, or headlens dashboard[/dim]",
-                      highlight=False)
-    where = f"in {out}" if out is not None else "not written (--out scores.csv|.parquet|.json)"
-    console.print(f"[dim]full table ({len(df)} rows): {where}; every labelled row: --all[/dim]", highlight=False)
+    console.print(f"[dim]{notes[2]}[/dim]", highlight=False)
+    console.print(f"[dim]{notes[3]}[/dim]", highlight=False)
 
 
 def print_confirmation(df: Any, console: Any) -> None:

@@ -94,6 +94,9 @@ def run_trajectory(models: list[str], detectors: str | None, n_prompts: int, seq
                    seed: int, out: Path | None, figure: Path | None, quiet: bool, resume: Path | None,
                    device: str, load_options: dict[str, Any], threshold: float | None = None) -> None:
     """The command body: library calls only, errors left to the caller."""
+    from headlens.cli.precheck import check_detectors
+
+    check_detectors(detectors)  # a mistyped name: refused before torch loads
     from rich.console import Console
 
     from headlens.cli.progress import progress

@@ -26,7 +26,6 @@ From the CLI a ``module:attribute`` reference also works: ``--detectors mypkg.he
 from __future__ import annotations
 
 import importlib
-import re
 import warnings
 from typing import Any
 
@@ -49,6 +48,8 @@ from headlens.detectors import (
 )
 from headlens.detectors.base import Detector
 from headlens.errors import DetectorError
+from headlens.zoo.names import _CALL, ENTRY_POINT_GROUP, split_names, unknown_detector
+from headlens.zoo.names import DETECTORS as BUILTIN_NAMES
 
 DETECTORS: dict[str, Detector] = {
     d.name: d
@@ -74,13 +75,14 @@ DETECTORS: dict[str, Detector] = {
         name_mover.NEGATIVE_DETECTOR,
     )
 }
-_CALL = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*\((.*)\)\s*$")
 
 
 BUILTIN = frozenset(DETECTORS)
+if tuple(DETECTORS) != BUILTIN_NAMES:  # the CLI checks names against the torch-free list before torch loads
+    raise RuntimeError(f"headlens.zoo.names.DETECTORS {BUILTIN_NAMES} lists other detectors than the "
+                       f"registry {tuple(DETECTORS)}")
 KINDS = ("index", "mask", "weights", "top1", "annotated")
 PROBES = ("random_tokens", "repeated_segments", "brackets", "needle", "ioi")  # the generated probes a detector may name
-ENTRY_POINT_GROUP = "headlens.detectors"
 _plugins_loaded = False
 
 
@@ -174,7 +176,7 @@ def get_detector(name: str | Detector) -> Detector:
     if base not in DETECTORS and ":" in name and not call:
         return _from_reference(name)
     if base not in DETECTORS:
-        raise DetectorError(f"unknown detector {base!r}; expected one of {', '.join(DETECTORS)}")
+        raise unknown_detector(base, DETECTORS)
     det = DETECTORS[base]
     if not call:
         return det
@@ -207,15 +209,6 @@ def _from_reference(name: str) -> Detector:
     for d in found:
         register_detector(d, replace=True)
     return found[0]
-
-
-def split_names(names: str) -> list[str]:
-    """``"a,streaming(s=1,w=8),b"`` -> ``["a", "streaming(s=1,w=8)", "b"]`` (commas inside parentheses kept).
-
-    >>> split_names("previous_token, streaming(s=1,w=8),induction")
-    ['previous_token', 'streaming(s=1,w=8)', 'induction']
-    """
-    return [n.strip() for n in re.split(r",(?![^()]*\))", names) if n.strip()]
 
 
 __all__ = ["DETECTORS", "Detector", "all_detectors", "get_detector", "load_plugins", "register_detector",

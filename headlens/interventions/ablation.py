@@ -38,9 +38,8 @@ from typing import Any
 
 import torch
 
-from headlens.errors import HeadlensError, ProbeError
-
-METHODS = ("zero", "mean", "resample", "uniform")
+from headlens.errors import HeadlensError, ProbeError, did_you_mean
+from headlens.zoo.names import METHODS
 
 Head = tuple[int, int]
 HeadsSpec = str | Sequence[str | Sequence[int]]
@@ -110,7 +109,8 @@ def format_heads(heads: Sequence[Head]) -> str:
 
 def check_method(method: str) -> str:
     if method not in METHODS:
-        raise AblationError(f"unknown ablation method {method!r}; expected one of {', '.join(METHODS)}")
+        raise AblationError(f"unknown ablation method {method!r}; expected one of {', '.join(METHODS)}"
+                            f"{did_you_mean(method, METHODS)}")
     return method
 
 

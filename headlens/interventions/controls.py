@@ -10,13 +10,12 @@ import math
 import numpy as np
 
 from headlens.interventions.ablation import Head
+from headlens.zoo.names import CONTROLS as CONTROLS  # re-exported: sweep and the app read it here
 
 Group = tuple[Head, ...]
 
-
-# where control heads are drawn: the group's own layers, anywhere, or "auto" (its layers while they have
-# heads to spare, else anywhere: a group that fills a layer would otherwise get no control at all)
-CONTROLS = ("layer", "model", "auto")
+# CONTROLS: where control heads are drawn: the group's own layers, anywhere, or "auto" (its layers while they
+# have heads to spare, else anywhere: a group that fills a layer would otherwise get no control at all)
 
 
 def control_scope(group: Group, n_heads: int, control: str) -> str:

@@ -29,9 +29,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from headlens.errors import ProbeError
+from headlens.errors import ProbeError, did_you_mean
 from headlens.interventions.ablation import AblationError
 from headlens.interventions.coreference import coreference_margins as coreference_margins  # it lived here
+from headlens.zoo import names
 
 BRACKET_PAIRS = ("()", "[]", "{}", "<>")
 
@@ -161,13 +162,16 @@ METRICS: dict[str, Metric] = {
     ),
     "logit_diff": Metric("logit_diff", "ioi", _logit_diff, False, "IOI: logit of IO minus logit of S at END"),
 }
+if tuple(METRICS) != names.METRICS:  # the CLI checks --metric against the torch-free list before torch loads
+    raise RuntimeError(f"headlens.zoo.names.METRICS {names.METRICS} lists other metrics than "
+                       f"METRICS {tuple(METRICS)}")
 SURROGATES = {"bracket_accuracy": _closer_soft, "needle_recall": _next_token_prob}
 
 
 def get_metric(name: str) -> Metric:
     """The registered metric called ``name``, or an ``AblationError`` listing the known ones."""
     if name not in METRICS:
-        raise AblationError(f"unknown metric {name!r}; expected one of {', '.join(METRICS)}")
+        raise AblationError(f"unknown metric {name!r}; expected one of {', '.join(METRICS)}{did_you_mean(name, METRICS)}")
     return METRICS[name]
 
 

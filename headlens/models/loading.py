@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from headlens.errors import ConfigError, ModelReferenceError
+from headlens.errors import ConfigError, ModelReferenceError, did_you_mean
 
 
 def describe_references() -> str:
@@ -25,6 +25,48 @@ def describe_references() -> str:
     names = ", ".join(sorted(available())) or "(no zoo weights installed)"
     return (f"a zoo name ({names}), a path to a .safetensors checkpoint, 'hf:<dir>', "
             f"'hf:ORG/NAME[@REVISION]', 'gguf:PATH' (or a path ending in .gguf), 'smollm2', or 'minilm'")
+
+
+def unknown_reference(ref: str) -> ModelReferenceError:
+    """The error for a reference that names nothing, with the closest names it may have meant."""
+    from headlens.zoo import available
+
+    names = [*sorted(available()), "smollm2", "minilm"]
+    return ModelReferenceError(f"unknown model reference {ref!r}; expected {describe_references()}"
+                               f"{did_you_mean(ref, names)}")
+
+
+def check_reference(ref: str | None) -> None:
+    """Refuse, without importing torch, a reference that cannot possibly load (a mistyped zoo name, a missing
+    path or GGUF file, a malformed ``hf:`` name); the CLI and the dashboard call it before anything heavy
+    starts. ``None`` (the default model) passes; whether a model then loads is :func:`load`'s to say.
+
+    >>> check_reference("induction-2l")
+    """
+    from headlens.zoo import ZOO
+
+    if ref is None:
+        return
+    ref = str(ref).strip()
+    if not ref:
+        raise ModelReferenceError(f"empty model reference; expected {describe_references()}")
+    if ref in ZOO or ref == "minilm":
+        return
+    from headlens.models.hf.gguf import parse_reference
+
+    gguf = parse_reference(ref)  # smollm2 without its package says how to install it
+    if gguf is not None:
+        from headlens.models.hf.gguf_file import check_magic
+
+        check_magic(gguf)  # missing, a folder, or not GGUF at all
+        return
+    if ref.startswith("hf:"):
+        from headlens.models.hf.hub import split_reference
+
+        split_reference(ref[3:])  # a malformed reference fails here; a hub name is resolved on load
+        return
+    if not Path(ref).expanduser().exists():
+        raise unknown_reference(ref)
 
 
 def load(ref: Any, device: str = "cpu", dtype: Any = None, trust_remote_code: bool = False, **kwargs: Any) -> Any:
@@ -95,7 +137,7 @@ def load(ref: Any, device: str = "cpu", dtype: Any = None, trust_remote_code: bo
         raise ModelReferenceError(
             f"{ref_str!r} is a Hugging Face directory; load it as 'hf:{ref_str}'"
         )
-    raise ModelReferenceError(f"unknown model reference {ref_str!r}; expected {describe_references()}")
+    raise unknown_reference(ref_str)
 
 
 def _native(path: Any, device: str, dtype: Any, **kwargs: Any) -> Any:

@@ -86,6 +86,16 @@ def resolve_model(model_or_ref: Any, device: str = "cpu", **load_options: Any) -
     return load(others[0], device=device, **load_options)
 
 
+def _against_null(threshold: float | dict[str, float] | None, dets: Sequence[Detector]) -> set[str]:
+    """Gated detectors (the name movers) whose attention half is labelled against the type's own null (its
+    CI above the uniform baseline, with the usual lift), not an absolute τ: a mass threshold tuned on one model
+    did not transfer (issue 35). A τ the user sets for the detector (or for all) still applies."""
+    if isinstance(threshold, int | float):
+        return set()
+    mine = threshold if isinstance(threshold, dict) else {}
+    return {d.name for d in dets if d.gate is not None and d.name not in mine}
+
+
 def _thresholds(threshold: float | dict[str, float] | None, annotated: Sequence[str] = (),
                 dets: Sequence[Detector] = ()) -> dict[str, float]:
     pool = {**all_detectors(), **{d.name: d for d in dets}}  # Detector objects passed in need not be registered
@@ -285,6 +295,7 @@ def classify(
     builtin, user_types = requested_types(detectors, annotated_rows)
     dets, skipped, explicit = select_detectors(model, builtin, tl_compatible) if builtin != [] else ([], {}, True)
     taus = _thresholds(threshold, user_types, dets)
+    against_null = _against_null(threshold, dets)
     groups = _probes(model, dets, texts, n_prompts, seq_len, seed, truncate, corpus)
     jobs = annotated_jobs(model, dets, user_types, annotated_rows, texts is not None or corpus is not None,
                            n_prompts, seed, truncate)
@@ -363,7 +374,8 @@ def classify(
             continue
         lift, pref = s.lift, preferences.get(name)
         # with distractors, preference accuracy is the primary statistic (Clark et al. 2019); mass stays in the table
-        labels = label(s.ci_low, lift, taus[name]) if pref is None else preference_label(pref, s)
+        tau = s.baseline if name in against_null else taus[name]  # gated types: the CI clears the type's null
+        labels = label(s.ci_low, lift, tau) if pref is None else preference_label(pref, s)
         if d is not None and d.gate is not None:  # what the head writes: the gate's CI must clear zero too
             g = gate_summary(model, d.gate, probe_of[name], gate_cache, seed, n_boot)
             labels, gated = labels & gate_passes(g, d.gate.sign), gated | {d.gate.name}
@@ -384,7 +396,8 @@ def classify(
         "causal": bool(model.is_causal), "n_layers": L, "n_heads": H, "n_kv_heads": H_kv,
         "seed": seed,
         "scoring": "tl_compatible" if tl_compatible else "headlens",
-        "thresholds": {n: taus[n] for n in [d.name for d in dets] + user_types}, "min_lift": MIN_LIFT,
+        "thresholds": {n: None if n in against_null else taus[n] for n in [d.name for d in dets] + user_types},
+        "min_lift": MIN_LIFT,
         "preference_rule": (f"with distractors: preference ci_low >= chance + {PREFERENCE_MARGIN} * (1 - chance) "
                             f"and mass ci_low > its uniform baseline (Clark et al. 2019)"),
         "n_boot": n_boot, "rest": "attention on the first token (rows q >= 1) on each row's probe; resting labels last",
@@ -402,7 +415,9 @@ def classify(
         **({"weights": weights} if weights else {}),  # weight detectors: samples, lists, the null over all heads
     })
     if gated:  # the second half of the name movers' label (headlens.scoring.gates)
-        df.attrs["gate_rule"] = f"gate CI on its side of zero and |mean| >= {MIN_SHARE:g} x the strongest head's"
+        df.attrs["gate_rule"] = (f"gate CI on its side of zero and |mean| >= {MIN_SHARE:g} x the strongest head's; "
+                                 f"attention ci_low above its uniform baseline and lift >= {MIN_LIFT:g} (no "
+                                 f"absolute attention threshold, unless one is given)")
     if "retrieval" in set(df["detector"]):  # Wu et al.'s own rule next to ours
         r = df[(df["detector"] == "retrieval") & (df["score"] > WU_THRESHOLD)].sort_values("score", ascending=False)
         df.attrs["retrieval_wu_2024"] = {"threshold": WU_THRESHOLD, "rule": "score > 0.1 (Wu et al. 2024)",

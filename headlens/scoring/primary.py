@@ -44,15 +44,41 @@ def primary(rows: Any) -> Any:
 
 
 def strength(scores: Any) -> Any:
-    """How strongly each row's head does its type, comparable across types: the lift of the primary statistic
-    over its chance level (preference / chance with distractors, else score / uniform baseline = ``lift``).
-    The grid's strongest label and the order of a head's labels use it."""
-    out = scores["lift"].astype(float).copy()
+    """How strongly each row's head does its type, on one scale for every type: the primary statistic's place
+    between its type's own null and a perfect head, ``(x - chance) / (1 - chance)`` (Cohen's kappa form: 0 at
+    chance, 1 perfect, below 0 under chance). ``x`` is the score against its uniform baseline (for a weight
+    score, the rank statistic against its chance 5/V), or the preference accuracy against its chance with
+    distractors. Lift (``x / chance``) is not comparable across types: 40x is a strong induction head and
+    4,000x an ordinary weight score whose chance is 5/V; it stays in the table, to compare heads of one type.
+    The summary, the grid's strongest label and the order of a head's labels use this strength.
+
+    >>> import pandas as pd
+    >>> rows = pd.DataFrame({"detector": ["induction", "copying"], "score": [0.926, 0.453],
+    ...                      "baseline": [0.0231, 0.0001], "lift": [40.1, 4530.0]})
+    >>> [round(float(v), 3) for v in strength(rows)]
+    [0.924, 0.453]
+    """
+    base = scores["baseline"].astype(float) if "baseline" in scores else scores["score"] * float("nan")
+    out = (scores["score"].astype(float) - base) / (1.0 - base)
     pref = has_preference(scores)
     for det in scores.loc[pref, "detector"].unique():
         rows = pref & (scores["detector"] == det)
-        out[rows] = scores.loc[rows, "preference"] / preference_chance(scores, str(det))
+        chance = preference_chance(scores, str(det))
+        out[rows] = (scores.loc[rows, "preference"].astype(float) - chance) / (1.0 - chance)
     return out
+
+
+def from_weights(rows: Any) -> Any:
+    """Boolean Series: rows scored from the weights (``copying``, ``copy_suppression``, ``successor``: what the
+    head's OV circuit would write, measured without a prompt, ``n_prompts`` 0), not from what it does on text.
+    A hand-made table without ``n_prompts``: the rows without a lift (no probe, no chance level)."""
+    import pandas as pd
+
+    if "n_prompts" in rows.columns:
+        return rows["n_prompts"].astype(float) == 0
+    if "lift" in rows.columns:
+        return rows["lift"].isna()
+    return pd.Series(False, index=rows.index)
 
 
 def ranked(scores: Any, detector: str) -> Any:
@@ -75,19 +101,22 @@ def is_resting(detector: str) -> bool:
 
 
 def label_order(labelled: Any) -> Any:
-    """Labelled rows in the one order every view uses (docs/scores.md, "Resting"): within a head, what it
-    does when it is not resting first, strongest first by :func:`strength`; its resting label (``first_token``,
-    ``sink``) last. So a head's first row is its strongest label, and a resting label comes first only for a
-    head that does nothing else. Heads whose strength is unknown (weight scores: no baseline) follow by score.
+    """Labelled rows in the one order every view uses (docs/scores.md, "One strength scale, one label rule"):
+    within a head, what it does on text first (behaviour types, strongest first by :func:`strength`), then what
+    its weights would do (:func:`from_weights`), its resting label (``first_token``, ``sink``) last. So a
+    head's first row is its strongest behaviour, a weight type comes first only for a head with no behaviour
+    label, and a resting label only for a head that does nothing else. Rows whose strength is unknown follow
+    by score.
     """
     if labelled.empty:
         return labelled.reset_index(drop=True)
     nan = float("nan")  # a hand-made table may lack lift or score: then the table's order decides
     src = light(labelled).reset_index(drop=True)
-    keys = src.assign(_resting=src["detector"].map(is_resting).astype(bool),
-                      _strength=strength(src) if "lift" in src else nan,
+    group = src["detector"].map(is_resting).astype(int) * 2 + from_weights(src).astype(int)  # behaviour 0, weights 1
+    power = strength(src) if "score" in src and "baseline" in src else src["lift"] if "lift" in src else nan
+    keys = src.assign(_group=group, _strength=power,  # a hand-made table without baselines: its lifts
                       _score=src["score"] if "score" in src else nan)
-    order = keys.sort_values(["_resting", "_strength", "_score"], ascending=[True, False, False], na_position="last",
+    order = keys.sort_values(["_group", "_strength", "_score"], ascending=[True, False, False], na_position="last",
                              kind="stable").index.to_numpy()
     return labelled.iloc[order].reset_index(drop=True)
 

@@ -18,7 +18,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from headlens.scoring.primary import has_preference, is_resting, ranked, strength, strongest_rows
+from headlens.scoring.primary import (
+    from_weights,
+    has_preference,
+    is_resting,
+    ranked,
+    strength,
+    strongest_rows,
+)
 
 TOP = 3  # heads listed per type
 
@@ -36,7 +43,9 @@ class TypeSummary:
         resting: a resting type (``first_token``, ``sink``).
         n_only: resting types: heads whose only labels are resting ones (the others count under their type).
         preference: the primary statistic is preference accuracy (columns ``preference*``).
-        weights: a weight score (no probe: no CI, baseline or lift).
+        weights: a weight score without a CI (an old table: no probe, no CI, baseline or lift).
+        ov: scored from the weights (:func:`headlens.scoring.primary.from_weights`): listed after the types
+            that say what heads do on text.
     """
 
     detector: str
@@ -46,6 +55,7 @@ class TypeSummary:
     n_only: int = 0
     preference: bool = False
     weights: bool = False
+    ov: bool = False
 
     @property
     def best_strength(self) -> float:
@@ -56,8 +66,8 @@ class TypeSummary:
 
 
 def type_summaries(scores: Any, top: int = TOP) -> list[TypeSummary]:
-    """Every head type of ``scores``: labelled types first (strongest best head first, weight scores after
-    them, resting types last), then the types without a label.
+    """Every head type of ``scores``: labelled behaviour types first (by their best head's strength, one scale
+    for every type), then weight scores, resting types last, then the types without a label.
 
     >>> import pandas as pd
     >>> rows = [dict(layer=0, head=h, detector=d, score=s, lift=s / 0.05, label=s > 0.4, n_positions=99)
@@ -80,21 +90,22 @@ def type_summaries(scores: Any, top: int = TOP) -> list[TypeSummary]:
         mine = labelled[labelled["detector"] == det]
         pref = bool(has_preference(rows).any())
         weights = bool((rows["n_positions"] == 0).all() and rows["lift"].isna().all())
+        ov = weights or bool(from_weights(rows).all())
         if is_resting(det):
             keep = {(int(r.layer), int(r.head)) for r in only[only["detector"] == det].itertuples()}
             only_rest = [(int(r.layer), int(r.head)) in keep for r in mine.itertuples()]
             heads = ranked(mine[pd.Series(only_rest, index=mine.index, dtype=bool)], det)
-            out.append(TypeSummary(det, len(mine), heads.head(top), True, len(heads), weights=weights))
+            out.append(TypeSummary(det, len(mine), heads.head(top), True, len(heads), weights=weights, ov=ov))
             continue
         listed = ranked(mine if len(mine) else rows, det).head(top if pref or len(mine) else 1)
-        out.append(TypeSummary(det, len(mine), listed, preference=pref, weights=weights))
+        out.append(TypeSummary(det, len(mine), listed, preference=pref, weights=weights, ov=ov))
     return sorted(out, key=_order)
 
 
 def _order(t: TypeSummary) -> tuple[int, float]:
-    """Labelled pattern types by their best head's strength, then weight scores, resting types, rankings
-    without a label (types with distractors), the other types without a label."""
+    """Labelled behaviour types by their best head's strength, then weight scores (by strength too), resting
+    types, rankings without a label (types with distractors), the other types without a label."""
     if t.n_labelled == 0:  # in the table's order
         return (3 if t.preference else 4), 0.0
     s = t.best_strength
-    return (2 if t.resting else (1 if t.weights or s != s else 0)), -(s if s == s else 0.0)
+    return (2 if t.resting else (1 if t.ov or s != s else 0)), -(s if s == s else 0.0)

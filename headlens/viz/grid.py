@@ -16,7 +16,7 @@ import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from headlens.scoring.primary import primary, strongest_rows
+from headlens.scoring.primary import primary, strength, strongest_rows
 from headlens.scoring.table import head_labels
 
 if TYPE_CHECKING:
@@ -218,13 +218,15 @@ def _is_num(x: Any) -> bool:
 
 def _label_grid(scores: pd.DataFrame, n_layers: int, n_heads: int, selected: Iterable[tuple[int, int]],
                 title: str | None) -> go.Figure:
-    """The head grid coloured by each head's strongest label (hue) and its primary statistic (intensity: the
-    score, or the preference accuracy of a type with distractors)."""
+    """The head grid coloured by each head's strongest label (hue) and its strength (intensity: the primary
+    statistic's place between its type's chance and a perfect head, one scale for every type,
+    :func:`headlens.scoring.primary.strength`; the score where a table has no baselines)."""
     import plotly.graph_objects as go
 
     best: dict[tuple[int, int], Any] = {}  # each head's strongest label, resting only when it does nothing else
     top = strongest_rows(scores)
-    for row in top.assign(primary_stat=primary(top)).itertuples(index=False):
+    power = strength(top) if "baseline" in top.columns else primary(top)
+    for row in top.assign(primary_stat=primary(top), power=power).itertuples(index=False):
         best[(int(row.layer), int(row.head))] = row
     labels = _labels_by_head(scores)
     chosen = {(int(lay), int(hd)) for lay, hd in selected}
@@ -233,11 +235,11 @@ def _label_grid(scores: pd.DataFrame, n_layers: int, n_heads: int, selected: Ite
         for head in range(n_heads):
             row = best.get((layer, head))
             detector = str(row.detector) if row is not None else ""
-            score = float(row.primary_stat) if row is not None else float("nan")  # preference where it is primary
+            score = float(row.power) if row is not None else float("nan")  # one scale for every type
             xs.append(head)
             ys.append(layer)
-            colors.append(_tint(LABEL_COLORS.get(detector, "#444444"), 0.25 + 0.75 * score) if row is not None
-                          else UNLABELLED_COLOR)
+            colors.append(_tint(LABEL_COLORS.get(detector, "#444444"), 0.25 + 0.75 * (score if score == score else 1))
+                          if row is not None else UNLABELLED_COLOR)
             texts.append(label_mark(detector) if row is not None else "")
             pref = row is not None and _is_num(getattr(row, "preference", None))
             stat, lo, hi = (("preference", "preference_ci_low", "preference_ci_high") if pref
@@ -245,7 +247,8 @@ def _label_grid(scores: pd.DataFrame, n_layers: int, n_heads: int, selected: Ite
             custom.append([layer, head, head_name(layer, head), (detector + (" preference" if pref else ""))
                            or "none", _fmt(getattr(row, stat, None)),
                            _fmt(getattr(row, lo, None)), _fmt(getattr(row, hi, None)),
-                           _fmt(getattr(row, "lift", None), 2), ", ".join(labels.get((layer, head), [])) or "none"])
+                           _fmt(getattr(row, "lift", None), 2), ", ".join(labels.get((layer, head), [])) or "none",
+                           _fmt(score, 2)])
             is_sel = (layer, head) in chosen
             line_colors.append(SELECTED_COLOR if is_sel else "#ffffff")
             line_widths.append(4 if is_sel else 1)
@@ -256,7 +259,8 @@ def _label_grid(scores: pd.DataFrame, n_layers: int, n_heads: int, selected: Ite
         marker=dict(symbol="square", size=size, color=colors, line=dict(color=line_colors, width=line_widths)),
         customdata=custom, name="heads", showlegend=False,
         hovertemplate=("<b>%{customdata[2]}</b><br>strongest label: %{customdata[3]} %{customdata[4]} "
-                       "[%{customdata[5]}, %{customdata[6]}] · lift %{customdata[7]}<br>all labels: "
+                       "[%{customdata[5]}, %{customdata[6]}] · strength %{customdata[9]} · lift %{customdata[7]}"
+                       "<br>all labels: "
                        "%{customdata[8]}<extra></extra>"),
     ))
     for detector in dict.fromkeys(str(r.detector) for r in best.values()):  # a legend entry per type shown

@@ -90,6 +90,7 @@ def report_html(model: Any, table: Any, prompt: str | None = None, edges: Any = 
 def _summary_table(table: Any) -> str:
     """Per head type: how many heads carry the label and the strongest of them, with their ``rest`` (the
     same selection ``headlens classify`` prints, :func:`headlens.scoring.summary.type_summaries`)."""
+    from headlens.scoring.primary import strength
     from headlens.scoring.summary import type_summaries
 
     types = [t for t in type_summaries(table) if t.n_labelled or t.preference]
@@ -98,12 +99,15 @@ def _summary_table(table: Any) -> str:
     body = []
     for t in types:
         stat = "preference" if t.preference else "score"
+        powers = strength(t.heads).tolist() if not t.heads.empty and "baseline" in t.heads else [float("nan")] * len(t.heads)
         heads = ", ".join(f"L{r.layer}H{r.head} {fmt_number(getattr(r, stat))} "
-                          f"(rest {fmt_number(getattr(r, 'rest', None), '.2f')})"
-                          for r in t.heads.itertuples()) or "none that does nothing else"
+                          f"(strength {fmt_number(p, '.2f')}, rest {fmt_number(getattr(r, 'rest', None), '.2f')})"
+                          for r, p in zip(t.heads.itertuples(), powers, strict=True)) or "none that does nothing else"
         count = f"{t.n_labelled}" + (f" ({t.n_only} rest and do nothing else)" if t.resting else "")
         body.append(f"<tr><td>{html.escape(t.detector)}</td><td>{count}</td><td>{html.escape(heads)}</td></tr>")
-    return ("<p>rest = the head's attention on the first token, on the probe its row was scored on; resting labels "
+    return ("<p>Behaviour types first, weight scores after them, resting last. strength = (score - chance) / (1 - "
+            "chance), one scale for every type (0 at chance, 1 perfect); rest = the head's attention on the first "
+            "token, on the probe its row was scored on; resting labels "
             "(first_token, sink) list only the heads that do nothing else.</p><table><tr><th>type</th><th>labels</th>"
             f"<th>strongest heads</th></tr>{''.join(body)}</table>")
 

@@ -296,15 +296,15 @@ def test_ablation_control_falls_back_to_heads_anywhere_when_the_selection_fills_
 
 def test_smollm2_and_gguf_files_are_offered_and_checked_before_serving(tmp_path):
     from headlens.app import picker
-    from headlens.cli.dashboard import _check_reference
     from headlens.errors import ModelReferenceError
+    from headlens.models.loading import check_reference as _check_reference
 
     choices = hd.model_choices()
     assert ("smollm2" in choices) == picker.smollm2_installed() and choices[-1] == hd.CUSTOM_CHOICE
     if picker.smollm2_installed():
         _check_reference("smollm2")
         assert hd.fingerprint("smollm2").split(":")[0].endswith(".gguf")  # the file's path, size and mtime
-    with pytest.raises(ModelReferenceError, match="no GGUF file"):
+    with pytest.raises(ModelReferenceError, match="no such GGUF file"):
         _check_reference(f"gguf:{tmp_path / 'missing.gguf'}")
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")

@@ -115,7 +115,8 @@ def test_weight_rows_say_weights_and_unasked_skips_are_silent():
     assert "skipped streaming" not in out
     assert "skipped streaming" in _printed(df, ["copying", "streaming"])  # asked for: told why not
     summary = next(line for line in _summary(df).splitlines() if "copying" in line).split()
-    assert summary == ["copying", "(weights)", "CPY", "1", "L0H0", "0.970", "weights", "-", "-"], summary  # CI lift rest
+    assert summary == ["copying", "CPY", "1", "L0H0", "-", "0.970", "weights", "-"], summary  # no baseline: no
+    # strength; CI, rest
 
 
 def test_confirm_names_the_metric_and_rounds():
@@ -293,3 +294,21 @@ def test_no_docstring_or_card_cites_the_missing_head_scores_file():
              and "HEAD_SCORES" in p.read_text(errors="ignore")]
     assert cited == []
     assert "docs/scores.md" in headlens.classify.__doc__
+
+
+def test_line_progress_says_the_time_left_and_restarts_it_for_each_stage():
+    from headlens.cli.progress import LineProgress
+
+    now = [0.0]
+    out = io.StringIO()
+    bar = LineProgress("patching edges", stream=out, clock=lambda: now[0])
+    for i in range(1, 41):  # 40 edges of 1 s each: at 10 % (4 s) the line says 36 s left
+        now[0] += 1.0
+        bar.update(i, 40)
+    for i in range(1, 5):  # a new stage: 4 edges of 5 s each, its own grid and pace
+        now[0] += 5.0
+        bar.update(i, 4, "discovery round 2: patching edges")
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "headlens: patching edges: 4/40 (10 %), 4 s, ~36 s left", lines
+    assert lines[-1] == "headlens: discovery round 2: patching edges: 4/4 (100 %), 60 s", lines
+    assert "headlens: discovery round 2: patching edges: 1/4 (25 %), 45 s, ~15 s left" in lines, lines

@@ -68,7 +68,10 @@ def test_a_head_that_attends_io_and_writes_nothing_fails_the_gate(tmp_path, one_
 
 def test_a_positional_head_is_no_name_mover_on_the_balanced_probe(planted):
     df = headlens.classify(planted, detectors=DETS, n_prompts=24, n_boot=200)
-    assert not df.label.any()
+    # the head 4 back still reads a name on most prompts (0.56 of its attention, 3.2x its null) and writes against
+    # it: a negative name mover by the rule against the type's null (the old fixed 0.4 on ci_low missed it)
+    assert _labelled(df) == {("negative_name_mover", "L0H2")}
+    assert df.attrs["thresholds"]["name_mover"] is None  # labelled against its null, no absolute threshold
     row = df[(df.detector == "name_mover") & (df.layer == 1) & (df["head"] == 0)].iloc[0]
     assert row.dla_ci_low < 0 < row.dla_ci_high  # IO in ABBA, S in BABA: it writes both ways
 

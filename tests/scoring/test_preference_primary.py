@@ -65,7 +65,7 @@ def test_label_rule_uses_preference_and_attention_above_uniform(table):
 def test_ranking_and_strongest_label_use_preference(table):
     assert list(hd.preference_rows(table, "coreference")["head"][:2]) == [1, 0]  # mass would say [0, 1]
     assert list(primary(table.set_index("head"))[:2]) == list(table["preference"][:2])
-    assert strength(table.set_index("head"))[1] == pytest.approx(2.0)  # preference / chance 0.5
+    assert strength(table.set_index("head"))[1] == pytest.approx(1.0)  # preference 1.0: (1 - 0.5) / (1 - 0.5)
     fig = viz.ranking_figure(table, "coreference")
     assert fig.data[1].y[-1].startswith("L0H1") and "by preference accuracy" in fig.layout.title.text
     assert hd.default_detector(table) == "coreference"

@@ -56,7 +56,8 @@ def test_a_head_that_only_rests_stays_findable_and_is_no_other_type(resting_tabl
     assert types["first_token"].n_only == 1  # L1H0 rests too, but is listed as what it does
     assert all((1, 1) not in heads for det, heads in listed.items() if det != "first_token")
     line = next(ln for ln in _summary(df).splitlines() if ln.lstrip().startswith("first_token"))
-    assert line.split()[:5] == ["first_token", "(1", "only)", "1st", "2"] and "L1H1" in line
+    assert line.split()[:4] == ["first_token", "(rests)", "1st", "2"] and "L1H1" in line
+    assert "first_token: 1 of 2 heads only rest" in " ".join(_summary(df).split())
     grid = {ln.split()[0]: ln.split()[1:] for ln in _summary(df).splitlines() if re.match(r"\s*L\d+\s", ln)}
     assert grid["L1"][:2] == ["IND", "1st"]
 

@@ -98,8 +98,8 @@ def test_report_opens_with_the_summary_and_orders_resting_last():
     table = classify(model, n_prompts=12, seq_len=32, n_boot=100)
     page = report_html(model, table, prompt="abcdabcd")
     summary = page.split("<h2>What the heads do</h2>")[1].split("<h2>")[0]
-    assert "<td>induction</td><td>1</td><td>L1H0 0.500 (rest 0." in summary  # the head that rests and does induction
-    assert "<td>first_token</td><td>2 (1 rest and do nothing else)</td><td>L1H1 1.000 (rest 1.00)" in summary
+    assert "<td>induction</td><td>1</td><td>L1H0 0.500 (strength " in summary  # the head that rests and does induction
+    assert "<td>first_token</td><td>2 (1 rest and do nothing else)</td><td>L1H1 1.000 (strength 1.00, rest 1.00)" in summary
     labelled = page.split("<h2>Labelled heads</h2>")[1].split("<h2>")[0]
     assert labelled.index("<td>L1H0</td><td>induction</td>") < labelled.index("<td>L1H0</td><td>first_token</td>")
     assert "<h3>L1H0: induction, first_token</h3>" in page  # its pattern, strongest label first

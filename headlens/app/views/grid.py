@@ -64,7 +64,7 @@ def head_overview(ref: str, model: Any, scores: pd.DataFrame, detector: str, col
         labelled = int(scores["label"].fillna(False).astype(bool).sum()) if not scores.empty else 0
         fig = viz.head_grid_figure(
             scores, detector, model.n_layers, model.n_heads, color_by=color_by, selected=selected,
-            title=(f"strongest label per head (colour: type, intensity: score) · {labelled} labels · click a square"
+            title=(f"strongest label per head (colour: type, intensity: strength) · {labelled} labels · click a square"
                    if color_by == "label" else f"{detector} {color_by} per head · {labelled} labels (marked) · "
                                                "click a square"),
         )
