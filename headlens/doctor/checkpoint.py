@@ -275,6 +275,8 @@ def _check_gguf(gguf: Path, kw: dict[str, Any]) -> CheckpointReport:
     from headlens.doctor.family_check import check_family
     from headlens.models.hf.gguf import converted, dequantized_note
 
+    if (shaped := _gguf_shapes(gguf, kw)) is not None:
+        return shaped
     folder, info = converted(gguf)
     margin = FAMILY_MARGIN if kw["margin"] is None else kw["margin"]
     permuted = info.architecture in GGUF_PERMUTED
@@ -286,6 +288,29 @@ def _check_gguf(gguf: Path, kw: dict[str, Any]) -> CheckpointReport:
     if permuted:
         report.notes.append("the config is the file's header: each other layout was tried with the query/key rows "
                             "a header saying it would have given (llama.cpp interleaves them per head)")
+    return report
+
+
+def _gguf_shapes(gguf: Path, kw: dict[str, Any]) -> CheckpointReport | None:
+    """The verdict of a GGUF's tensor shapes and header (:mod:`headlens.doctor.shapes`), read before the file is
+    converted; None when they do not decide (the converted model's losses do)."""
+    from headlens.doctor.family_check import shape_report
+    from headlens.doctor.shapes import gguf_header, header_evidence
+    from headlens.models.hf.gguf import sha256_of
+    from headlens.models.hf.gguf_file import check_magic, inspect_file, require_gguf
+
+    t0 = time.perf_counter()
+    require_gguf()
+    check_magic(gguf)
+    info = inspect_file(gguf, sha256_of(gguf))  # one-line refusals of a file that is not a usable GGUF
+    header = gguf_header(gguf)
+    ev = header_evidence(header) if header is not None else None
+    if header is None or ev is None or (not ev.decisive and ev.layout == header.layout):
+        return None
+    report = shape_report(str(info.path), "gguf", info.architecture, header.d_model, header.layout, kw["n_heads"],
+                          ev, t0, whose="the header's")
+    report.file = info.provenance()
+    report.notes = ["read from the file's header and tensor table: nothing was dequantized"]
     return report
 
 

@@ -26,6 +26,7 @@ from headlens.doctor.families import (
 )
 from headlens.doctor.racing import race_sources
 from headlens.doctor.report import CheckpointReport
+from headlens.doctor.shapes import ShapeEvidence, implied_layout, safetensors_shapes
 from headlens.doctor.sources import evaluation_size
 from headlens.doctor.verdict import choose, head_count_warnings, source_reports, source_warnings, weigh_source
 from headlens.errors import CheckpointError
@@ -65,7 +66,11 @@ def check_family(model_dir: Path, n_heads: int | None, candidates: list[int] | N
     ``name``: what the notes call the model (default: the directory's name).
     """
     cfg = read_config(model_dir)
-    config, claimed = claimed_layout(cfg), claimed_layout(cfg, n_heads)
+    config = claimed_layout(cfg)
+    if (shaped := implied_layout(safetensors_shapes(model_dir))) is not None:  # before any model is built
+        return shape_report(str(model_dir), "huggingface", str(cfg.model_type), int(cfg.hidden_size), config,
+                            n_heads, shaped, t0)
+    claimed = claimed_layout(cfg, n_heads)
     layouts = _layouts(cfg, config, claimed, candidates)
     builder = Builder(model_dir, cfg, layouts, keep=claimed.n_heads, gguf_header=config if gguf_llama else None)
     first = builder.model(config.n_heads)
@@ -105,3 +110,21 @@ def check_family(model_dir: Path, n_heads: int | None, candidates: list[int] | N
         verdict=verdict, sources=reports, skipped_sources=skipped,
         notes=[n for n in [prefix.note(name or model_dir.name) if prefix is not None else None] if n],
     )
+
+
+def shape_report(path: str, fmt: str, family: str, d_model: int, config: HeadLayout, n_heads: int | None,
+                 ev: ShapeEvidence, t0: float, whose: str = "the config's") -> CheckpointReport:
+    """The verdict of the weight shapes alone (:mod:`headlens.doctor.shapes`): passed when they fix the layout
+    the config (and ``n_heads``) says, failed, naming the tensor and the layout it implies, when they fix
+    another. No model is built and no source runs."""
+    claimed = config.n_heads if n_heads is None else n_heads
+    warnings = [] if ev.layout == config else [f"the config is wrong: {ev.finding(config, whose)}"]
+    if claimed != ev.layout.n_heads and n_heads is not None:
+        warnings.append(f"you asked for n_heads={n_heads} but {ev.statement}")
+    verdict = "passed" if not warnings else "failed"
+    return CheckpointReport(
+        path=path, format=fmt, passed=verdict == "passed", config_n_heads=config.n_heads, claimed_n_heads=claimed,
+        inferred_n_heads=ev.layout.n_heads, plausible_n_heads=[ev.layout.n_heads], d_model=d_model,
+        evaluation="the weight shapes", margin=0.0, warnings=warnings, seconds=time.perf_counter() - t0,
+        family=family, config_n_kv_heads=config.n_kv_heads, inferred_n_kv_heads=ev.layout.n_kv_heads,
+        verdict=verdict, weights=f"{ev.statement} ({ev.layout}; no text needed, no model built)")
