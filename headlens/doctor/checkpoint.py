@@ -308,7 +308,7 @@ def _gguf_shapes(gguf: Path, kw: dict[str, Any]) -> CheckpointReport | None:
     if header is None or ev is None or (not ev.decisive and ev.layout == header.layout):
         return None
     report = shape_report(str(info.path), "gguf", info.architecture, header.d_model, header.layout, kw["n_heads"],
-                          ev, t0, whose="the header's")
+                          ev, t0, said_by="the file's header")
     report.file = info.provenance()
     report.notes = ["read from the file's header and tensor table: nothing was dequantized"]
     return report

@@ -113,12 +113,13 @@ def check_family(model_dir: Path, n_heads: int | None, candidates: list[int] | N
 
 
 def shape_report(path: str, fmt: str, family: str, d_model: int, config: HeadLayout, n_heads: int | None,
-                 ev: ShapeEvidence, t0: float, whose: str = "the config's") -> CheckpointReport:
+                 ev: ShapeEvidence, t0: float, said_by: str = "the config") -> CheckpointReport:
     """The verdict of the weight shapes alone (:mod:`headlens.doctor.shapes`): passed when they fix the layout
     the config (and ``n_heads``) says, failed, naming the tensor and the layout it implies, when they fix
     another. No model is built and no source runs."""
     claimed = config.n_heads if n_heads is None else n_heads
-    warnings = [] if ev.layout == config else [f"the config is wrong: {ev.finding(config, whose)}"]
+    whose = f"{said_by}'s"
+    warnings = [] if ev.layout == config else [f"{said_by} is wrong: {ev.finding(config, whose)}"]
     if claimed != ev.layout.n_heads and n_heads is not None:
         warnings.append(f"you asked for n_heads={n_heads} but {ev.statement}")
     verdict = "passed" if not warnings else "failed"

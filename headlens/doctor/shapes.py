@@ -58,8 +58,7 @@ class ShapeEvidence:
 
     def finding(self, said: HeadLayout, whose: str = "the config's") -> str:
         """The one line a layout that disagrees gets: the evidence, then what ``said`` claimed."""
-        kv = f"{said.n_kv_heads} key/value head{'s' * (said.n_kv_heads != 1)}"
-        return f"{self.statement}, not {whose} {said.n_heads} heads of width {said.d_head} ({kv})"
+        return f"{self.statement}, not {whose} {said.n_heads} heads of width {said.d_head} ({_kv(said.n_kv_heads)})"
 
 
 def _grouped(shapes: Shapes) -> dict[int, dict[str, list[tuple[str, tuple[int, ...]]]]]:
@@ -71,6 +70,10 @@ def _grouped(shapes: Shapes) -> dict[int, dict[str, list[tuple[str, tuple[int, .
         if layer is not None and role is not None:
             out.setdefault(int(layer.group(1)), {}).setdefault(role, []).append((name, shape))
     return out
+
+
+def _kv(n: int) -> str:
+    return f"{n} key/value head{'s' * (n != 1)}"
 
 
 def _short(name: str) -> str:
@@ -110,7 +113,7 @@ def _layer_evidence(roles: dict[str, list[tuple[str, tuple[int, ...]]]]) -> Shap
     layout = HeadLayout(Q // d_head, KV // d_head, d_head)
     return ShapeEvidence(layout, name, f"{name} {what}: heads are {d_head} wide, so {_short(q_name)}'s {Q} rows "
                                        f"are {layout.n_heads} heads and {_short(k_name)}'s {KV} rows "
-                                       f"{layout.n_kv_heads} key/value heads")
+                                       f"{_kv(layout.n_kv_heads)}")
 
 
 def implied_layout(shapes: Shapes) -> ShapeEvidence | None:
