@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from headlens.doctor.bugs import divisors
-from headlens.doctor.racing import race_sources
+from headlens.doctor.racing import Tally, race_sources
 from headlens.doctor.report import CheckpointReport
 from headlens.doctor.sources import EvalSource, evaluation_size, periodic_sources, stdlib_text
 from headlens.doctor.verdict import (
@@ -349,7 +349,8 @@ def check_checkpoint(
         seed: seed of the evaluation text.
         texts: your own evaluation text, one row per string (best for char-level models that no
             zoo recipe describes: the default random segments only help models that copy).
-        progress: called as ``progress(tokens_run, upper_bound, what)`` while layouts run.
+        progress: called as ``progress(tokens_run, upper_bound, what)`` while layouts run (the bound: the tokens
+            run plus those the layouts still running have left on the current source).
         all_sources: run every source, even after one that fits the model has decided (by default the
             sources after it are not run, and the report names them).
 
@@ -385,19 +386,12 @@ def check_checkpoint(
     heads = sorted(set(candidates or divisors(d_model)) | {claimed, config_heads})
     rows, T = evaluation_size(sum(t.numel() for t in w.tensors.values()), w.config.n_ctx, n_rows, seq_len)
     named = evaluation_sources(w, rows, T, seed, texts)
-    upper = len(heads) * sum(r.numel() for s in named for r in s.rows)
-    done = [0]
-
-    def on_run(h: int, n_tokens: int) -> None:
-        done[0] += n_tokens
-        if progress is not None:
-            progress(done[0], upper, f"doctor: n_heads={h}")
-
+    tally = Tally(progress, lambda h: f"n_heads={h}")
     n_vocab = w.tokenizer.n_symbols if w.tokenizer is not None else w.config.d_vocab
     sources, skipped = race_sources(
-        _evaluator(w, claimed, len(heads), on_run), heads, named, claimed, margin, z_min,
+        _evaluator(w, claimed, len(heads), tally), heads, named, claimed, margin, z_min,
         lambda src, per_row, note: weigh_source(src.name, src.description, per_row, src.rows, claimed, margin, z_min,
-                                                n_vocab, note=note, chance=src.chance), all_sources)
+                                                n_vocab, note=note, chance=src.chance), all_sources, tally)
     chosen, verdict = choose(sources)
     v = chosen.verdict
     if verdict == "passed" and claimed != config_heads:

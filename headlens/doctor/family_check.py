@@ -24,7 +24,7 @@ from headlens.doctor.families import (
     text_source,
     tokenizer,
 )
-from headlens.doctor.racing import race_sources
+from headlens.doctor.racing import Tally, race_sources
 from headlens.doctor.report import CheckpointReport
 from headlens.doctor.shapes import ShapeEvidence, implied_layout, safetensors_shapes
 from headlens.doctor.sources import evaluation_size
@@ -41,17 +41,6 @@ def _layouts(cfg: Any, config: HeadLayout, claimed: HeadLayout, candidates: list
     if claimed not in layouts:
         layouts.append(claimed)
     return {lay.n_heads: lay for lay in layouts}  # n_heads is unique per layout: the widths are fixed
-
-
-def _tracker(progress: Progress | None, layouts: dict[int, HeadLayout], upper: int) -> Callable[[int, int], None]:
-    done = [0]
-
-    def on_run(h: int, n_tokens: int) -> None:
-        done[0] += n_tokens
-        if progress is not None:
-            progress(done[0], upper, f"doctor: {layouts[h]}")
-
-    return on_run
 
 
 def check_family(model_dir: Path, n_heads: int | None, candidates: list[int] | None, margin: float, z_min: float,
@@ -82,7 +71,8 @@ def check_family(model_dir: Path, n_heads: int | None, candidates: list[int] | N
     first, prefix = first_token(model_dir, cfg, tok)
     text = text_source(cfg, tok, first, rows, T, seed, texts)
     named = ([text] if text is not None else []) + random_sources(cfg, rows, T, seed, tok, first)
-    builder.on_run = _tracker(progress, layouts, len(layouts) * sum(r.numel() for s in named for r in s.rows))
+    tally = Tally(progress, lambda h: str(layouts[h]))
+    builder.on_run = tally
 
     def weigh(src: Any, per_row: Any, note: str) -> Any:
         if claimed.n_heads not in per_row:
@@ -90,7 +80,8 @@ def check_family(model_dir: Path, n_heads: int | None, candidates: list[int] | N
         return weigh_source(src.name, src.description, per_row, src.rows, claimed.n_heads, margin, z_min,
                             int(cfg.vocab_size), getattr(tok, "unk_token_id", None), note, src.chance)
 
-    sources, skipped = race_sources(builder, list(layouts), named, claimed.n_heads, margin, z_min, weigh, all_sources)
+    sources, skipped = race_sources(builder, list(layouts), named, claimed.n_heads, margin, z_min, weigh, all_sources,
+                                    tally)
     chosen, verdict = choose(sources)
     v = chosen.verdict
     if verdict == "passed" and claimed != config:
