@@ -96,7 +96,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Check that a checkpoint's head count is the one its weights were trained with.
 
-        Loads the weights split into every head layout their shapes allow (every divisor of d_model
+        Where the weight shapes fix the layout (a per-head q/k norm as in Qwen3 and Gemma 3, Cohere's and
+        StableLM's per-head norms, attention sinks), it is read from them before anything runs, and a config
+        that says otherwise fails naming the tensor. Otherwise it loads the weights split into every head layout their shapes allow (every divisor of d_model
         for GPT-2; query heads, key/value heads and head width for other families) and measures the
         loss of each on several sources: a text (--text, else the recipe's data, English prose for a
         word-piece tokenizer, Python source for a byte-level one), checked first for fit (unknown tokens,
@@ -105,7 +107,8 @@ def register(app: typer.Typer) -> None:
         from a source that separates the layouts. A GGUF file is checked as the Hugging Face directory
         transformers dequantizes it into (once, cached under HEADLENS_CACHE or ~/.cache/headlens).
 
-        Exit codes: 0 passed (config, --n-heads and weights agree); 8 failed (they do not);
+        Exit codes: 0 passed (config, --n-heads and weights agree); 8 failed (they do not, by the weight
+        shapes or by the losses);
         9 inconclusive (no source separates the layouts: untrained weights, or text the model does not
         predict; never reported as passed).
         """

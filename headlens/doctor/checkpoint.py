@@ -8,6 +8,9 @@ several trained heads and the loss is much worse. So the doctor loads the weight
 divisor of ``d_model`` (its own loader: ``load_checkpoint`` rightly refuses a config that
 disagrees with the header) and measures the loss of each on text the model can tokenize.
 
+Where the weight shapes fix the layout (per-head q/k norms, per-head parameters), they decide before any model
+is built (:mod:`headlens.doctor.shapes`): a GGUF file is then not even converted.
+
 Hugging Face directories of other families (Llama, Mistral, Qwen2, Gemma, GPT-NeoX ...) go through
 :mod:`headlens.doctor.family_check`: the same loss comparison over every (query heads, key/value heads,
 head width) layout their weight shapes allow, built by ``transformers`` itself. A GGUF file (``smollm2``,
@@ -303,7 +306,7 @@ def _gguf_shapes(gguf: Path, kw: dict[str, Any]) -> CheckpointReport | None:
     require_gguf()
     check_magic(gguf)
     info = inspect_file(gguf, sha256_of(gguf))  # one-line refusals of a file that is not a usable GGUF
-    header = gguf_header(gguf)
+    header = gguf_header(gguf, info.architecture)
     ev = header_evidence(header) if header is not None else None
     if header is None or ev is None or (not ev.decisive and ev.layout == header.layout):
         return None

@@ -172,14 +172,13 @@ def _int_field(reader: object, key: str) -> int | None:
     return int(value[0]) if value else None
 
 
-def gguf_header(path: Path) -> GGUFHeader | None:
-    """The header of the GGUF at ``path`` (tensor table and metadata, no weights read); None when it states
-    no single head count (the loss race, on the converted model, decides then)."""
+def gguf_header(path: Path, arch: str) -> GGUFHeader | None:
+    """The header of the GGUF at ``path``, of architecture ``arch`` (``general.architecture``, as
+    :func:`headlens.models.hf.gguf_file.inspect_file` read it): its tensor table and attention metadata, no
+    weights read; None when it states no single head count (the loss race, on the converted model, decides)."""
     import gguf
 
     reader = gguf.GGUFReader(str(path))
-    arch_field = reader.fields.get("general.architecture")
-    arch = bytes(arch_field.parts[arch_field.data[0]]).decode() if arch_field is not None else ""
     heads, d_model = _int_field(reader, f"{arch}.attention.head_count"), _int_field(reader, f"{arch}.embedding_length")
     if not heads or not d_model:
         return None
