@@ -26,7 +26,7 @@ from headlens.doctor.families import (
 )
 from headlens.doctor.racing import Tally, race_sources
 from headlens.doctor.report import CheckpointReport
-from headlens.doctor.shapes import ShapeEvidence, implied_layout, safetensors_shapes
+from headlens.doctor.shapes import ShapeEvidence, implied_layout, safetensors_shapes, width_mismatch
 from headlens.doctor.sources import evaluation_size
 from headlens.doctor.verdict import choose, head_count_warnings, source_reports, source_warnings, weigh_source
 from headlens.errors import CheckpointError
@@ -64,7 +64,9 @@ def check_family(model_dir: Path, n_heads: int | None, candidates: list[int] | N
     builder = Builder(model_dir, cfg, layouts, keep=claimed.n_heads, gguf_header=config if gguf_llama else None)
     first = builder.model(config.n_heads)
     if first is None:
-        raise CheckpointError(f"the weights in {str(model_dir)!r} do not load with their own config ({config})")
+        why = width_mismatch(safetensors_shapes(model_dir), config)
+        raise CheckpointError(f"the weights in {str(model_dir)!r} do not load with their own config ({config})"
+                              + (f": {why}" if why else ""))
     n_params = sum(p.numel() for p in first.parameters())
     rows, T = evaluation_size(n_params, n_ctx(cfg), n_rows, seq_len)
     tok = tokenizer(model_dir, required=texts is not None)

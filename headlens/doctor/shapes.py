@@ -132,6 +132,22 @@ def implied_layout(shapes: Shapes) -> ShapeEvidence | None:
     return next((ev for layer in sorted(layers) if (ev := _layer_evidence(layers[layer])) is not None), None)
 
 
+def width_mismatch(shapes: Shapes, said: HeadLayout) -> str | None:
+    """Which projection's rows the layout ``said`` cannot hold, in words; None when both fit (or are unknown).
+
+    >>> width_mismatch({"model.layers.0.self_attn.q_proj.weight": (128, 64)}, HeadLayout(8, 2, 32))
+    'model.layers.0.self_attn.q_proj.weight has 128 rows, where 8 heads of width 32 need 256'
+    """
+    roles = next(iter(_grouped(shapes).values()), {})
+    for role, heads in (("q", said.n_heads), ("k", said.n_kv_heads)):
+        for name, shape in roles.get(role, [])[:1]:
+            if shape[0] != heads * said.d_head:
+                kind = "heads" if role == "q" else "key/value heads"
+                return f"{name} has {shape[0]} rows, where {heads} {kind} of width {said.d_head} need " \
+                       f"{heads * said.d_head}"
+    return None
+
+
 def safetensors_shapes(model_dir: Path) -> Shapes:
     """Every tensor's shape in the directory's safetensors file(s), read from their headers (no weights are
     read); empty when it has none (``pytorch_model.bin``: the losses decide)."""

@@ -156,3 +156,14 @@ def test_progress_lines_say_the_fraction_done_and_the_time_left(monkeypatch):
     assert result.exit_code in (0, 8, 9) and len(lines) >= 2, result.output
     assert all("%" in ln and " left" in ln for ln in lines), lines
     assert any("s left" in ln and "unknown" not in ln for ln in lines), lines
+
+
+def test_a_width_no_tensor_fixes_that_cannot_load_names_the_projection(tmp_path):
+    """A Llama (no per-head tensor) whose config says heads of width 32 where q_proj holds 4 heads of 16: the
+    shapes fix no layout, the config's cannot load, and the one line says which rows it lacks."""
+    out = shutil.copytree(Path(__file__).parents[1] / "data" / "doctor" / "llama", tmp_path / "llama-wide")
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "head_dim": 32}))
+    result = runner.invoke(app, ["doctor", str(out)])
+    assert result.exit_code == 3 and "LOAD REPORT" not in result.output, result.output
+    assert "q_proj.weight has 64 rows, where 4 heads of width 32 need 128" in result.stderr
