@@ -267,56 +267,6 @@ def gguf_file(path: str | Path) -> Path | None:
     return parse_reference(ref)
 
 
-GGUF_PERMUTED = ("llama",)  # GGUF architectures whose q/k rows transformers un-permutes with the header's heads
-
-
-def _check_gguf(gguf: Path, kw: dict[str, Any]) -> CheckpointReport:
-    """The doctor on the Hugging Face directory transformers dequantized ``gguf`` into (cached); for a llama
-    GGUF every layout is tried as if the file's header had said it (the header's head counts decide how
-    the reader un-permuted the query/key rows: :func:`headlens.doctor.families.gguf_rows`)."""
-    from headlens.doctor.families import FAMILY_MARGIN
-    from headlens.doctor.family_check import check_family
-    from headlens.models.hf.gguf import converted, dequantized_note
-
-    if (shaped := _gguf_shapes(gguf, kw)) is not None:
-        return shaped
-    folder, info = converted(gguf)
-    margin = FAMILY_MARGIN if kw["margin"] is None else kw["margin"]
-    permuted = info.architecture in GGUF_PERMUTED
-    report = check_family(folder, kw["n_heads"], kw["candidates"], margin, kw["z_min"], kw["n_rows"], kw["seq_len"],
-                          kw["seed"], kw["texts"], time.perf_counter(), kw["progress"], kw["all_sources"], permuted,
-                          info.path.name)
-    report.path, report.format, report.file = str(info.path), "gguf", {**info.provenance(), "cache": str(folder)}
-    report.notes = [dequantized_note(info.path.name, info), *report.notes]
-    if permuted:
-        report.notes.append("the config is the file's header: each other layout was tried with the query/key rows "
-                            "a header saying it would have given (llama.cpp interleaves them per head)")
-    return report
-
-
-def _gguf_shapes(gguf: Path, kw: dict[str, Any]) -> CheckpointReport | None:
-    """The verdict of a GGUF's tensor shapes and header (:mod:`headlens.doctor.shapes`), read before the file is
-    converted; None when they do not decide (the converted model's losses do)."""
-    from headlens.doctor.family_check import shape_report
-    from headlens.doctor.shapes import gguf_header, header_evidence
-    from headlens.models.hf.gguf import sha256_of
-    from headlens.models.hf.gguf_file import check_magic, inspect_file, require_gguf
-
-    t0 = time.perf_counter()
-    require_gguf()
-    check_magic(gguf)
-    info = inspect_file(gguf, sha256_of(gguf))  # one-line refusals of a file that is not a usable GGUF
-    header = gguf_header(gguf, info.architecture)
-    ev = header_evidence(header) if header is not None else None
-    if header is None or ev is None or (not ev.decisive and ev.layout == header.layout):
-        return None
-    report = shape_report(str(info.path), "gguf", info.architecture, header.d_model, header.layout, kw["n_heads"],
-                          ev, t0, said_by="the file's header")
-    report.file = info.provenance()
-    report.notes = ["read from the file's header and tensor table: nothing was dequantized"]
-    return report
-
-
 def check_checkpoint(
     path: str | Path,
     n_heads: int | None = None,
@@ -372,7 +322,9 @@ def check_checkpoint(
     kw = dict(n_heads=n_heads, candidates=candidates, margin=margin, z_min=z_min, n_rows=n_rows, seq_len=seq_len,
               seed=seed, texts=texts, progress=progress, all_sources=all_sources)
     if (gguf := gguf_file(path)) is not None:
-        return _check_gguf(gguf, kw)
+        from headlens.doctor.gguf_check import check_gguf
+
+        return check_gguf(gguf, kw)
     if Path(path).expanduser().is_dir() and _model_type(Path(path).expanduser()) != "gpt2":
         from headlens.doctor.families import FAMILY_MARGIN
         from headlens.doctor.family_check import check_family
