@@ -8,6 +8,9 @@ several trained heads and the loss is much worse. So the doctor loads the weight
 divisor of ``d_model`` (its own loader: ``load_checkpoint`` rightly refuses a config that
 disagrees with the header) and measures the loss of each on text the model can tokenize.
 
+Where the weight shapes fix the layout (per-head q/k norms, per-head parameters), they decide before any model
+is built (:mod:`headlens.doctor.shapes`): a GGUF file is then not even converted.
+
 Hugging Face directories of other families (Llama, Mistral, Qwen2, Gemma, GPT-NeoX ...) go through
 :mod:`headlens.doctor.family_check`: the same loss comparison over every (query heads, key/value heads,
 head width) layout their weight shapes allow, built by ``transformers`` itself. A GGUF file (``smollm2``,
@@ -33,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from headlens.doctor.bugs import divisors
-from headlens.doctor.racing import race_sources
+from headlens.doctor.racing import Tally, race_sources
 from headlens.doctor.report import CheckpointReport
 from headlens.doctor.sources import EvalSource, evaluation_size, periodic_sources, stdlib_text
 from headlens.doctor.verdict import (
@@ -264,31 +267,6 @@ def gguf_file(path: str | Path) -> Path | None:
     return parse_reference(ref)
 
 
-GGUF_PERMUTED = ("llama",)  # GGUF architectures whose q/k rows transformers un-permutes with the header's heads
-
-
-def _check_gguf(gguf: Path, kw: dict[str, Any]) -> CheckpointReport:
-    """The doctor on the Hugging Face directory transformers dequantized ``gguf`` into (cached); for a llama
-    GGUF every layout is tried as if the file's header had said it (the header's head counts decide how
-    the reader un-permuted the query/key rows: :func:`headlens.doctor.families.gguf_rows`)."""
-    from headlens.doctor.families import FAMILY_MARGIN
-    from headlens.doctor.family_check import check_family
-    from headlens.models.hf.gguf import converted, dequantized_note
-
-    folder, info = converted(gguf)
-    margin = FAMILY_MARGIN if kw["margin"] is None else kw["margin"]
-    permuted = info.architecture in GGUF_PERMUTED
-    report = check_family(folder, kw["n_heads"], kw["candidates"], margin, kw["z_min"], kw["n_rows"], kw["seq_len"],
-                          kw["seed"], kw["texts"], time.perf_counter(), kw["progress"], kw["all_sources"], permuted,
-                          info.path.name)
-    report.path, report.format, report.file = str(info.path), "gguf", {**info.provenance(), "cache": str(folder)}
-    report.notes = [dequantized_note(info.path.name, info), *report.notes]
-    if permuted:
-        report.notes.append("the config is the file's header: each other layout was tried with the query/key rows "
-                            "a header saying it would have given (llama.cpp interleaves them per head)")
-    return report
-
-
 def check_checkpoint(
     path: str | Path,
     n_heads: int | None = None,
@@ -324,7 +302,8 @@ def check_checkpoint(
         seed: seed of the evaluation text.
         texts: your own evaluation text, one row per string (best for char-level models that no
             zoo recipe describes: the default random segments only help models that copy).
-        progress: called as ``progress(tokens_run, upper_bound, what)`` while layouts run.
+        progress: called as ``progress(tokens_run, upper_bound, what)`` while layouts run (the bound: the tokens
+            run plus those the layouts still running have left on the current source).
         all_sources: run every source, even after one that fits the model has decided (by default the
             sources after it are not run, and the report names them).
 
@@ -343,7 +322,9 @@ def check_checkpoint(
     kw = dict(n_heads=n_heads, candidates=candidates, margin=margin, z_min=z_min, n_rows=n_rows, seq_len=seq_len,
               seed=seed, texts=texts, progress=progress, all_sources=all_sources)
     if (gguf := gguf_file(path)) is not None:
-        return _check_gguf(gguf, kw)
+        from headlens.doctor.gguf_check import check_gguf
+
+        return check_gguf(gguf, kw)
     if Path(path).expanduser().is_dir() and _model_type(Path(path).expanduser()) != "gpt2":
         from headlens.doctor.families import FAMILY_MARGIN
         from headlens.doctor.family_check import check_family
@@ -360,19 +341,12 @@ def check_checkpoint(
     heads = sorted(set(candidates or divisors(d_model)) | {claimed, config_heads})
     rows, T = evaluation_size(sum(t.numel() for t in w.tensors.values()), w.config.n_ctx, n_rows, seq_len)
     named = evaluation_sources(w, rows, T, seed, texts)
-    upper = len(heads) * sum(r.numel() for s in named for r in s.rows)
-    done = [0]
-
-    def on_run(h: int, n_tokens: int) -> None:
-        done[0] += n_tokens
-        if progress is not None:
-            progress(done[0], upper, f"doctor: n_heads={h}")
-
+    tally = Tally(progress, lambda h: f"n_heads={h}")
     n_vocab = w.tokenizer.n_symbols if w.tokenizer is not None else w.config.d_vocab
     sources, skipped = race_sources(
-        _evaluator(w, claimed, len(heads), on_run), heads, named, claimed, margin, z_min,
+        _evaluator(w, claimed, len(heads), tally), heads, named, claimed, margin, z_min,
         lambda src, per_row, note: weigh_source(src.name, src.description, per_row, src.rows, claimed, margin, z_min,
-                                                n_vocab, note=note, chance=src.chance), all_sources)
+                                                n_vocab, note=note, chance=src.chance), all_sources, tally)
     chosen, verdict = choose(sources)
     v = chosen.verdict
     if verdict == "passed" and claimed != config_heads:

@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -149,6 +150,23 @@ def _regroup_gguf_rows(model: Any, header: HeadLayout, layout: HeadLayout) -> No
             module.bias = torch.nn.Parameter(module.bias.detach()[idx], requires_grad=False)
 
 
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """``transformers`` without its warnings (the load report a layout that cannot hold the weights prints)
+    and progress bars, restored afterwards."""
+    from transformers.utils import logging
+
+    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
+
+
 def build(model_dir: Path, cfg: Any, layout: HeadLayout, gguf_header: HeadLayout | None = None,
           attn_implementation: str | None = None) -> Any | None:
     """The directory's weights loaded by ``transformers`` into the model rebuilt with ``layout``
@@ -158,10 +176,8 @@ def build(model_dir: Path, cfg: Any, layout: HeadLayout, gguf_header: HeadLayout
     the q/k rows are then regrouped as that reader would have un-permuted them under ``layout``
     (:func:`gguf_rows`). ``attn_implementation``: transformers' default (SDPA, what the doctor's losses need)
     unless named (``"eager"`` returns attention patterns)."""
-    import transformers
     from transformers import AutoModelForCausalLM
 
-    transformers.utils.logging.disable_progress_bar()
     c = cfg.__class__.from_dict(cfg.to_dict())
     c.num_attention_heads = layout.n_heads
     if hasattr(c, "num_key_value_heads"):
@@ -169,14 +185,15 @@ def build(model_dir: Path, cfg: Any, layout: HeadLayout, gguf_header: HeadLayout
     if _has_head_dim(c):
         c.head_dim = layout.d_head
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(
-            str(model_dir), config=c, dtype=torch.float32, local_files_only=True,
-            trust_remote_code=False, output_loading_info=True,
-            **({"attn_implementation": attn_implementation} if attn_implementation else {}))
+        with quiet_transformers():  # its load report and progress bars are not headlens' output
+            model, info = AutoModelForCausalLM.from_pretrained(
+                str(model_dir), config=c, dtype=torch.float32, local_files_only=True,
+                trust_remote_code=False, output_loading_info=True, ignore_mismatched_sizes=False,
+                **({"attn_implementation": attn_implementation} if attn_implementation else {}))
     except (RuntimeError, ValueError, OSError):  # size mismatch, or a layout the family refuses
         return None
-    if info.get("missing_keys") or info.get("unexpected_keys") or info.get("mismatched_keys"):
-        return None
+    if any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")):
+        return None  # a key this layout lacks, or would re-initialise: it cannot hold these weights
     if gguf_header is not None and layout != gguf_header:
         _regroup_gguf_rows(model, gguf_header, layout)
     return model.eval()

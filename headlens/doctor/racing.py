@@ -89,14 +89,39 @@ def gap(worse: torch.Tensor, better: torch.Tensor, weights: torch.Tensor) -> flo
     return float(((worse - better[:n]) * weights[:n]).sum() / weights[:n].sum())
 
 
-def race(evaluate: Evaluate, keys: list[Hashable], rows: list[torch.Tensor], margin: float, z_stop: float
-         ) -> tuple[dict[Hashable, torch.Tensor], list[Hashable]]:
+class Tally:
+    """Progress of the race in tokens: run so far, and at most how many the running layouts still have to run on
+    the current source (the sources after it run only if it does not decide, so they count once they start).
+    Called as ``tally(key, n_tokens)`` after each run; reports ``progress(done, done + left, what)``."""
+
+    def __init__(self, progress: Callable[[int, int, str], None] | None, label: Callable[[Hashable], str]) -> None:
+        self.progress, self.label = progress, label
+        self.done, self.left, self.source, self.running = 0, 0, "", None
+
+    def plan(self, n_layouts: int, rows: list[torch.Tensor]) -> None:
+        """``n_layouts`` layouts still to run ``rows`` of the current source."""
+        self.left = n_layouts * sum(r.numel() for r in rows)
+        self._report()
+
+    def __call__(self, key: Hashable, n_tokens: int) -> None:
+        self.done, self.left, self.running = self.done + n_tokens, max(0, self.left - n_tokens), key
+        self._report()
+
+    def _report(self) -> None:
+        if self.progress is not None and self.done:
+            self.progress(self.done, self.done + self.left, f"doctor ({self.source}): {self.label(self.running)}")
+
+
+def race(evaluate: Evaluate, keys: list[Hashable], rows: list[torch.Tensor], margin: float, z_stop: float,
+         tally: Tally | None = None) -> tuple[dict[Hashable, torch.Tensor], list[Hashable]]:
     """Per-row losses of each layout in ``keys`` on ``rows`` (see the module docstring), and the layouts not
     dropped: they ran every row looked at, dropped ones the rows before they were dropped. Layouts
-    ``evaluate`` cannot run (None) are left out of both."""
+    ``evaluate`` cannot run (None) are left out of both. ``tally`` is told the work left after each look."""
     per_row: dict[Hashable, torch.Tensor] = {}
     alive, done = list(keys), 0
     weights = row_weights(rows)
+    plan = tally.plan if tally is not None else lambda n, rows: None
+    plan(len(alive), rows)
     for stop in looks(count_rows(rows)):
         chunk = take(rows, done, stop)
         for k in list(alive):
@@ -115,13 +140,15 @@ def race(evaluate: Evaluate, keys: list[Hashable], rows: list[torch.Tensor], mar
                                                        and paired_z(per_row[k], per_row[best]) >= z_stop)]
         if len(alive) == 1:
             break
+        plan(len(alive), take(rows, done, count_rows(rows)))
+    plan(0, [])  # this source is done
     return per_row, alive
 
 
 def race_sources(evaluate: Callable[[Hashable, list[torch.Tensor]], torch.Tensor | None], keys: list[Hashable],
                  sources: list[EvalSource], claimed: Hashable, margin: float, z_min: float,
-                 weigh: Callable[[EvalSource, dict[Hashable, torch.Tensor], str], Any], all_sources: bool = False
-                 ) -> tuple[list[Any], list[str]]:
+                 weigh: Callable[[EvalSource, dict[Hashable, torch.Tensor], str], Any], all_sources: bool = False,
+                 tally: Tally | None = None) -> tuple[list[Any], list[str]]:
     """Race the layouts on each source in turn (claimed first); ``weigh(source, per_row, note)`` turns a
     source's losses into its verdict (:class:`headlens.doctor.verdict.Source`), whose ``fit.fits`` says
     whether the layouts it dropped stay dropped and whose ``usable`` whether the sources after it run.
@@ -133,7 +160,9 @@ def race_sources(evaluate: Callable[[Hashable, list[torch.Tensor]], torch.Tensor
         skipped = len(order) - len(run)
         note = (f"not run: {skipped} layout{'s' * (skipped != 1)} clearly worse on the {' and '.join(ruled_out_on)}"
                 if skipped else "")
-        per_row, left = race(evaluate, run, src.rows, margin, STOP_FACTOR * z_min)
+        if tally is not None:
+            tally.source = src.name
+        per_row, left = race(evaluate, run, src.rows, margin, STOP_FACTOR * z_min, tally)
         weighed = weigh(src, per_row, note)
         out.append(weighed)
         if weighed.usable and not all_sources:

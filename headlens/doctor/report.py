@@ -165,6 +165,7 @@ class CheckpointReport:
     file: dict[str, Any] | None = None  # a GGUF file's provenance (sha256, quantization): what was converted
     notes: list[str] = field(default_factory=list)  # what was substituted (a GGUF file: its dequantized model)
     skipped_sources: list[str] = field(default_factory=list)  # not run: an earlier source that fits had decided
+    weights: str = ""  # what the weight shapes fix about the layout (then no source runs: :mod:`headlens.doctor.shapes`)
 
     def to_dict(self) -> dict[str, Any]:
         return _json_safe(dataclasses.asdict(self))
@@ -180,12 +181,16 @@ class CheckpointReport:
             f"  config n_heads  : {self.config_n_heads}"
             + (f"   (checked against --n-heads {self.claimed_n_heads})"
                if self.claimed_n_heads != self.config_n_heads else ""),
-            (f"  inferred n_heads: {self.inferred_n_heads}   (d_model={self.d_model}, loss on {self.evaluation})"
+            (f"  inferred n_heads: {self.inferred_n_heads}   (d_model={self.d_model}, "
+             f"{'from' if self.weights else 'loss on'} {self.evaluation})"
              if decided else f"  inferred n_heads: none   (d_model={self.d_model}: no source separates the layouts)")
             + (f"\n  plausible       : {self.plausible_n_heads}" if len(self.plausible_n_heads) > 1 else ""),
         ]
-        for src in self.sources or [SourceEvidence("evaluation", self.evaluation, self.verdict, 0.0, True,
-                                                   self.evidence)]:
+        if self.weights:
+            lines.append(f"  weights         : {self.weights}")
+        shown = self.sources or ([] if self.weights else [SourceEvidence("evaluation", self.evaluation, self.verdict,
+                                                                         0.0, True, self.evidence)])
+        for src in shown:
             used = "  <= verdict" if src.used and decided else ""
             lines.append(f"  {src.name}: {src.description} -> {src.status}{used}")
             if src.note:

@@ -154,6 +154,7 @@ class Source:
     separation: float  # nats from the best layout to the runner-up (how clearly it separates them)
     fit: TextFit  # random tokens fit a model that copies: it predicts them better than their frequencies
     note: str = ""  # what was not run on it (layouts ruled out on an earlier source)
+    margin: float = 0.0  # nats a gap must exceed to count (the verdict's margin)
 
     @property
     def usable(self) -> bool:
@@ -170,7 +171,7 @@ def weigh_source(name: str, description: str, per_row: dict[int, torch.Tensor], 
     v = decide(per_row, rows, claimed, margin, z_min)
     gaps = sorted(g for h, g in v.gaps.items() if h != v.best)
     fit = text_fit(take(rows, 0, v.rows[v.best]), v.losses[v.best], n_vocab, unknown_id, chance)
-    return Source(name, description, v, status(v, claimed), gaps[0] if gaps else 0.0, fit, note)
+    return Source(name, description, v, status(v, claimed), gaps[0] if gaps else 0.0, fit, note, margin)
 
 
 def choose(sources: list[Source]) -> tuple[Source, str]:
@@ -194,9 +195,28 @@ def source_warnings(sources: list[Source], verdict: str) -> list[str]:
         out.append(f"the {', '.join(s.name for s in misfits)} do not fit this model: {'; '.join(problems)} "
                    f"(it does not copy them); not used for the verdict")
     if verdict == "inconclusive":
-        out.append("inconclusive: no evaluation source separates the head layouts (untrained weights, or text "
-                   "the model does not predict); give text the model was trained on (--text)")
+        out.append(inconclusive_reason(sources))
     return out
+
+
+def inconclusive_reason(sources: list[Source]) -> str:
+    """Why no source decided, and advice only where it follows from the reason: nothing to compare (one layout
+    ran), a source the model predicts that does not separate the layouts, or no source the model predicts
+    (then, and only then, text it was trained on would help)."""
+    if max(len(s.verdict.losses) for s in sources) < 2:
+        return ("inconclusive: only the claimed layout loaded and ran, so there was nothing to compare it with "
+                "(every other split of these projection widths failed to load or run)")
+    fitting = [s for s in sources if s.fit.fits]
+    if fitting:
+        s = fitting[0]
+        v = s.verdict
+        resolvable = any(v.gaps[h] > s.margin for h in v.plausible)  # beyond the margin, within the noise
+        what = "its token frequencies" if s.fit.baseline == "unigram" else "chance"
+        return (f"inconclusive: the model predicts the {s.name} ({s.fit.model_loss:.3f} vs {s.fit.unigram_loss:.3f} "
+                f"nats for {what}), but layouts {sorted(v.plausible)} fit it about equally well: these weights "
+                f"barely depend on the split" + ("; more rows (--rows) would resolve the gaps" if resolvable else ""))
+    return ("inconclusive: no evaluation source separates the head layouts (untrained weights, or text the model "
+            "does not predict); give text the model was trained on (--text)")
 
 
 def source_reports(sources: list[Source], chosen: Source, d_head: Any, n_kv: Any = None) -> list[Any]:
