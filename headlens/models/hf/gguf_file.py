@@ -46,10 +46,10 @@ class GGUFInfo:
     name: str = ""
     add_bos_token: bool | None = None
 
-    def provenance(self) -> dict[str, Any]:
+    def provenance(self, dtype: str = "float32") -> dict[str, Any]:
         return {"kind": "gguf", "file": str(self.path), "sha256": self.sha256, "architecture": self.architecture,
                 "quantization": self.file_type, "tensor_types": dict(self.tensor_types),
-                "dequantized_to": "float32"}
+                "dequantized_to": dtype}
 
 
 def _field(reader: Any, key: str) -> Any:
@@ -138,18 +138,20 @@ def check_architecture(info: GGUFInfo) -> None:
 UNQUANTIZED = ("F32", "F16", "BF16", "F64")  # float tensors: read exactly, nothing rounded to blocks
 
 
-def dequantized_note(name: str, info: GGUFInfo) -> str:
+def dequantized_note(name: str, info: GGUFInfo, dtype: str = "float32") -> str:
     """The one line every GGUF load prints: what runs is the quantized model (or, for a float file, the file's
-    own float weights).
+    own float weights). A file type names a mix (``Q4_K_M``: Q4_K and Q6_K tensors), so the counts are the
+    tensors' own types, quantized ones first.
 
-    >>> info = GGUFInfo(Path("m.gguf"), "0" * 64, "llama", "Q8_0", {"Q8_0": 14, "F32": 7})
-    >>> dequantized_note("m", info)
-    "'m': dequantized from Q8_0 (14 tensors; F32 7) to float32: headlens analyses the quantized model, not the original float weights"
+    >>> info = GGUFInfo(Path("m.gguf"), "0" * 64, "llama", "Q4_K_M", {"F32": 109, "Q4_K": 96, "Q6_K": 13})
+    >>> dequantized_note("m", info, "bfloat16")
+    "'m': dequantized from Q4_K_M (Q4_K 96, Q6_K 13 tensors; F32 109) to bfloat16: headlens analyses the quantized model, not the original float weights"
     """
-    if not set(info.tensor_types) - set(UNQUANTIZED):
+    quantized = {t: n for t, n in info.tensor_types.items() if t not in UNQUANTIZED}
+    if not quantized:
         kinds = ", ".join(f"{t} {n}" for t, n in info.tensor_types.items())
-        return f"{name!r}: GGUF float weights ({kinds} tensors) read as float32: nothing in the file is quantized"
-    others = ", ".join(f"{t} {n}" for t, n in info.tensor_types.items() if t != info.file_type)
-    counts = f"{info.tensor_types.get(info.file_type, 0)} tensors" + (f"; {others}" if others else "")
-    return (f"{name!r}: dequantized from {info.file_type} ({counts}) to float32: headlens analyses the "
+        return f"{name!r}: GGUF float weights ({kinds} tensors) read as {dtype}: nothing in the file is quantized"
+    floats = ", ".join(f"{t} {n}" for t, n in info.tensor_types.items() if t in UNQUANTIZED)
+    counts = ", ".join(f"{t} {n}" for t, n in quantized.items()) + " tensors" + (f"; {floats}" if floats else "")
+    return (f"{name!r}: dequantized from {info.file_type} ({counts}) to {dtype}: headlens analyses the "
             f"quantized model, not the original float weights")
