@@ -51,3 +51,9 @@ class OutputError(HeadlensError):
     """An output path cannot be written (unwritable folder, unknown suffix)."""
 
     exit_code = 7
+
+
+class MemoryLimitError(HeadlensError):
+    """The model will not fit in the memory available (said before any weight is read)."""
+
+    exit_code = 10

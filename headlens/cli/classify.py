@@ -268,6 +268,7 @@ def register(app: typer.Typer) -> None:
             run_classify(model, detectors, prompts, n_prompts, seq_len, batch_size, seed, threshold,
                          tl_compatible, out, quiet, truncate, confirm, corpus, scan_path, resume, device,
                          {**opt.load_options(device_map, max_memory, offload_folder), "dtype": dtype,
-                          "trust_remote_code": trust_remote_code}, report, show_all)
+                          "trust_remote_code": trust_remote_code, "batch_shape": (batch_size, seq_len)},
+                         report, show_all)
         except HeadlensError as e:  # one line and the class's exit code, also under CliRunner
             raise fail(e) from None

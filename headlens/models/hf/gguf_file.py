@@ -155,3 +155,66 @@ def dequantized_note(name: str, info: GGUFInfo, dtype: str = "float32") -> str:
     counts = ", ".join(f"{t} {n}" for t, n in quantized.items()) + " tensors" + (f"; {floats}" if floats else "")
     return (f"{name!r}: dequantized from {info.file_type} ({counts}) to {dtype}: headlens analyses the "
             f"quantized model, not the original float weights")
+
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+def read_header(path: Path) -> tuple[dict[str, Any], list[tuple[str, tuple[int, ...]]]]:
+    """The file's metadata (scalars and strings; an array as its length, or its values when numbers) and
+    its tensors' names and shapes, in a fraction of a second and without numpy or torch: the memory
+    estimate (:mod:`headlens.models.memory`) runs before they are imported. ``gguf.GGUFReader`` parses
+    every vocabulary string into arrays (11 s for SmolLM2's 49k tokens), transformers' own reader imports
+    torch. Raises ``CheckpointError`` on a file cut short or not GGUF.
+    """
+    import mmap
+    import struct
+
+    check_magic(path)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as blob:
+        try:
+            _, n_tensors, n_kv = struct.unpack_from("<IQQ", blob, 4)
+            pos, meta = 24, {}
+            for _ in range(n_kv):
+                key, pos = _string(blob, pos)
+                (kind,) = struct.unpack_from("<I", blob, pos)
+                meta[key], pos = _value(blob, pos + 4, kind)
+            tensors = []
+            for _ in range(n_tensors):
+                name, pos = _string(blob, pos)
+                (n_dims,) = struct.unpack_from("<I", blob, pos)
+                dims = struct.unpack_from(f"<{n_dims}Q", blob, pos + 4)
+                pos += 4 + 8 * n_dims + 12  # dims, then the type (u32) and the offset (u64)
+                tensors.append((name, tuple(reversed(dims))))  # ggml lists the fastest dimension first
+        except (struct.error, ValueError, UnicodeDecodeError) as err:
+            raise CheckpointError(f"{str(path)!r} is a truncated or corrupt GGUF file ({err})") from None
+    return meta, tensors
+
+
+def _string(blob: Any, pos: int) -> tuple[str, int]:
+    import struct
+
+    (n,) = struct.unpack_from("<Q", blob, pos)
+    return bytes(blob[pos + 8:pos + 8 + n]).decode("utf-8"), pos + 8 + n
+
+
+def _value(blob: Any, pos: int, kind: int) -> tuple[Any, int]:
+    import struct
+
+    if kind in _SCALARS:
+        return struct.unpack_from(_SCALARS[kind], blob, pos)[0], pos + struct.calcsize(_SCALARS[kind])
+    if kind == 8:
+        return _string(blob, pos)
+    if kind != 9:
+        raise ValueError(f"unknown metadata type {kind}")
+    item, n = struct.unpack_from("<IQ", blob, pos)
+    pos += 12
+    if item in _SCALARS:  # numbers: kept (per-layer head counts)
+        fmt = f"<{n}{_SCALARS[item][1]}"
+        return list(struct.unpack_from(fmt, blob, pos)), pos + struct.calcsize(fmt)
+    for _ in range(n):  # strings (a vocabulary): walked, counted
+        if item != 8:
+            raise ValueError(f"an array of metadata type {item}")
+        (length,) = struct.unpack_from("<Q", blob, pos)
+        pos += 8 + length
+    return n, pos
