@@ -30,6 +30,7 @@ from headlens.errors import ConfigError, MemoryLimitError
 
 ENV = "HEADLENS_MEMORY_LIMIT"
 MARGIN = 1.2  # over weights + activations: the interpreter, hook reductions, allocator slack
+DEFAULT_BATCH = (32, 64)  # classify's batch_size and seq_len (scoring/ comes after models/; a test keeps them equal)
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20,
           "g": 1e9, "gb": 1e9, "gib": 2**30, "t": 1e12, "tb": 1e12, "tib": 2**40}
@@ -192,15 +193,13 @@ def check_fits(ref: str, dtype: str = "float32", device: str = "cpu", batch: tup
     """
     if device_map is not None or not str(device).startswith("cpu"):
         return
-    from headlens.scoring.defaults import BATCH_SIZE, SEQ_LEN
-
     try:
         shape, room = model_shape(ref), available()
     except (OSError, ValueError, KeyError, TypeError):  # a header it cannot read: the loader will say why
         return
     if shape is None or room is None:
         return
-    batch_size, seq_len = batch or (BATCH_SIZE, SEQ_LEN)
+    batch_size, seq_len = batch or DEFAULT_BATCH
     weights, activations = needed(shape, dtype, batch_size, seq_len)
     need = int(MARGIN * (weights + activations))
     if need <= room[0]:

@@ -40,6 +40,12 @@ def test_the_shape_of_an_hf_directory_is_its_safetensors(tmp_path):
     assert (shape.n_heads, shape.d_vocab) == (hf_model.config.num_attention_heads, hf_model.config.vocab_size)
 
 
+def test_the_default_batch_is_classifys():
+    from headlens.scoring.defaults import BATCH_SIZE, SEQ_LEN
+
+    assert memory.DEFAULT_BATCH == (BATCH_SIZE, SEQ_LEN)
+
+
 def test_weights_and_activations_by_hand():
     shape = memory.ModelShape(n_params=3_000_000_000, n_heads=24, d_vocab=128_256)
     weights, acts = memory.needed(shape, "bfloat16", batch_size=8, seq_len=512)
