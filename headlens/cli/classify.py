@@ -158,6 +158,11 @@ def run_classify(
 
     Under torchrun only rank 0 shows progress, warnings and results and writes ``out``.
     """
+    if model is not None:  # a model that will not fit: refused before torch is imported (seconds, not minutes)
+        from headlens.models.memory import check_fits
+
+        check_fits(model, opt.check_dtype((load_options or {}).get("dtype") or "float32"), device,
+                   (batch_size, seq_len), (load_options or {}).get("device_map"))
     from rich.console import Console
 
     from headlens.cli.progress import progress
