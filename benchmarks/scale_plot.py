@@ -1,0 +1,61 @@
+"""The cost curve of benchmarks/scale.py as one SVG (no plotting library: neither kaleido nor matplotlib is
+a dependency): memory and time against parameters, float32 solid, bfloat16 dashed.
+
+Run: ``python benchmarks/scale_plot.py rows.json docs/scale.svg`` (rows from ``scale.py --json``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+W, H, PAD = 420, 300, 48  # one panel
+COLOURS = {"convert_peak": "#d62728", "classify_peak": "#1f77b4", "weights": "#7f7f7f",
+           "convert_s": "#d62728", "classify_s": "#1f77b4", "forwards_s": "#7f7f7f"}
+LABELS = {"convert_peak": "first load (convert) peak", "classify_peak": "classify peak", "weights": "weights",
+          "convert_s": "first load (convert)", "classify_s": "classify", "forwards_s": "plain forwards"}
+
+
+def _panel(rows: list[dict[str, Any]], keys: tuple[str, ...], scale: float, unit: str, x0: int) -> list[str]:
+    xs = [r["params"] / 1e9 for r in rows]
+    ys = [r[k] / scale for r in rows for k in keys]
+    x_max, y_max = max(xs) * 1.05, max(ys) * 1.1
+
+    def px(x: float, y: float) -> tuple[float, float]:
+        return x0 + PAD + x / x_max * (W - 2 * PAD), H - PAD - y / y_max * (H - 2 * PAD)
+
+    out = [f'<rect x="{x0 + PAD}" y="{PAD}" width="{W - 2 * PAD}" height="{H - 2 * PAD}" fill="none" stroke="#ccc"/>',
+           f'<text x="{x0 + W / 2}" y="{H - 10}" text-anchor="middle">parameters (billions)</text>',
+           f'<text x="{x0 + 12}" y="{PAD - 12}">{unit}</text>']
+    for i in range(5):
+        y = y_max * i / 4
+        _, py = px(0, y)
+        out.append(f'<text x="{x0 + PAD - 6}" y="{py + 4:.0f}" text-anchor="end">{y:.3g}</text>')
+    for x in sorted(set(xs)):
+        qx, _ = px(x, 0)
+        out.append(f'<text x="{qx:.0f}" y="{H - PAD + 16}" text-anchor="middle">{x:.2g}</text>')
+    for j, key in enumerate(keys):
+        for dtype, dash in (("float32", ""), ("bfloat16", ' stroke-dasharray="6 4"')):
+            pts = [px(r["params"] / 1e9, r[key] / scale) for r in rows if r["dtype"] == dtype]
+            if pts:
+                line = " ".join(f"{a:.1f},{b:.1f}" for a, b in pts)
+                out.append(f'<polyline points="{line}" fill="none" stroke="{COLOURS[key]}" stroke-width="2"{dash}/>')
+                out += [f'<circle cx="{a:.1f}" cy="{b:.1f}" r="3" fill="{COLOURS[key]}"/>' for a, b in pts]
+        out.append(f'<text x="{x0 + PAD + 8}" y="{PAD + 16 + 16 * j}" fill="{COLOURS[key]}">{LABELS[key]}</text>')
+    return out
+
+
+def draw(rows: list[dict[str, Any]]) -> str:
+    """Two panels: GB against parameters, seconds against parameters; solid float32, dashed bfloat16."""
+    body = _panel(rows, ("convert_peak", "classify_peak", "weights"), 1e9, "GB (peak RSS)", 0)
+    body += _panel(rows, ("convert_s", "classify_s", "forwards_s"), 1.0, "seconds (wall)", W)
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * W}" height="{H + 20}" '
+            f'font-family="sans-serif" font-size="11"><rect width="100%" height="100%" fill="white"/>'
+            + "".join(body)
+            + f'<text x="{W}" y="{H + 12}" text-anchor="middle">solid: float32, dashed: bfloat16</text></svg>\n')
+
+
+if __name__ == "__main__":
+    Path(sys.argv[2]).write_text(draw(json.loads(Path(sys.argv[1]).read_text())))
