@@ -162,7 +162,7 @@ def needed(shape: ModelShape, dtype: str, batch_size: int, seq_len: int) -> tupl
     ``(B, T, V)`` and one layer's attention scores and pattern ``(B, H, T, T)`` twice.
 
     >>> needed(ModelShape(1_000_000, 4, 100), "bfloat16", 2, 8)
-    (2000000, 7424)
+    (2000000, 10496)
     """
     weights = shape.n_params * ITEMSIZE[dtype]
     activations = 4 * batch_size * seq_len * (shape.d_vocab + 2 * shape.n_heads * seq_len)
