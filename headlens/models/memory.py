@@ -115,12 +115,13 @@ def model_shape(ref: str) -> ModelShape | None:
 def _gguf_shape(path: Path) -> ModelShape:
     from headlens.models.hf.gguf_file import read_header
 
-    meta, tensors = read_header(path)
+    header = read_header(path)
+    meta = header.meta
     arch = meta.get("general.architecture", "")
     heads = meta.get(f"{arch}.attention.head_count", 1)
     vocab = meta.get(f"{arch}.vocab_size") or meta.get("tokenizer.ggml.tokens") or \
-        next((shape[0] for name, shape in tensors if name == "token_embd.weight"), 1)
-    n_params = sum(_product(shape) for _, shape in tensors)
+        next((t.shape[0] for t in header.tensors if t.name == "token_embd.weight"), 1)
+    n_params = sum(_product(t.shape) for t in header.tensors)
     return ModelShape(n_params, max(heads) if isinstance(heads, list) else int(heads), int(vocab))
 
 

@@ -37,13 +37,15 @@ def safetensors_dtypes(path: Path) -> set[str]:
     return {entry["dtype"] for key, entry in header.items() if key != "__metadata__"}
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("family", list(_families()))
-def test_the_cache_holds_what_transformers_loader_gives_byte_for_byte(family, dtype, tmp_path, cache):
+CASES = [(family, dtype, "Q8_0") for family in _families() for dtype in ("float32", "bfloat16")]
+
+
+@pytest.mark.parametrize(("family", "dtype", "qtype"), [*CASES, ("llama", "bfloat16", "F16"), ("qwen2", "float32", "Q4_1")])
+def test_the_cache_holds_what_transformers_loader_gives_byte_for_byte(family, dtype, qtype, tmp_path, cache):
     from transformers import AutoModelForCausalLM
 
     hf_model, tok = tiny_model(family)
-    path = write_gguf(hf_model, tok, tmp_path / f"{family}.gguf", "Q8_0")
+    path = write_gguf(hf_model, tok, tmp_path / f"{family}.gguf", qtype)
     folder, _ = hg.converted(path, dtype)
     torch_dtype = getattr(torch, dtype)
     reference = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name, dtype=torch_dtype)

@@ -2,10 +2,11 @@
 
 Why it looks like this:
 
-* **Bounded memory.** transformers' own GGUF loader dequantizes every tensor into one state dict,
-  builds the model beside it and (asked for bfloat16 through the old cache) cast a float32 copy: a
-  first load peaked at 1.5x the model in float32 and 4.4x it in bfloat16. Here the file is read
-  memory-mapped (``gguf.GGUFReader``), each tensor is dequantized, put through transformers' own
+* **Bounded memory.** transformers' own GGUF loader dequantizes every tensor into one state dict and
+  builds the model beside it (and the old cache held float32, cast after loading): a first load peaked
+  at 1.5x the model in float32 and 4.4x it in bfloat16. Here the file is read memory-mapped (its table
+  by :func:`headlens.models.hf.gguf_file.read_header`: ``gguf.GGUFReader`` takes 11 s on SmolLM2's
+  vocabulary), each tensor is dequantized by ``gguf.dequantize``, put through transformers' own
   per-architecture ``TensorProcessor`` (Llama's q/k un-permutation, Gemma's ``1 + w`` norms, GPT-2's
   transposes: reused, not rewritten), cast to the dtype and written to disk before the next one is
   read. The peak is about the largest tensor in float32 plus its cast, plus the interpreter.
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from headlens.errors import HeadlensError, ModelReferenceError
-from headlens.models.hf.gguf_file import GGUFInfo
+from headlens.models.hf.gguf_file import GGUFInfo, TensorEntry, n_bytes, read_header
 
 WEIGHTS = "model.safetensors"
 _ST_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64"}
@@ -106,20 +107,35 @@ def _one_at_a_time(info: GGUFInfo, config: Any, dtype: Any) -> Iterator[Any]:
         skeleton = AutoModelForCausalLM.from_config(config)
     names = get_gguf_hf_weights_map(skeleton, processor)
     del skeleton
-    reader = gguf.GGUFReader(str(info.path))
-    yield len(names) + len(reader.tensors), max(map(len, [*names.values(), "x"]))
+    header = read_header(info.path)
+    blob = np.memmap(info.path, mode="r", dtype=np.uint8)  # pages read only when a tensor is
+    yield len(names) + len(header.tensors), max(map(len, [*names.values(), "x"]))
     parsed["tensors"] = {}  # where a processor assembles tensors itself (MoE experts)
-    for tensor in reader.tensors:
-        weights = gguf.dequantize(tensor.data, tensor.tensor_type)
-        result = processor.process(weights=weights, name=tensor.name, tensor_key_mapping=names,
+    for entry in header.tensors:
+        qtype = gguf.GGMLQuantizationType(entry.ggml_type)
+        weights = gguf.dequantize(_stored(blob, header.data_start, entry), qtype)
+        result = processor.process(weights=weights, name=entry.name, tensor_key_mapping=names,
                                    parsed_parameters=parsed)
         if result.name in names:
             array = result.weights if result.weights.flags.writeable else np.copy(result.weights)
             yield names[result.name], torch.from_numpy(array).to(dtype)
         del weights, result
-        _release(reader, tensor)
+        _release(blob, header.data_start + entry.offset, n_bytes(entry))
     for key in list(parsed["tensors"]):
         yield key, parsed["tensors"].pop(key).to(dtype)
+
+
+def _stored(blob: Any, data_start: int, entry: TensorEntry) -> Any:
+    """The tensor's bytes as ``gguf.GGUFReader`` hands them to ``dequantize``: plain float types viewed as
+    such in their shape, block types as bytes, ``(..., blocks per row x block bytes)``."""
+    import numpy as np
+
+    start = data_start + entry.offset
+    raw = blob[start:start + n_bytes(entry)]
+    plain = {0: np.float32, 1: np.float16, 28: np.float64}.get(entry.ggml_type)  # F32, F16, F64
+    if plain is not None:
+        return raw.view(plain).reshape(entry.shape)
+    return raw.reshape(*entry.shape[:-1], -1)  # (..., row bytes)
 
 
 def _whole_model(info: GGUFInfo, dtype: Any) -> Iterator[Any]:
@@ -140,13 +156,13 @@ def _whole_model(info: GGUFInfo, dtype: Any) -> Iterator[Any]:
         yield key, tensor.detach().to(torch.device("cpu"))
 
 
-def _release(reader: Any, tensor: Any) -> None:
-    """Hand the pages of ``tensor`` back to the page cache: read pages of a mapping count as resident."""
-    mapped = getattr(reader.data, "_mmap", None)
+def _release(blob: Any, start: int, length: int) -> None:
+    """Hand a tensor's pages back to the page cache: read pages of a mapping count as resident."""
+    mapped = getattr(blob, "_mmap", None)
     if mapped is None or not hasattr(mapped, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
         return
-    start = int(tensor.data_offset) // mmap.PAGESIZE * mmap.PAGESIZE
-    mapped.madvise(mmap.MADV_DONTNEED, start, int(tensor.data_offset) + int(tensor.n_bytes) - start)
+    aligned = start // mmap.PAGESIZE * mmap.PAGESIZE
+    mapped.madvise(mmap.MADV_DONTNEED, aligned, start + length - aligned)
 
 
 class _StreamedSafetensors:

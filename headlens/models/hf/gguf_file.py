@@ -52,31 +52,19 @@ class GGUFInfo:
                 "dequantized_to": dtype}
 
 
-def _field(reader: Any, key: str) -> Any:
-    f = reader.fields.get(key)
-    if f is None:
-        return None
-    try:
-        return f.contents()
-    except Exception:  # an old gguf without contents(): the last part holds the value
-        return f.parts[f.data[0]].tolist()[0] if f.data else None
-
-
 def inspect_file(path: Path, sha256: str) -> GGUFInfo:
     """Read the header of ``path``, whose content hashes to ``sha256`` (one-line errors for a non-GGUF,
     truncated or unsupported file)."""
     require_gguf()
-    check_magic(path)
     import gguf
 
+    header = read_header(path)
+    meta = header.meta
     try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as err:  # the reader raises ValueError, struct.error, IndexError ... on a cut file
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise CheckpointError(f"{str(path)!r} is a truncated or corrupt GGUF file ({first})") from None
-    types = Counter(t.tensor_type.name for t in reader.tensors)
-    arch = str(_field(reader, "general.architecture") or "")
-    ftype = _field(reader, "general.file_type")
+        types = Counter(gguf.GGMLQuantizationType(t.ggml_type).name for t in header.tensors)
+    except ValueError as err:
+        raise CheckpointError(f"{str(path)!r} is a truncated or corrupt GGUF file ({err})") from None
+    ftype = meta.get("general.file_type")
     try:
         main = gguf.LlamaFileType(int(ftype)).name.removeprefix("MOSTLY_").removeprefix("ALL_") \
             if ftype is not None else ""
@@ -84,10 +72,10 @@ def inspect_file(path: Path, sha256: str) -> GGUFInfo:
         main = ""
     if not main or main == "GUESSED":
         main = next((t for t, _ in types.most_common() if t not in ("F32", "F16")), "F32" if types else "")
-    bos = _field(reader, "tokenizer.ggml.add_bos_token")
-    info = GGUFInfo(path.resolve(), sha256, arch, main, dict(types.most_common()),
-                    str(_field(reader, "general.name") or ""), None if bos is None else bool(bos))
-    _check_complete(path, reader)
+    bos = meta.get("tokenizer.ggml.add_bos_token")
+    info = GGUFInfo(path.resolve(), sha256, str(meta.get("general.architecture") or ""), main,
+                    dict(types.most_common()), str(meta.get("general.name") or ""), None if bos is None else bool(bos))
+    _check_complete(path, header)
     check_architecture(info)
     return info
 
@@ -102,13 +90,14 @@ def check_magic(path: Path) -> None:
         raise CheckpointError(f"{str(path)!r} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")
 
 
-def _check_complete(path: Path, reader: Any) -> None:
+def _check_complete(path: Path, header: Header) -> None:
     """The tensors' data must lie inside the file (a download cut short has a full header, short data)."""
     size = path.stat().st_size
-    for t in reader.tensors:
-        if int(t.data_offset) + int(t.n_bytes) > size:
+    for t in header.tensors:
+        end = header.data_start + t.offset + n_bytes(t)
+        if end > size:
             raise CheckpointError(f"{str(path)!r} is truncated: tensor {t.name!r} ends at byte "
-                                  f"{int(t.data_offset) + int(t.n_bytes):,} of a {size:,}-byte file")
+                                  f"{end:,} of a {size:,}-byte file")
 
 
 def supported_architectures() -> list[str]:
@@ -160,12 +149,31 @@ def dequantized_note(name: str, info: GGUFInfo, dtype: str = "float32") -> str:
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 
 
-def read_header(path: Path) -> tuple[dict[str, Any], list[tuple[str, tuple[int, ...]]]]:
-    """The file's metadata (scalars and strings; an array as its length, or its values when numbers) and
-    its tensors' names and shapes, in a fraction of a second and without numpy or torch: the memory
-    estimate (:mod:`headlens.models.memory`) runs before they are imported. ``gguf.GGUFReader`` parses
-    every vocabulary string into arrays (11 s for SmolLM2's 49k tokens), transformers' own reader imports
-    torch. Raises ``CheckpointError`` on a file cut short or not GGUF.
+@dataclass(frozen=True)
+class TensorEntry:
+    """One row of a GGUF's tensor table."""
+
+    name: str
+    shape: tuple[int, ...]  # in torch order (ggml lists the fastest dimension first)
+    ggml_type: int  # gguf.GGMLQuantizationType's value
+    offset: int  # from the start of the data section
+
+
+@dataclass(frozen=True)
+class Header:
+    """A GGUF file's metadata (scalars and strings; an array as its length, or its values when numbers),
+    its tensor table and where the tensor data starts."""
+
+    meta: dict[str, Any]
+    tensors: list[TensorEntry]
+    data_start: int
+
+
+def read_header(path: Path) -> Header:
+    """The file's header in a fraction of a second, without numpy or torch: the memory estimate
+    (:mod:`headlens.models.memory`) runs before they are imported, and ``gguf.GGUFReader`` parses every
+    vocabulary string into arrays (11 s for SmolLM2's 49k tokens, each time it is made; transformers' own
+    reader imports torch). Raises ``CheckpointError`` on a file cut short or not GGUF.
     """
     import mmap
     import struct
@@ -184,11 +192,24 @@ def read_header(path: Path) -> tuple[dict[str, Any], list[tuple[str, tuple[int, 
                 name, pos = _string(blob, pos)
                 (n_dims,) = struct.unpack_from("<I", blob, pos)
                 dims = struct.unpack_from(f"<{n_dims}Q", blob, pos + 4)
-                pos += 4 + 8 * n_dims + 12  # dims, then the type (u32) and the offset (u64)
-                tensors.append((name, tuple(reversed(dims))))  # ggml lists the fastest dimension first
+                kind, offset = struct.unpack_from("<IQ", blob, pos + 4 + 8 * n_dims)
+                pos += 4 + 8 * n_dims + 12
+                tensors.append(TensorEntry(name, tuple(reversed(dims)), kind, offset))
         except (struct.error, ValueError, UnicodeDecodeError) as err:
             raise CheckpointError(f"{str(path)!r} is a truncated or corrupt GGUF file ({err})") from None
-    return meta, tensors
+    align = int(meta.get("general.alignment", 32))
+    return Header(meta, tensors, (pos + align - 1) // align * align)
+
+
+def n_bytes(entry: TensorEntry) -> int:
+    """How many bytes the tensor's data takes in the file (blocks of its quantization type)."""
+    import gguf
+
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(entry.ggml_type)]
+    n = 1
+    for d in entry.shape:
+        n *= d
+    return n // block * size
 
 
 def _string(blob: Any, pos: int) -> tuple[str, int]:
