@@ -96,8 +96,8 @@ def _check_complete(path: Path, header: Header) -> None:
     for t in header.tensors:
         end = header.data_start + t.offset + n_bytes(t)
         if end > size:
-            raise CheckpointError(f"{str(path)!r} is truncated: tensor {t.name!r} ends at byte "
-                                  f"{end:,} of a {size:,}-byte file")
+            raise CheckpointError(f"{str(path)!r} is a truncated or corrupt GGUF file (tensor {t.name!r} ends "
+                                  f"at byte {end:,} of a {size:,}-byte file)")
 
 
 def supported_architectures() -> list[str]:
