@@ -23,6 +23,7 @@ is skipped in that dtype (and said). Nothing asserts on time; a shared machine i
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -35,7 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 # name -> (d_model, n_layers, n_heads, n_kv_heads, d_mlp, d_vocab, tied)
 SHAPES = {
-    "tiny": (64, 2, 4, 2, 128, 512, True),  # a smoke test of the script itself
+    "tiny": (64, 2, 4, 2, 128, 70000, True),  # a smoke test of the script itself (pairs and triples)
     "135M": (576, 30, 9, 3, 1536, 49152, True),  # SmolLM2-135M
     "360M": (960, 32, 15, 5, 2560, 49152, True),  # SmolLM2-360M
     "1B": (2048, 16, 32, 8, 8192, 128256, True),  # Llama-3.2-1B
@@ -57,10 +58,12 @@ def vocabulary(n: int) -> tuple[list[str], list[str]]:
     alphabet = list(bytes_to_unicode().values())
     tokens, merges = [*alphabet, "<|endoftext|>"], []
     pairs = ((a, b) for a in alphabet for b in alphabet)
-    while len(tokens) < n:
-        a, b = next(pairs)
-        tokens.append(a + b)
-        merges.append(f"{a} {b}")
+    triples = ((a + b, c) for a in alphabet for b in alphabet for c in alphabet)  # 16M: enough for any vocabulary
+    for left, right in itertools.chain(pairs, triples):
+        if len(tokens) >= n:
+            break
+        tokens.append(left + right)
+        merges.append(f"{left} {right}")
     return tokens[:n], merges
 
 

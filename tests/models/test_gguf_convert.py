@@ -69,6 +69,9 @@ def test_each_dtype_has_its_own_cache_folder(tmp_path, cache):
     assert f32 != bf16 and "-float32-" in f32.name and "-bfloat16-" in bf16.name
     assert hg.converted(path, "bf16")[0] == bf16  # any spelling of the dtype: the same folder
     assert (bf16 / "model.safetensors").stat().st_size < 0.6 * (f32 / "model.safetensors").stat().st_size
+    from transformers import modeling_gguf_pytorch_utils as readers
+
+    assert readers.load_gguf_checkpoint.__module__ == readers.__name__  # the header memo is gone after use
 
 
 CHILD = textwrap.dedent("""

@@ -23,11 +23,13 @@ Why it looks like this:
 
 from __future__ import annotations
 
+import copy
 import json
 import mmap
 import struct
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +53,10 @@ def convert(info: GGUFInfo, out: Path, dtype: str) -> dict[str, Any]:
     folder, name = str(info.path.parent), info.path.name
     t0 = time.perf_counter()
     try:
-        config = AutoConfig.from_pretrained(folder, gguf_file=name)
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        largest = write_weights(info, config, getattr(torch, dtype), out / WEIGHTS)
+        with _header_read_once():
+            config = AutoConfig.from_pretrained(folder, gguf_file=name)
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+            largest = write_weights(info, config, getattr(torch, dtype), out / WEIGHTS)
     except HeadlensError:
         raise
     except Exception as err:  # transformers raises ValueError, KeyError, OSError ... on what it cannot map
@@ -70,6 +73,30 @@ def convert(info: GGUFInfo, out: Path, dtype: str) -> dict[str, Any]:
     tokenizer.save_pretrained(str(out))
     _tokenizer_config(out, info.add_bos_token)
     return {"seconds": round(time.perf_counter() - t0, 2), "largest_tensor_bytes": largest}
+
+
+@contextmanager
+def _header_read_once() -> Iterator[None]:
+    """transformers reads a GGUF's header through ``load_gguf_checkpoint`` for the config, again for the
+    tokenizer's config, and the processors need it a third time; each parses the whole vocabulary
+    (``gguf.GGUFReader``: 11 s on SmolLM2's 49k tokens). While this is open, the header-only calls read
+    each file once, and every caller gets its own copy of the result."""
+    from transformers import modeling_gguf_pytorch_utils as readers
+
+    original, memo = readers.load_gguf_checkpoint, {}
+
+    def once(path: Any, return_tensors: bool = False, **kwargs: Any) -> Any:
+        if return_tensors or kwargs:
+            return original(path, return_tensors=return_tensors, **kwargs)
+        if str(path) not in memo:
+            memo[str(path)] = original(path)
+        return copy.deepcopy(memo[str(path)])
+
+    readers.load_gguf_checkpoint = once
+    try:
+        yield
+    finally:
+        readers.load_gguf_checkpoint = original
 
 
 def write_weights(info: GGUFInfo, config: Any, dtype: Any, path: Path) -> int:
@@ -94,14 +121,14 @@ def _one_at_a_time(info: GGUFInfo, config: Any, dtype: Any) -> Iterator[Any]:
     import numpy as np
     import torch
     from transformers import AutoModelForCausalLM
+    from transformers import modeling_gguf_pytorch_utils as readers
     from transformers.modeling_gguf_pytorch_utils import (
         TENSOR_PROCESSORS,
         TensorProcessor,
         get_gguf_hf_weights_map,
-        load_gguf_checkpoint,
     )
 
-    parsed = load_gguf_checkpoint(str(info.path))  # the header only: the config dict the processors read
+    parsed = readers.load_gguf_checkpoint(str(info.path))  # the header only: the config dict the processors read
     processor = TENSOR_PROCESSORS.get(info.architecture, TensorProcessor)(config=parsed["config"])
     with torch.device("meta"):  # names only: no weight is allocated
         skeleton = AutoModelForCausalLM.from_config(config)
