@@ -7,6 +7,7 @@ Run: ``python benchmarks/scale_plot.py rows.json docs/scale.svg`` (rows from ``s
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,10 +19,16 @@ LABELS = {"convert_peak": "first load (convert) peak", "classify_peak": "classif
           "convert_s": "first load (convert)", "classify_s": "classify", "forwards_s": "plain forwards"}
 
 
+def _nice(y: float) -> float:
+    """The smallest of 1, 2, 4, 5, 8 x 10^k at or above ``y``: ticks at quarters read as round numbers."""
+    k = 10 ** math.floor(math.log10(y))
+    return next(m * k for m in (1, 2, 4, 5, 8, 10) if m * k >= y)
+
+
 def _panel(rows: list[dict[str, Any]], keys: tuple[str, ...], scale: float, unit: str, x0: int) -> list[str]:
     xs = [r["params"] / 1e9 for r in rows]
     ys = [r[k] / scale for r in rows for k in keys]
-    x_max, y_max = max(xs) * 1.05, max(ys) * 1.1
+    x_max, y_max = max(xs) * 1.05, _nice(max(ys) * 1.05)
 
     def px(x: float, y: float) -> tuple[float, float]:
         return x0 + PAD + x / x_max * (W - 2 * PAD), H - PAD - y / y_max * (H - 2 * PAD)
