@@ -243,9 +243,10 @@ def main() -> None:
                     if args.json:
                         args.json.write_text(json.dumps(rows, indent=1))
             (work / f"llama-{name}.gguf").unlink(missing_ok=True)
-    if args.svg:
-        from benchmarks.scale_plot import draw
+    from benchmarks.scale_plot import draw, markdown
 
+    print(markdown(rows))
+    if args.svg:
         args.svg.write_text(draw(rows))
 
 

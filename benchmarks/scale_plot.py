@@ -1,7 +1,8 @@
 """The cost curve of benchmarks/scale.py as one SVG (no plotting library: neither kaleido nor matplotlib is
 a dependency): memory and time against parameters, float32 solid, bfloat16 dashed.
 
-Run: ``python benchmarks/scale_plot.py rows.json docs/scale.svg`` (rows from ``scale.py --json``).
+Run: ``python benchmarks/scale_plot.py rows.json [more.json ...] docs/scale.svg`` (rows from ``scale.py
+--json``); prints the table docs/real-models.md shows.
 """
 
 from __future__ import annotations
@@ -64,5 +65,21 @@ def draw(rows: list[dict[str, Any]]) -> str:
             + f'<text x="{W}" y="{H + 12}" text-anchor="middle">solid: float32, dashed: bfloat16</text></svg>\n')
 
 
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The rows as the table docs/real-models.md shows."""
+    out = ["| size | dtype | weights | first load: wall, peak (bound) | load | classify vs plain forwards | "
+           "classify peak / (weights + batch) |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        wb = r["weights"] + r["activations"]
+        out.append(f"| {r['size']} ({r['params'] / 1e9:.2f}B) | {r['dtype']} | {r['weights'] / 1e9:.2f} GB | "
+                   f"{r['convert_s']:.0f} s, {r['convert_peak'] / 1e9:.2f} GB ({r['convert_bound'] / 1e9:.2f}) | "
+                   f"{r['load_s']:.1f} s | {r['classify_s']:.1f} s / {r['forwards_s']:.1f} s = "
+                   f"{r['classify_s'] / r['forwards_s']:.2f}x | {r['classify_peak'] / 1e9:.2f} / {wb / 1e9:.2f} GB = "
+                   f"{r['classify_peak'] / wb:.2f}x |")
+    return "\n".join(out) + "\n"
+
+
 if __name__ == "__main__":
-    Path(sys.argv[2]).write_text(draw(json.loads(Path(sys.argv[1]).read_text())))
+    rows = [row for name in sys.argv[1:-1] for row in json.loads(Path(name).read_text())]
+    Path(sys.argv[-1]).write_text(draw(rows))
+    print(markdown(rows))
