@@ -8,8 +8,9 @@ Why it looks like this:
   the vocabulary, in well under a second, torch not imported.
 * **What a run holds**: the weights in the dtype asked for, plus one batch's activations, dominated
   by the logits (``B x T x V`` float32, which the metrics read) and an attention layer's scores and
-  pattern (``2 x B x H x T x T`` float32); times :data:`MARGIN` for the interpreter, the hooks' sums
-  and the allocator (classify's peak measured at <= 1.3x weights plus a batch: benchmarks/scale.py).
+  pattern (``2 x B x H x T x T`` float32); times :data:`MARGIN` for the hooks' sums and the allocator,
+  plus :data:`BASE` for the interpreter with torch and transformers (classify's peak measured at
+  0.95-1.1x weights plus a batch from 1B parameters, about 0.5 GB above it below: benchmarks/scale.py).
 * **What there is**: ``/proc/meminfo``'s MemAvailable, lowered by a cgroup limit when the process
   runs under one (``memory.max`` less ``memory.current``; cgroup v1's ``limit_in_bytes``);
   ``$HEADLENS_MEMORY_LIMIT`` (``6GB``, ``512MiB``, bytes) replaces both (tests, a self-imposed cap).
@@ -29,7 +30,8 @@ from typing import Any
 from headlens.errors import ConfigError, MemoryLimitError
 
 ENV = "HEADLENS_MEMORY_LIMIT"
-MARGIN = 1.2  # over weights + activations: the interpreter, hook reductions, allocator slack
+MARGIN = 1.2  # over weights + activations: hook reductions, allocator slack
+BASE = 500_000_000  # Python with torch and transformers imported (0.5 GB: benchmarks/scale.py's small sizes)
 DEFAULT_BATCH = (32, 64)  # classify's batch_size and seq_len (scoring/ comes after models/; a test keeps them equal)
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20,
@@ -190,7 +192,8 @@ def check_fits(ref: str, dtype: str = "float32", device: str = "cpu", batch: tup
         device_map: given, accelerate places the layers (the disk included): nothing is checked.
 
     Raises:
-        MemoryLimitError: when weights + activations, times :data:`MARGIN`, exceed what is available.
+        MemoryLimitError: when weights + activations, times :data:`MARGIN`, plus :data:`BASE`, exceed what
+            is available.
     """
     if device_map is not None or not str(device).startswith("cpu"):
         return
@@ -202,12 +205,12 @@ def check_fits(ref: str, dtype: str = "float32", device: str = "cpu", batch: tup
         return
     batch_size, seq_len = batch or DEFAULT_BATCH
     weights, activations = needed(shape, dtype, batch_size, seq_len)
-    need = int(MARGIN * (weights + activations))
+    need = BASE + int(MARGIN * (weights + activations))
     if need <= room[0]:
         return
     half = "" if dtype != "float32" else f"--dtype bfloat16 (weights {gb(weights / 2)}), "
     raise MemoryLimitError(
         f"{ref!r} needs about {gb(need)} ({_count(shape.n_params)} parameters: weights {gb(weights)} in "
         f"{dtype}, activations {gb(activations)} for a batch of {batch_size} x {seq_len} tokens, x{MARGIN} "
-        f"margin) but {gb(room[0])} is available ({room[1]}); ways out: {half}a smaller --batch-size, or "
+        f"+ {gb(BASE)} for the interpreter) but {gb(room[0])} is available ({room[1]}); ways out: {half}a smaller --batch-size, or "
         f"--device-map auto --offload-folder DIR (layers on disk)")

@@ -69,7 +69,7 @@ def test_a_model_that_does_not_fit_is_refused_in_one_line_before_any_weight_is_r
                                                                                     monkeypatch):
     path, _ = gguf_file
     weights = memory.model_shape(f"gguf:{path}").n_params * 4
-    monkeypatch.setenv(memory.ENV, str(weights // 2))  # not even the float32 weights fit
+    monkeypatch.setenv(memory.ENV, str(memory.BASE + weights // 2))  # not even the float32 weights fit
     result = CliRunner().invoke(app, ["classify", "--model", f"gguf:{path}", "--batch-size", "4",
                                       "--seq-len", "16", "--n-prompts", "8"])
     lines = result.stderr.strip().splitlines()
@@ -85,7 +85,7 @@ def test_the_ways_out_pass_the_check(gguf_file, monkeypatch):
     path, _ = gguf_file
     shape = memory.model_shape(f"gguf:{path}")
     f32, acts = memory.needed(shape, "float32", 1, 16)
-    monkeypatch.setenv(memory.ENV, str(int(memory.MARGIN * (f32 / 2 + acts)) + 1))  # bfloat16 fits, float32 not
+    monkeypatch.setenv(memory.ENV, str(memory.BASE + int(memory.MARGIN * (f32 / 2 + acts)) + 1))  # bfloat16 fits, float32 not
     with pytest.raises(MemoryLimitError, match="ways out: --dtype bfloat16"):
         memory.check_fits(f"gguf:{path}", "float32", batch=(1, 16))
     memory.check_fits(f"gguf:{path}", "bfloat16", batch=(1, 16))
