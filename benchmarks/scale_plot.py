@@ -41,8 +41,12 @@ def _panel(rows: list[dict[str, Any]], keys: tuple[str, ...], scale: float, unit
         y = y_max * i / 4
         _, py = px(0, y)
         out.append(f'<text x="{x0 + PAD - 6}" y="{py + 4:.0f}" text-anchor="end">{y:.3g}</text>')
+    last = -1e9
     for x in sorted(set(xs)):
         qx, _ = px(x, 0)
+        if qx - last < 30:  # labels would overlap
+            continue
+        last = qx
         out.append(f'<text x="{qx:.0f}" y="{H - PAD + 16}" text-anchor="middle">{x:.2g}</text>')
     for j, key in enumerate(keys):
         for dtype, dash in (("float32", ""), ("bfloat16", ' stroke-dasharray="6 4"')):
