@@ -104,7 +104,9 @@ def model_shape(ref: str) -> ModelShape | None:
     if ref.startswith("hf:"):
         from headlens.models.hf.hub import resolve
 
-        src = resolve(ref[3:])  # config.json only (a hub miss is its own one-line error)
+        # config.json only (a hub miss is its own one-line error); whether the repository's code may run is
+        # the loader's question, asked with the user's --trust-remote-code right after
+        src = resolve(ref[3:], trust_remote_code=True)
         return _hf_shape(src.files, src.config)
     path = Path(ref).expanduser()
     if path.is_file() and path.suffix == ".safetensors":
