@@ -75,3 +75,9 @@ def did_you_mean(value: object, choices: object) -> str:
     if not close:
         return ""
     return "; did you mean " + " or ".join(repr(c) for c in close) + "?"
+
+
+class MemoryLimitError(HeadlensError):
+    """The model will not fit in the memory available (said before any weight is read)."""
+
+    exit_code = 10

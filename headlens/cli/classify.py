@@ -162,6 +162,11 @@ def run_classify(
 
     Under torchrun only rank 0 shows progress, warnings and results and writes ``out``.
     """
+    if model is not None:  # a model that will not fit: refused before torch is imported (seconds, not minutes)
+        from headlens.models.memory import check_fits
+
+        check_fits(model, opt.check_dtype((load_options or {}).get("dtype") or "float32"), device,
+                   (batch_size, seq_len), (load_options or {}).get("device_map"))
     from rich.console import Console
 
     from headlens.cli.progress import progress
@@ -276,6 +281,7 @@ def register(app: typer.Typer) -> None:
             run_classify(model, detectors, prompts, n_prompts, seq_len, batch_size, seed, threshold,
                          tl_compatible, out, quiet, truncate, confirm, corpus, scan_path, resume, device,
                          {**opt.load_options(device_map, max_memory, offload_folder), "dtype": dtype,
-                          "trust_remote_code": trust_remote_code}, report, show_all)
+                          "trust_remote_code": trust_remote_code, "batch_shape": (batch_size, seq_len)},
+                         report, show_all)
         except HeadlensError as e:  # one line and the class's exit code, also under CliRunner
             raise fail(e) from None

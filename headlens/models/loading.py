@@ -78,7 +78,9 @@ def load(ref: Any, device: str = "cpu", dtype: Any = None, trust_remote_code: bo
         device: ``cpu`` (default), ``cuda``, ``mps`` or ``auto``; an unavailable one is refused.
         dtype: ``float32`` (default), ``bfloat16`` or ``float16``.
         trust_remote_code: let an ``hf:`` repository run its own Python code (never otherwise).
-        **kwargs: ``name``; for ``hf:`` models also ``device_map``, ``max_memory``, ``offload_folder``.
+        **kwargs: ``name``; for ``hf:`` models also ``device_map``, ``max_memory``, ``offload_folder``;
+            ``batch_shape=(batch_size, seq_len)``: the largest forward the caller will make, for the memory
+            check (:mod:`headlens.models.memory`; default classify's).
 
     The returned object has ``n_layers``, ``n_heads``, ``is_causal``, ``to_tokens``,
     ``to_str_tokens``, ``run_with_hooks``, ``run_with_cache`` and ``hooks``, with hook names
@@ -101,8 +103,12 @@ def load(ref: Any, device: str = "cpu", dtype: Any = None, trust_remote_code: bo
             and not ref_str.lower().endswith(".gguf"):
         raise ConfigError(f"{', '.join(k for k in placement if k in kwargs)} need an 'hf:' model "
                           f"(accelerate places its layers); {ref_str!r} is not one")
-    from headlens.models.placement import resolve_device, resolve_dtype
+    from headlens.models.memory import check_fits  # before torch is imported and any weight is read
+    from headlens.models.placement import dtype_name, resolve_device, resolve_dtype
     from headlens.zoo import ZOO
+
+    check_fits(ref_str, dtype_name(str(dtype or "float32")), str(device), kwargs.pop("batch_shape", None),
+               kwargs.get("device_map"))
 
     device, torch_dtype = resolve_device(device), resolve_dtype(dtype)
     if ref_str in ZOO:

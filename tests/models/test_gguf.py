@@ -84,7 +84,7 @@ def test_a_quantized_gguf_is_the_model_with_its_weights_rounded(family, qtype, t
     n_quantized = sum(p.ndim == 2 for n, p in hf_model.named_parameters() if "norm" not in n)
     assert model.source["quantization"] == qtype and model.source["tensor_types"][qtype] == n_quantized
     note = next(line for line in said if "dequantized from" in line)
-    assert f"dequantized from {qtype} ({n_quantized} tensors" in note and "quantized model" in note
+    assert f"dequantized from {qtype} ({qtype} {n_quantized} tensors; F32 " in note and "quantized model" in note
 
 
 @pytest.fixture
@@ -133,7 +133,7 @@ def test_the_cache_folder_appears_complete_or_not_at_all(q8_file, cache, monkeyp
     path, hf_model = q8_file
     real = hg._dequantize_into
 
-    def dies_halfway(info, out):
+    def dies_halfway(info, out, dtype):
         (out / "config.json").write_text("{}")
         raise KeyboardInterrupt  # the user's Ctrl+C in the middle of a conversion
 

@@ -2,19 +2,21 @@
 
 Why it looks like this:
 
-* **transformers reads the file, headlens does not parse weights.** ``from_pretrained(dir,
-  gguf_file=...)`` (with the ``gguf`` package) maps each family's tensors to its own classes and
-  dequantizes them to float32. What headlens then analyses is the *quantized* model (every weight
-  rounded to Q4_1, Q8_0 ... and back), not the original float checkpoint: one line says so on every
-  load (:func:`dequantized_note`), and the file's sha256 and quantization types go into every
-  output's provenance (``model.source``).
-* **Converted once.** Dequantizing takes seconds to minutes (and transformers refuses to
-  ``save_pretrained`` a GGUF-loaded model), so the float32 model is written once as a plain Hugging
-  Face directory (``config.json``, ``model.safetensors``, tokenizer files) under
-  :func:`cache_root` ``/gguf/<stem>-<sha256[:16]>-transformers-<version>/``. A second load reads
-  safetensors and boots it through TransformerBridge like any ``hf:<dir>``. The folder appears
-  complete or not at all (written beside it, then renamed), keyed by the file's *content* and the
-  transformers version that dequantized it.
+* **transformers reads the file, headlens does not parse weights.** Each tensor is dequantized and
+  put through transformers' own per-architecture processor (:mod:`headlens.models.hf.gguf_convert`),
+  byte for byte what ``from_pretrained(dir, gguf_file=...)`` gives. What headlens then analyses is the
+  *quantized* model (every weight rounded to Q4_1, Q8_0 ... and back), not the original float
+  checkpoint: one line says so on every load (:func:`dequantized_note`), and the file's sha256 and
+  quantization types go into every output's provenance (``model.source``).
+* **Converted once per dtype, one tensor at a time.** Dequantizing takes seconds to minutes (and
+  transformers refuses to ``save_pretrained`` a GGUF-loaded model), so the model is written once, in
+  the dtype asked for (bfloat16 stays bfloat16 on disk), as a plain Hugging Face directory
+  (``config.json``, ``model.safetensors``, tokenizer files) under :func:`cache_root`
+  ``/gguf/<stem>-<sha256[:16]>-<dtype>-transformers-<version>/``; the conversion's peak memory is about
+  its largest tensor, not the model. A second load reads safetensors and boots it through
+  TransformerBridge like any ``hf:<dir>`` (``device_map``/``offload_folder`` included). The folder
+  appears complete or not at all (written beside it, then renamed), keyed by the file's *content*, the
+  dtype and the transformers version that dequantized it.
 * **A GGUF config has no ``architectures``.** transformers builds the config from the file's
   metadata, whose ``model_type`` says the family; the causal-LM class is set from it, so the bridge
   boots the right adapter and the tokenizer is the file's own (the bridge would otherwise ask the hub).
@@ -113,18 +115,27 @@ def sha256_of(path: Path) -> str:
     return digest
 
 
-def cache_dir(path: Path, sha256: str) -> Path:
-    """``<cache_root>/gguf/<stem>-<sha256[:16]>-transformers-<version>``: one folder per content and reader."""
+def cache_dir(path: Path, sha256: str, dtype: Any = None) -> Path:
+    """``<cache_root>/gguf/<stem>-<sha256[:16]>-<dtype>-transformers-<version>``: one folder per content,
+    dtype (default float32) and reader."""
     import transformers
 
     stem = "".join(c if c.isalnum() or c in "._-" else "_" for c in path.stem)[:60]
-    return cache_root() / "gguf" / f"{stem}-{sha256[:16]}-transformers-{transformers.__version__}"
+    return cache_root() / "gguf" / f"{stem}-{sha256[:16]}-{dtype_name(dtype)}-transformers-{transformers.__version__}"
 
 
-def cached(path: Path) -> tuple[Path, GGUFInfo] | None:
-    """The cache folder of ``path`` and the file's info from it, when a complete one exists (no header read)."""
+def dtype_name(dtype: Any) -> str:
+    """``float32`` for None, else the canonical name of ``dtype`` (a ``torch.dtype`` or a name)."""
+    from headlens.models.placement import dtype_name as canonical
+
+    return "float32" if dtype is None else canonical(str(dtype))
+
+
+def cached(path: Path, dtype: Any = None) -> tuple[Path, GGUFInfo] | None:
+    """The cache folder of ``path`` in ``dtype`` and the file's info from it, when a complete one exists
+    (no header read)."""
     sha = sha256_of(path)
-    folder = cache_dir(path, sha)
+    folder = cache_dir(path, sha, dtype)
     try:
         marker = json.loads((folder / MARKER).read_text())
     except (OSError, json.JSONDecodeError):
@@ -136,22 +147,23 @@ def cached(path: Path) -> tuple[Path, GGUFInfo] | None:
     return folder, info
 
 
-def converted(path: Path) -> tuple[Path, GGUFInfo]:
-    """The Hugging Face directory holding the dequantized model of ``path``, and the file's info: from the
-    cache, else made now (written beside its final place, then renamed, so it is complete or absent)."""
+def converted(path: Path, dtype: Any = None) -> tuple[Path, GGUFInfo]:
+    """The Hugging Face directory holding the dequantized model of ``path`` in ``dtype`` (default float32),
+    and the file's info: from the cache, else made now (written beside its final place, then renamed, so
+    it is complete or absent)."""
     require_gguf()
     check_magic(path)
-    if (hit := cached(path)) is not None:
+    if (hit := cached(path, dtype)) is not None:
         return hit
     info = inspect_file(path, sha256_of(path))
-    target = cache_dir(path, info.sha256)
+    target = cache_dir(path, info.sha256, dtype)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        _dequantize_into(info, tmp)
+        _dequantize_into(info, tmp, dtype_name(dtype))
         _apply_umask(tmp)
         if target.exists():  # a stale or partial folder, or another process won the race
-            if (hit := cached(path)) is not None:
+            if (hit := cached(path, dtype)) is not None:
                 return hit
             shutil.rmtree(target, ignore_errors=True)
         os.replace(tmp, target)
@@ -169,46 +181,16 @@ def _apply_umask(folder: Path) -> None:
         f.chmod(file_mode())
 
 
-def _dequantize_into(info: GGUFInfo, out: Path) -> None:
-    """transformers reads and dequantizes the file; the float32 weights, config and tokenizer go to ``out``."""
-    import torch
+def _dequantize_into(info: GGUFInfo, out: Path, dtype: Any) -> None:
+    """The file's config, weights (in ``dtype``, one tensor at a time) and tokenizer into ``out``, the marker last."""
     import transformers
-    from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    transformers.utils.logging.enable_progress_bar()  # minutes for a 7B file: transformers' bar shows them
-    folder, name = str(info.path.parent), info.path.name
-    t0 = time.perf_counter()
-    try:
-        config = AutoConfig.from_pretrained(folder, gguf_file=name)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    except Exception as err:  # transformers raises ValueError, KeyError, OSError ... on what it cannot map
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise ModelReferenceError(f"transformers could not read {str(info.path)!r} "
-                                  f"(architecture {info.architecture!r}): {first}") from None
-    arch = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
-    config_dict = model.config.to_dict()
-    for key in ("quantization_config", "_name_or_path"):
-        config_dict.pop(key, None)
-    config_dict["architectures"] = [arch or type(model).__name__]
-    config_dict["torch_dtype"] = config_dict["dtype"] = "float32"
-    tensors, seen = {}, {}
-    for key, tensor in model.state_dict().items():
-        ptr = tensor.untyped_storage().data_ptr()
-        if ptr in seen and config_dict.get("tie_word_embeddings"):
-            continue  # the tied lm_head: from_pretrained ties it again
-        seen[ptr] = key
-        tensors[key] = tensor.detach().contiguous()
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config_dict, indent=2, default=str))
-    tokenizer.save_pretrained(str(out))
-    _tokenizer_config(out, info.add_bos_token)
+    from headlens.models.hf.gguf_convert import convert
+
+    done = convert(info, out, dtype)
     _write_json_atomic(out / MARKER, {
-        **info.provenance(), "name": info.name, "add_bos_token": info.add_bos_token,
-        "transformers": transformers.__version__,
-        "seconds": round(time.perf_counter() - t0, 2), "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        **info.provenance(dtype_name(dtype)), "name": info.name, "add_bos_token": info.add_bos_token,
+        "transformers": transformers.__version__, **done, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
     })
 
 
@@ -222,21 +204,6 @@ def file_tokenizer(folder: Path) -> Any:
     # AutoTokenizer); what prompts start with is decided apart from it (headlens.models.hf.prefix)
     has_bos = json.loads((folder / "tokenizer_config.json").read_text()).get("bos_token") is not None
     return PreTrainedTokenizerFast.from_pretrained(str(folder), **({"add_bos_token": True} if has_bos else {}))
-
-
-def _tokenizer_config(out: Path, add_bos: bool | None) -> None:
-    """The folder says what the file says: the generic fast class (:func:`file_tokenizer`) and the file's
-    ``add_bos_token``."""
-    from transformers import PreTrainedTokenizerFast
-
-    cfg = out / "tokenizer_config.json"
-    if not cfg.is_file():
-        return
-    data = json.loads(cfg.read_text())
-    data["tokenizer_class"] = PreTrainedTokenizerFast.__name__
-    if add_bos is not None:
-        data["add_bos_token"] = bool(add_bos)
-    cfg.write_text(json.dumps(data, indent=2))
 
 
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
@@ -273,7 +240,7 @@ def load_gguf(path: str | os.PathLike, device: str = "cpu", dtype: Any = None, n
 
     Args:
         path: the ``.gguf`` file.
-        device, dtype: as for ``headlens.load`` (the float32 weights are cast after loading).
+        device, dtype: as for ``headlens.load``; the cache holds the weights in ``dtype``.
         name: display name (default: the file's stem).
         **kwargs: ``device_map``, ``max_memory``, ``offload_folder`` (accelerate), as for ``hf:`` models.
 
@@ -285,14 +252,14 @@ def load_gguf(path: str | os.PathLike, device: str = "cpu", dtype: Any = None, n
 
     from headlens.models.hf.boot import load_bridge
 
-    folder, info = converted(Path(path).expanduser())
+    folder, info = converted(Path(path).expanduser(), dtype)
     display = name or info.path.stem
-    note = dequantized_note(display, info)
+    note = dequantized_note(display, info, dtype_name(dtype))
     with warnings.catch_warnings(record=True) as caught:  # the bridge's own lines come after the note
         warnings.simplefilter("always")
         model = load_bridge(folder, device=device, dtype=dtype, name=display, tokenizer=file_tokenizer(folder),
                             **kwargs)
-    model.source = {**info.provenance(), "cache": str(folder)}
+    model.source = {**info.provenance(dtype_name(dtype)), "cache": str(folder)}
     model.substitutions = [note, *model.substitutions]
     warnings.warn(note, stacklevel=2)
     for w in caught:
