@@ -121,9 +121,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("falcon", "FalconConfig", "FalconForCausalLM",  # parallel attention and MLP, multi-query
            dict(hidden_size=D_MODEL, num_attention_heads=N_HEADS, num_hidden_layers=N_LAYERS,
                 new_decoder_architecture=False, multi_query=True, parallel_attn=True, alibi=False),
-           out_proj="self_attention.dense", layers="transformer.h", n_kv_heads=1,
-           known={"doctor": "doctor/families.py sets config.head_dim, a read-only property of FalconConfig: "
-                            "AttributeError"}),
+           out_proj="self_attention.dense", layers="transformer.h", n_kv_heads=1),
     Family("cohere", "CohereConfig", "CohereForCausalLM",  # parallel attention and MLP, QK norm (LayerNorm)
            dict(_LLAMA_LIKE, num_key_value_heads=2, use_qk_norm=True), n_kv_heads=2,
            known={"attribute": "readout/: every part is 0.0 and max_error is the logit / Cohere's logit_scale "

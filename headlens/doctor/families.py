@@ -182,7 +182,10 @@ def build(model_dir: Path, cfg: Any, layout: HeadLayout, gguf_header: HeadLayout
     c.num_attention_heads = layout.n_heads
     if hasattr(c, "num_key_value_heads"):
         c.num_key_value_heads = layout.n_kv_heads
-    if _has_head_dim(c):
+    if isinstance(getattr(type(c), "head_dim", None), property):  # derived (Falcon: hidden_size // heads)
+        if c.head_dim != layout.d_head:
+            return None  # the family cannot be given another head width
+    elif _has_head_dim(c):
         c.head_dim = layout.d_head
     try:
         with quiet_transformers():  # its load report and progress bars are not headlens' output
