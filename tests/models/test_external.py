@@ -122,6 +122,9 @@ def test_packed_weights_run_activations_and_refuse_weight_readers(root: Path) ->
         table = headlens.classify(model, **KW)  # patterns: real
     assert model.packed_weights.endswith("(Linear4bit)")
     assert table.attrs["source"]["quantization"] == model.packed_weights
+    back = headlens.read_scores(headlens.write_scores(table, root / "packed.json"))  # provenance travels
+    assert back.attrs["source"] == {"object": "transformers.LlamaForCausalLM", "model_class": "LlamaForCausalLM",
+                                    "name_or_path": str(path), "quantization": model.packed_weights}
     for call, err in ((lambda: raw_weights(model), DetectorError), (lambda: head_weights(model, 1), HeadlensError)):
         with pytest.raises(err) as info:
             call()
