@@ -135,6 +135,21 @@ if TYPE_CHECKING:
     from headlens.viz.report import write_report
 
 
+def load_ipython_extension(ip: Any) -> None:
+    """``%load_ext headlens``: rich display of scores tables, edge tables and models (:mod:`headlens.viz.display`)."""
+    importlib.import_module("headlens.viz.display").register(ip)
+
+
+def _in_ipython() -> Any:
+    """The running IPython shell, without importing IPython when it is not already loaded."""
+    ipython = sys.modules.get("IPython")
+    return None if ipython is None else getattr(ipython, "get_ipython", lambda: None)()
+
+
+if (_shell := _in_ipython()) is not None:  # a notebook: tables and models show their rich views
+    load_ipython_extension(_shell)
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         module = importlib.import_module(_LAZY[name])
