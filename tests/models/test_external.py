@@ -112,6 +112,7 @@ class Linear4bit(torch.nn.Linear):
 def test_packed_weights_run_activations_and_refuse_weight_readers(root: Path) -> None:
     from headlens.circuits.composition import head_weights
     from headlens.readout.ov import raw_weights
+    from headlens.readout.parts import model_parts
 
     path = build("llama", root / "llama_packed")
     hf = _user_model(path, "llama")
@@ -125,7 +126,9 @@ def test_packed_weights_run_activations_and_refuse_weight_readers(root: Path) ->
     back = headlens.read_scores(headlens.write_scores(table, root / "packed.json"))  # provenance travels
     assert back.attrs["source"] == {"object": "transformers.LlamaForCausalLM", "model_class": "LlamaForCausalLM",
                                     "name_or_path": str(path), "quantization": model.packed_weights}
-    for call, err in ((lambda: raw_weights(model), DetectorError), (lambda: head_weights(model, 1), HeadlensError)):
+    calls = ((lambda: raw_weights(model), DetectorError), (lambda: head_weights(model, 1), HeadlensError),
+             (lambda: model_parts(model), HeadlensError))
+    for call, err in calls:
         with pytest.raises(err) as info:
             call()
         line = str(info.value).strip("'\"")
