@@ -121,6 +121,9 @@ def test_packed_weights_run_activations_and_refuse_weight_readers(root: Path) ->
         warnings.simplefilter("ignore")
         model = headlens.load(hf, name="packed")
         table = headlens.classify(model, **KW)  # patterns: real
+        edges = headlens.circuit(hf, receivers="L1H0", senders="L0H0", inputs="q", method="zero", n_prompts=4,
+                                 n_control=1, n_boot=50)  # circuits take the object too; no composition
+    assert len(edges) == 1 and edges["effect"].notna().all() and edges["composition"].isna().all()
     assert model.packed_weights.endswith("(Linear4bit)")
     assert table.attrs["source"]["quantization"] == model.packed_weights
     back = headlens.read_scores(headlens.write_scores(table, root / "packed.json"))  # provenance travels
