@@ -46,6 +46,9 @@ _LAZY = {
     "attribution_summary": "headlens.scoring.writers",
     "doctor": "headlens.doctor",  # the package, not a function: headlens.doctor.check_checkpoint(path)
     "write_report": "headlens.viz.report",
+    "read_scores": "headlens.scoring.table",
+    "write_scores": "headlens.scoring.table",
+    "write_mib": "headlens.circuits.mib",
     **{name: "headlens.errors" for name in (
         "CheckpointError", "ConfigError", "DetectorError", "HeadlensError", "ModelReferenceError",
         "OutputError", "ProbeError")},
@@ -104,6 +107,7 @@ if not any(isinstance(f, _MovedFinder) for f in sys.meta_path):
 
 if TYPE_CHECKING:
     from headlens.circuits.api import circuit
+    from headlens.circuits.mib import write_mib
     from headlens.detectors import register_detector
     from headlens.detectors.base import Detector
     from headlens.errors import (
@@ -126,8 +130,24 @@ if TYPE_CHECKING:
     from headlens.scoring.classification import classify
     from headlens.scoring.induction_distance import induction_curve
     from headlens.scoring.series import trajectory
+    from headlens.scoring.table import read_scores, write_scores
     from headlens.scoring.writers import attribution_summary
     from headlens.viz.report import write_report
+
+
+def load_ipython_extension(ip: Any) -> None:
+    """``%load_ext headlens``: rich display of scores tables, edge tables and models (:mod:`headlens.viz.display`)."""
+    importlib.import_module("headlens.viz.display").register(ip)
+
+
+def _in_ipython() -> Any:
+    """The running IPython shell, without importing IPython when it is not already loaded."""
+    ipython = sys.modules.get("IPython")
+    return None if ipython is None else getattr(ipython, "get_ipython", lambda: None)()
+
+
+if (_shell := _in_ipython()) is not None:  # a notebook: tables and models show their rich views
+    load_ipython_extension(_shell)
 
 
 def __getattr__(name: str) -> Any:
@@ -164,9 +184,12 @@ __all__ = [
     "induction_curve",
     "load",
     "load_checkpoint",
+    "read_scores",
     "register_detector",
     "save_checkpoint",
     "sweep",
     "trajectory",
+    "write_mib",
     "write_report",
+    "write_scores",
 ]

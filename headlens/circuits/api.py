@@ -234,7 +234,7 @@ def circuit(
     """
     from headlens.scoring.classification import resolve_model
 
-    if isinstance(model, str) or model is None:
+    if isinstance(model, str) or model is None or not hasattr(model, "n_heads"):  # a reference or an object
         model = resolve_model(model, device=device)
     ins = parse_inputs(inputs)
     recv = parse_nodes(receivers, model)

@@ -45,6 +45,9 @@ _N_NULL = 200
 def head_weights(model: Any, layer: int) -> dict[str, torch.Tensor]:
     """``W_Q (H, D, d)``, ``W_K``/``W_V`` ``(H_kv, D, d)``, ``W_O (H, d, D)`` of ``layer``, float64, LN folded on native models."""
     if hasattr(model, "bridge"):
+        from headlens.models.hf.external import require_readable_weights
+
+        require_readable_weights(model, "composition scores")
         block = model.bridge.blocks[layer]
         w = {n: getattr(block.attn, n).detach().double().cpu() for n in ("W_Q", "W_K", "W_V", "W_O")}
         gamma = _norm_scale(block)

@@ -78,7 +78,7 @@ def edge_table(model: Any, metric: str, edges: Sequence[Edge], clean: np.ndarray
     import pandas as pd
 
     per_edge = isinstance(clean, dict)
-
+    composition = composition and not getattr(model, "packed_weights", None)  # packed weights: effects only
     comp = scores(model, edges, seed=seed) if composition else {}
     ref = {} if ref is None else ref
     for c in sorted({e.input for e in comp} - set(ref)):

@@ -74,7 +74,9 @@ def load(ref: Any, device: str = "cpu", dtype: Any = None, trust_remote_code: bo
 
     Args:
         ref: a zoo name, a ``.safetensors`` path, ``hf:<dir>``, ``hf:ORG/NAME[@REVISION]``, ``gguf:PATH``
-            (or a ``.gguf`` path), ``smollm2`` or ``minilm``.
+            (or a ``.gguf`` path), ``smollm2`` or ``minilm``; or a model object already in memory (a
+            ``transformers`` model, an nnsight ``LanguageModel``, a TransformerBridge; pass ``tokenizer=``):
+            :mod:`headlens.models.hf.external`.
         device: ``cpu`` (default), ``cuda``, ``mps`` or ``auto``; an unavailable one is refused.
         dtype: ``float32`` (default), ``bfloat16`` or ``float16``.
         trust_remote_code: let an ``hf:`` repository run its own Python code (never otherwise).
@@ -92,6 +94,10 @@ def load(ref: Any, device: str = "cpu", dtype: Any = None, trust_remote_code: bo
     if not isinstance(ref, str | os.PathLike):
         if hasattr(ref, "run_with_hooks") and hasattr(ref, "n_heads"):
             return ref  # already a loaded model
+        from headlens.models.hf.external import is_foreign, load_object
+
+        if is_foreign(ref):  # a transformers / nnsight / TransformerLens object: booted around, never copied
+            return load_object(ref, device=device, dtype=dtype, **kwargs)
         raise ModelReferenceError(f"cannot load a model from {type(ref).__name__}; expected {describe_references()}")
     ref_str = str(ref).strip()
     if not ref_str:

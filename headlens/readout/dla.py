@@ -75,7 +75,7 @@ def attribute(model: Any, prompts: Any, target: str | int | None = None, positio
     """
     import pandas as pd
 
-    if isinstance(model, str):
+    if isinstance(model, str) or not hasattr(model, "n_heads"):  # a reference or a model object (headlens.load)
         from headlens.models.loading import load
 
         model = load(model, device=device)

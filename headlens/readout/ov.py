@@ -85,6 +85,9 @@ class OVReadout:
 def unsupported(model: Any) -> str | None:
     """Why the OV readout cannot be read off ``model`` (one line), or None when it can."""
     name = getattr(model, "name", "the model")
+    if packed := getattr(model, "packed_weights", None):  # headlens.models.hf.external
+        return (f"the OV readout reads weight matrices, and {name!r} stores them packed ({packed}); "
+                f"load the unquantized model for it")
     if hasattr(model, "transformer") and hasattr(model, "lm_head"):
         return None
     bridge = getattr(model, "bridge", None)

@@ -83,6 +83,9 @@ def model_parts(model: Any) -> Parts:
     if not model.is_causal:
         raise ReadoutError(f"direct logit attribution needs a causal LM whose residual stream is a sum of parts; "
                            f"{name!r} is an encoder (post-norm blocks, a non-linear MLM head)")
+    if packed := getattr(model, "packed_weights", None):  # headlens.models.hf.external
+        raise ReadoutError(f"direct logit attribution reads W_O and W_U, and {name!r} stores its weights packed "
+                           f"({packed}); load the unquantized model for it")
     return _bridge_parts(model) if hasattr(model, "bridge") else _native_parts(model)
 
 

@@ -83,7 +83,7 @@ def write_frame(df: Any, path: str | os.PathLike) -> Path:
         atomic_write(p, lambda tmp: df.to_csv(tmp, index=False))
         write_text(sidecar_path(p), json.dumps({META_KEY: meta}, indent=1) + "\n")
     elif suffix == ".json":
-        rows = json.loads(df.to_json(orient="records"))
+        rows = json.loads(df.to_json(orient="records", double_precision=15))  # float64 read back to ~1e-15
         atomic_write(p, lambda tmp: Path(tmp).write_text(json.dumps({"provenance": meta, "rows": rows}),
                                                           encoding="utf-8"))
     else:

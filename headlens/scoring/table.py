@@ -137,6 +137,26 @@ def read_table(path: str | os.PathLike) -> Any:
     return validate(df)
 
 
+def write_scores(df: Any, path: str | os.PathLike) -> Path:
+    """Write a scores table for others to read: ``.json`` (``{"provenance": {...}, "rows": [...]}``, floats to 15
+    digits), ``.csv`` (+ a ``.csv.json`` provenance sidecar) or ``.parquet``; :func:`read_scores` reads it back.
+
+    >>> headlens.write_scores(headlens.classify("induction-2l"), "scores.json")  # doctest: +SKIP
+    """
+    return write_table(df, path)
+
+
+def read_scores(path: str | os.PathLike) -> Any:
+    """A scores table written by headlens (``write_scores``, ``headlens classify -o``), its provenance (headlens
+    version, model and where it came from, probe settings, seed) back in ``df.attrs``.
+
+    >>> table = headlens.read_scores("scores.json")  # doctest: +SKIP
+    >>> table.attrs["model"]  # doctest: +SKIP
+    'induction-2l'
+    """
+    return read_table(path)
+
+
 def labelled_heads(df: Any) -> Any:
     """The labelled rows in the one order of :func:`headlens.scoring.primary.label_order`: what heads do when
     they are not resting, strongest first; resting labels (``first_token``, ``sink``) after them."""

