@@ -24,7 +24,7 @@ from headlens.errors import ConfigError, DetectorError, HeadlensError
 
 DETECTORS = ["previous_token", "induction", "first_token"]
 KW = dict(detectors=DETECTORS, n_prompts=2, seq_len=16)
-FUSED = {"gpt2", "gpt_neox", "phi3"}  # one qkv matrix: the bridge keeps q, k, v apart (copies, also for hf:)
+FUSED = {"gpt2", "gpt_neox", "phi3", "falcon"}  # one qkv matrix: the bridge keeps q, k, v apart (copies, also for hf:)
 COLS = ["score", "ci_low", "ci_high", "baseline", "n_positions"]
 
 
