@@ -52,12 +52,19 @@ def figure(name: str, slow: bool = False) -> Callable[[Callable[[], str]], Calla
     return register
 
 
+def block_names(text: str) -> list[str]:  # read by tests/test_docs_figures.py
+    """The figure names a page's text holds, in order."""
+    return [match.group(2) for match in BLOCK.finditer(text)]
+
+
 def pages() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def paragraph(text: str) -> str:
-    return textwrap.fill(" ".join(text.split()), WIDTH) + "\n"
+    """``text`` wrapped at the pages' width; a signed number never starts a line (Markdown: a list item)."""
+    glued = re.sub(r" (?=[+-]\d)", "\0", " ".join(text.split()))
+    return textwrap.fill(glued, WIDTH, break_on_hyphens=False).replace("\0", " ") + "\n"
 
 
 @functools.cache
@@ -73,13 +80,18 @@ def cli(*argv: str) -> str:
     return result.stdout
 
 
+def fenced(text: str) -> str:
+    """``text`` as a ```text block, without the padding rich puts at the ends of lines."""
+    return "```text\n" + "\n".join(line.rstrip() for line in text.rstrip().splitlines()) + "\n```\n"
+
+
 def printout(*argv: str) -> str:
-    return "```text\n" + cli(*argv).rstrip() + "\n```\n"
+    return fenced(cli(*argv))
 
 
 def _score(table, head: str, detector: str) -> str:
     layer, h = (int(x) for x in head[1:].split("H"))
-    row = table[(table.layer == layer) & (table.head == h) & (table.detector == detector)].iloc[0]
+    row = table[(table["layer"] == layer) & (table["head"] == h) & (table["detector"] == detector)].iloc[0]
     return f"{row.score:.3f}", f"[{row.ci_low:.3f}, {row.ci_high:.3f}]", f"{row.lift:.1f}×"
 
 
@@ -120,15 +132,15 @@ def smollm2_induction_ablation() -> str:
         f"- `headlens ablate --model smollm2 --heads {SMOLLM2_INDUCTION[0]} --method zero --n-prompts 8`: the "
         f"loss on the repeated half rises from {row.clean:.2f} to {row.ablated:.2f} nats, {row.delta:+.2f} "
         f"[{row.ci_low:.2f}, {row.ci_high:.2f}], against {row.control_delta:+.2f} for random heads of the same "
-        f"layers.").replace("\n", "\n  ")
+        f"layers.").rstrip().replace("\n", "\n  ") + "\n"
 
 
 @figure("readme-smollm2-ablation", slow=True)
 def readme_smollm2_ablation() -> str:
     """README: the same ablation, rounded as the README's sentence quotes it."""
     row = _sweep("smollm2", SMOLLM2_INDUCTION, "zero", 8).iloc[0]
-    return (f"ablating the four induction heads costs {row.delta:+.1f} nats on repeated text "
-            f"(random heads {row.control_delta:+.1f}),\n")
+    return paragraph(f"Ablating the four induction heads (zero, 8 prompts) costs {row.delta:+.1f} nats on repeated "
+                     f"text (random heads of their layers {row.control_delta:+.1f}).")
 
 
 @figure("classify-smollm2", slow=True)
@@ -141,7 +153,7 @@ def classify_smollm2() -> str:
 def confirm_smollm2() -> str:
     """docs/classify.md, ``--confirm``: the ablation check of SmolLM2's labelled types."""
     text = cli("classify", "--model", "smollm2", "--confirm")
-    return "```text\n" + text[text.index("ablation check"):].rstrip() + "\n```\n"
+    return fenced(text[text.index("ablation check"):])
 
 
 def regenerate(text: str, names: set[str]) -> tuple[str, list[str]]:
@@ -164,6 +176,8 @@ def regenerate(text: str, names: set[str]) -> tuple[str, list[str]]:
 
 def stale(names: set[str], write: bool) -> list[str]:
     """``page: figure`` for each figure that differs from what the code produces (rewritten if ``write``)."""
+    for name in sorted(names):  # compute first (minutes for SmolLM2), then read and write the pages at once
+        FIGURES[name].make()
     found = []
     for page in pages():
         text = page.read_text()

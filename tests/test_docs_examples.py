@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.docs_examples import Example, all_examples, pages
+from tests.docs_examples import ROOT, Example, all_examples, pages
 
 EXAMPLES = all_examples()
 PAGES = sorted({example.page for example in EXAMPLES})
@@ -34,12 +34,14 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.gqa_models import save_llama
 
     root = tmp_path_factory.mktemp("docs-examples")
-    texts = "def add(a, b):\n    return a + b\nThe cat sat on the mat.\nabcabcabc\n"
+    # in the zoo's character alphabet (a-z, A-Z, 0-9, space): induction-2l reads them as they are
+    texts = "the cat sat on the mat\nabc def abc def abc def\nThe Dog and The Cat 42\n"
     (root / "my_texts.txt").write_text(texts)
     (root / "my_corpus.txt").write_text(texts * 8)
     save_checkpoint(headlens.load("induction-2l"), root / "my_checkpoint.safetensors")
     save_checkpoint(make_gpt(0, n_ctx=8192, d_model=64), root / "long.safetensors")
-    save_llama(root / "my-llama", num_attention_heads=8, num_key_value_heads=2)
+    save_llama(root / "my-llama", num_attention_heads=8, num_key_value_heads=2, hidden_size=32, intermediate_size=64)
+    (root / "headlens").symlink_to(ROOT / "headlens")  # scaling-out.md globs the zoo's snapshots from a checkout
     return root
 
 
