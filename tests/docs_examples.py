@@ -121,3 +121,20 @@ def examples(path: Path) -> list[Example]:
 
 def all_examples() -> list[Example]:
     return [example for path in pages() for example in examples(path)]
+
+
+def summary() -> str:
+    """How many examples each page has, and how many of them run in CI, run with --runslow, or are skipped."""
+    from collections import Counter
+
+    counts = Counter((e.page, e.mark or "run") for e in all_examples())
+    lines = [f"{'page':22} {'run':>4} {'slow':>5} {'skip':>5}"]
+    for page in sorted({page for page, _ in counts}):
+        lines.append(f"{page:22} {counts[page, 'run']:4} {counts[page, 'slow']:5} {counts[page, 'skip']:5}")
+    total = Counter(mark for (_, mark), n in counts.items() for _ in range(n))
+    lines.append(f"{'all':22} {total['run']:4} {total['slow']:5} {total['skip']:5}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m tests.docs_examples
+    print(summary())
