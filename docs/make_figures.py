@@ -69,12 +69,12 @@ def paragraph(text: str) -> str:
 
 @functools.cache
 def cli(*argv: str) -> str:
-    """stdout of ``headlens ARGV`` run in-process at 80 columns (as CI and a plain terminal see it)."""
+    """stdout of ``headlens ARGV`` run in-process, as a log sees it (not a terminal: nothing is cut)."""
     from typer.testing import CliRunner
 
     from headlens.cli import app
 
-    result = CliRunner().invoke(app, list(argv), env={"COLUMNS": "80", "NO_COLOR": "1"})
+    result = CliRunner().invoke(app, list(argv), env={"NO_COLOR": "1"})
     if result.exit_code != 0:
         raise SystemExit(f"headlens {' '.join(argv)} exited {result.exit_code}: {result.stderr.strip()[-500:]}")
     return result.stdout
@@ -84,9 +84,6 @@ def fenced(text: str) -> str:
     """``text`` as a ```text block, without the padding rich puts at the ends of lines."""
     return "```text\n" + "\n".join(line.rstrip() for line in text.rstrip().splitlines()) + "\n```\n"
 
-
-def printout(*argv: str) -> str:
-    return fenced(cli(*argv))
 
 
 def _score(table, head: str, detector: str) -> str:
@@ -146,14 +143,20 @@ def readme_smollm2_ablation() -> str:
 @figure("classify-smollm2", slow=True)
 def classify_smollm2() -> str:
     """docs/classify.md, "What it prints": the summary of SmolLM2 at the default settings."""
-    return printout("classify", "--model", "smollm2")
+    return fenced(_confirm_run()[0])  # the summary --confirm prints first is classify's own
 
 
 @figure("confirm-smollm2", slow=True)
 def confirm_smollm2() -> str:
     """docs/classify.md, ``--confirm``: the ablation check of SmolLM2's labelled types."""
+    return fenced(_confirm_run()[1])
+
+
+def _confirm_run() -> tuple[str, str]:
+    """SmolLM2's ``classify --confirm`` (one scan for both figures): its summary, then its ablation check."""
     text = cli("classify", "--model", "smollm2", "--confirm")
-    return fenced(text[text.index("ablation check"):])
+    split = text.index("ablation check")
+    return text[:split], text[split:]
 
 
 def regenerate(text: str, names: set[str]) -> tuple[str, list[str]]:
