@@ -11,7 +11,6 @@ An identical command line runs once, whichever page shows it. ``skip`` examples 
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 from pathlib import Path
 
@@ -46,16 +45,6 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@contextlib.contextmanager
-def _inside(folder: Path):
-    before = Path.cwd()
-    os.chdir(folder)
-    try:
-        yield
-    finally:
-        os.chdir(before)
-
-
 def run_command(example: Example, folder: Path) -> str:
     """Run one ``headlens ...`` line in ``folder``; its output, or a failure that quotes the page."""
     from typer.testing import CliRunner
@@ -66,7 +55,7 @@ def run_command(example: Example, folder: Path) -> str:
     key = tuple(argv)
     if key in _RAN:
         return _RAN[key]
-    with _inside(folder):
+    with contextlib.chdir(folder):
         result = CliRunner().invoke(app, argv)
     output = (result.stdout + result.stderr).strip()
     allowed = VERDICTS.get(argv[0], {0}) if argv else {0}
@@ -80,7 +69,7 @@ def run_command(example: Example, folder: Path) -> str:
 
 
 def run_python(example: Example, namespace: dict, folder: Path) -> None:
-    with _inside(folder):
+    with contextlib.chdir(folder):
         try:
             exec(compile(example.code, example.where, "exec"), namespace)
         except Exception as error:
