@@ -2,7 +2,7 @@
 
 An *example* is a ```python block, or one ``headlens ...`` command line of any other fenced block (``$ ``
 prompts, ``pip install ... && headlens ...`` set-up lines, ``torchrun ... -m headlens ...`` and ``\\``
-continuations included). ``tests/test_docs_examples.py`` runs them; this module only reads them.
+continuations included); a ```text block is printed output, where only ``$ headlens`` lines are commands. ``tests/test_docs_examples.py`` runs them; this module only reads them.
 
 A page says what an example needs in an HTML comment on the lines just before its block, visible in the
 Markdown source and not on the rendered page:
@@ -80,14 +80,15 @@ def _logical_lines(body: str) -> list[tuple[int, str]]:
     return out
 
 
-def _commands(page: str, first_line: int, body: str, marks: list[tuple[str, str, str]]) -> list[Example]:
+def _commands(page: str, first_line: int, body: str, marks: list[tuple[str, str, str]],
+              prompts_only: bool = False) -> list[Example]:
     lines = _logical_lines(body)
     found = []
     for k, (offset, line) in enumerate(lines):
         shown = line.strip()
         prompt = shown.startswith("$ ")
         found_cmd = HEADLENS.search(shown.removeprefix("$ "))
-        if not found_cmd:
+        if not found_cmd or (prompts_only and not prompt):  # a ```text block is output: "headlens ..." there is prose
             continue
         code = found_cmd.group(1)
         launcher = shown[: found_cmd.start(1)].removeprefix("$ ").strip()
@@ -115,7 +116,7 @@ def examples(path: Path) -> list[Example]:
             mark, _, reason = next((m for m in marks if not m[1]), ("", "", ""))
             found.append(Example(page, line, "python", body, mark, reason))
         else:
-            found.extend(_commands(page, line, body, marks))
+            found.extend(_commands(page, line, body, marks, prompts_only=lang == "text"))
     return found
 
 
