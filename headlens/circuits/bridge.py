@@ -139,10 +139,12 @@ def fork_plan(model: Any, chunk: Sequence[Edge], B: int, recv: torch.Tensor | No
 
 
 def _add_fork(flat: torch.Tensor, items: list[tuple[slice, int]]) -> Any:
+    """Every head's copy of the input gets the delta, not only the receiver's: a q/k norm over all heads
+    (OLMo-2) then sees the stream the receiver reads, and the splice of ``hook_z`` keeps the receiver's output."""
     def hook(x: torch.Tensor, hook: Any) -> torch.Tensor:  # (K*B, T, n_copies, D): per-head pre-norm copies
         out = x.clone()
-        for rows, idx in items:
-            out[rows, :, idx] = out[rows, :, idx] + flat[rows].to(x)
+        for rows, _ in items:
+            out[rows] = out[rows] + flat[rows].to(x)[:, :, None]
         return out
 
     return hook
