@@ -59,8 +59,9 @@ class Freezer:
     Args:
         model: a native GPT or a bridged model.
         task: the prompts (``tokens``, ``attention_mask``) and what the metric reads.
-        replaced: sender key -> its replaced activation over the whole batch, as the run's method made it
-            (``z{l}`` ``(B, T, H, d_head)``, ``mlp{l}`` / ``embed`` ``(B, T, D)``).
+        replaced: sender -> its activation as the run's method replaces it, over the whole batch (a head's
+            layer ``hook_z`` ``(B, T, H, d_head)``, an MLP's output before any post-norm or the embedding
+            ``(B, T, D)``): :meth:`~headlens.circuits.senders.SenderDeltas.replacement`.
         named: the prompts' named positions, for edges restricted to them.
     """
 

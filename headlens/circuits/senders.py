@@ -162,6 +162,11 @@ class SenderDeltas:
             self._repl[key] = replaced(self.clean[key], self.ref.get(key), self.method, self.seed, self.aligned)
         return self._repl[key]
 
+    def replacement(self, node: Node) -> torch.Tensor:
+        """What ``node``'s activation becomes under the method, for the whole layer: ``z{l}`` ``(B, T, H, d_head)``,
+        an MLP's output before any post-norm or the embedding ``(B, T, D)`` (no write computed)."""
+        return self._replaced({"head": f"z{node.layer}", "mlp": f"mlp{node.layer}"}.get(node.kind, "embed"))
+
     def delta(self, node: Node) -> torch.Tensor:
         """``(B, T, d_model)``: how much ``node``'s write to the residual stream changes when it is ablated."""
         if node.kind == "embed":
