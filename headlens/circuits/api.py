@@ -164,6 +164,7 @@ def circuit(
     progress: Callable[[int], None] | None = None,
     device: str = "cpu",
     first_pass: int | None = None,
+    check: bool = True,
 ) -> Any:
     """Measure how heads work together: the edge table (ARCHITECTURE.md) for ``receivers``, or a discovered circuit.
 
@@ -206,6 +207,9 @@ def circuit(
         first_pass: discovery only: rank each round's candidate edges by edge attribution patching (one
             forward and backward) and patch the top ``first_pass`` exactly; the rest are not measured.
             Every reported edge is still measured exactly. ``attrs["first_pass"]`` reports the ranking.
+        check: re-measure the strongest edge and one drawn at random by path patching by freezing before
+            returning (:mod:`headlens.circuits.check`; a few forwards), and raise ``CheckError`` when they
+            disagree; ``attrs["check"]`` holds the result. ``False`` skips it (power users, known families).
 
     Under ``torchrun`` (receivers given) the edges are shared out to the ranks in contiguous blocks and rank 0
     returns the table; the other ranks return None.
@@ -249,6 +253,7 @@ def circuit(
             raise CircuitError("discovery runs in one process; under torchrun give --receivers")
 
         df = discover(s, inputs=ins, senders=send, first_pass=first_pass)
+        edges = None  # read back from the rows by the check
     else:
         named_pos = None if isinstance(positions, bool) else parse_positions(positions, s.named)
         sender_pos = parse_positions(sender_positions, s.named)
@@ -259,9 +264,13 @@ def circuit(
             return None
         if positions is True:
             add_position_split(s, df, edges)
+    if check:
+        from headlens.circuits.check import run_check
+
+        run_check(s, df, edges)
     df.attrs["method"] = method
     made = provenance(model, table="circuit edges", metric=metric, method=method, inputs=inputs,
-                      n_prompts=n_prompts, n_control=n_control, per_group=per_group, seed=seed)
+                      n_prompts=n_prompts, n_control=n_control, per_group=per_group, seed=seed, check=check)
     df.attrs.update({k: v for k, v in made.items() if k not in df.attrs})  # what the engine recorded wins
     return df
 

@@ -62,6 +62,9 @@ def register(app: typer.Typer) -> None:
         first_pass: Annotated[int | None, typer.Option(
             "--first-pass", min=1, help="discovery: patch only the top N candidates per round, ranked by edge "
             "attribution patching (every reported edge is still exact)")] = None,
+        no_check: Annotated[bool, typer.Option(
+            "--no-check", help="skip the run-time check (the strongest edge and one at random re-measured by path "
+            "patching by freezing; exit 10 when they disagree)")] = False,
         seed: opt.Seed = 0,
         quiet: opt.Quiet = False,
         device: opt.Device = "cpu",
@@ -115,7 +118,7 @@ def register(app: typer.Typer) -> None:
             df = circuit(m, receivers=receivers, senders=senders, inputs=inputs, metric=metric, method=method,
                          prompts=texts, n_prompts=n_prompts, n_control=n_control, per_group=per_group,
                          positions=True if halves else positions, sender_positions=sender_positions, seed=seed,
-                         labels=scores, progress=step, first_pass=first_pass)
+                         labels=scores, progress=step, first_pass=first_pass, check=not no_check)
         if df is None:  # a rank other than 0
             return
         if df.attrs.get("verdict") == "inconclusive":  # discovery found no evidence: say so, not an empty circuit

@@ -29,6 +29,7 @@ EXIT_CODES = {  # documented in every command's --help and in docs/cli.md
     7: "output path cannot be written (missing or read-only folder, unknown suffix, run folder in use)",
     8: "doctor found a problem (config and weights disagree)",
     9: "doctor inconclusive (no evaluation source separates the head layouts; never a pass)",
+    10: "circuit: the run-time check found an edge that path patching by freezing does not reproduce",
     130: "interrupted (Ctrl+C)",
 }
 EXIT_CODES_HELP = "Exit codes: " + "; ".join(f"{code} {what}" for code, what in EXIT_CODES.items()) + "."
