@@ -303,12 +303,13 @@ def input_hooks(model: Any, chunk: Sequence[Edge], deltas: torch.Tensor, resid: 
     the receiver's output. ``deltas`` ``(K, B, S, D)``."""
     K, B, S, D = deltas.shape
     block = model.bridge.blocks[chunk[0].receiver.layer]
+    ln1 = block.ln1 if hasattr(block, "ln1") else torch.nn.Identity()  # OLMo-2: no norm before attention
     hooks = []
     for c in ("q", "k", "v"):
         ks = [k for k, e in enumerate(chunk) if e.input == c]
         if not ks:
             continue
-        x = block.ln1((resid[None] + deltas[ks]).reshape(len(ks) * B, S, D)).view(len(ks), B, S, D)
+        x = ln1((resid[None] + deltas[ks]).reshape(len(ks) * B, S, D)).view(len(ks), B, S, D)
         w = getattr(block.attn, f"W_{c.upper()}").detach()  # (n, D, d_head): every (key/value) head
         proj = torch.einsum("kbsD,nDd->kbsnd", x, w.to(x))  # (k, B, S, n, d_head)
         bias = getattr(block.attn, f"b_{c.upper()}", None)
