@@ -128,6 +128,8 @@ def register(app: typer.Typer) -> None:
             title = (f"{getattr(m, 'name', model)}: {metric}, {method} ablation on the direct path "
                      f"(clean {df.attrs['clean']:.4f})")
             Console(width=None if sys.stdout.isatty() else 180).print(render(shown, title))
+        if df.attrs.get("composition_note"):
+            err.print(df.attrs["composition_note"])
         if "first_pass" in df.attrs:
             fp = df.attrs["first_pass"]
             rho = f", Spearman {fp['spearman']:.2f} with the exact effects" if "spearman" in fp else ""

@@ -89,3 +89,12 @@ def test_a_linear_write_under_a_post_norm_is_not_the_reference(loaded, monkeypat
                         lambda m: write.WritePath(m, (None,) * 2, real(m).post_mlp))  # heads written linearly
     linear, ref = _fast_and_frozen(model, "zero", edges)
     assert np.abs(linear - ref).max() > 100 * ATOL
+
+
+@pytest.mark.parametrize(("family", "says"), [("llama", None), ("gemma2", "norm after the sublayer"),
+                                              ("qwen3", "q/k norms"), ("olmo2", "norm after the sublayer")])
+def test_composition_says_where_it_is_only_an_approximation(loaded, family, says):
+    from headlens.circuits.composition import approximate
+
+    note = approximate(loaded(family))
+    assert note is None if says is None else says in note
