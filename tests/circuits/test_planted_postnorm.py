@@ -20,6 +20,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import run_cli
 from hf_families import build, load_eager
 
 import headlens
@@ -75,7 +76,9 @@ def planted(tmp_path_factory):
     hf = load_eager(path, "olmo2")
     _plant(hf)
     hf.save_pretrained(path)
-    return headlens.load(f"hf:{path}")
+    model = headlens.load(f"hf:{path}")
+    model.path = path
+    return model
 
 
 def _circuit(model, **kw):
@@ -110,3 +113,18 @@ def test_a_linear_write_path_stops_at_the_run_time_check(planted, monkeypatch):
         _circuit(planted)
     df = _circuit(planted, check=False)  # skipped on request: the linear rule's table, visibly wrong
     assert abs(df.set_index("sender").loc["L0H0", "effect"]) < 0.1
+
+
+def test_the_cli_says_it_in_one_line_and_exits_10(planted, monkeypatch, capsys):
+    from headlens.readout import write
+
+    real = write.write_path
+    monkeypatch.setattr("headlens.circuits.senders.write_path",
+                        lambda m: write.WritePath(m, (None,) * m.cfg.n_layers, real(m).post_mlp))
+    args = ("circuit", "--model", f"hf:{planted.path}", "--receivers", "L1H0", "--inputs", "k", "--metric",
+            "receiver:induction", "--n-prompts", "16", "--n-control", "2", "--quiet")
+    code, out, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 10 and "Traceback" not in err
+    assert [line for line in err.splitlines() if line.startswith("headlens: error: run-time check failed")]
+    code, out, _ = run_cli(monkeypatch, capsys, *args, "--no-check")
+    assert code == 0 and "L0H0" in out
