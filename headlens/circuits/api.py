@@ -55,6 +55,7 @@ class Setup:
     composition_ref: dict[str, Any] = field(default_factory=dict)  # reference scores, once per call (edge_table)
     named: NamedPositions | None = None  # the prompts' named positions (edges restricted to them)
     ioi: Any = None  # the IOI probe, when the prompts are it
+    measured: dict[Edge, np.ndarray] = field(default_factory=dict)  # per-prompt effects (B,) of every edge tabled
 
     def values(self, edges: Sequence[Edge]) -> tuple[Any, dict[tuple[Edge, str], np.ndarray]]:
         """``(clean, values)`` of ``edges`` on this process: ``values[edge, metric]`` per prompt; ``clean`` the
@@ -84,6 +85,8 @@ class Setup:
         values = dict(gathered)
         if clean is None:  # a receiver metric: each edge against its receiver's clean score
             clean = {e: values[e, "clean"] for e in todo}
+        self.measured.update({e: values[e, self.metric] - (clean[e] if isinstance(clean, dict) else clean)
+                              for e in edges})  # what the run-time check compares, prompt by prompt
         return edge_table(self.model, self.metric, edges, clean, values, controls,
                           self.labels, self.n_boot, self.seed, composition, self.composition_ref)
 

@@ -20,7 +20,7 @@ For an edge ``S -> R.c`` two forwards run (one for a logits receiver):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -53,6 +53,10 @@ def _keep(store: dict[str, torch.Tensor]) -> Callable[[torch.Tensor, Any], None]
     return hook
 
 
+class _Reached(Exception):
+    """Raised from a hook to end a forward once the layer an edge needs has run."""
+
+
 class Freezer:
     """One clean run's activations, and each edge's patched run by freezing (see the module docstring).
 
@@ -63,16 +67,34 @@ class Freezer:
             layer ``hook_z`` ``(B, T, H, d_head)``, an MLP's output before any post-norm or the embedding
             ``(B, T, D)``): :meth:`~headlens.circuits.senders.SenderDeltas.replacement`.
         named: the prompts' named positions, for edges restricted to them.
+        upto: the last layer the edges need (head receivers under a receiver-local metric): forwards stop
+            there. None: every layer runs and the clean logits are kept.
+        patterns: layers whose clean ``hook_pattern`` to keep (receivers of a receiver-local metric).
     """
 
-    def __init__(self, model: Any, task: Task, replaced: Callable[[Node], torch.Tensor], named: Any = None) -> None:
+    def __init__(self, model: Any, task: Task, replaced: Callable[[Node], torch.Tensor], named: Any = None,
+                 upto: int | None = None, patterns: Sequence[int] = ()) -> None:
         self.model, self.task, self.replaced, self.named = model, task, replaced, named
-        L = model.cfg.n_layers
+        L = model.cfg.n_layers if upto is None else upto + 1
         names = [f"blocks.{layer}.attn.hook_{c}" for layer in range(L) for c in (*INPUTS, "z")]
         names += [f"blocks.{layer}.hook_mlp_out" for layer in range(L) if f"blocks.{layer}.hook_mlp_out" in model.hook_dict]
+        names += [f"blocks.{layer}.attn.hook_pattern" for layer in patterns]
         self.clean: dict[str, torch.Tensor] = {}
-        with torch.no_grad(), model.hooks([(n, _keep(self.clean)) for n in names]):
-            self.clean_logits = task_logits(model, task, 0)  # (B, T, V)
+        self.clean_logits = self._run([(n, _keep(self.clean)) for n in names], None if upto is None
+                                      else f"blocks.{upto}.attn.hook_z")  # (B, T, V), or None when stopped early
+        self.patterns = {n: self.clean.pop(n) for n in [*self.clean] if n.endswith("hook_pattern")}
+
+    def _run(self, hooks: list[tuple[str, Any]], stop: str | None = None) -> torch.Tensor | None:
+        """The model's forward with ``hooks``; ended after hook ``stop`` when given (then None)."""
+        def reached(x: torch.Tensor, hook: Any) -> None:
+            raise _Reached
+
+        extra = [] if stop is None else [(stop, reached)]  # after the hooks that read it
+        with torch.no_grad(), self.model.hooks(hooks + extra):
+            try:
+                return task_logits(self.model, self.task, 0)  # (B, T, V)
+            except _Reached:
+                return None
 
     def _sender(self, edge: Edge) -> list[tuple[str, Any]]:
         """The hook that puts the sender's replaced activation in, at ``sender_pos`` only."""
@@ -115,11 +137,11 @@ class Freezer:
         seen: dict[str, torch.Tensor] = {}
         hooks = self._sender(edge) + self._frozen(edge)
         r = edge.receiver
-        if r.kind == "head":
-            hooks.append((f"blocks.{r.layer}.attn.hook_{read}", _keep(seen)))
-        with torch.no_grad(), self.model.hooks(hooks):
-            logits = task_logits(self.model, self.task, 0)
-        return logits if r.kind == "logits" else seen[f"blocks.{r.layer}.attn.hook_{read}"]
+        if r.kind == "logits":
+            return self._run(hooks)
+        name = f"blocks.{r.layer}.attn.hook_{read}"
+        self._run([*hooks, (name, _keep(seen))], name)  # nothing after the receiver's layer runs
+        return seen[name]
 
     def logits(self, edge: Edge) -> torch.Tensor:
         """``(B, T, V)``: the model's logits with ``edge`` patched by freezing."""
@@ -140,8 +162,7 @@ class Freezer:
             out[:, :, heads] = new
             return out
 
-        with torch.no_grad(), self.model.hooks([(f"blocks.{r.layer}.attn.hook_z", hook)]):
-            return task_logits(self.model, self.task, 0)
+        return self._run([(f"blocks.{r.layer}.attn.hook_z", hook)])
 
     def effect(self, edge: Edge, metric: str) -> np.ndarray:
         """``(B,)`` per prompt: ``metric(patched) - metric(clean)``, as the edge table's ``effect`` averages."""
@@ -162,9 +183,10 @@ class Freezer:
         targets = target_mask(self.model, self.task, receiver_detector(metric))  # (B, Q, K)
         _, rows = edge_masks(edge, self.named)
         patched = self.to_receiver(edge, "pattern")[:, h]  # (B, Q, K)
-        with torch.no_grad(), self.model.hooks([(f"blocks.{edge.receiver.layer}.attn.hook_pattern", _keep(seen := {}))]):
-            task_logits(self.model, self.task, 0)
-        clean = next(iter(seen.values()))[:, h]  # (B, Q, K)
+        name = f"blocks.{edge.receiver.layer}.attn.hook_pattern"
+        if name not in self.patterns:
+            self._run([(name, _keep(self.patterns))], name)
+        clean = self.patterns[name][:, h]  # (B, Q, K)
         rows = None if rows is None else rows[None]
         both = score(torch.stack([patched, clean]).double(), targets, rows)  # (2, B)
         return (both[0] - both[1]).cpu().numpy()
