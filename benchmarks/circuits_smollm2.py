@@ -106,6 +106,7 @@ def check_cost(s: Any, edges: list, clean: dict, values: dict, cpu: float) -> No
 
     from headlens.circuits.check import run_check
 
+    s.measured.update({e: values[e] - clean[e] for e in edges})  # per prompt, as Setup.table keeps them
     df = pd.DataFrame({"effect": [float((values[e] - clean[e]).mean()) for e in edges]})
     df.attrs["clean"] = float(np.mean([clean[e].mean() for e in edges]))
     ccpu, res = timed(lambda: run_check(s, df, edges))
