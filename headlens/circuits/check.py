@@ -39,7 +39,13 @@ def row_edge(model: Any, row: Any) -> Edge:
 
 
 def picks(df: Any, seed: int, n_random: int = N_RANDOM) -> list[int]:
-    """Row positions to check: the strongest edge, then ``n_random`` others drawn with ``seed``."""
+    """Row positions to check: the strongest edge, then ``n_random`` others drawn with ``seed``.
+
+    >>> import pandas as pd
+    >>> first, other = picks(pd.DataFrame({"effect": [0.1, -2.0, 0.3]}), seed=0)
+    >>> first, other in (0, 2)
+    (1, True)
+    """
     if not len(df):
         return []
     effect = np.abs(df["effect"].to_numpy(dtype=float))
