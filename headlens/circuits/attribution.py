@@ -6,7 +6,9 @@ residual stream that ``R.c`` reads from ``x`` to ``x + delta_S``. To first order
 
     ``sum_t < delta_S[t], J_LN(x[t])^T W_{c,h}^T g_{c,h}[t] >``,   ``g_{c,h} = dM / d(hook_c)[:, :, h]``
 
-(Syed et al. 2023, "Attribution patching outperforms automated circuit discovery"). The gradients of every
+(Syed et al. 2023, "Attribution patching outperforms automated circuit discovery"). ``delta_S`` is the
+sender's exact write change (:mod:`headlens.readout.write`: through a post-attention norm where the family
+has one, so its Jacobian and more are in it); only the receiver's side is linearised. The gradients of every
 head's q, k and v come from one backward pass (zero tensors added at ``hook_q|k|v``, so the model's own
 ``.grad`` fields are untouched); LayerNorm's transposed Jacobian is applied in closed form,
 ``J^T w = (gamma w - mean(gamma w) - x_hat mean(gamma w x_hat)) / sigma``. Logits receivers read the final
@@ -259,7 +261,7 @@ def _bridge_attribution(model: Any, task: Task, value: Any, edges: Sequence[Edge
         w = getattr(block.attn, f"W_{c.upper()}").detach()  # (n, D, d_head)
         u = torch.einsum("btnd,nDd->nbtD", g, w.to(g))  # (n, B, T, D): at the normed input
         x = seen[f"blocks.{layer}.hook_resid_pre"].detach().requires_grad_(True)  # (B, T, D)
-        y = block.ln1(x)
+        y = block.ln1(x) if hasattr(block, "ln1") else x  # OLMo-2: no norm before attention
         return torch.stack([torch.autograd.grad(y, x, u[i], retain_graph=True)[0] for i in range(len(u))])
 
     with torch.enable_grad(), model.hooks(fwd):

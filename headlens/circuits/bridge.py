@@ -60,7 +60,7 @@ def has_forks(model: Any) -> bool:
         return False
 
 
-def _scope(model: Any, edge: Edge) -> list[int]:
+def kept_heads(model: Any, edge: Edge) -> list[int]:
     """Query heads of the receiver layer that keep their patched ``z``."""
     r = edge.receiver
     if not edge.group or edge.input == "q":
@@ -134,15 +134,17 @@ def fork_plan(model: Any, chunk: Sequence[Edge], B: int, recv: torch.Tensor | No
         r = e.receiver
         idx = r.head if e.input == "q" else kv_head(model, r.head)
         fork_add.setdefault(f"blocks.{r.layer}.attn.hook_{e.input}_input", []).append((rows, idx))
-        keep.setdefault(r.layer, []).append((rows, _scope(model, e), None if recv is None else recv[k]))
+        keep.setdefault(r.layer, []).append((rows, kept_heads(model, e), None if recv is None else recv[k]))
     return fork_add, keep, final
 
 
 def _add_fork(flat: torch.Tensor, items: list[tuple[slice, int]]) -> Any:
+    """Every head's copy of the input gets the delta, not only the receiver's: a q/k norm over all heads
+    (OLMo-2) then sees the stream the receiver reads, and the splice of ``hook_z`` keeps the receiver's output."""
     def hook(x: torch.Tensor, hook: Any) -> torch.Tensor:  # (K*B, T, n_copies, D): per-head pre-norm copies
         out = x.clone()
-        for rows, idx in items:
-            out[rows, :, idx] = out[rows, :, idx] + flat[rows].to(x)
+        for rows, _ in items:
+            out[rows] = out[rows] + flat[rows].to(x)[:, :, None]
         return out
 
     return hook

@@ -26,6 +26,11 @@ basis of the sender (``A -> Q A Q^T``, ``Q`` Haar-random): only ``W_O^S Q^T`` ch
 ``Q W_O^S^T`` is a random ``d_model x d_head`` frame times ``(W_O W_O^T)^{1/2}``. ``composition_z`` is the
 score's distance from the null's mean in null standard deviations; :func:`random_baseline` gives the
 mean score of Gaussian weights of the model's shape.
+
+**Where it is only an approximation** (:func:`approximate`): a post-sublayer norm (Gemma 2/3, OLMo-2)
+rescales the sender's write by the layer's whole output, and a q/k norm (Gemma 3, Qwen3, OLMo-2, Cohere,
+StableLM) rescales the receiver's query and key: neither is bilinear in the weights, so the score ignores
+them. The edge table says so (``attrs["composition_note"]``); the edge's ``effect`` is exact either way.
 """
 
 from __future__ import annotations
@@ -66,6 +71,20 @@ def head_weights(model: Any, layer: int) -> dict[str, torch.Tensor]:
     if model.cfg.normalization == "LN":  # LN removes the mean of every write
         out = out - out.mean(-1, keepdim=True)
     return {"W_Q": w[0], "W_K": w[1], "W_V": w[2], "W_O": out}
+
+
+def approximate(model: Any) -> str | None:
+    """Why composition scores are only an approximation on ``model`` (one line), or None where they are exact
+    up to the norm's scale (no post-sublayer norm, no q/k norm)."""
+    from headlens.readout.write import write_path
+
+    why = [] if write_path(model).linear else ["a norm after the sublayer rescales each write"]
+    if hasattr(model, "bridge") and any(hasattr(b.attn, "q_norm") or hasattr(b.attn, "k_norm")
+                                        for b in model.bridge.blocks):
+        why.append("q/k norms rescale the query and key")
+    if not why:
+        return None
+    return f"composition is an approximation here ({'; '.join(why)}): read the edges' effects, which are exact"
 
 
 def _norm_scale(block: Any) -> torch.Tensor | None:

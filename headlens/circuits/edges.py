@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from headlens.circuits.composition import random_baseline, reference_scores, scores
+from headlens.circuits.composition import approximate, random_baseline, reference_scores, scores
 from headlens.circuits.nodes import Edge, Node, kv_head
 from headlens.interventions.controls import control_groups
 from headlens.interventions.metrics import bootstrap_ci, get_metric
@@ -108,6 +108,9 @@ def edge_table(model: Any, metric: str, edges: Sequence[Edge], clean: np.ndarray
     base = np.array([np.nan]) if isinstance(base, dict) else np.asarray(base)
     df.attrs.update(metric=metric, clean=float(base.mean()), n_prompts=len(base),
                     composition_baseline=random_baseline(model) if composition else float("nan"))
+    note = approximate(model) if composition else None
+    if note:
+        df.attrs["composition_note"] = note
     return df
 
 

@@ -179,8 +179,8 @@ class ResumePatcher:
         # per-prompt positions need the mask as a tensor to take its rows; without one, a common suffix
         self.ragged = all(isinstance(kw.get("attention_mask"), torch.Tensor) and kw["attention_mask"].ndim == 4
                           for _, kw in self.run.calls)
-        soft = float(getattr(b.cfg, "output_logits_soft_cap", -1.0) or -1.0)
-        self.softcap = soft if soft > 0 else None
+        # the family's own transform after the unembedding (Gemma 2's soft-cap, Cohere's logit_scale), elementwise
+        self.transform = getattr(getattr(b, "adapter", None), "apply_output_logits_transform", None)
 
     def chunks(self, edges: Sequence[Edge], named: Any = None) -> list[list[Edge]]:
         """Edges grouped by receiver layer and first changed position, ``max_tokens`` rows x positions each."""
@@ -254,9 +254,7 @@ class ResumePatcher:
             bias = getattr(b, "b_U", None)
             if bias is not None:
                 logits = logits + bias.detach()[cols].to(x)
-        if self.softcap is not None:
-            logits = self.softcap * torch.tanh(logits / self.softcap)
-        return logits
+        return logits if self.transform is None else self.transform(logits)
 
     def _resume(self, chunk: Sequence[Edge], deltas: torch.Tensor, recv: torch.Tensor | None,
                 P: torch.Tensor | None) -> torch.Tensor:
@@ -298,34 +296,34 @@ class ResumePatcher:
 
 
 def input_hooks(model: Any, chunk: Sequence[Edge], deltas: torch.Tensor, resid: torch.Tensor) -> list:
-    """Hooks on the receiver layer's ``hook_q|k|v`` ``(K*B, S, n, d_head)`` that replace each copy's receiver
-    slice with the projection of ``LN(resid + delta)``: the block's own input norm (``ln1``), the head's rows
-    of ``W_Q|W_K|W_V`` and bias (its key/value head's under grouped-query attention). ``deltas`` ``(K, B, S, D)``."""
-    from headlens.circuits.nodes import kv_head
-
+    """Hooks on the receiver layer's ``hook_q|k|v`` ``(K*B, S, n, d_head)`` that replace each copy's q, k or v
+    with the projection of ``LN(resid + delta)``: the block's own input norm (``ln1``), ``W_Q|W_K|W_V`` and
+    bias. Every head's slice is replaced, not only the receiver's: a q/k norm over all heads (OLMo-2) then
+    normalises what the receiver really computes from that stream, and the splice of ``hook_z`` keeps only
+    the receiver's output. ``deltas`` ``(K, B, S, D)``."""
     K, B, S, D = deltas.shape
     block = model.bridge.blocks[chunk[0].receiver.layer]
+    ln1 = block.ln1 if hasattr(block, "ln1") else torch.nn.Identity()  # OLMo-2: no norm before attention
     hooks = []
     for c in ("q", "k", "v"):
         ks = [k for k, e in enumerate(chunk) if e.input == c]
         if not ks:
             continue
-        idx = torch.tensor([chunk[k].receiver.head if c == "q" else kv_head(model, chunk[k].receiver.head) for k in ks])
-        x = block.ln1((resid[None] + deltas[ks]).reshape(len(ks) * B, S, D)).view(len(ks), B, S, D)
-        w = getattr(block.attn, f"W_{c.upper()}").detach()[idx]  # (n, D, d_head)
-        proj = torch.einsum("kbsD,kDd->kbsd", x, w.to(x))  # (n, B, S, d_head)
+        x = ln1((resid[None] + deltas[ks]).reshape(len(ks) * B, S, D)).view(len(ks), B, S, D)
+        w = getattr(block.attn, f"W_{c.upper()}").detach()  # (n, D, d_head): every (key/value) head
+        proj = torch.einsum("kbsD,nDd->kbsnd", x, w.to(x))  # (k, B, S, n, d_head)
         bias = getattr(block.attn, f"b_{c.upper()}", None)
         if bias is not None:
-            proj = proj + bias.detach()[idx].to(x)[:, None, None]
-        hooks.append((f"blocks.{chunk[0].receiver.layer}.attn.hook_{c}", _replace(ks, idx, proj, K)))
+            proj = proj + bias.detach().to(x)  # (n, d_head)
+        hooks.append((f"blocks.{chunk[0].receiver.layer}.attn.hook_{c}", _replace(ks, proj, K)))
     return hooks
 
 
-def _replace(ks: list[int], idx: torch.Tensor, proj: torch.Tensor, K: int) -> Any:
+def _replace(ks: list[int], proj: torch.Tensor, K: int) -> Any:
     def hook(x: torch.Tensor, hook: Any) -> torch.Tensor:  # (K*B, S, n, d_head): copy k owns rows k*B ..
         out = x.clone()
         view = out.view(K, -1, *x.shape[1:])  # (K, B, S, n, d_head)
-        view[torch.tensor(ks), :, :, idx] = proj.to(x)
+        view[torch.tensor(ks)] = proj.to(x)
         return out
 
     return hook

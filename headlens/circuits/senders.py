@@ -1,10 +1,11 @@
 """Each sender's ablation delta: what its direct write to the residual stream changes by when it is ablated.
 
-One clean run caches every head's ``hook_z``, every MLP's ``hook_mlp_out`` and the embedding
-(``blocks.0.hook_resid_pre``: token plus position embedding, scaled as the model scales it). A sender's
-delta ``(B, T, d_model)`` is its replaced activation minus its clean one, written to the residual stream:
-``(z_repl - z)[:, :, h] @ W_O[h]`` for a head (the output projection's bias is shared and stays),
-``out_repl - out`` for an MLP or the embedding.
+One clean run caches every sender's activation: each head's ``hook_z``, each MLP's output and the
+embedding (``blocks.0.hook_resid_pre``: token plus position embedding, scaled as the model scales it), plus
+what the write path needs (a post-attention norm's input). A sender's delta ``(B, T, d_model)`` is the change
+of its write to the residual stream when its activation is replaced, as the family's own modules compute it
+(:mod:`headlens.readout.write`: ``dz_h @ W_O[h]`` without a post-sublayer norm, through the norm where
+there is one).
 
 Methods (what the sender's activation becomes), as in :mod:`headlens.interventions.ablation`:
 
@@ -29,9 +30,10 @@ from typing import Any
 
 import torch
 
-from headlens.circuits.nodes import CircuitError, Node, has_mlp
+from headlens.circuits.nodes import CircuitError, Node
 from headlens.errors import ProbeError, did_you_mean
 from headlens.interventions.ablation import Replacement, reference_tokens
+from headlens.readout.write import write_path
 from headlens.zoo.names import EDGE_METHODS as METHODS
 
 
@@ -42,26 +44,8 @@ def check_method(method: str) -> str:
     return method
 
 
-def w_o(model: Any, layer: int) -> torch.Tensor:
-    """The output projection of ``layer`` per head: ``(H, d_head, d_model)``, ``z_h @ W_O[h]`` is head h's write."""
-    if hasattr(model, "bridge"):
-        return model.bridge.blocks[layer].attn.W_O.detach()  # (H, d_head, D)
-    w = model.transformer.h[layer].attn.c_proj.weight  # (D, H*d_head): nn.Linear is (out, in)
-    return w.detach().T.reshape(model.cfg.n_heads, model.cfg.d_head, -1)  # (H, d_head, D)
-
-
-def activation_names(model: Any) -> dict[str, str]:
-    """Cache key of each sender family: ``z{l}``, ``mlp{l}``, ``embed`` -> hook name."""
-    names = {"embed": "blocks.0.hook_resid_pre"}
-    for layer in range(model.cfg.n_layers):
-        names[f"z{layer}"] = f"blocks.{layer}.attn.hook_z"
-        if has_mlp(model):
-            names[f"mlp{layer}"] = f"blocks.{layer}.hook_mlp_out"
-    return names
-
-
-def _run(model: Any, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    names = activation_names(model)
+def _run(model: Any, names: dict[str, str], tokens: torch.Tensor,
+         attention_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     kwargs = {} if attention_mask is None else {"attention_mask": attention_mask}
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=list(names.values()), **kwargs)
@@ -163,11 +147,13 @@ class SenderDeltas:
                  seed: int = 0, attention_mask: torch.Tensor | None = None, aligned: Alignment | None = None) -> None:
         check_method(method)
         self.model, self.method, self.seed, self.aligned = model, method, seed, aligned
-        self.clean = _run(model, tokens, attention_mask)
+        self.write = write_path(model)
+        names = self.write.activations()
+        self.clean = _run(model, names, tokens, attention_mask)
         self.ref: dict[str, torch.Tensor] = {}
         if method != "zero":
             ref = tokens if reference is None else reference_tokens(model, reference)
-            self.ref = self.clean if ref is tokens else _run(model, ref)
+            self.ref = self.clean if ref is tokens else _run(model, names, ref)
         self._w_o: dict[int, torch.Tensor] = {}
         self._repl: dict[str, torch.Tensor] = {}
 
@@ -176,16 +162,22 @@ class SenderDeltas:
             self._repl[key] = replaced(self.clean[key], self.ref.get(key), self.method, self.seed, self.aligned)
         return self._repl[key]
 
+    def replacement(self, node: Node) -> torch.Tensor:
+        """What ``node``'s activation becomes under the method, for the whole layer: ``z{l}`` ``(B, T, H, d_head)``,
+        an MLP's output before any post-norm or the embedding ``(B, T, D)`` (no write computed)."""
+        return self._replaced({"head": f"z{node.layer}", "mlp": f"mlp{node.layer}"}.get(node.kind, "embed"))
+
     def delta(self, node: Node) -> torch.Tensor:
         """``(B, T, d_model)``: how much ``node``'s write to the residual stream changes when it is ablated."""
         if node.kind == "embed":
             return self._replaced("embed") - self.clean["embed"]
         if node.kind == "mlp":
-            return self._replaced(f"mlp{node.layer}") - self.clean[f"mlp{node.layer}"]
+            key = f"mlp{node.layer}"
+            return self.write.mlp(node.layer, self._replaced(key), self.clean[key])
         if node.kind != "head":
             raise CircuitError(f"{node} cannot be a sender; expected a head, embed or mlp<layer>")
-        key = f"z{node.layer}"
+        layer, key = node.layer, f"z{node.layer}"
         dz = self._replaced(key)[:, :, node.head] - self.clean[key][:, :, node.head]  # (B, T, d_head)
-        if node.layer not in self._w_o:
-            self._w_o[node.layer] = w_o(self.model, node.layer)
-        return dz @ self._w_o[node.layer][node.head].to(dz)  # (B, T, D)
+        if layer not in self._w_o:
+            self._w_o[layer] = self.write.w_o(layer)
+        return self.write.head(layer, node.head, dz, self.clean.get(f"attn{layer}"), self._w_o[layer])  # (B, T, D)

@@ -7,7 +7,7 @@ its class's exit code (see ``headlens.errors``), never a traceback.
 Exit codes (``headlens.cli.options.EXIT_CODES``, printed at the end of every ``--help``): 0 ok;
 1 generic headlens error; 2 bad option value or usage; 3 checkpoint; 4 model reference; 5 probe /
 prompts; 6 detector; 7 output path; 8 doctor found a problem; 9 doctor inconclusive (no
-evaluation source separates the head layouts; never a pass); 130 interrupted.
+evaluation source separates the head layouts; never a pass); 10 circuit's run-time check failed; 130 interrupted.
 ``headlens circuit``: 2 for a bad sender, receiver, input or method, 5 for a metric the model
 cannot take (next-token metrics on an encoder).
 """

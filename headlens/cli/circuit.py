@@ -86,6 +86,9 @@ def register(app: typer.Typer) -> None:
         first_pass: Annotated[int | None, typer.Option(
             "--first-pass", min=1, help="discovery: patch only the top N candidates per round, ranked by edge "
             "attribution patching (every reported edge is still exact)")] = None,
+        no_check: Annotated[bool, typer.Option(
+            "--no-check", help="skip the run-time check (the strongest edge and one at random re-measured by path "
+            "patching by freezing; exit 11 when they disagree)")] = False,
         seed: opt.Seed = 0,
         quiet: opt.Quiet = False,
         device: opt.Device = "cpu",
@@ -161,7 +164,8 @@ def register(app: typer.Typer) -> None:
             df = circuit(m, receivers=receivers, senders=senders, inputs=inputs, metric=metric, method=method,
                          prompts=texts, n_prompts=n_prompts, n_control=n_control, per_group=per_group,
                          positions=True if halves else positions, sender_positions=sender_positions, seed=seed,
-                         labels=scores, progress=step, first_pass=first_pass, stage=stage)
+                         labels=scores, progress=step, first_pass=first_pass, stage=stage,
+                         check=not no_check)
         if df is None:  # a rank other than 0
             return
         if df.attrs.get("verdict") == "inconclusive":  # discovery found no evidence: say so, not an empty circuit
@@ -174,6 +178,8 @@ def register(app: typer.Typer) -> None:
                 " (empty: no classify of this model is cached; --report classifies it, or open the model once in "
                 "headlens dashboard)")
             Console(width=None if sys.stdout.isatty() else 180).print(render(shown, title, caption))
+        if df.attrs.get("composition_note"):
+            err.print(df.attrs["composition_note"])
         if "first_pass" in df.attrs:
             fp = df.attrs["first_pass"]
             rho = f", Spearman {fp['spearman']:.2f} with the exact effects" if "spearman" in fp else ""

@@ -30,6 +30,7 @@ EXIT_CODES = {  # documented in every command's --help and in docs/cli.md
     8: "doctor found a problem (config and weights disagree)",
     9: "doctor inconclusive (no evaluation source separates the head layouts; never a pass)",
     10: "the model will not fit in the memory available (said before loading, with the ways out)",
+    11: "circuit: the run-time check found an edge that path patching by freezing does not reproduce",
     130: "interrupted (Ctrl+C)",
 }
 EXIT_CODES_HELP = "Exit codes: " + "; ".join(f"{code} {what}" for code, what in EXIT_CODES.items()) + "."

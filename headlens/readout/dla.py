@@ -9,7 +9,9 @@ with a difference of two columns: a contrast such as ``IO - S``). Why it looks l
   so the parts plus one ``bias`` term (the output projections' biases, the norms' biases, the unembedding's)
   sum to the model's own logit. Models that norm each sublayer's output again (Gemma 2 / 3
   ``post_attention_layernorm``) get that norm linearised per position the same way and applied to each
-  head's share: nothing is left in a remainder. Every run measures the gap against the model's logits
+  head's share: nothing is left in a remainder. This is a *linearisation* of the write path
+  (:mod:`headlens.readout.write`, whose head write under a post-norm moves the norm's scale too): it is what
+  makes the shares add up, and it is the one place that freezes the post-norm. Every run measures the gap against the model's logits
   (``attrs["max_error"]``; about 1e-6 in float32) and warns when it is not small.
 * **One forward.** Hooks keep only the read positions of each activation (``(B, P, ...)``), so memory
   does not grow with the prompt length; the readout direction is pulled back through the final norm once

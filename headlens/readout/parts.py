@@ -23,6 +23,7 @@ import torch
 
 from headlens.errors import HeadlensError
 from headlens.readout.norms import Norm, bridge_norm, native_norm
+from headlens.readout.write import write_path
 
 
 class ReadoutError(HeadlensError):
@@ -91,8 +92,9 @@ def model_parts(model: Any) -> Parts:
 
 def _native_parts(model: Any) -> Parts:
     cfg, blocks = model.cfg, model.transformer.h
-    H, dh, D, L = cfg.n_heads, cfg.d_head, cfg.d_model, cfg.n_layers
-    w_o = [b.attn.c_proj.weight.detach().T.reshape(H, dh, D) for b in blocks]  # (H, d_head, D): z_h @ W_O[h]
+    H, D, L = cfg.n_heads, cfg.d_model, cfg.n_layers
+    write = write_path(model)
+    w_o = [write.w_o(layer) for layer in range(L)]  # (H, d_head, D): z_h @ W_O[h]
     b_o = [b.attn.c_proj.bias.detach() for b in blocks]
     mlp = [] if cfg.attn_only else [f"blocks.{layer}.hook_mlp_out" for layer in range(L)]
     return Parts(L, H, "blocks.0.hook_resid_pre", [f"blocks.{layer}.attn.hook_z" for layer in range(L)], mlp,
@@ -109,7 +111,8 @@ def _bridge_parts(model: Any) -> Parts:
         raise ReadoutError(f"{model.name}: the bridge of this architecture has no {missing[0]} hook, which direct "
                            f"logit attribution reads")
     try:
-        w_o = [bridge.blocks[layer].attn.W_O.detach() for layer in range(L)]  # (H, d_head, D) per query head
+        write = write_path(model)
+        w_o = [write.w_o(layer) for layer in range(L)]  # (H, d_head, D) per query head
         w_u = bridge.W_U.detach()  # (D, V)
     except Exception as err:  # the bridge raises various errors for architectures it cannot split
         raise ReadoutError(f"{model.name}: cannot read the per-head output projection or the unembedding ({err})") from None
