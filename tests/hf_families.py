@@ -66,7 +66,8 @@ _LLAMA_LIKE = dict(hidden_size=D_MODEL, num_attention_heads=N_HEADS, num_hidden_
 
 _FORKS = "no per-head q/k/v input forks"  # the bridge cannot patch a head's q/k/v input: edges into the logits work
 _NO_FORKS = dict(refuses={"circuit": _FORKS, "circuit_receiver": _FORKS, "circuit_positions": _FORKS})
-_ENCODER = dict(refuses={**_NO_FORKS["refuses"], "circuit_receiver": "this model is bidirectional",
+_ENCODER = dict(refuses={"circuit": "is an encoder",
+                         "circuit_receiver": "is an encoder", "circuit_positions": "is an encoder",
                          "attribute": "is an encoder", "doctor": "checks causal language models"})
 
 # The architecture matrix (README "## Architectures"): every command is tested on every family here
@@ -111,9 +112,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("qwen3", "Qwen3Config", "Qwen3ForCausalLM",  # QK norm, head_dim 32 != 64 / 4
            dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=32), n_kv_heads=2),
     Family("olmo2", "Olmo2Config", "Olmo2ForCausalLM",  # norms after each sublayer only; QK norm over all heads
-           dict(_LLAMA_LIKE, num_key_value_heads=2), n_kv_heads=2,
-           known={"circuit_receiver": "circuits/resume.py input_hooks reads block.ln1, which a block without "
-                                      "pre-norms (OLMo-2) lacks: AttributeError"}),
+           dict(_LLAMA_LIKE, num_key_value_heads=2), n_kv_heads=2),
     Family("mixtral", "MixtralConfig", "MixtralForCausalLM",  # mixture of experts
            dict(_LLAMA_LIKE, num_key_value_heads=2, num_local_experts=2, num_experts_per_tok=1), n_kv_heads=2),
     Family("phi", "PhiConfig", "PhiForCausalLM",  # Phi-1/2: parallel attention and MLP, partial rotary

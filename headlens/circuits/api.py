@@ -243,6 +243,10 @@ def circuit(
 
     if isinstance(model, str) or model is None or not hasattr(model, "n_heads"):  # a reference or an object
         model = resolve_model(model, device=device)
+    if not model.is_causal:  # found by the run-time check: BERT's edges into the logits were off by 2x
+        raise CircuitError(f"{model.name!r} is an encoder: its post-LN blocks normalise the residual stream itself "
+                           "after each sublayer, so no component's write is an additive part of what later layers "
+                           "read, and edges by path patching on sender deltas do not apply")
     ins = parse_inputs(inputs)
     recv = parse_nodes(receivers, model)
     if first_pass is not None and recv is not None:
