@@ -126,11 +126,15 @@ def norm_scale(norm: Any) -> torch.Tensor | None:
         return None
     if isinstance(module, torch.nn.LayerNorm) or getattr(module, "bias", None) is not None:
         return weight.detach().double().cpu()  # LayerNorm: gamma as stored
-    probe = torch.full((1, 1, weight.shape[0]), 1e3, dtype=weight.dtype, device=weight.device)  # RMS 1e3 >> eps
+    D = weight.shape[0]
+    # entries of +-1e3 (RMS 1e3 >> eps): with D even their mean is 0, so a norm that centres without a bias
+    # (Cohere's LayerNorm) reads them as an RMSNorm does, where a row of equal entries would centre to zeros
+    sign = torch.ones(D) if D % 2 else torch.tensor([1.0, -1.0]).repeat(D // 2)
+    probe = (1e3 * sign).to(weight).reshape(1, 1, D)
     with torch.no_grad():
         out = module(probe)
     out = out[0] if isinstance(out, tuple) else out
-    return out.reshape(-1).detach().double().cpu()  # g * x / rms(x) at x = 1e3 * ones: g
+    return (out.reshape(-1).detach().double().cpu() * sign.double())  # g * x / rms(x) = g * sign
 
 
 def centres(model: Any) -> bool:

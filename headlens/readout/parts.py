@@ -122,10 +122,15 @@ def _bridge_parts(model: Any) -> Parts:
     mlp = [f"blocks.{layer}.hook_mlp_out" for layer in range(L)]
     hf = getattr(getattr(bridge, "original_model", None), "config", None)
     softcap = getattr(getattr(hf, "text_config", None) or hf, "final_logit_softcapping", None)
+    b_u = _maybe(bridge, "b_U")
+    scale = getattr(hf, "logit_scale", None)  # Cohere: logits = lm_head(x) * logit_scale, a factor DLA folds into W_U
+    scaled = bool(scale) and not getattr(getattr(bridge, "adapter", None), "_logit_scale_already_folded", False)
+    if scaled:  # unembed.hook_out is then before the scale: the parts sum to the forward's own output
+        w_u, b_u = w_u * float(scale), None if b_u is None else b_u * float(scale)
     return Parts(L, H, "blocks.0.hook_resid_pre", [f"blocks.{layer}.attn.hook_z" for layer in range(L)],
                  [m for m in mlp if m in hooks], "ln_final.hook_in",
-                 "unembed.hook_out" if "unembed.hook_out" in hooks else None, w_o, b_o, post,
-                 bridge_norm(bridge.ln_final, "ln_final", D), w_u, _maybe(bridge, "b_U"),
+                 "unembed.hook_out" if "unembed.hook_out" in hooks and not scaled else None, w_o, b_o, post,
+                 bridge_norm(bridge.ln_final, "ln_final", D), w_u, b_u,
                  float(softcap) if softcap else None)
 
 
