@@ -17,6 +17,7 @@ control gets a paired bootstrap CI over prompts.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -34,6 +35,7 @@ from headlens.interventions.ablation import (
 )
 from headlens.interventions.attribution import attribution_patching, spearman
 from headlens.interventions.controls import CONTROLS, Group, control_groups, control_scope
+from headlens.interventions.logits import logit_rows, logits_at, read_columns
 from headlens.interventions.metrics import Task, bootstrap_ci, get_metric, make_task
 from headlens.models.gpt import GPT
 from headlens.scoring.distributed import Rank, current, gather_objects, run_everywhere
@@ -56,18 +58,21 @@ def pattern_rows(model: Any, T: int) -> int:
     return max(1, PATTERN_BUDGET // (4 * model.n_heads * T * T))
 
 
-def task_logits(model: Any, task: Task, rows: int | None = None) -> torch.Tensor:
+def task_logits(model: Any, task: Task, rows: int | None = None, cols: torch.Tensor | None = None) -> torch.Tensor:
     """Logits ``(B, T, V)`` of ``task``'s prompts, ``rows`` prompts per forward (None: as many as
-    :func:`pattern_rows` allows; 0: all at once)."""
+    :func:`pattern_rows` allows; 0: all at once); ``cols`` ``(C,)``: at those positions only, ``(B, C, V)``."""
+    return torch.cat([logits for _, logits in logit_chunks(model, task, rows, cols)])  # (B, T or C, V)
+
+
+def logit_chunks(model: Any, task: Task, rows: int | None = None,
+                 cols: torch.Tensor | None = None) -> Iterator[tuple[slice, torch.Tensor]]:
+    """``(prompts, logits)`` of ``rows`` prompts per forward: :func:`task_logits` a chunk at a time."""
     if rows is None:
         rows = pattern_rows(model, task.tokens.shape[1])
     rows = rows or len(task.tokens)
-    out = []
     for i in range(0, len(task.tokens), rows):
-        tokens = task.tokens[i:i + rows]  # (rows, T)
         mask = None if task.attention_mask is None else task.attention_mask[i:i + rows]
-        out.append(model(tokens) if mask is None else model(tokens, attention_mask=mask))
-    return torch.cat(out)  # (B, T, V)
+        yield slice(i, i + rows), logits_at(model, task.tokens[i:i + rows], cols, mask)  # (rows, T or C, V)
 
 
 class NaiveRunner:
@@ -79,23 +84,32 @@ class NaiveRunner:
     prompt draws depends on the batch it is in.
     """
 
-    def __init__(self, model: Any, task: Task, replacement: Replacement) -> None:
+    def __init__(self, model: Any, task: Task, replacement: Replacement, read: torch.Tensor | None = None,
+                 keep_clean: bool = True) -> None:
         self.model, self.task, self.replacement = model, task, replacement
-        self.rows = 0 if replacement.method == "resample" else pattern_rows(model, task.tokens.shape[1])
-        self.clean_logits = task_logits(model, task, self.rows)
+        self.cols = read_columns(read)  # (C,): the positions any metric reads (None: every one)
+        T = task.tokens.shape[1]
+        n_cols = T if self.cols is None else len(self.cols)
+        self.rows = 0 if replacement.method == "resample" else min(pattern_rows(model, T), logit_rows(model, n_cols))
+        self.clean_logits = task_logits(model, task, self.rows, self.cols) if keep_clean else None  # (B, C, V)
+
+    def clean(self) -> Iterator[tuple[slice, torch.Tensor]]:
+        """``(prompts, logits)`` of the clean run at the read positions, a chunk of prompts at a time."""
+        if self.clean_logits is not None:
+            yield slice(None), self.clean_logits
+        else:
+            yield from logit_chunks(self.model, self.task, self.rows, self.cols)
 
     def plan(self, groups: Sequence[Group]) -> list[list[Group]]:
         """Units of work in run order; ranks share them out whole (same shapes, same numbers)."""
         return [[g] for g in groups]
 
-    def run_unit(self, unit: Sequence[Group]) -> Iterator[tuple[Group, torch.Tensor]]:
+    def run_unit(self, unit: Sequence[Group]) -> Iterator[tuple[Group, slice, torch.Tensor]]:
+        """``(group, prompts, logits)``: each group's ablated logits at the read positions, a chunk at a time."""
         for group in unit:
             with self.model.hooks(ablation_hooks(group, self.replacement)):
-                yield group, task_logits(self.model, self.task, self.rows)
-
-    def run(self, groups: Sequence[Group]) -> Iterator[tuple[Group, torch.Tensor]]:
-        for unit in self.plan(groups):
-            yield from self.run_unit(unit)
+                for rows, logits in logit_chunks(self.model, self.task, self.rows, self.cols):
+                    yield group, rows, logits
 
 
 class ResumeRunner(NaiveRunner):
@@ -111,12 +125,15 @@ class ResumeRunner(NaiveRunner):
         kept = ("hook_resid_pre", "attn.hook_z", *(("attn.hook_v",) if replacement.needs_live else ()))
         names = [f"blocks.{layer}.{n}" for layer in range(model.n_layers) for n in kept]
         self.clean_logits, self.cache = model.run_with_cache(task.tokens, names_filter=names)
-        T = task.tokens.shape[1]
-        cols = torch.arange(T, device=task.tokens.device) if read is None else read.any(0).nonzero().flatten()
-        self.cols = None if len(cols) == T else cols  # None: every position is read
+        self.cols = read_columns(read)  # None: every position is read
 
-    def _finish(self, layer: int, z: torch.Tensor, resid_pre: torch.Tensor, later: Group = ()) -> torch.Tensor:
-        """Logits from block ``layer``'s ablated ``z`` ``(N, T, H, d_head)`` onwards."""
+    def clean(self) -> Iterator[tuple[slice, torch.Tensor]]:
+        yield slice(None), self.clean_logits if self.cols is None else self.clean_logits[:, self.cols]
+
+    def _finish(self, layer: int, z: torch.Tensor, resid_pre: torch.Tensor, later: Group = (),
+                compact: bool = False) -> torch.Tensor:
+        """Logits from block ``layer``'s ablated ``z`` ``(N, T, H, d_head)`` onwards (``compact``: ``(N, C, V)`` at
+        the read positions only, else ``(N, T, V)`` with zeros at the others)."""
         blocks = self.model.transformer.h
         last = len(blocks) - 1
         cols = self.cols if not later else None  # later ablation hooks need the plain forward
@@ -131,7 +148,9 @@ class ResumeRunner(NaiveRunner):
         if cols is not None and layer < last:
             x = _block_at(blocks[last], x, cols)  # (N, len(cols), D)
         logits = self.model.lm_head(self.model.transformer.ln_f(x))  # (N, T', d_vocab)
-        if cols is None:
+        if compact and self.cols is not None and cols is None:
+            return logits[:, self.cols]  # (N, C, d_vocab)
+        if cols is None or compact:
             return logits
         full = logits.new_zeros(N, T, logits.shape[-1])  # (N, T, d_vocab): unread positions stay 0
         full[:, cols] = logits
@@ -148,17 +167,18 @@ class ResumeRunner(NaiveRunner):
                 stackable.setdefault(layers.pop(), []).append(group)
             else:
                 units.append([group])
-        per_chunk = max(1, self.max_tokens // (B * T))
+        n_cols = T if self.cols is None else len(self.cols)
+        per_chunk = max(1, min(self.max_tokens // (B * T), logit_rows(self.model, n_cols) // B))
         for _, layer_groups in sorted(stackable.items()):
             units += [layer_groups[s : s + per_chunk] for s in range(0, len(layer_groups), per_chunk)]
         return units
 
-    def run_unit(self, unit: Sequence[Group]) -> Iterator[tuple[Group, torch.Tensor]]:
+    def run_unit(self, unit: Sequence[Group]) -> Iterator[tuple[Group, slice, torch.Tensor]]:
         layers = {layer for group in unit for layer, _ in group}
         if len(layers) > 1:  # a multi-layer group: its own unit
-            yield unit[0], self._run_one(min(layers), unit[0])
+            yield unit[0], slice(None), self._run_one(min(layers), unit[0])
             return
-        B, T = self.task.tokens.shape
+        B = self.task.tokens.shape[0]
         layer = layers.pop()
         z = self.cache[f"blocks.{layer}.attn.hook_z"]  # (B, T, H, d_head)
         repl = self.replacement.z(layer, z, self._live(layer))  # (B, T, H, d_head)
@@ -167,8 +187,9 @@ class ResumeRunner(NaiveRunner):
             idx = [h for _, h in group]
             zs[k * B : (k + 1) * B, :, idx] = repl[:, :, idx]
         pre = self.cache[f"blocks.{layer}.hook_resid_pre"].repeat(len(unit), 1, 1)  # (K*B, T, D)
-        logits = self._finish(layer, zs, pre).view(len(unit), B, T, -1)  # (K, B, T, d_vocab)
-        yield from zip(unit, logits, strict=True)
+        logits = self._finish(layer, zs, pre, compact=True)  # (K*B, C, d_vocab)
+        for group, rows in zip(unit, logits.view(len(unit), B, *logits.shape[1:]), strict=True):  # (B, C, d_vocab)
+            yield group, slice(None), rows
 
     def _live(self, layer: int) -> dict[str, torch.Tensor] | None:
         """The clean run's values of ``layer`` (what ``uniform`` averages; the layer's input is clean)."""
@@ -179,7 +200,7 @@ class ResumeRunner(NaiveRunner):
         idx = [h for layer, h in group if layer == first]
         z[:, :, idx] = self.replacement.z(first, z, self._live(first))[:, :, idx]
         later = tuple(h for h in group if h[0] > first)
-        return self._finish(first, z, self.cache[f"blocks.{first}.hook_resid_pre"], later)
+        return self._finish(first, z, self.cache[f"blocks.{first}.hook_resid_pre"], later, compact=True)
 
 
 def _mlp(block: Any, x: torch.Tensor) -> torch.Tensor:
@@ -343,14 +364,14 @@ def _measure(model: Any, names: list[str], tasks: dict[str, Task], todo: list[Gr
     task = tasks[names[0]]
     rank = rank or Rank()
     with torch.no_grad():
+        read = torch.stack([tasks[m].positions for m in names]).any(0)  # (B, T): positions any metric reads
         if fast and isinstance(model, GPT) and not model.padded(task.attention_mask):  # resumes blocks unmasked
-            read = torch.stack([tasks[m].positions for m in names]).any(0)  # (B, T): positions any metric reads
             budget = {} if batch_size is None else {"max_tokens": batch_size * task.tokens.shape[1]}
             runner: NaiveRunner = ResumeRunner(model, task, replacement, read, **budget)
         else:
-            runner = NaiveRunner(model, task, replacement)
-        for m in names:
-            clean[m] = get_metric(m)(runner.clean_logits, tasks[m], runner.clean_logits).cpu().numpy()
+            runner = NaiveRunner(model, task, replacement, read, keep_clean=any(get_metric(m).needs_clean for m in names))
+        score = _scorer(runner, {m: tasks[m].at(runner.cols) for m in names})
+        clean.update(_collect(score(rows, logits) for rows, logits in runner.clean()))
         units = runner.plan(todo)
         mine = rank.block(len(units))
         shards = _shards(units, mine, SHARD_GROUPS if store is not None else len(todo) + 1)
@@ -365,13 +386,33 @@ def _measure(model: Any, names: list[str], tasks: dict[str, Task], todo: list[Gr
                     tick()
                 continue
             for unit in units[first:last]:
-                for group, logits in runner.run_unit(unit):
-                    for m in names:
-                        per_prompt[group, m] = get_metric(m)(logits, tasks[m], runner.clean_logits).cpu().numpy()
+                for group, chunks in itertools.groupby(runner.run_unit(unit), key=lambda out: out[0]):
+                    values = _collect(score(rows, logits) for _, rows, logits in chunks)
+                    per_prompt.update({(group, m): v for m, v in values.items()})
                     tick()
             if store is not None:
                 rows = np.stack([[per_prompt[g, m] for m in names] for g in groups])  # (n_groups, n_metrics, B)
                 store.save(key, {"rows": torch.from_numpy(rows)}, groups=[format_heads(g) for g in groups])
+
+
+def _scorer(runner: NaiveRunner, tasks: dict[str, Task]) -> Callable[[slice, torch.Tensor], dict[str, np.ndarray]]:
+    """Per-prompt values of each metric from the logits ``(b, C, V)`` of prompts ``rows`` at the runner's columns."""
+    def score(rows: slice, logits: torch.Tensor) -> dict[str, np.ndarray]:
+        clean = None if runner.clean_logits is None else runner.clean_logits[rows]
+        if clean is not None and runner.cols is not None and clean.shape[1] != logits.shape[1]:
+            clean = clean[:, runner.cols]  # the native runner keeps every position of its clean run
+        return {m: get_metric(m)(logits, task.rows(rows), clean).cpu().numpy() for m, task in tasks.items()}
+
+    return score
+
+
+def _collect(chunks: Iterator[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Per-metric values of consecutive chunks of prompts, joined."""
+    parts: dict[str, list[np.ndarray]] = {}
+    for values in chunks:
+        for m, v in values.items():
+            parts.setdefault(m, []).append(v)
+    return {m: np.concatenate(v) for m, v in parts.items()}
 
 
 def _shards(units: list[list[Group]], mine: range, min_groups: int) -> list[tuple[int, int]]:
