@@ -108,3 +108,27 @@ def test_sweep_on_a_bridge_reads_chunks_and_matches_plain_losses(gemma3, monkeyp
         plain = _plain("repeated_loss", gemma3(task.tokens), task, None).mean()
     row = whole[whole.metric == "repeated_loss"].iloc[0]
     assert abs(row["clean"] - float(plain)) < TOL
+
+
+def test_attribution_estimates_a_prompt_at_a_time_equal_one_plain_backward(gemma3, tiny_chunks):
+    """Zero-ablation attribution patching: the chunked estimates equal ``-z . d(loss)/dz`` from one plain backward
+    over full logits, written here."""
+    from headlens.interventions.ablation import Replacement
+    from headlens.interventions.attribution import attribution_patching
+
+    task = make_task(gemma3, "repeated_loss", n_prompts=3, seed=2)
+    L = gemma3.n_layers
+    got = attribution_patching(gemma3, task, "repeated_loss", Replacement.build(gemma3, range(L), "zero"))
+    zs: dict[int, torch.Tensor] = {}
+    leaves: dict[int, torch.Tensor] = {}
+
+    def leaf(z, hook):  # d(loss)/dz with every path through later layers kept: a zero added at z
+        layer = int(hook.name.split(".")[1])
+        zs[layer], leaves[layer] = z.detach(), torch.zeros_like(z, requires_grad=True)
+        return z + leaves[layer]
+
+    with torch.enable_grad(), gemma3.hooks([(f"blocks.{layer}.attn.hook_z", leaf) for layer in range(L)]):
+        loss = _plain("repeated_loss", gemma3(task.tokens), task, None).sum()
+        grads = torch.autograd.grad(loss, [leaves[layer] for layer in range(L)])
+    want = torch.stack([(-zs[layer] * g).sum((1, 3)) for layer, g in enumerate(grads)], 1)  # (B, L, H)
+    assert torch.allclose(got, want.double(), atol=1e-5, rtol=1e-4)
