@@ -43,7 +43,8 @@ def attribution_patching(model: Any, task: Task, metric: str, replacement: Repla
         return torch.full((B, L, H), float("nan"), dtype=torch.float64)
     value = SURROGATES.get(metric, m.value)
     at = task.at(read_columns(task.positions))  # logits and their gradients at the read positions only
-    rows = B if replacement.method == "resample" else logit_rows(model, len(at.columns()))  # resample: one batch
+    # a backward keeps the logits, their log-softmax and their gradient: a quarter of the forward's budget each
+    rows = B if replacement.method == "resample" else logit_rows(model, len(at.columns()), parts=4)
     out = torch.empty(B, L, H, dtype=torch.float64)
     for i in range(0, B, rows):  # prompts are independent: a chunk's gradients are the whole batch's rows
         out[i:i + rows] = _estimates(model, at.rows(slice(i, i + rows)), value, replacement)

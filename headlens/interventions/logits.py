@@ -26,9 +26,10 @@ CHUNK_BYTES = 64 * 2**20  # float32 bytes of one (B, c, V) temporary in the chun
 LOGITS_BUDGET = 128 * 2**20  # float32 bytes of the logits one forward may return (rows x read positions x V)
 
 
-def position_chunks(n_rows: int, n_pos: int, d_vocab: int, budget: int = CHUNK_BYTES) -> Iterator[slice]:
-    """Slices over positions whose ``(n_rows, c, d_vocab)`` float32 block fits ``budget`` (at least one position)."""
-    step = max(1, budget // max(1, 4 * n_rows * d_vocab))
+def position_chunks(n_rows: int, n_pos: int, d_vocab: int, parts: int = 1) -> Iterator[slice]:
+    """Slices over positions whose ``(n_rows, c, d_vocab)`` float32 block fits ``CHUNK_BYTES / parts`` (at least
+    one position)."""
+    step = max(1, CHUNK_BYTES // parts // max(1, 4 * n_rows * d_vocab))
     for s in range(0, n_pos, step):
         yield slice(s, min(s + step, n_pos))
 
@@ -51,7 +52,7 @@ def kl_divergence(logits: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
     """``KL(softmax(clean) || softmax(logits))`` ``(B, C)`` per position of two ``(B, C, V)`` blocks, chunked."""
     B, C, V = logits.shape
     out = logits.new_empty(B, C, dtype=torch.float32)
-    for s in position_chunks(B, C, V, CHUNK_BYTES // 3):  # three (B, c, V) temporaries live at once
+    for s in position_chunks(B, C, V, parts=3):  # three (B, c, V) temporaries live at once
         logp = F.log_softmax(logits[:, s].float(), dim=-1)  # (B, c, V)
         logq = F.log_softmax(clean[:, s].float(), dim=-1)  # (B, c, V)
         out[:, s] = (logq.exp() * (logq - logp)).sum(-1)  # (B, c)
@@ -66,9 +67,9 @@ def read_columns(read: torch.Tensor | None) -> torch.Tensor | None:
     return None if len(cols) == read.shape[1] else cols
 
 
-def logit_rows(model: Any, n_cols: int, budget: int = LOGITS_BUDGET) -> int:
-    """Prompts per forward whose logits at ``n_cols`` positions fit ``budget`` (at least one)."""
-    return max(1, budget // max(1, 4 * n_cols * model.cfg.d_vocab))
+def logit_rows(model: Any, n_cols: int, parts: int = 1) -> int:
+    """Prompts per forward whose logits at ``n_cols`` positions fit ``LOGITS_BUDGET / parts`` (at least one)."""
+    return max(1, LOGITS_BUDGET // parts // max(1, 4 * n_cols * model.cfg.d_vocab))
 
 
 def _narrowing_hook(model: Any) -> str | None:

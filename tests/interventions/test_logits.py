@@ -37,6 +37,7 @@ def tiny_chunks(monkeypatch):
     """Chunks of one position and one prompt: every chunk boundary is crossed."""
     monkeypatch.setattr(lg, "CHUNK_BYTES", 1)
     monkeypatch.setattr(lg, "LOGITS_BUDGET", 1)
+    assert len(list(lg.position_chunks(2, 3, 10))) == 3 and lg.logit_rows(make_gpt(0, n_ctx=8), 1) == 1
 
 
 def _plain(metric: str, logits: torch.Tensor, task, clean: torch.Tensor) -> torch.Tensor:
