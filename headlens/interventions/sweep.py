@@ -64,6 +64,15 @@ def task_logits(model: Any, task: Task, rows: int | None = None, cols: torch.Ten
     return torch.cat([logits for _, logits in logit_chunks(model, task, rows, cols)])  # (B, T or C, V)
 
 
+def task_metric(model: Any, task: Task, metric: str) -> torch.Tensor:
+    """Per-prompt values ``(B,)`` of ``metric`` on ``task``'s prompts, unablated: the logits at the read positions
+    only, a chunk of prompts at a time (never the whole batch's ``(B, T, V)``)."""
+    m, cols = get_metric(metric), read_columns(task.positions)
+    at = task.at(cols)
+    rows = min(pattern_rows(model, task.tokens.shape[1]), logit_rows(model, len(at.columns())))
+    return torch.cat([m(logits, at.rows(r), logits) for r, logits in logit_chunks(model, task, rows, cols)])  # (B,)
+
+
 def logit_chunks(model: Any, task: Task, rows: int | None = None,
                  cols: torch.Tensor | None = None) -> Iterator[tuple[slice, torch.Tensor]]:
     """``(prompts, logits)`` of ``rows`` prompts per forward: :func:`task_logits` a chunk at a time."""
