@@ -170,7 +170,9 @@ def discovery(out_csv: str = "") -> None:
     runs = {}
     for kind in ("smollm2-classify", f"smollm2-ioi:{out_csv}" if out_csv else "smollm2-ioi"):
         res = subprocess.run([sys.executable, str(Path(__file__).with_name("circuits.py")), "--child", kind],
-                             capture_output=True, text=True, check=True)
+                             capture_output=True, text=True)
+        if res.returncode:
+            raise SystemExit(f"the {kind} child failed ({res.returncode}):\n{res.stderr[-3000:]}")
         runs[kind.split(":")[0]] = json.loads(res.stdout.strip().splitlines()[-1])
     d, c = runs["smollm2-ioi"], runs["smollm2-classify"]
     print(f"4c. IOI discovery on SmolLM2 (32 prompts, mean over the ABC distribution, 2 threads): {d['wall']:.0f} s "
