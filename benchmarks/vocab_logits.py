@@ -7,6 +7,10 @@ Each measurement runs in its own child process and reports that child's own peak
 ``headlens.sweep(method="mean", metrics=["repeated_loss"])`` over every head, the same as
 ``headlens ablate --method mean --metric repeated_loss``. Goal (issue 39): the sweep's peak <= 1.5x the classify's.
 
+Measured on a shared 2-core machine (peaks are the children's own; times are indicative only): before issue 39's
+logits work, ablate 8.78 GB against classify 0.71 GB (12.3x; 266 s); after it, 0.94 GB against 0.71 GB (1.32x;
+103 s), sum of |delta| unchanged (0.078325).
+
     python benchmarks/vocab_logits.py [--vocab 262144]
 """
 
