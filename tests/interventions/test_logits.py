@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from hf_families import build
 
 import headlens.interventions.logits as lg
-import headlens.interventions.sweep as sweep_mod
+import headlens.interventions.runners as runners
 from headlens.interventions.logits import logits_at
 from headlens.interventions.metrics import get_metric, make_task
 from headlens.interventions.sweep import sweep
@@ -95,10 +95,10 @@ def test_sweep_on_a_bridge_reads_chunks_and_matches_plain_losses(gemma3, monkeyp
               n_control=1, n_boot=50, attribution=False)
     whole = sweep(gemma3, **kw)
     seen = []
-    forward = sweep_mod.logit_chunks
-    monkeypatch.setattr(sweep_mod, "logit_chunks", lambda *a: seen.append(a[2]) or forward(*a))
+    forward = runners.logit_chunks
+    monkeypatch.setattr(runners, "logit_chunks", lambda *a: seen.append(a[2]) or forward(*a))
     monkeypatch.setattr(lg, "CHUNK_BYTES", 1)
-    monkeypatch.setattr(sweep_mod, "logit_rows", lambda model, n_cols: 1)
+    monkeypatch.setattr(runners, "logit_rows", lambda model, n_cols: 1)
     chunked = sweep(gemma3, **kw)
     assert seen and set(seen) == {1}  # one prompt per forward
     import pandas as pd

@@ -149,7 +149,7 @@ def test_sweep_on_bridge_matches_native(tmp_path):
 
 @pytest.mark.parametrize("method", ["zero", "uniform"])
 def test_naive_sweep_in_chunks_of_prompts_equals_one_forward(method, monkeypatch):
-    import headlens.interventions.sweep as sweep_mod
+    import headlens.interventions.runners as sweep_mod
 
     forward = sweep_mod.logit_chunks
     model = make_gpt(0, n_ctx=32, init_range=0.2)
