@@ -162,7 +162,7 @@ def child(kind: str) -> None:
                "ioi": a.get("ioi_faithfulness"), "mib": {k: a["mib"][k] for k in ("cpr", "cmd", "n_edges")},
                "first_pass": a.get("first_pass"), "phases": peaks}
     out.update(wall=time.perf_counter() - w0, cpu=time.process_time() - c0, rss_gb=max(
-        peak_rss_gb(), *out.get("phases", {}).values()))
+        [peak_rss_gb(), *out.get("phases", {}).values()]))
     print(json.dumps(out, default=float))
 
 
