@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from headlens.circuits.nodes import INPUTS, Edge
+from headlens.interventions.logits import logits_at, read_columns
 from headlens.interventions.metrics import SURROGATES, Task, get_metric, per_prompt_mean
 
 
@@ -91,9 +92,10 @@ def edge_attribution(model: Any, task: Task, metric: str, edges: Sequence[Edge],
     fwd = [(f"blocks.{layer}.attn.hook_{c}", run.leaf) for layer in layers for c in INPUTS]
     fwd += [(f"blocks.{layer}.attn.hook_z", run.z) for layer in layers if run.needs(layer)]
     fwd += [(f"blocks.{layer}.hook_resid_pre", keep) for layer in layers] + [(final, run.leaf)]
+    at = task.at(read_columns(task.positions))  # the logits (and their gradients) at the read positions only
     with torch.enable_grad(), gpt.hooks(fwd):
-        logits = gpt(task.tokens, attention_mask=task.attention_mask)
-        run.backward(per_prompt_mean(value(logits, task, None), task.positions).sum())
+        logits = logits_at(gpt, task.tokens, at.cols, task.attention_mask)  # (B, C, V)
+        run.backward(per_prompt_mean(value(logits, at, None), at.read()).sum())
         H, d = gpt.cfg.n_heads, gpt.cfg.d_head
 
         def read(layer: int, c: str, pos: str) -> torch.Tensor:
@@ -264,9 +266,10 @@ def _bridge_attribution(model: Any, task: Task, value: Any, edges: Sequence[Edge
         y = block.ln1(x) if hasattr(block, "ln1") else x  # OLMo-2: no norm before attention
         return torch.stack([torch.autograd.grad(y, x, u[i], retain_graph=True)[0] for i in range(len(u))])
 
+    at = task.at(read_columns(task.positions))  # the logits (and their gradients) at the read positions only
     with torch.enable_grad(), model.hooks(fwd):
-        logits = task_logits(model, task, 0)  # (B, T, V)
-        run.backward(per_prompt_mean(value(logits, task, None), task.positions).sum())
+        logits = task_logits(model, task, 0, at.cols)  # (B, C, V)
+        run.backward(per_prompt_mean(value(logits, at, None), at.read()).sum())
 
         def key_of(e: Edge) -> tuple[Any, int]:
             r = e.receiver

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from headlens.interventions.logits import read_columns
 from headlens.interventions.metrics import get_metric
 
 MIB_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
@@ -67,12 +68,12 @@ class Ablator:
             return torch.where(keep[layer][..., None], z, self.repl[layer].to(z))
 
         hooks = [(f"blocks.{layer}.attn.hook_z", hook) for layer in range(self.L)]
-        metric = get_metric(s.metric)
+        metric, at = get_metric(s.metric), s.task.at(read_columns(s.task.positions))  # unembed the read positions
         with torch.no_grad():
-            clean = task_logits(s.model, s.task)
+            clean = task_logits(s.model, s.task, cols=at.cols) if metric.needs_clean else None  # (B, C, V)
             with s.model.hooks(hooks):
-                logits = task_logits(s.model, s.task)
-        self._cache[nodes] = float(metric(logits, s.task, clean).mean())
+                logits = task_logits(s.model, s.task, cols=at.cols)  # (B, C, V)
+        self._cache[nodes] = float(metric(logits, at, clean).mean())
         return self._cache[nodes]
 
     def every_head(self) -> Nodes:

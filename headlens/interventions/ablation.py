@@ -159,10 +159,21 @@ class Replacement:
         if reference is None:
             raise AblationError(f"method={method!r} needs reference prompts (reference=...); 'zero' and 'uniform' do not")
         tokens = reference_tokens(model, reference)
+        from headlens.interventions.logits import logits_at
+
         names = [f"blocks.{layer}.attn.hook_z" for layer in sorted(set(layers))]
-        with torch.no_grad():
-            _, cache = model.run_with_cache(tokens, names_filter=names)
-        return cls(method, {int(n.split(".")[1]): cache[n].detach() for n in names}, seed)
+        cache: dict[str, torch.Tensor] = {}
+
+        def saver(name: str) -> Any:
+            def save(z: torch.Tensor, hook: Any) -> None:
+                cache[name] = z.detach()  # (R, T, H, d_head)
+
+            return save
+
+        one = torch.zeros(1, dtype=torch.long, device=tokens.device)  # only z is kept: unembed one position
+        with torch.no_grad(), model.hooks([(n, saver(n)) for n in names]):
+            logits_at(model, tokens, one)
+        return cls(method, {int(n.split(".")[1]): cache[n] for n in names}, seed)
 
     def rows(self, batch: int, n_ref: int) -> torch.Tensor:
         """Reference row used by each input row under ``resample`` (never its own index if R > 1)."""

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from headlens.interventions.ablation import Replacement, live_hooks
+from headlens.interventions.logits import logit_rows, logits_at, read_columns
 from headlens.interventions.metrics import SURROGATES, Task, get_metric, per_prompt_mean
 
 
@@ -41,6 +42,18 @@ def attribution_patching(model: Any, task: Task, metric: str, replacement: Repla
     if m.needs_clean:
         return torch.full((B, L, H), float("nan"), dtype=torch.float64)
     value = SURROGATES.get(metric, m.value)
+    at = task.at(read_columns(task.positions))  # logits and their gradients at the read positions only
+    # a backward keeps the logits, their log-softmax and their gradient: a quarter of the forward's budget each
+    rows = B if replacement.method == "resample" else logit_rows(model, len(at.columns()), parts=4)
+    out = torch.empty(B, L, H, dtype=torch.float64)
+    for i in range(0, B, rows):  # prompts are independent: a chunk's gradients are the whole batch's rows
+        out[i:i + rows] = _estimates(model, at.rows(slice(i, i + rows)), value, replacement)
+    return out
+
+
+def _estimates(model: Any, task: Task, value: Any, replacement: Replacement) -> torch.Tensor:
+    """``(b, n_layers, n_heads)`` estimates for the prompts of ``task`` (read at ``task.cols``), one backward."""
+    L = model.n_layers
     leaves: dict[int, torch.Tensor] = {}
     clean_z: dict[int, torch.Tensor] = {}
 
@@ -55,15 +68,14 @@ def attribution_patching(model: Any, task: Task, metric: str, replacement: Repla
     live: dict[int, dict[str, torch.Tensor]] = {}
     fwd = live_hooks(range(L), live, replacement) if replacement.needs_live else []
     fwd += [(f"blocks.{layer}.attn.hook_z", make(layer)) for layer in range(L)]
-    kwargs = {} if task.attention_mask is None else {"attention_mask": task.attention_mask}
     with torch.enable_grad(), model.hooks(fwd):
-        logits = model(task.tokens, **kwargs)
-        total = per_prompt_mean(value(logits, task, None), task.positions).sum()
+        logits = logits_at(model, task.tokens, task.cols, task.attention_mask)  # (b, C, V)
+        total = per_prompt_mean(value(logits, task, None), task.read()).sum()
         grads = torch.autograd.grad(total, [leaves[layer] for layer in range(L)])
-    out = torch.empty(B, L, H, dtype=torch.float64)
+    out = torch.empty(task.n_prompts, L, model.n_heads, dtype=torch.float64)
     for layer, grad in enumerate(grads):
-        dz = replacement.z(layer, clean_z[layer], live.get(layer)) - clean_z[layer]  # (B, T, H, d_head)
-        out[:, layer] = (dz * grad).sum((1, 3)).double().cpu()  # (B, H): summed over positions and d_head
+        dz = replacement.z(layer, clean_z[layer], live.get(layer)) - clean_z[layer]  # (b, T, H, d_head)
+        out[:, layer] = (dz * grad).sum((1, 3)).double().cpu()  # (b, H): summed over positions and d_head
     return out
 
 

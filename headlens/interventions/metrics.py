@@ -14,12 +14,14 @@ that count). Logits at position ``t`` predict token ``t + 1``.
 | ``logit_diff`` | IOI prompts (``headlens.probes.ioi``) | logit of IO minus logit of S at the final position (Wang et al. 2022) |
 
 ``r`` is drawn without replacement from the model's ordinary tokens (no accidental repeats).
+A task narrowed to some columns (:meth:`Task.at`) takes the logits at those positions only, ``(B, C, V)``:
+the runners unembed only what the metrics read, and every value is reduced in chunks of positions
+(:mod:`headlens.interventions.logits`), never a whole batch's ``(B, T, V)`` float copy.
 Wherever prompts are taken, ``"ioi"`` (or an :class:`~headlens.probes.ioi.IOIProbe`) names the IOI prompts.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,44 +34,11 @@ import torch.nn.functional as F
 from headlens.errors import ProbeError, did_you_mean
 from headlens.interventions.ablation import AblationError
 from headlens.interventions.coreference import coreference_margins as coreference_margins  # it lived here
+from headlens.interventions.logits import kl_divergence, target_log_probs
+from headlens.interventions.task import Task as Task  # it lived here
 from headlens.zoo import names
 
 BRACKET_PAIRS = ("()", "[]", "{}", "<>")
-
-
-@dataclass(frozen=True)
-class Task:
-    """Probe tokens and the positions a metric reads.
-
-    Attributes:
-        tokens: ``(B, T)`` token ids.
-        positions: ``(B, T)`` bool; True where the logits at ``t`` are scored against ``tokens[t + 1]``.
-        attention_mask: ``(B, T)`` 1 for real tokens, 0 for right padding (None: no padding).
-        candidates: token ids the argmax is restricted to (bracket accuracy: the closers).
-        probe: which probe made the tokens.
-        answers: ``(B, 2)`` the correct and the wrong next token of each prompt, read at ``positions``
-            (``logit_diff`` on IOI: IO and S).
-    """
-
-    tokens: torch.Tensor
-    positions: torch.Tensor
-    attention_mask: torch.Tensor | None = None
-    candidates: torch.Tensor | None = None
-    probe: str = ""
-    answers: torch.Tensor | None = None
-
-    @property
-    def n_prompts(self) -> int:
-        return int(self.tokens.shape[0])
-
-    def with_positions(self, positions: torch.Tensor) -> Task:
-        return dataclasses.replace(self, positions=positions)
-
-    def rows(self, rows: slice) -> Task:
-        """The task of prompts ``rows`` only (every per-prompt field sliced)."""
-        cut = {f: getattr(self, f)[rows] for f in ("tokens", "positions", "attention_mask", "answers")
-               if getattr(self, f) is not None}
-        return dataclasses.replace(self, **cut)
 
 
 @dataclass(frozen=True)
@@ -85,8 +54,11 @@ class Metric:
     differentiable: bool = True  # False: attribution patching estimates a smooth surrogate
 
     def __call__(self, logits: torch.Tensor, task: Task, clean_logits: torch.Tensor | None = None) -> torch.Tensor:
-        """Per-prompt values ``(B,)`` in float64: the mean of the per-position value over ``task.positions``."""
-        return per_prompt_mean(self.value(logits, task, clean_logits), task.positions)
+        """Per-prompt values ``(B,)`` in float64: the mean of the per-position value over ``task.positions``.
+
+        ``logits`` (and ``clean_logits``) are ``(B, T, V)``, or ``(B, C, V)`` at ``task.cols``.
+        """
+        return per_prompt_mean(self.value(logits, task, clean_logits), task.read())
 
 
 def per_prompt_mean(values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -96,51 +68,53 @@ def per_prompt_mean(values: torch.Tensor, positions: torch.Tensor) -> torch.Tens
 
 
 def _next_token_loss(logits: torch.Tensor, task: Task, clean: torch.Tensor | None = None) -> torch.Tensor:
-    logp = F.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, T-1, V)
-    nll = -logp.gather(-1, task.tokens[:, 1:, None]).squeeze(-1)  # (B, T-1)
-    return F.pad(nll, (0, 1))  # (B, T): the last position predicts nothing
+    targets, predicts = task.targets()  # (B, C), (C,)
+    nll = -target_log_probs(logits, targets)  # (B, C)
+    return nll.masked_fill(~predicts, 0.0)  # the last position predicts nothing: 0
+
+
+def _closer_target(task: Task) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(B, C, 1)`` which closer comes next (an index into ``task.candidates``) and ``(C,)`` whether any can."""
+    targets, predicts = task.targets()  # (B, C), (C,)
+    return (targets[..., None] == task.candidates).float().argmax(-1, keepdim=True), predicts
 
 
 def _closer_correct(logits: torch.Tensor, task: Task, clean: torch.Tensor | None = None) -> torch.Tensor:
-    cand = task.candidates
-    sub = logits[:, :-1, cand]  # (B, T-1, n_closers)
-    target = (task.tokens[:, 1:, None] == cand).float().argmax(-1)  # (B, T-1): which closer comes next
-    return F.pad((sub.argmax(-1) == target).float(), (0, 1))  # (B, T)
+    target, predicts = _closer_target(task)  # (B, C, 1), (C,)
+    sub = logits[..., task.candidates]  # (B, C, n_closers)
+    return (sub.argmax(-1, keepdim=True) == target).squeeze(-1).float() * predicts  # (B, C)
 
 
 def _closer_soft(logits: torch.Tensor, task: Task, clean: torch.Tensor | None = None) -> torch.Tensor:
     """Smooth surrogate of closer accuracy: probability of the right closer among the closers."""
-    cand = task.candidates
-    p = F.softmax(logits[:, :-1, cand].float(), dim=-1)  # (B, T-1, n_closers)
-    target = (task.tokens[:, 1:, None] == cand).float().argmax(-1, keepdim=True)  # (B, T-1, 1)
-    return F.pad(p.gather(-1, target).squeeze(-1), (0, 1))  # (B, T)
+    target, predicts = _closer_target(task)  # (B, C, 1), (C,)
+    p = F.softmax(logits[..., task.candidates].float(), dim=-1)  # (B, C, n_closers)
+    return p.gather(-1, target).squeeze(-1) * predicts  # (B, C)
 
 
 def _kl_from_clean(logits: torch.Tensor, task: Task, clean: torch.Tensor | None) -> torch.Tensor:
     if clean is None:
         raise AblationError("the kl metric needs the clean (unablated) logits")
-    logp = F.log_softmax(logits.float(), dim=-1)  # (B, T, V)
-    logq = F.log_softmax(clean.float(), dim=-1)  # (B, T, V)
-    return (logq.exp() * (logq - logp)).sum(-1)  # (B, T): KL(clean || ablated)
+    return kl_divergence(logits, clean)  # (B, C): KL(clean || ablated)
 
 
 def _next_correct(logits: torch.Tensor, task: Task, clean: torch.Tensor | None = None) -> torch.Tensor:
-    hit = logits[:, :-1].argmax(-1) == task.tokens[:, 1:]  # (B, T-1): greedy prediction is the next token
-    return F.pad(hit.float(), (0, 1))  # (B, T)
+    targets, predicts = task.targets()  # (B, C), (C,)
+    return (logits.argmax(-1) == targets).float() * predicts  # (B, C): greedy prediction is the next token
 
 
 def _logit_diff(logits: torch.Tensor, task: Task, clean: torch.Tensor | None = None) -> torch.Tensor:
-    """Correct minus wrong answer logit at every position (the task's positions pick END)."""
+    """Correct minus wrong answer logit at every column (the task's positions pick END)."""
     if task.answers is None:
         raise ProbeError("logit_diff needs prompts with a correct and a wrong answer: the IOI probe (prompts='ioi')")
-    B, T = task.tokens.shape
-    pair = logits.gather(-1, task.answers[:, None, :].expand(B, T, 2))  # (B, T, 2): correct, wrong
-    return (pair[..., 0] - pair[..., 1]).float()  # (B, T)
+    B, C = logits.shape[:2]
+    pair = logits.gather(-1, task.answers[:, None, :].expand(B, C, 2))  # (B, C, 2): correct, wrong
+    return (pair[..., 0] - pair[..., 1]).float()  # (B, C)
 
 
 def _next_token_prob(logits: torch.Tensor, task: Task, clean: torch.Tensor | None = None) -> torch.Tensor:
     """Smooth surrogate of needle recall: the probability of the right next token."""
-    return (-_next_token_loss(logits, task)).exp()  # (B, T)
+    return (-_next_token_loss(logits, task)).exp()  # (B, C)
 
 
 METRICS: dict[str, Metric] = {

@@ -1,13 +1,7 @@
 """Ablation sweeps: every single head (or given groups) against random-head controls.
 
-Cheap by construction on native models: one clean run caches each layer's residual input
-and ``hook_z``; an ablation of heads in layer ``l`` then restarts there from
-``resid_pre + c_proj(z with the heads replaced)`` and runs only the MLP of block ``l`` and
-blocks ``l+1..``; the last block, final LayerNorm and unembedding run only at the positions
-the metrics read. Groups of one layer are stacked along the batch up to ``max_tokens``
-rows x positions per pass (on CPU small passes are fastest: big stacked tensors fall out of
-cache; on an accelerator raise it). The numbers are those of a full hooked forward per group
-(``fast=False``, also the path for every other backend), up to float rounding.
+Each group's ablated logits come from :mod:`headlens.interventions.runners` (resumed blocks from one cached
+clean run on native models, a hooked forward elsewhere), at the positions the metrics read only.
 
 Each group is compared with a control: random groups with the same number of heads in the
 same layers (other heads than the group's; or anywhere in the model, ``control="model"``),
@@ -17,17 +11,16 @@ control gets a paired bootstrap CI over prompts.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from headlens.interventions.ablation import (
     AblationError,
     Replacement,
-    ablation_hooks,
     check_method,
     format_heads,
     parse_heads,
@@ -35,6 +28,10 @@ from headlens.interventions.ablation import (
 from headlens.interventions.attribution import attribution_patching, spearman
 from headlens.interventions.controls import CONTROLS, Group, control_groups, control_scope
 from headlens.interventions.metrics import Task, bootstrap_ci, get_metric, make_task
+from headlens.interventions.runners import NaiveRunner, ResumeRunner
+from headlens.interventions.runners import pattern_rows as pattern_rows  # where callers found them
+from headlens.interventions.runners import task_logits as task_logits
+from headlens.interventions.runners import task_metric as task_metric
 from headlens.models.gpt import GPT
 from headlens.scoring.distributed import Rank, current, gather_objects, run_everywhere
 from headlens.scoring.output import provenance
@@ -46,165 +43,6 @@ COLUMNS = [  # "model" first, as in the scores table: a file keeps what it measu
     "control_delta", "control_ci_low", "control_ci_high", "excess_ci_low", "excess_ci_high",
     "beats_control", "attribution", "n_prompts", "control",
 ]
-
-
-PATTERN_BUDGET = 256 * 2**20  # bytes of one layer's (rows, H, T, T) float32 pattern per naive forward
-
-
-def pattern_rows(model: Any, T: int) -> int:
-    """Prompts of ``T`` tokens per forward whose one-layer float32 pattern fits :data:`PATTERN_BUDGET`."""
-    return max(1, PATTERN_BUDGET // (4 * model.n_heads * T * T))
-
-
-def task_logits(model: Any, task: Task, rows: int | None = None) -> torch.Tensor:
-    """Logits ``(B, T, V)`` of ``task``'s prompts, ``rows`` prompts per forward (None: as many as
-    :func:`pattern_rows` allows; 0: all at once)."""
-    if rows is None:
-        rows = pattern_rows(model, task.tokens.shape[1])
-    rows = rows or len(task.tokens)
-    out = []
-    for i in range(0, len(task.tokens), rows):
-        tokens = task.tokens[i:i + rows]  # (rows, T)
-        mask = None if task.attention_mask is None else task.attention_mask[i:i + rows]
-        out.append(model(tokens) if mask is None else model(tokens, attention_mask=mask))
-    return torch.cat(out)  # (B, T, V)
-
-
-class NaiveRunner:
-    """One full hooked forward per group: works on every backend.
-
-    Hooked backends (TransformerBridge) build each layer's ``(B, H, T, T)`` pattern, so long prompts
-    go through in chunks of prompts whose pattern fits :data:`PATTERN_BUDGET` (20 prompts of 2,048
-    tokens peaked at 8 GB in one forward). ``resample`` keeps one forward: which reference row a
-    prompt draws depends on the batch it is in.
-    """
-
-    def __init__(self, model: Any, task: Task, replacement: Replacement) -> None:
-        self.model, self.task, self.replacement = model, task, replacement
-        self.rows = 0 if replacement.method == "resample" else pattern_rows(model, task.tokens.shape[1])
-        self.clean_logits = task_logits(model, task, self.rows)
-
-    def plan(self, groups: Sequence[Group]) -> list[list[Group]]:
-        """Units of work in run order; ranks share them out whole (same shapes, same numbers)."""
-        return [[g] for g in groups]
-
-    def run_unit(self, unit: Sequence[Group]) -> Iterator[tuple[Group, torch.Tensor]]:
-        for group in unit:
-            with self.model.hooks(ablation_hooks(group, self.replacement)):
-                yield group, task_logits(self.model, self.task, self.rows)
-
-    def run(self, groups: Sequence[Group]) -> Iterator[tuple[Group, torch.Tensor]]:
-        for unit in self.plan(groups):
-            yield from self.run_unit(unit)
-
-
-class ResumeRunner(NaiveRunner):
-    """Restarts each ablated forward at its first ablated layer from the cached clean run (native GPT).
-
-    The last block, the final LayerNorm and the unembedding run only at the query positions the
-    metrics read (``read``: ``(B, T)`` bool, any row); the logits elsewhere are left at zero.
-    """
-
-    def __init__(self, model: GPT, task: Task, replacement: Replacement, read: torch.Tensor | None = None,
-                 max_tokens: int = 4096) -> None:
-        self.model, self.task, self.replacement, self.max_tokens = model, task, replacement, max_tokens
-        kept = ("hook_resid_pre", "attn.hook_z", *(("attn.hook_v",) if replacement.needs_live else ()))
-        names = [f"blocks.{layer}.{n}" for layer in range(model.n_layers) for n in kept]
-        self.clean_logits, self.cache = model.run_with_cache(task.tokens, names_filter=names)
-        T = task.tokens.shape[1]
-        cols = torch.arange(T, device=task.tokens.device) if read is None else read.any(0).nonzero().flatten()
-        self.cols = None if len(cols) == T else cols  # None: every position is read
-
-    def _finish(self, layer: int, z: torch.Tensor, resid_pre: torch.Tensor, later: Group = ()) -> torch.Tensor:
-        """Logits from block ``layer``'s ablated ``z`` ``(N, T, H, d_head)`` onwards."""
-        blocks = self.model.transformer.h
-        last = len(blocks) - 1
-        cols = self.cols if not later else None  # later ablation hooks need the plain forward
-        N, T = z.shape[:2]
-        if cols is not None and layer == last:  # nothing downstream: only the read positions matter
-            z, resid_pre = z[:, cols], resid_pre[:, cols]
-        x = resid_pre + blocks[layer].attn.c_proj(z.reshape(N, z.shape[1], -1))  # (N, T', H*d_head) -> (N, T', D)
-        x = _mlp(blocks[layer], x)
-        with self.model.hooks(ablation_hooks(later, self.replacement) if later else ()):
-            for b in blocks[layer + 1 : last if cols is not None else last + 1]:
-                x = b(x)
-        if cols is not None and layer < last:
-            x = _block_at(blocks[last], x, cols)  # (N, len(cols), D)
-        logits = self.model.lm_head(self.model.transformer.ln_f(x))  # (N, T', d_vocab)
-        if cols is None:
-            return logits
-        full = logits.new_zeros(N, T, logits.shape[-1])  # (N, T, d_vocab): unread positions stay 0
-        full[:, cols] = logits
-        return full
-
-    def plan(self, groups: Sequence[Group]) -> list[list[Group]]:
-        """Each multi-layer group alone, then one-layer groups stacked per layer, ``max_tokens`` at a time."""
-        B, T = self.task.tokens.shape
-        stackable: dict[int, list[Group]] = {}
-        units = []
-        for group in groups:
-            layers = {layer for layer, _ in group}
-            if len(layers) == 1:
-                stackable.setdefault(layers.pop(), []).append(group)
-            else:
-                units.append([group])
-        per_chunk = max(1, self.max_tokens // (B * T))
-        for _, layer_groups in sorted(stackable.items()):
-            units += [layer_groups[s : s + per_chunk] for s in range(0, len(layer_groups), per_chunk)]
-        return units
-
-    def run_unit(self, unit: Sequence[Group]) -> Iterator[tuple[Group, torch.Tensor]]:
-        layers = {layer for group in unit for layer, _ in group}
-        if len(layers) > 1:  # a multi-layer group: its own unit
-            yield unit[0], self._run_one(min(layers), unit[0])
-            return
-        B, T = self.task.tokens.shape
-        layer = layers.pop()
-        z = self.cache[f"blocks.{layer}.attn.hook_z"]  # (B, T, H, d_head)
-        repl = self.replacement.z(layer, z, self._live(layer))  # (B, T, H, d_head)
-        zs = z.repeat(len(unit), 1, 1, 1)  # (K*B, T, H, d_head): group k owns rows k*B..(k+1)*B
-        for k, group in enumerate(unit):
-            idx = [h for _, h in group]
-            zs[k * B : (k + 1) * B, :, idx] = repl[:, :, idx]
-        pre = self.cache[f"blocks.{layer}.hook_resid_pre"].repeat(len(unit), 1, 1)  # (K*B, T, D)
-        logits = self._finish(layer, zs, pre).view(len(unit), B, T, -1)  # (K, B, T, d_vocab)
-        yield from zip(unit, logits, strict=True)
-
-    def _live(self, layer: int) -> dict[str, torch.Tensor] | None:
-        """The clean run's values of ``layer`` (what ``uniform`` averages; the layer's input is clean)."""
-        return {"v": self.cache[f"blocks.{layer}.attn.hook_v"]} if self.replacement.needs_live else None
-
-    def _run_one(self, first: int, group: Group) -> torch.Tensor:
-        z = self.cache[f"blocks.{first}.attn.hook_z"].clone()  # (B, T, H, d_head)
-        idx = [h for layer, h in group if layer == first]
-        z[:, :, idx] = self.replacement.z(first, z, self._live(first))[:, :, idx]
-        later = tuple(h for h in group if h[0] > first)
-        return self._finish(first, z, self.cache[f"blocks.{first}.hook_resid_pre"], later)
-
-
-def _mlp(block: Any, x: torch.Tensor) -> torch.Tensor:
-    return x if block.attn_only else x + block.mlp(block.ln_2(x))
-
-
-def _block_at(block: Any, x: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """``block``'s output at query positions ``cols`` only (keys and values from every position).
-
-    Mirrors ``Block.forward`` and ``MultiHeadAttention.forward`` (no hooks run here); the
-    sweep tests compare it with the plain forward.
-    """
-    attn = block.attn
-    N, T, _ = x.shape  # batch, positions, d_model
-    H, d, A = attn.n_heads, attn.d_head, attn.d_attn  # A = H * d_head
-    h = block.ln_1(x)  # (N, T, D)
-    w, b = attn.c_attn.weight, attn.c_attn.bias  # (3A, D), (3A,): rows are q, k, v
-    q = F.linear(h[:, cols], w[:A], b[:A]).view(N, len(cols), H, d).transpose(1, 2)  # (N, H, Q, d_head)
-    k, v = F.linear(h, w[A:], b[A:]).split(A, dim=2)  # 2 x (N, T, A)
-    k = k.view(N, T, H, d).transpose(1, 2)  # (N, H, T, d_head)
-    v = v.view(N, T, H, d).transpose(1, 2)  # (N, H, T, d_head)
-    seen = torch.arange(T, device=x.device)[None, :] <= cols[:, None]  # (Q, T): query at cols[i]
-    z = F.scaled_dot_product_attention(q, k, v, attn_mask=seen if attn.causal else None)  # (N, H, Q, d_head)
-    z = z.transpose(1, 2).reshape(N, len(cols), A)  # heads merged: (N, Q, H*d_head)
-    return _mlp(block, x[:, cols] + attn.c_proj(z))  # (N, Q, D)
 
 
 def sweep(
@@ -343,14 +181,14 @@ def _measure(model: Any, names: list[str], tasks: dict[str, Task], todo: list[Gr
     task = tasks[names[0]]
     rank = rank or Rank()
     with torch.no_grad():
+        read = torch.stack([tasks[m].positions for m in names]).any(0)  # (B, T): positions any metric reads
         if fast and isinstance(model, GPT) and not model.padded(task.attention_mask):  # resumes blocks unmasked
-            read = torch.stack([tasks[m].positions for m in names]).any(0)  # (B, T): positions any metric reads
             budget = {} if batch_size is None else {"max_tokens": batch_size * task.tokens.shape[1]}
             runner: NaiveRunner = ResumeRunner(model, task, replacement, read, **budget)
         else:
-            runner = NaiveRunner(model, task, replacement)
-        for m in names:
-            clean[m] = get_metric(m)(runner.clean_logits, tasks[m], runner.clean_logits).cpu().numpy()
+            runner = NaiveRunner(model, task, replacement, read, keep_clean=any(get_metric(m).needs_clean for m in names))
+        score = _scorer(runner, {m: tasks[m].at(runner.cols) for m in names})
+        clean.update(_collect(score(rows, logits) for rows, logits in runner.clean()))
         units = runner.plan(todo)
         mine = rank.block(len(units))
         shards = _shards(units, mine, SHARD_GROUPS if store is not None else len(todo) + 1)
@@ -365,13 +203,33 @@ def _measure(model: Any, names: list[str], tasks: dict[str, Task], todo: list[Gr
                     tick()
                 continue
             for unit in units[first:last]:
-                for group, logits in runner.run_unit(unit):
-                    for m in names:
-                        per_prompt[group, m] = get_metric(m)(logits, tasks[m], runner.clean_logits).cpu().numpy()
+                for group, chunks in itertools.groupby(runner.run_unit(unit), key=lambda out: out[0]):
+                    values = _collect(score(rows, logits) for _, rows, logits in chunks)
+                    per_prompt.update({(group, m): v for m, v in values.items()})
                     tick()
             if store is not None:
                 rows = np.stack([[per_prompt[g, m] for m in names] for g in groups])  # (n_groups, n_metrics, B)
                 store.save(key, {"rows": torch.from_numpy(rows)}, groups=[format_heads(g) for g in groups])
+
+
+def _scorer(runner: NaiveRunner, tasks: dict[str, Task]) -> Callable[[slice, torch.Tensor], dict[str, np.ndarray]]:
+    """Per-prompt values of each metric from the logits ``(b, C, V)`` of prompts ``rows`` at the runner's columns."""
+    def score(rows: slice, logits: torch.Tensor) -> dict[str, np.ndarray]:
+        clean = None if runner.clean_logits is None else runner.clean_logits[rows]
+        if clean is not None and runner.cols is not None and clean.shape[1] != logits.shape[1]:
+            clean = clean[:, runner.cols]  # the native runner keeps every position of its clean run
+        return {m: get_metric(m)(logits, task.rows(rows), clean).cpu().numpy() for m, task in tasks.items()}
+
+    return score
+
+
+def _collect(chunks: Iterator[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Per-metric values of consecutive chunks of prompts, joined."""
+    parts: dict[str, list[np.ndarray]] = {}
+    for values in chunks:
+        for m, v in values.items():
+            parts.setdefault(m, []).append(v)
+    return {m: np.concatenate(v) for m, v in parts.items()}
 
 
 def _shards(units: list[list[Group]], mine: range, min_groups: int) -> list[tuple[int, int]]:

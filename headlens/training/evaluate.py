@@ -225,8 +225,8 @@ def evaluate_needle(model, n_prompts: int = 20, lengths: tuple[int, ...] = (256,
     (``sweep(control="model")``: Wu et al.'s random heads); deltas with 95 % bootstrap CIs over
     prompts. ``causal=False`` skips it (the scores alone, for the tests that re-measure a card).
     """
-    from headlens.interventions.metrics import get_metric, needle_task, repeated_task
-    from headlens.interventions.sweep import sweep, task_logits
+    from headlens.interventions.metrics import needle_task, repeated_task
+    from headlens.interventions.sweep import sweep, task_metric
     from headlens.scoring.classification import classify
 
     tok = getattr(model, "native_tokenizer", None) or model.tokenizer  # a bridged zoo model carries its own
@@ -234,10 +234,10 @@ def evaluate_needle(model, n_prompts: int = 20, lengths: tuple[int, ...] = (256,
     for T in lengths:
         task = needle_task(model, n_prompts, seq_len=T, seed=PROBE_SEED)
         with torch.no_grad():
-            recall[T] = _r(get_metric("needle_recall")(task_logits(model, task), task).mean())  # chunked: 2k-token patterns
+            recall[T] = _r(task_metric(model, task, "needle_recall").mean())  # chunked: 2k-token patterns
     rep = repeated_task(model, 16, seed=PROBE_SEED)
     with torch.no_grad():
-        rep_loss = get_metric("repeated_loss")(model(rep.tokens), rep).mean()
+        rep_loss = task_metric(model, rep, "repeated_loss").mean()
     detectors = ("retrieval", "previous_token", "induction")
     df = classify(model, detectors=list(detectors), n_prompts=n_prompts, seq_len=model.cfg.n_ctx, seed=PROBE_SEED)
     scores = {det: {f"L{r.layer}H{r.head}": _r(r.score) for r in df[df.detector == det].itertuples()}

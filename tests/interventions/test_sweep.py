@@ -149,15 +149,16 @@ def test_sweep_on_bridge_matches_native(tmp_path):
 
 @pytest.mark.parametrize("method", ["zero", "uniform"])
 def test_naive_sweep_in_chunks_of_prompts_equals_one_forward(method, monkeypatch):
-    import headlens.interventions.sweep as sweep_mod
+    import headlens.interventions.runners as sweep_mod
 
-    forward = sweep_mod.task_logits
+    forward = sweep_mod.logit_chunks
     model = make_gpt(0, n_ctx=32, init_range=0.2)
     kw = dict(groups=[["L0H1"], ["L1H2", "L0H0"]], method=method, n_prompts=6, n_control=2, n_boot=100, fast=False)
     whole = sweep(model, **kw)
     monkeypatch.setattr(sweep_mod, "PATTERN_BUDGET", 1)  # one prompt per forward
     calls = []
-    monkeypatch.setattr(sweep_mod, "task_logits", lambda m, task, rows=0: calls.append(rows) or forward(m, task, rows))
+    monkeypatch.setattr(sweep_mod, "logit_chunks",
+                        lambda m, task, rows=0, cols=None: calls.append(rows) or forward(m, task, rows, cols))
     chunked = sweep(model, **kw)
     assert calls and set(calls) == {1}
     pd.testing.assert_frame_equal(whole, chunked, check_exact=False, rtol=1e-5, atol=1e-6)
