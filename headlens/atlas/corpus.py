@@ -44,8 +44,7 @@ def corpus_windows(model: Any, corpus: str, n_windows: int, seq_len: int, seed: 
     return probe
 
 
-def split(probe: Probe, heldout_every: int = 4) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """The pass's windows and the held-out ones (every ``heldout_every``-th, at least one)."""
-    held = [p for i, p in enumerate(probe.prompts) if i % heldout_every == heldout_every - 1] or probe.prompts[-1:]
-    seen = {id(p) for p in held}
-    return [p for p in probe.prompts if id(p) not in seen], held
+def split(windows: list[torch.Tensor], heldout_every: int = 4) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The pass's windows and the held-out ones (every ``heldout_every``-th, and the last when that gives none)."""
+    held = [i for i in range(len(windows)) if i % heldout_every == heldout_every - 1] or [len(windows) - 1]
+    return [w for i, w in enumerate(windows) if i not in held], [windows[i] for i in held]

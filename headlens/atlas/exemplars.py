@@ -114,7 +114,7 @@ def exemplar_pass(model: Any, windows: list[torch.Tensor], config: AtlasConfig =
         if progress is not None:
             progress(done, len(windows))
     top = {name: t.payloads for name, t in tops.items()}
-    for name, t in tops.items():  # each exemplar's score under its ranking
+    for t in tops.values():  # each exemplar's score under its ranking
         for row, kept in enumerate(t.payloads):
             for e, score in zip(kept, t.scores[row].tolist(), strict=False):
                 e.score = score

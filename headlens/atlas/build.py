@@ -1,0 +1,66 @@
+"""One atlas of one model: corpus -> exemplar pass -> held-out descriptions -> a table of exemplars.
+
+Orchestration only: the pass is :mod:`headlens.atlas.exemplars`, the descriptions
+:mod:`headlens.atlas.describe`, the site :mod:`headlens.atlas.site`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from headlens.atlas.corpus import corpus_windows, split
+from headlens.atlas.describe import Description, describe
+from headlens.atlas.exemplars import AtlasConfig, Exemplars, exemplar_pass
+
+
+@dataclass
+class Atlas:
+    """A model's atlas: its name, ``strings`` (readable text of every token id), the pass's exemplars and
+    every head's description (layer-major)."""
+
+    model: str
+    strings: list[str]
+    exemplars: Exemplars
+    descriptions: list[Description]
+    config: AtlasConfig
+
+    def frame(self) -> Any:
+        """The exemplars as one tidy pandas table (one row per head x ranking x rank), for Parquet."""
+        import pandas as pd
+
+        rows = []
+        H = self.exemplars.n_heads
+        for ranking, heads in self.exemplars.top.items():
+            for flat, kept in enumerate(heads):
+                layer, head = divmod(flat, H)
+                for rank, e in enumerate(kept):
+                    rows.append({"model": self.model, "layer": layer, "head": head, "ranking": ranking, "rank": rank,
+                                 "score": e.score, "window": e.window, "position": e.position, "tokens": e.tokens,
+                                 "text": [self.strings[t] for t in e.tokens], "query": e.query, "key": e.key,
+                                 "attention": e.attention, "promoted": [self.strings[t] for t in e.promoted],
+                                 "suppressed": [self.strings[t] for t in e.suppressed]})
+        return pd.DataFrame(rows)
+
+
+def build_atlas(model: Any, config: AtlasConfig = AtlasConfig(), windows: list[torch.Tensor] | None = None,
+                progress: Callable[[int, int], None] | None = None) -> Atlas:
+    """The exemplars and descriptions of every head of ``model`` over ``config.corpus`` (or ``windows``: 1-D
+    token tensors, specials included; a quarter of them are held out to score the descriptions).
+
+    >>> import headlens
+    >>> build_atlas(headlens.load("smollm2"), AtlasConfig(n_windows=32)).descriptions[0].role  # doctest: +SKIP
+    'resting'
+    """
+    from headlens.models.token_text import readable_tokens
+
+    if windows is None:
+        windows = corpus_windows(model, config.corpus, config.n_windows, config.seq_len, config.seed).prompts
+    seen, held = split(windows)
+    exemplars = exemplar_pass(model, seen, config, progress)
+    descriptions = describe(model, exemplars, held, config.batch_size)
+    strings = readable_tokens(model, torch.arange(int(model.cfg.d_vocab)))
+    return Atlas(str(getattr(model, "name", type(model).__name__)), strings, exemplars, descriptions, config)

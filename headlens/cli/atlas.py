@@ -1,0 +1,69 @@
+"""``headlens atlas``: a static HTML atlas of every head (exemplars, reads, tested descriptions); a thin layer
+over :mod:`headlens.atlas`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from headlens.cli import options as opt
+from headlens.cli.failure import fail
+from headlens.errors import HeadlensError
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("atlas")
+    def atlas_cmd(
+        model: Annotated[str, typer.Option("--model", help="a model reference (zoo name, path, hf:ORG/NAME)")],
+        out: Annotated[Path, typer.Option("--out", help="folder to write the site into (index.html, heads/, "
+                                          "exemplars.parquet)")],
+        corpus: Annotated[str, typer.Option("--corpus", help="'prose', 'code', or a .txt / JSONL file")] = "prose",
+        n_windows: Annotated[int, typer.Option("--n-windows", min=2, help="windows of text read (a quarter held "
+                                               "out to score the descriptions)")] = 64,
+        seq_len: opt.SeqLen = 128,
+        k: Annotated[int, typer.Option("--k", min=1, help="exemplars kept per head and ranking")] = 20,
+        batch_size: opt.BatchSize = 8,
+        seed: opt.Seed = 0,
+        quiet: opt.Quiet = False,
+        device: opt.Device = "cpu",
+    ) -> None:
+        """Read a corpus once, keep every head's top exemplars, describe each head with a rule tested on held-out
+        text, and write an offline HTML atlas (open OUT/index.html from disk)."""
+        try:
+            run_atlas(model, out, corpus, n_windows, seq_len, k, batch_size, seed, quiet, device)
+        except HeadlensError as e:
+            raise fail(e) from None
+
+
+def run_atlas(model: str, out: Path, corpus: str, n_windows: int, seq_len: int, k: int, batch_size: int,
+              seed: int, quiet: bool, device: str) -> None:
+    """The command body: library calls only, errors left to the caller."""
+    from rich.console import Console
+
+    from headlens.atlas.build import build_atlas
+    from headlens.atlas.exemplars import AtlasConfig
+    from headlens.atlas.site import write_site
+    from headlens.cli.progress import progress
+    from headlens.models.files import check_writable
+    from headlens.models.loading import load
+
+    from headlens.errors import OutputError
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OutputError(f"cannot create the atlas folder {str(out)!r} ({err.strerror})") from None
+    check_writable(out / "index.html", (".html",), what="the atlas")
+    config = AtlasConfig(corpus=corpus, n_windows=n_windows, seq_len=seq_len, k=k, batch_size=batch_size, seed=seed)
+    loaded = load(model, device=device)
+    with progress("atlas: reading the corpus", quiet=quiet) as bar:
+        atlas = build_atlas(loaded, config, progress=lambda d, t: bar.update(d, t))
+    index = write_site(atlas, out)
+    if not quiet:
+        roles: dict[str, int] = {}
+        for d in atlas.descriptions:
+            roles[d.role] = roles.get(d.role, 0) + 1
+        Console(stderr=True).print(f"roles: {', '.join(f'{r} {n}' for r, n in sorted(roles.items()))}")
+        Console(stderr=True).print(f"wrote {index} (open it from disk)")
