@@ -46,7 +46,7 @@ class Atlas:
         return pd.DataFrame(rows)
 
 
-def build_atlas(model: Any, config: AtlasConfig = AtlasConfig(), windows: list[torch.Tensor] | None = None,
+def build_atlas(model: Any, config: AtlasConfig | None = None, windows: list[torch.Tensor] | None = None,
                 progress: Callable[[int, int], None] | None = None) -> Atlas:
     """The exemplars and descriptions of every head of ``model`` over ``config.corpus`` (or ``windows``: 1-D
     token tensors, specials included; a quarter of them are held out to score the descriptions).
@@ -57,6 +57,7 @@ def build_atlas(model: Any, config: AtlasConfig = AtlasConfig(), windows: list[t
     """
     from headlens.models.token_text import readable_tokens
 
+    config = config or AtlasConfig()
     if windows is None:
         windows = corpus_windows(model, config.corpus, config.n_windows, config.seq_len, config.seed).prompts
     seen, held = split(windows)

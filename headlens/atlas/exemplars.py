@@ -85,7 +85,7 @@ class Exemplars:
     n_tokens: int
 
 
-def exemplar_pass(model: Any, windows: list[torch.Tensor], config: AtlasConfig = AtlasConfig(),
+def exemplar_pass(model: Any, windows: list[torch.Tensor], config: AtlasConfig | None = None,
                   progress: Callable[[int, int], None] | None = None) -> Exemplars:
     """Stream ``windows`` (1-D token tensors, specials included) through ``model`` once.
 
@@ -99,6 +99,7 @@ def exemplar_pass(model: Any, windows: list[torch.Tensor], config: AtlasConfig =
     from headlens.readout.parts import model_parts
     from headlens.readout.write import write_path
 
+    config = config or AtlasConfig()
     L, H = model.cfg.n_layers, model.cfg.n_heads
     parts, write = model_parts(model), write_path(model)
     tops = {r: RunningTopK(L * H, config.k) for r in RANKINGS}

@@ -119,7 +119,7 @@ def _ranking(atlas: Any, name: str, kept: list[Any]) -> str:
 
 def _profile_svg(profile: Any, layer: int, head: int) -> str:
     """Bars of mean attention per query row at offsets 0 .. MAX_OFFSET, then 'farther', then the first token."""
-    share = profile.share(layer, head).tolist() + [float(profile.first[layer, head]) / max(profile.rows, 1)]
+    share = [*profile.share(layer, head).tolist(), float(profile.first[layer, head]) / max(profile.rows, 1)]
     w, h = 8, 100
     bars = "".join(f"<rect x='{i * w}' y='{h - v * h:.1f}' width='{w - 1}' height='{v * h:.1f}' fill='#4c78a8'>"
                    f"<title>{_offset_name(i)}: {v:.3f}</title></rect>" for i, v in enumerate(share))

@@ -46,10 +46,9 @@ def run_atlas(model: str, out: Path, corpus: str, n_windows: int, seq_len: int, 
     from headlens.atlas.exemplars import AtlasConfig
     from headlens.atlas.site import write_site
     from headlens.cli.progress import progress
+    from headlens.errors import OutputError
     from headlens.models.files import check_writable
     from headlens.models.loading import load
-
-    from headlens.errors import OutputError
 
     try:
         out.mkdir(parents=True, exist_ok=True)
