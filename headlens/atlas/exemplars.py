@@ -170,12 +170,15 @@ class _Batch:
         """ranking -> ``(L*H, B*T)`` float64 scores, ``-inf`` where a position is not a candidate."""
         off = self.off_rest()  # (B, L, H, Q, K)
         best = off.amax(-1)  # (B, L, H, Q)
-        ok = self.valid[:, None, None, :]  # (B, 1, 1, Q)
+        q = torch.arange(self.valid.shape[1])
+        ok = (self.valid & (q >= 1))[:, None, None, :]  # (B, 1, 1, Q): the first token's row is every window's
+        has_off = ok & (q >= 2)  # a row with a key that is neither the first token nor the query
+        dla = self.dla.permute(0, 2, 3, 1)  # (B, L, H, Q)
         scores = {
-            "attention": torch.where(ok, best, float("-inf")),
+            "attention": torch.where(has_off, best, float("-inf")),
             "write": torch.where(ok, self.write_norm.permute(0, 2, 3, 1), float("-inf")),
-            "dla_pos": self.dla.permute(0, 2, 3, 1),
-            "dla_neg": -self.dla.permute(0, 2, 3, 1),
+            "dla_pos": torch.where(ok, dla, float("-inf")),
+            "dla_neg": torch.where(ok, -dla, float("-inf")),
         }
         B, L, H, Q = best.shape
         return {k: v.permute(1, 2, 0, 3).reshape(L * H, B * Q) for k, v in scores.items()}  # (L*H, B*Q)
@@ -197,7 +200,7 @@ class _Batch:
         row = self.pattern[b, layer, h, q]  # (K,)
         off = row.clone()
         off[0], off[q] = 0.0, 0.0
-        key = int(off.argmax()) if q > 1 else 0
+        key = int(off.argmax()) if q > 1 else 0  # rows 0 and 1 have no off-rest key (ranked by write or DLA only)
         post = self.post.get(layer)
         vec = _writes(self.write, layer, self.z[b:b + 1, q:q + 1, layer],
                       None if post is None else post[b:b + 1, q:q + 1])[0, 0, h]  # (D,)

@@ -69,7 +69,8 @@ def ov_on_keys(model: Any, layer: int, head: int, exemplars: list[Any]) -> dict[
     """What the head writes when it attends to its exemplars' keys (the OV readout, :mod:`headlens.readout.ov`).
 
     Returns ``copies`` / ``suppresses`` (the share of keys whose own token is among the head's
-    :data:`TOP_RANK` most promoted / suppressed tokens for it), ``n`` keys, and ``promoted`` / ``suppressed``:
+    :data:`TOP_RANK` most promoted / suppressed tokens for it, and above / below the row's median, so a head
+    that writes nothing copies nothing), ``n`` keys, and ``promoted`` / ``suppressed``:
     the token ids most often in those lists.
     """
     from headlens.readout.ov import head_logits, unsupported
@@ -79,9 +80,11 @@ def ov_on_keys(model: Any, layer: int, head: int, exemplars: list[Any]) -> dict[
         return {"n": 0, "copies": float("nan"), "suppresses": float("nan"), "promoted": [], "suppressed": []}
     ids = torch.tensor(keys)
     logits = head_logits(model, layer, head, ids)  # (n, V)
+    own = logits.gather(1, ids[:, None])  # (n, 1): the attended token's own logit
+    middle = logits.median(-1, keepdim=True).values  # (n, 1): a head that writes nothing ties everything here
+    copies = (((logits > own).sum(-1) < TOP_RANK) & (own > middle)[:, 0]).double().mean()
+    suppresses = (((logits < own).sum(-1) < TOP_RANK) & (own < middle)[:, 0]).double().mean()
     up, down = logits.topk(TOP_RANK, -1).indices, (-logits).topk(TOP_RANK, -1).indices  # (n, TOP_RANK)
-    copies = (up == ids[:, None]).any(-1).double().mean()
-    suppresses = (down == ids[:, None]).any(-1).double().mean()
     promoted = [t for t, _ in Counter(up[:, :3].reshape(-1).tolist()).most_common(5)]
     suppressed = [t for t, _ in Counter(down[:, :3].reshape(-1).tolist()).most_common(5)]
     return {"n": len(keys), "copies": float(copies), "suppresses": float(suppresses), "promoted": promoted,
