@@ -118,3 +118,26 @@ def test_cli_bad_corpus_is_one_line(monkeypatch, capsys, tmp_path):
     code, _, err = run_cli(monkeypatch, capsys, "atlas", "--model", "induction-2l", "--out", str(tmp_path / "s"),
                            "--corpus", str(tmp_path / "missing.txt"))
     assert code == 5 and err.count("\n") == 1 and "missing.txt" in err
+
+
+@pytest.mark.parametrize("family", ["qwen2", "gemma3"])
+def test_a_bridged_family_gets_its_planted_previous_token_head(family, tmp_path):
+    """GQA (Qwen2) and post-attention norms (Gemma 3): the bridge path reads patterns, writes and DLA; the
+    planted offset-1 head is named, the random heads are not given a role they do not have."""
+    import transformers
+    from hf_families import FAMILIES, JOINING, build, plant_offset_heads, save_tokenizer
+
+    import headlens
+
+    path = build(family, tmp_path / family, tokenizer=False)
+    fam = {**FAMILIES, **JOINING}[family]
+    hf = getattr(transformers, fam.model).from_pretrained(path).eval()
+    if family == "qwen2":
+        plant_offset_heads(hf, {(0, 0): 1})
+    hf.save_pretrained(path)
+    save_tokenizer(path)
+    atlas = build_atlas(headlens.load(f"hf:{path}"), AtlasConfig(n_windows=8, seq_len=48, k=3, batch_size=4))
+    roles = {(d.layer, d.head): d.role for d in atlas.descriptions}
+    named = {at for at, role in roles.items() if role not in ("no clear role", "resting")}
+    assert named == ({(0, 0)} if family == "qwen2" else set())
+    assert all(len(kept) == 3 for heads in atlas.exemplars.top.values() for kept in heads)
