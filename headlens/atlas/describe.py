@@ -27,6 +27,8 @@ AGREEMENT = 0.5  # a rule must correlate this well with the head's real off-rest
 REST = 0.25  # mean off-rest attention per query row below which a head is said to rest
 RULES = ("previous_token", "induction", "duplicate_token")  # registered causal rules a description may name
 OFFSETS = (2, 3)  # fixed offsets tried as rules (offset 1 is previous_token)
+N_PREDICTED = 5  # "a token the model predicts": among the model's own top N_PREDICTED next tokens at the query
+SMALL_VOCAB = 5000  # below this, top 1 only: a top 5 of a few dozen tokens covers much of any window
 COPY_SHARE = 0.5  # "writes the token it attends to" when its OV promotes it for this share of exemplar keys
 
 
@@ -54,7 +56,20 @@ def candidate_rules() -> dict[str, Detector]:
     for d in OFFSETS:
         rules[f"offset_{d}"] = Detector(f"offset_{d}", "mask", None, None, f"attends {d} tokens back",
                                         predicate=lambda batch, q, k, d=d: k == q - d)
+    rules["predicted_token"] = Detector("predicted_token", "mask", None, None, "attends to an earlier copy of a "
+                                        f"token the model predicts next (its top {N_PREDICTED})",
+                                        predicate=_predicted)
     return rules
+
+
+def _predicted(batch: ProbeBatch, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``(B, C, K)``: key k holds one of the model's top next-token predictions at q (annotations ``pred{i}``,
+    the model's own logits on the window): the pattern of copy suppression (McDougall et al. 2023)."""
+    x = batch.tokens[:, k]  # (B, 1, K)
+    hit = torch.zeros(x.shape[0], q.shape[0], k.shape[1], dtype=torch.bool)
+    for i in range(N_PREDICTED):
+        hit |= x == batch.annotations[f"pred{i}"][:, q]  # (B, C, K)
+    return hit & (k <= q - 1)
 
 
 def heldout_stats(model: Any, windows: list[torch.Tensor], batch_size: int = 8) -> dict[str, torch.Tensor]:
@@ -70,7 +85,8 @@ def heldout_stats(model: Any, windows: list[torch.Tensor], batch_size: int = 8) 
     for start in range(0, len(windows), batch_size):
         seqs = windows[start:start + batch_size]
         batch = _batch(seqs, v.special)
-        pattern = _patterns(model, batch.tokens, L)  # (B, L, H, Q, K)
+        pattern, predicted = _patterns(model, batch.tokens, L)  # (B, L, H, Q, K), (B, T, N_PREDICTED)
+        batch.annotations.update({f"pred{i}": predicted[..., i] for i in range(N_PREDICTED)})
         T = pattern.shape[-1]
         q, k = torch.arange(T)[:, None], torch.arange(T)[None, :]
         cells = (k >= 1) & (k < q) & batch.valid[:, None, :] & batch.query_ok[:, :, None]  # (B, Q, K) off-rest
@@ -109,8 +125,9 @@ def _batch(seqs: list[torch.Tensor], special: frozenset[int]) -> ProbeBatch:
     return ProbeBatch(tokens, lengths, valid, spec, True)
 
 
-def _patterns(model: Any, tokens: torch.Tensor, n_layers: int) -> torch.Tensor:
-    """``(B, L, H, Q, K)`` float64: every head's pattern on right-padded ``tokens`` ``(B, T)``."""
+def _patterns(model: Any, tokens: torch.Tensor, n_layers: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every head's pattern ``(B, L, H, Q, K)`` float64 on ``tokens`` ``(B, T)``, and the model's own top
+    :data:`N_PREDICTED` next tokens at each position ``(B, T, N_PREDICTED)``."""
     got: dict[int, torch.Tensor] = {}
 
     def keep(layer: int) -> Any:
@@ -118,10 +135,11 @@ def _patterns(model: Any, tokens: torch.Tensor, n_layers: int) -> torch.Tensor:
             got[layer] = x.detach().double().cpu()  # (B, H, Q, K)
         return hook
 
-    mask = (tokens != -1).long()
     with torch.no_grad(), model.hooks([(f"blocks.{layer}.attn.hook_pattern", keep(layer)) for layer in range(n_layers)]):
-        model(tokens.to(model.device), attention_mask=mask.to(model.device))
-    return torch.stack([got[layer] for layer in range(n_layers)], 1)  # (B, L, H, Q, K)
+        logits = model(tokens.to(model.device))  # (B, T, V): windows are right-padded; pads are never a query
+    top = logits.topk(N_PREDICTED if logits.shape[-1] >= SMALL_VOCAB else 1, -1).indices.cpu()  # (B, T, n)
+    predicted = torch.cat([top, top[..., :1].expand(*top.shape[:2], N_PREDICTED - top.shape[-1])], -1)  # (B, T, N)
+    return torch.stack([got[layer] for layer in range(n_layers)], 1), predicted
 
 
 def _corr(s: torch.Tensor) -> torch.Tensor:
@@ -168,6 +186,8 @@ def describe(model: Any, exemplars: Any, heldout: list[torch.Tensor], batch_size
                   "first_lo": float(first[1][at]), "first_hi": float(first[2][at])}
             ci = (float(agree[best][1][at]), float(agree[best][2][at]))
             role = ("resting" if ev["off_rest"] < REST else best if scores[best] >= AGREEMENT else "no clear role")
+            if role == "predicted_token" and ev["suppresses"] >= COPY_SHARE:
+                role = "copy_suppression"  # attends to what the model predicts and writes against it
             text = _text(role, rules[best], scores[best], ci, ev)
             out.append(Description(layer, h, role, best, scores[best], ci, text, scores, ev))
     return out

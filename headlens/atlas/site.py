@@ -13,7 +13,8 @@ from typing import Any
 from headlens.atlas.reads import MAX_OFFSET, token_pairs
 
 ROLE_COLOURS = {"resting": "#d9d9d9", "no clear role": "#ffffff", "previous_token": "#4c78a8", "induction": "#e45756",
-                "duplicate_token": "#f58518", "offset_2": "#72b7b2", "offset_3": "#54a24b"}
+                "duplicate_token": "#f58518", "offset_2": "#72b7b2", "offset_3": "#54a24b", "predicted_token": "#eeca3b",
+                "copy_suppression": "#9d755d"}
 RANKING_TITLES = {"attention": "strongest attention off the first token and itself",
                   "write": "largest write (norm of what it adds to the residual stream)",
                   "dla_pos": "largest direct push on the actual next token",

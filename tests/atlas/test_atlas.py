@@ -141,3 +141,16 @@ def test_a_bridged_family_gets_its_planted_previous_token_head(family, tmp_path)
     named = {at for at, role in roles.items() if role not in ("no clear role", "resting")}
     assert named == ({(0, 0)} if family == "qwen2" else set())
     assert all(len(kept) == 3 for heads in atlas.exemplars.top.values() for kept in heads)
+
+
+def test_the_predicted_token_rule_marks_earlier_copies_of_what_the_model_predicts():
+    from headlens.atlas.describe import N_PREDICTED, _predicted
+    from headlens.probes.base import ProbeBatch
+
+    t = torch.tensor([[9, 1, 2, 3, 2]])
+    pred = torch.full((1, 5), 7)
+    pred[0, 4] = 2  # at the last query the model predicts token 2, which sits at keys 2 and 4 (itself)
+    batch = ProbeBatch(t, torch.tensor([5]), torch.ones(1, 5, dtype=torch.bool), t == 9, True,
+                       {f"pred{i}": pred for i in range(N_PREDICTED)})
+    hit = _predicted(batch, torch.arange(5)[:, None], torch.arange(5)[None, :])  # (1, Q, K)
+    assert hit[0].nonzero().tolist() == [[4, 2]]  # the earlier copy only, never the query itself
