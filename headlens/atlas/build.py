@@ -14,7 +14,8 @@ import torch
 
 from headlens.atlas.corpus import corpus_windows, split
 from headlens.atlas.describe import Description, describe
-from headlens.atlas.exemplars import AtlasConfig, Exemplars, exemplar_pass
+from headlens.atlas.exemplars import AtlasConfig, Exemplars
+from headlens.atlas.shards import sharded_pass
 
 
 @dataclass
@@ -47,9 +48,12 @@ class Atlas:
 
 
 def build_atlas(model: Any, config: AtlasConfig | None = None, windows: list[torch.Tensor] | None = None,
-                progress: Callable[[int, int], None] | None = None) -> Atlas:
+                progress: Callable[[int, int], None] | None = None) -> Atlas | None:
     """The exemplars and descriptions of every head of ``model`` over ``config.corpus`` (or ``windows``: 1-D
     token tensors, specials included; a quarter of them are held out to score the descriptions).
+
+    Under ``torchrun`` the pass is shared out by rank (:mod:`headlens.atlas.shards`); rank 0 describes the heads
+    and returns the atlas, the other ranks return None.
 
     >>> import headlens
     >>> build_atlas(headlens.load("smollm2"), AtlasConfig(n_windows=32)).descriptions[0].role  # doctest: +SKIP
@@ -61,7 +65,9 @@ def build_atlas(model: Any, config: AtlasConfig | None = None, windows: list[tor
     if windows is None:
         windows = corpus_windows(model, config.corpus, config.n_windows, config.seq_len, config.seed).prompts
     seen, held = split(windows)
-    exemplars = exemplar_pass(model, seen, config, progress)
+    exemplars = sharded_pass(model, seen, config, progress)
+    if exemplars is None:
+        return None
     descriptions = describe(model, exemplars, held, config.batch_size)
     strings = readable_tokens(model, torch.arange(int(model.cfg.d_vocab)))
     return Atlas(str(getattr(model, "name", type(model).__name__)), strings, exemplars, descriptions, config)

@@ -86,8 +86,9 @@ class Exemplars:
 
 
 def exemplar_pass(model: Any, windows: list[torch.Tensor], config: AtlasConfig | None = None,
-                  progress: Callable[[int, int], None] | None = None) -> Exemplars:
-    """Stream ``windows`` (1-D token tensors, specials included) through ``model`` once.
+                  progress: Callable[[int, int], None] | None = None, first: int = 0) -> Exemplars:
+    """Stream ``windows`` (1-D token tensors, specials included) through ``model`` once (``first``: the index of
+    ``windows[0]`` in the whole corpus, which exemplars record; a shard of a sharded pass starts past 0).
 
     >>> import headlens
     >>> from headlens.atlas.corpus import corpus_windows
@@ -107,7 +108,7 @@ def exemplar_pass(model: Any, windows: list[torch.Tensor], config: AtlasConfig |
     done, n_tokens = 0, 0
     for start in range(0, len(windows), config.batch_size):
         rows = list(range(start, min(len(windows), start + config.batch_size)))
-        batch = _Batch.run(model, parts, write, [windows[i] for i in rows], rows)
+        batch = _Batch.run(model, parts, write, [windows[i] for i in rows], [first + i for i in rows])
         profile.add(batch.pattern, batch.valid)
         for name, scores in batch.rankings().items():
             tops[name].merge(scores, lambda n, j, b=batch: b.exemplar(n, j, config))

@@ -49,6 +49,7 @@ def run_atlas(model: str, out: Path, corpus: str, n_windows: int, seq_len: int, 
     from headlens.errors import OutputError
     from headlens.models.files import check_writable
     from headlens.models.loading import load
+    from headlens.scoring.distributed import current
 
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -56,9 +57,12 @@ def run_atlas(model: str, out: Path, corpus: str, n_windows: int, seq_len: int, 
         raise OutputError(f"cannot create the atlas folder {str(out)!r} ({err.strerror})") from None
     check_writable(out / "index.html", (".html",), what="the atlas")
     config = AtlasConfig(corpus=corpus, n_windows=n_windows, seq_len=seq_len, k=k, batch_size=batch_size, seed=seed)
-    loaded = load(model, device=device)
-    with progress("atlas: reading the corpus", quiet=quiet) as bar:
+    rank = current()
+    loaded = load(model, device=rank.device(device))
+    with progress("atlas: reading the corpus", quiet=quiet or not rank.is_main) as bar:
         atlas = build_atlas(loaded, config, progress=lambda d, t: bar.update(d, t))
+    if atlas is None:  # a rank other than 0 under torchrun: rank 0 writes
+        return
     index = write_site(atlas, out)
     if not quiet:
         roles: dict[str, int] = {}
