@@ -48,12 +48,13 @@ class Atlas:
 
 
 def build_atlas(model: Any, config: AtlasConfig | None = None, windows: list[torch.Tensor] | None = None,
-                progress: Callable[[int, int], None] | None = None) -> Atlas | None:
+                progress: Callable[[int, int], None] | None = None, resume: Any = None) -> Atlas | None:
     """The exemplars and descriptions of every head of ``model`` over ``config.corpus`` (or ``windows``: 1-D
     token tensors, specials included; a quarter of them are held out to score the descriptions).
 
     Under ``torchrun`` the pass is shared out by rank (:mod:`headlens.atlas.shards`); rank 0 describes the heads
-    and returns the atlas, the other ranks return None.
+    and returns the atlas, the other ranks return None. ``resume``: a folder where each chunk of the pass is
+    saved as it is done; a rerun with the same model, corpus and settings loads those chunks.
 
     >>> import headlens
     >>> build_atlas(headlens.load("smollm2"), AtlasConfig(n_windows=32)).descriptions[0].role  # doctest: +SKIP
@@ -65,7 +66,7 @@ def build_atlas(model: Any, config: AtlasConfig | None = None, windows: list[tor
     if windows is None:
         windows = corpus_windows(model, config.corpus, config.n_windows, config.seq_len, config.seed).prompts
     seen, held = split(windows)
-    exemplars = sharded_pass(model, seen, config, progress)
+    exemplars = sharded_pass(model, seen, config, progress, resume)
     if exemplars is None:
         return None
     descriptions = describe(model, exemplars, held, config.batch_size)

@@ -27,20 +27,28 @@ def register(app: typer.Typer) -> None:
         batch_size: opt.BatchSize = 8,
         seed: opt.Seed = 0,
         quiet: opt.Quiet = False,
+        resume: opt.Resume = None,
         device: opt.Device = "cpu",
     ) -> None:
         """Read a corpus once, keep every head's top exemplars, describe each head with a rule tested on held-out
         text, and write an offline HTML atlas (open OUT/index.html from disk)."""
         try:
-            run_atlas(model, out, corpus, n_windows, seq_len, k, batch_size, seed, quiet, device)
+            run_atlas(model, out, corpus, n_windows, seq_len, k, batch_size, seed, quiet, device, resume)
         except HeadlensError as e:
             raise fail(e) from None
 
 
 def run_atlas(model: str, out: Path, corpus: str, n_windows: int, seq_len: int, k: int, batch_size: int,
-              seed: int, quiet: bool, device: str) -> None:
+              seed: int, quiet: bool, device: str, resume: Path | None = None) -> None:
     """The command body: library calls only, errors left to the caller."""
     from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from headlens.atlas.build import build_atlas
     from headlens.atlas.exemplars import AtlasConfig
@@ -59,8 +67,10 @@ def run_atlas(model: str, out: Path, corpus: str, n_windows: int, seq_len: int, 
     config = AtlasConfig(corpus=corpus, n_windows=n_windows, seq_len=seq_len, k=k, batch_size=batch_size, seed=seed)
     rank = current()
     loaded = load(model, device=rank.device(device))
-    with progress("atlas: reading the corpus", quiet=quiet or not rank.is_main) as bar:
-        atlas = build_atlas(loaded, config, progress=lambda d, t: bar.update(d, t))
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("left"), TimeRemainingColumn())
+    with progress("atlas: reading the corpus", quiet=quiet or not rank.is_main, columns=columns) as bar:
+        atlas = build_atlas(loaded, config, progress=lambda d, t: bar.update(d, t), resume=resume)
     if atlas is None:  # a rank other than 0 under torchrun: rank 0 writes
         return
     index = write_site(atlas, out)

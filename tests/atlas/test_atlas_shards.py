@@ -59,3 +59,25 @@ def test_two_torchrun_ranks_write_the_one_process_atlas(monkeypatch, capsys, tmp
     pd.testing.assert_frame_equal(one.drop(columns="score"), two.drop(columns="score"))
     assert (one["score"] - two["score"]).abs().max() < 1e-6
     assert pd.read_csv(tmp_path / "one" / "descriptions.csv").equals(pd.read_csv(tmp_path / "two" / "descriptions.csv"))
+
+
+def test_a_resumed_run_loads_its_chunks_and_writes_the_same_atlas(monkeypatch, capsys, tmp_path):
+    import headlens.atlas.shards as shards
+
+    corpus = tmp_path / "letters.txt"
+    corpus.write_text("\n".join("xyz" + "abcdefgh"[i:] + "klmnop" * 5 for i in range(12)))
+    args = ["atlas", "--model", "induction-2l", "--corpus", str(corpus), "--n-windows", "12", "--k", "3",
+            "--batch-size", "1", "--quiet", "--resume", str(tmp_path / "shards")]
+    monkeypatch.setattr(shards, "CHUNK_BATCHES", 3)  # 9 windows seen: three chunks
+    code, _, err = run_cli(monkeypatch, capsys, *args, "--out", str(tmp_path / "first"))
+    assert code == 0, err
+    assert len(list((tmp_path / "shards" / "atlas").glob("*.safetensors"))) == 3
+
+    def no_pass(*a, **kw):
+        raise AssertionError("a resumed run streamed a chunk it had on disk")
+
+    monkeypatch.setattr(shards, "exemplar_pass", no_pass)
+    code, _, err = run_cli(monkeypatch, capsys, *args, "--out", str(tmp_path / "again"))
+    assert code == 0, err
+    first, again = (pd.read_parquet(tmp_path / d / "exemplars.parquet") for d in ("first", "again"))
+    pd.testing.assert_frame_equal(first, again, check_exact=False, atol=1e-6)
