@@ -90,24 +90,36 @@ def heldout_stats(model: Any, windows: list[torch.Tensor], batch_size: int = 8) 
         T = pattern.shape[-1]
         q, k = torch.arange(T)[:, None], torch.arange(T)[None, :]
         cells = (k >= 1) & (k < q) & batch.valid[:, None, :] & batch.query_ok[:, :, None]  # (B, Q, K) off-rest
-        x = pattern * cells[:, None, None]  # (B, L, H, Q, K): real off-rest attention
-        rows = batch.query_ok.double().sum(-1)  # (B,)
-        first = (pattern[..., 0] * batch.query_ok[:, None, None]).sum(-1)  # (B, L, H)
-        _put(out, "rest", torch.stack([x.sum((-2, -1)), first, rows[:, None, None].expand_as(first)], -1))
-        for name, rule in rules.items():
-            hit = predicate_mask(rule.predicate, batch, 0, T, 0, T) & cells  # (B, Q, K)
-            n_t = hit.sum(-1, keepdim=True)  # (B, Q, 1)
-            y = (hit / n_t.clamp(min=1)).double()[:, None, None]  # (B, 1, 1, Q, K): the rule's prediction
-            n = cells.double().sum((-2, -1))[:, None, None].expand_as(first)
-            sums = [n, x.sum((-2, -1)), y.sum((-2, -1)).expand_as(first), (x * x).sum((-2, -1)),
-                    (y * y).sum((-2, -1)).expand_as(first), (x * y).sum((-2, -1))]
-            _put(out, f"corr:{name}", torch.stack(sums, -1))
-            has = (n_t[..., 0] > 0).double()  # (B, Q)
-            chance = (n_t[..., 0] / (q[:, 0] + 1)).double() * has  # (B, Q): uniform mass on the targets
-            on = (pattern * hit[:, None, None]).sum(-1)  # (B, L, H, Q)
-            _put(out, f"mass:{name}", torch.stack([on.sum(-1), has.sum(-1)[:, None, None].expand_as(first),
-                                                   chance.sum(-1)[:, None, None].expand_as(first)], -1))
+        hits = {name: predicate_mask(rule.predicate, batch, 0, T, 0, T) & cells for name, rule in rules.items()}
+        per_layer = [_layer_sums(pattern[:, layer], batch, cells, hits) for layer in range(L)]  # one layer at a time
+        for key in per_layer[0]:
+            _put(out, key, torch.stack([s[key] for s in per_layer], 1))  # (B, L, H, ...)
     return {key: torch.cat(vals) for key, vals in out.items()}
+
+
+def _layer_sums(pattern: torch.Tensor, batch: ProbeBatch, cells: torch.Tensor,
+                hits: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One layer's sums per window and head (``(B, H, ...)``) from its pattern ``(B, H, Q, K)`` float64, the
+    off-rest ``cells`` ``(B, Q, K)`` and each rule's targets ``hits[name]`` ``(B, Q, K)``."""
+    x = pattern * cells[:, None]  # (B, H, Q, K): real off-rest attention
+    rows = batch.query_ok.double().sum(-1)[:, None].expand(x.shape[:2])  # (B, H)
+    first = (pattern[..., 0] * batch.query_ok[:, None]).sum(-1)  # (B, H)
+    n = cells.double().sum((-2, -1))[:, None].expand_as(first)  # (B, H)
+    sx, sxx = x.sum((-2, -1)), (x * x).sum((-2, -1))  # (B, H)
+    q = torch.arange(pattern.shape[-1])
+    out = {"rest": torch.stack([sx, first, rows], -1)}
+    for name, hit in hits.items():
+        n_t = hit.sum(-1)  # (B, Q): targets per row
+        y = (hit / n_t[..., None].clamp(min=1)).double()[:, None]  # (B, 1, Q, K): the rule's prediction
+        sums = [n, sx, y.sum((-2, -1)).expand_as(first), sxx, (y * y).sum((-2, -1)).expand_as(first),
+                (x * y).sum((-2, -1))]
+        out[f"corr:{name}"] = torch.stack(sums, -1)
+        has = (n_t > 0).double()  # (B, Q)
+        chance = (n_t / (q + 1)).double() * has  # (B, Q): a uniform row's mass on the targets
+        on = (pattern * hit[:, None]).sum((-2, -1))  # (B, H): real mass on the targets
+        out[f"mass:{name}"] = torch.stack([on, has.sum(-1)[:, None].expand_as(first),
+                                           chance.sum(-1)[:, None].expand_as(first)], -1)
+    return out
 
 
 def _put(out: dict[str, list[torch.Tensor]], key: str, value: torch.Tensor) -> None:

@@ -155,7 +155,8 @@ class _Batch:
         pattern = torch.stack([got[f"blocks.{layer}.attn.hook_pattern"] for layer in range(L)], 1)  # (B, L, H, Q, K)
         nxt = torch.cat([ids[:, 1:], ids[:, :1]], dim=1)  # (B, T): the actual next token (wraps at the end)
         pair = torch.stack([nxt, torch.full_like(nxt, -1)], -1).to(pattern.device)  # (B, T, 2)
-        attr = decompose(parts, got, pair)  # (B, T, C)
+        dla_in = {key: v for key, v in got.items() if key not in extra and key != "logits"}  # not cast to float64
+        attr = decompose(parts, dla_in, pair)  # (B, T, C)
         heads = [i for i, c in enumerate(parts.components) if c.startswith("L")]
         dla = attr[..., heads].reshape(B, T, L, H).float()  # (B, T, L, H): query heads in table order
         has_next = torch.arange(T)[None, :] < (mask.sum(1, keepdim=True) - 1)  # (B, T)
