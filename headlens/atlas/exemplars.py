@@ -86,9 +86,12 @@ class Exemplars:
 
 
 def exemplar_pass(model: Any, windows: list[torch.Tensor], config: AtlasConfig | None = None,
-                  progress: Callable[[int, int], None] | None = None, first: int = 0) -> Exemplars:
+                  progress: Callable[[int, int], None] | None = None, first: int = 0,
+                  read_tokens: bool = True) -> Exemplars:
     """Stream ``windows`` (1-D token tensors, specials included) through ``model`` once (``first``: the index of
     ``windows[0]`` in the whole corpus, which exemplars record; a shard of a sharded pass starts past 0).
+    ``read_tokens=False`` keeps each exemplar's write vector and leaves its promoted and suppressed tokens to
+    :func:`top_tokens` (a sharded pass reads them once, for the exemplars that survive the merge).
 
     >>> import headlens
     >>> from headlens.atlas.corpus import corpus_windows
@@ -120,7 +123,8 @@ def exemplar_pass(model: Any, windows: list[torch.Tensor], config: AtlasConfig |
         for row, kept in enumerate(t.payloads):
             for e, score in zip(kept, t.scores[row].tolist(), strict=False):
                 e.score = score
-    _top_tokens(model, top, config.n_top_tokens)
+    if read_tokens:
+        top_tokens(model, top, config.n_top_tokens)
     return Exemplars(L, H, top, profile, n_tokens)
 
 
@@ -135,6 +139,7 @@ class _Batch:
     z: torch.Tensor  # (B, T, L, H, d_head): each head's output before W_O
     post: dict[int, torch.Tensor]  # layer -> (B, T, D): the post-attention norm's input, where there is one
     write: Any  # the model's WritePath
+    w_o: list[torch.Tensor]  # per layer (H, d_head, D)
     write_norm: torch.Tensor  # (B, T, L, H): the norm of each head's whole write
     dla: torch.Tensor  # (B, T, L, H): DLA to the next token (NaN at the last real position)
 
@@ -164,9 +169,10 @@ class _Batch:
         z = torch.stack([got[name] for name in parts.z], 2)  # (B, T, L, H, d_head)
         post = {layer: got[f"blocks.{layer}.ln1_post.hook_in"] for layer in range(L)
                 if f"blocks.{layer}.ln1_post.hook_in" in got}
-        norms = torch.stack([_writes(write, layer, z[:, :, layer], post.get(layer)).norm(dim=-1)
+        w_o = [write.w_o(layer) for layer in range(L)]  # (H, d_head, D) each, read once per batch
+        norms = torch.stack([_writes(write, layer, z[:, :, layer], post.get(layer), w_o[layer]).norm(dim=-1)
                              for layer in range(L)], 2)  # (B, T, L, H)
-        return cls(rows, ids, mask.bool(), pattern.float().cpu(), z, post, write, norms.float().cpu(), dla.cpu())
+        return cls(rows, ids, mask.bool(), pattern.float().cpu(), z, post, write, w_o, norms.float().cpu(), dla.cpu())
 
     def rankings(self) -> dict[str, torch.Tensor]:
         """ranking -> ``(L*H, B*T)`` float64 scores, ``-inf`` where a position is not a candidate."""
@@ -204,20 +210,19 @@ class _Batch:
         off[0], off[q] = 0.0, 0.0
         key = int(off.argmax()) if q > 1 else 0  # rows 0 and 1 have no off-rest key (ranked by write or DLA only)
         post = self.post.get(layer)
-        vec = _writes(self.write, layer, self.z[b:b + 1, q:q + 1, layer],
-                      None if post is None else post[b:b + 1, q:q + 1])[0, 0, h]  # (D,)
+        vec = -self.write.head(layer, h, -self.z[b:b + 1, q:q + 1, layer, h],
+                               None if post is None else post[b:b + 1, q:q + 1], self.w_o[layer])[0, 0]  # (D,)
         return Exemplar(self.rows[b], q, 0.0, self.tokens[b, lo:hi].tolist(), q - lo, key - lo,
-                        row[lo:hi].tolist(), vec.float().cpu())
+                        row[lo:hi].tolist(), vec.half().float().cpu())  # float16, as a resume shard keeps it
 
 
-def _writes(write: Any, layer: int, z: torch.Tensor, attn: torch.Tensor | None) -> torch.Tensor:
+def _writes(write: Any, layer: int, z: torch.Tensor, attn: torch.Tensor | None, w_o: torch.Tensor) -> torch.Tensor:
     """``(B, T, H, D)``: each head's whole write in ``layer`` (minus its change when its ``z`` goes to zero),
     from ``z`` ``(B, T, H, d_head)`` and the post-attention norm's input ``attn`` ``(B, T, D)`` (or None)."""
-    w_o = write.w_o(layer)
     return torch.stack([-write.head(layer, h, -z[:, :, h], attn, w_o) for h in range(z.shape[2])], 2)
 
 
-def _top_tokens(model: Any, top: dict[str, list[list[Exemplar]]], n: int) -> None:
+def top_tokens(model: Any, top: dict[str, list[list[Exemplar]]], n: int) -> None:
     """Each kept exemplar's most promoted and suppressed tokens, read from its write vector once."""
     from headlens.readout.ov import folded_unembed
 

@@ -8,8 +8,10 @@ Why it looks like this:
 * **The merge is exact.** The k best of the union of per-chunk top-k lists are the k best overall; offset
   profiles add. Rank 0 gathers the ranks' merged lists once, after the loop (``run_everywhere`` first, so
   one rank's error ends every rank).
-* **Resume.** With a store, each chunk's top-k is saved (safetensors, fixed-width tensors) as soon as it
-  is done, keyed by the weights, the windows and the settings; a rerun (any number of ranks) loads the
+* **Promoted tokens once.** A chunk keeps each exemplar's write vector; the tokens it promotes and suppresses
+  (a ``(D, V)`` product each) are read after the last merge, for the exemplars that survived it only.
+* **Resume.** With a store, each chunk's top-k is saved (safetensors, fixed-width tensors, write vectors
+  in float16) as soon as it is done, keyed by the weights, the windows and the settings; a rerun (any number of ranks) loads the
   chunks it finds and streams only the rest.
 """
 
@@ -21,7 +23,7 @@ from typing import Any
 
 import torch
 
-from headlens.atlas.exemplars import AtlasConfig, Exemplar, Exemplars, exemplar_pass
+from headlens.atlas.exemplars import AtlasConfig, Exemplar, Exemplars, exemplar_pass, top_tokens
 from headlens.atlas.reads import OffsetProfile
 
 CHUNK_BATCHES = 8  # batches per resumable chunk: a kill loses at most this much work
@@ -56,10 +58,13 @@ def sharded_pass(model: Any, windows: list[torch.Tensor], config: AtlasConfig,
     mine = [chunks[i] for i in rank.block(len(chunks))]
     store = None if resume is None else run_everywhere(rank, _store, resume, model, windows, config)
     part = run_everywhere(rank, _my_chunks, model, windows, config, mine, store, progress)
-    if rank.world_size == 1:
-        return part
-    parts = gather_objects(rank, [part])
-    return None if parts is None else merge([p for p in parts if p is not None], config.k)
+    if rank.world_size > 1:
+        parts = gather_objects(rank, [part])
+        if parts is None:
+            return None
+        part = merge([p for p in parts if p is not None], config.k)
+    top_tokens(model, part.top, config.n_top_tokens)  # once, for the exemplars that survived every merge
+    return part
 
 
 def _my_chunks(model: Any, windows: list[torch.Tensor], config: AtlasConfig, chunks: list[range], store: Any,
@@ -72,7 +77,7 @@ def _my_chunks(model: Any, windows: list[torch.Tensor], config: AtlasConfig, chu
             part = from_tensors(*got)
         else:
             inner = None if progress is None else (lambda d, _t, base=done: progress(base + d, total))
-            part = exemplar_pass(model, windows[c.start:c.stop], config, inner, c.start)
+            part = exemplar_pass(model, windows[c.start:c.stop], config, inner, c.start, read_tokens=False)
             if store is not None:
                 tensors, facts = to_tensors(part, config)
                 store.save(key, tensors, **facts)
@@ -108,8 +113,7 @@ def to_tensors(ex: Exemplars, config: AtlasConfig) -> tuple[dict[str, torch.Tens
         out[f"{name}.score"] = torch.tensor([e.score for e in flat], dtype=torch.float64)
         out[f"{name}.tokens"] = _pad([e.tokens for e in flat], W, -1, torch.long)
         out[f"{name}.attention"] = _pad([e.attention for e in flat], W, float("nan"), torch.float32)
-        out[f"{name}.promoted"] = _pad([e.promoted for e in flat], config.n_top_tokens, -1, torch.long)
-        out[f"{name}.suppressed"] = _pad([e.suppressed for e in flat], config.n_top_tokens, -1, torch.long)
+        out[f"{name}.write"] = torch.stack([e.write for e in flat]).half() if flat else torch.zeros(0)  # (n, D)
     return out, {"counts": counts, "shape": [ex.n_layers, ex.n_heads], "rows": ex.profile.rows,
                  "n_tokens": ex.n_tokens}
 
@@ -131,8 +135,7 @@ def from_tensors(t: dict[str, torch.Tensor], facts: dict[str, Any]) -> Exemplars
             ints = {f: int(t[f"{name}.{f}"][i]) for f in FIELDS}
             flat.append(Exemplar(score=float(t[f"{name}.score"][i]), tokens=t[f"{name}.tokens"][i, :n].tolist(),
                                  attention=t[f"{name}.attention"][i, :n].tolist(),
-                                 promoted=[x for x in t[f"{name}.promoted"][i].tolist() if x >= 0],
-                                 suppressed=[x for x in t[f"{name}.suppressed"][i].tolist() if x >= 0], **ints))
+                                 write=t[f"{name}.write"][i].float(), **ints))
         it = iter(flat)
         top[name] = [[next(it) for _ in range(c)] for c in counts]
     L, H = facts["shape"]
