@@ -3,8 +3,9 @@
 Side by side on one model and one set of corpus windows:
 
 1. plain forwards (``model(tokens)``, no hooks) over the pass's windows, batch by batch;
-2. the exemplar pass (:func:`headlens.atlas.exemplars.exemplar_pass`) over the same windows: patterns,
-   DLA to the next token and every head's write, with the running top-k merge;
+2. the exemplar pass (:func:`headlens.atlas.shards.sharded_pass`, as ``headlens atlas`` runs it) over the
+   same windows: patterns, DLA to the next token and every head's write, the running top-k merge, and the
+   promoted/suppressed tokens of the surviving exemplars;
 3. the held-out descriptions and the site (:func:`headlens.atlas.site.write_site`), timed apart.
 
 Then the roles of the heads the issue names (SmolLM2: L18H6 induction, L16H0 previous token, L23H3 copy
@@ -23,11 +24,13 @@ import time
 import torch
 
 import headlens
-from headlens.atlas.build import build_atlas
+from headlens.atlas.build import Atlas
 from headlens.atlas.corpus import corpus_windows, split
 from headlens.atlas.describe import describe
-from headlens.atlas.exemplars import AtlasConfig, exemplar_pass
+from headlens.atlas.exemplars import AtlasConfig
+from headlens.atlas.shards import sharded_pass
 from headlens.atlas.site import write_site
+from headlens.models.token_text import readable_tokens
 
 NAMED = {"smollm2": {(18, 6): "induction", (16, 0): "previous_token", (23, 3): "copy suppression"}}
 
@@ -42,6 +45,12 @@ def _plain(model, windows, batch_size):
             for b, w in enumerate(chunk):
                 ids[b, : len(w)], mask[b, : len(w)] = w, 1
             model(ids, attention_mask=mask)
+
+
+def _peak() -> int:
+    """This process's peak resident memory so far, in bytes (VmHWM)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM"))
 
 
 def main() -> None:
@@ -64,18 +73,21 @@ def main() -> None:
     _plain(model, seen, config.batch_size)
     plain = time.process_time() - t
     t = time.process_time()
-    ex = exemplar_pass(model, seen, config)
+    peak_before = _peak()
+    ex = sharded_pass(model, seen, config)
     passed = time.process_time() - t
     t = time.process_time()
-    describe(model, ex, held, config.batch_size)
+    descriptions = describe(model, ex, held, config.batch_size)
     described = time.process_time() - t
-    atlas = build_atlas(model, config, windows=windows)
+    strings = readable_tokens(model, torch.arange(int(model.cfg.d_vocab)))
+    atlas = Atlas(args.model, strings, ex, descriptions, config)
     t = time.process_time()
     write_site(atlas, args.out or tempfile.mkdtemp())
     site = time.process_time() - t
     print(f"{args.model}: {n_tokens} tokens in {len(seen)} windows (+{len(held)} held out), 1 thread")
     print(f"plain forwards {plain:.1f} s; exemplar pass {passed:.1f} s ({passed / plain:.2f}x); "
           f"descriptions {described:.1f} s; site {site:.1f} s")
+    print(f"peak RSS after plain forwards {peak_before / 2**30:.2f} GiB, after the whole run {_peak() / 2**30:.2f} GiB")
     by = {(d.layer, d.head): d for d in atlas.descriptions}
     for at, expected in NAMED.get(args.model, {}).items():
         d = by[at]
