@@ -16,7 +16,7 @@ from headlens.errors import HeadlensError
 def register(app: typer.Typer) -> None:
     @app.command("atlas")
     def atlas_cmd(
-        model: Annotated[str, typer.Option("--model", help="a model reference (zoo name, path, hf:ORG/NAME)")],
+        model: Annotated[str, typer.Option("--model", "-m", help="a model reference (zoo name, path, hf:ORG/NAME)")],
         out: Annotated[Path, typer.Option("--out", help="folder to write the site into (index.html, heads/, "
                                           "exemplars.parquet)")],
         corpus: Annotated[str, typer.Option("--corpus", help="'prose', 'code', or a .txt / JSONL file")] = "prose",
