@@ -8,8 +8,10 @@ Why it looks like this:
   where it has none). The agreement is the Pearson correlation of predicted and real off-rest attention
   over every (query, key) cell of those windows, keys neither the first token nor the query itself, with a
   bootstrap CI over windows (sums per window, resampled).
-* **Below** :data:`AGREEMENT` the head gets "no clear role" with its best candidate and score; a head whose
-  off-rest attention averages under :data:`REST` per row "rests on the first token". No language model writes
+* **A rule at or above** :data:`AGREEMENT` names the role, even of a head that rests most of the time (an
+  induction head on text with few repeats). Below it, a head whose off-rest attention averages under
+  :data:`REST` per row "rests on the first token", any other gets "no clear role"; both with the best
+  candidate and its score. No language model writes
   or judges the text: each sentence is a template filled with a number measured here.
 """
 
@@ -197,7 +199,9 @@ def describe(model: Any, exemplars: Any, heldout: list[torch.Tensor], batch_size
                   "n_keys": ov["n"], "off_lo": float(off[1][at]), "off_hi": float(off[2][at]),
                   "first_lo": float(first[1][at]), "first_hi": float(first[2][at])}
             ci = (float(agree[best][1][at]), float(agree[best][2][at]))
-            role = ("resting" if ev["off_rest"] < REST else best if scores[best] >= AGREEMENT else "no clear role")
+            # a rule that fits names the role even of a head that mostly rests (an induction head on text with
+            # few repeats); otherwise a head that keeps its attention home rests, and any other has no clear role
+            role = best if scores[best] >= AGREEMENT else "resting" if ev["off_rest"] < REST else "no clear role"
             if role == "predicted_token" and ev["suppresses"] >= COPY_SHARE:
                 role = "copy_suppression"  # attends to what the model predicts and writes against it
             text = _text(role, rules[best], scores[best], ci, ev)
@@ -207,13 +211,13 @@ def describe(model: Any, exemplars: Any, heldout: list[torch.Tensor], batch_size
 
 def _text(role: str, rule: Detector, score: float, ci: tuple[float, float], ev: dict[str, float]) -> str:
     """The paragraph: one measured claim per sentence, each with its number (and CI)."""
+    tested = (f"Simulated from the rule '{rule.name}' on held-out text, its predicted attention agrees with "
+              f"the real one at r = {score:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]")
     if role == "resting":
         return (f"Rests on the first token: {ev['first']:.2f} of its attention per query row "
                 f"[{ev['first_lo']:.2f}, {ev['first_hi']:.2f}] goes there on held-out text, and only "
                 f"{ev['off_rest']:.2f} [{ev['off_lo']:.2f}, {ev['off_hi']:.2f}] to keys other than the first token "
-                f"and itself.")
-    tested = (f"Simulated from the rule '{rule.name}' on held-out text, its predicted attention agrees with "
-              f"the real one at r = {score:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]")
+                f"and itself. Its best candidate rule is '{rule.name}': r = {score:.2f} [{ci[0]:.2f}, {ci[1]:.2f}].")
     writes = _writes_text(ev)
     if role == "no clear role":
         return (f"No clear role: it puts {ev['off_rest']:.2f} of its attention off the first token and itself, "
