@@ -2,6 +2,8 @@
 
 Plain HTML and inline SVG, no script and no server: the folder opens from disk (``file://``) and can be
 zipped and shared. Layout: ``index.html``, ``heads/L{l}H{h}.html``, ``exemplars.parquet``, ``descriptions.csv``.
+Several models (:func:`write_sites`): each model's site in its own folder, and an ``index.html`` that draws
+every model's named heads on relative depth (layer / (n_layers - 1)), so what recurs across models shows.
 """
 
 from __future__ import annotations
@@ -130,3 +132,43 @@ def _profile_svg(profile: Any, layer: int, head: int) -> str:
 
 def _offset_name(i: int) -> str:
     return f"offset {i}" if i <= MAX_OFFSET else "farther" if i == MAX_OFFSET + 1 else "first token"
+
+
+def write_sites(atlases: list[Any], out: str | Path) -> Path:
+    """One model: :func:`write_site` into ``out``. Several: each into ``out/<model>/`` and a cross-model index."""
+    from headlens.models.files import write_text
+
+    if len(atlases) == 1:
+        return write_site(atlases[0], out)
+    root = Path(out)
+    folders = []
+    for i, atlas in enumerate(atlases):
+        folder = f"{i}-" + "".join(c if c.isalnum() or c in "-_." else "_" for c in atlas.model)
+        write_site(atlas, root / folder)
+        folders.append(folder)
+    return write_text(root / "index.html", _models_index(atlases, folders))
+
+
+def _models_index(atlases: list[Any], folders: list[str]) -> str:
+    """Each model a row: its named heads as dots on relative depth, coloured by role, linked to its site."""
+    w, h = 600, 24
+    rows = []
+    for atlas, folder in zip(atlases, folders, strict=True):
+        L = atlas.exemplars.n_layers
+        dots = []
+        for d in atlas.descriptions:
+            if d.role in ("resting", "no clear role"):
+                continue
+            x = 10 + (w - 20) * (d.layer / max(L - 1, 1))
+            y = 4 + (h - 8) * (d.head + 0.5) / atlas.exemplars.n_heads
+            dots.append(f"<circle cx='{x:.1f}' cy='{y:.1f}' r='3' fill='{ROLE_COLOURS.get(d.role, '#b279a2')}'>"
+                        f"<title>L{d.layer}H{d.head}: {html.escape(d.role)} (r = {d.agreement:.2f})</title></circle>")
+        rows.append(f"<tr><td><a href='{folder}/index.html'>{html.escape(atlas.model)}</a></td><td><svg width='{w}' "
+                    f"height='{h}' role='img'><rect width='{w}' height='{h}' fill='#f4f4f4'/>{''.join(dots)}</svg>"
+                    f"</td></tr>")
+    legend = " ".join(f"<span style='color:{c}'>&#9679;</span> {html.escape(r)}" for r, c in ROLE_COLOURS.items()
+                      if r not in ("resting", "no clear role"))
+    return _page("headlens atlas", (
+        f"<h1>Atlas of {len(atlases)} models</h1><p class='meta'>Each model's named heads on relative depth "
+        f"(first layer left, last right; heads top to bottom). {legend}</p><table><tr><th>model</th><th>"
+        f"relative depth</th></tr>{''.join(rows)}</table>"))

@@ -16,7 +16,8 @@ from headlens.errors import HeadlensError
 def register(app: typer.Typer) -> None:
     @app.command("atlas")
     def atlas_cmd(
-        model: Annotated[str, typer.Option("--model", "-m", help="a model reference (zoo name, path, hf:ORG/NAME)")],
+        model: Annotated[list[str], typer.Option("--model", "-m", help="a model reference (zoo name, path, "
+                                                 "hf:ORG/NAME); repeat it for an index of several models")],
         out: Annotated[Path, typer.Option("--out", help="folder to write the site into (index.html, heads/, "
                                           "exemplars.parquet)")],
         corpus: Annotated[str, typer.Option("--corpus", help="'prose', 'code', or a .txt / JSONL file")] = "prose",
@@ -38,7 +39,7 @@ def register(app: typer.Typer) -> None:
             raise fail(e) from None
 
 
-def run_atlas(model: str, out: Path, corpus: str, n_windows: int, seq_len: int, k: int, batch_size: int,
+def run_atlas(model: list[str], out: Path, corpus: str, n_windows: int, seq_len: int, k: int, batch_size: int,
               seed: int, quiet: bool, device: str, resume: Path | None = None) -> None:
     """The command body: library calls only, errors left to the caller."""
     from rich.console import Console
@@ -52,7 +53,7 @@ def run_atlas(model: str, out: Path, corpus: str, n_windows: int, seq_len: int, 
 
     from headlens.atlas.build import build_atlas
     from headlens.atlas.exemplars import AtlasConfig
-    from headlens.atlas.site import write_site
+    from headlens.atlas.site import write_sites
     from headlens.cli.progress import progress
     from headlens.errors import OutputError
     from headlens.models.files import check_writable
@@ -66,17 +67,22 @@ def run_atlas(model: str, out: Path, corpus: str, n_windows: int, seq_len: int, 
     check_writable(out / "index.html", (".html",), what="the atlas")
     config = AtlasConfig(corpus=corpus, n_windows=n_windows, seq_len=seq_len, k=k, batch_size=batch_size, seed=seed)
     rank = current()
-    loaded = load(model, device=rank.device(device))
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("left"), TimeRemainingColumn())
-    with progress("atlas: reading the corpus", quiet=quiet or not rank.is_main, columns=columns) as bar:
-        atlas = build_atlas(loaded, config, progress=lambda d, t: bar.update(d, t), resume=resume)
-    if atlas is None:  # a rank other than 0 under torchrun: rank 0 writes
+    atlases = []
+    for i, ref in enumerate(model):
+        loaded = load(ref, device=rank.device(device))
+        with progress(f"atlas of {ref}: reading the corpus", quiet=quiet or not rank.is_main, columns=columns) as bar:
+            atlases.append(build_atlas(loaded, config, progress=lambda d, t: bar.update(d, t),
+                                       resume=resume if resume is None or len(model) == 1 else resume / str(i)))
+        del loaded
+    if atlases[0] is None:  # a rank other than 0 under torchrun: rank 0 writes
         return
-    index = write_site(atlas, out)
+    index = write_sites(atlases, out)
     if not quiet:
-        roles: dict[str, int] = {}
-        for d in atlas.descriptions:
-            roles[d.role] = roles.get(d.role, 0) + 1
-        Console(stderr=True).print(f"roles: {', '.join(f'{r} {n}' for r, n in sorted(roles.items()))}")
+        for atlas in atlases:
+            roles: dict[str, int] = {}
+            for d in atlas.descriptions:
+                roles[d.role] = roles.get(d.role, 0) + 1
+            Console(stderr=True).print(f"{atlas.model}: {', '.join(f'{r} {n}' for r, n in sorted(roles.items()))}")
         Console(stderr=True).print(f"wrote {index} (open it from disk)")

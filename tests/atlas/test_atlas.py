@@ -154,3 +154,20 @@ def test_the_predicted_token_rule_marks_earlier_copies_of_what_the_model_predict
                        {f"pred{i}": pred for i in range(N_PREDICTED)})
     hit = _predicted(batch, torch.arange(5)[:, None], torch.arange(5)[None, :])  # (1, Q, K)
     assert hit[0].nonzero().tolist() == [[4, 2]]  # the earlier copy only, never the query itself
+
+
+def test_several_models_get_a_cross_model_index_on_relative_depth(monkeypatch, capsys, tmp_path):
+    from headlens.models.checkpoint import save_checkpoint
+
+    ckpt = save_checkpoint(planted_gpt(), tmp_path / "planted.safetensors")
+    corpus = tmp_path / "letters.txt"
+    corpus.write_text("\n".join("abc" + "defghijk"[i:] + "dhkbe" * 5 for i in range(8)))
+    out = tmp_path / "two"
+    code, _, err = run_cli(monkeypatch, capsys, "atlas", "-m", "induction-2l", "-m", str(ckpt), "--out", str(out),
+                           "--corpus", str(corpus), "--n-windows", "8", "--k", "2", "--quiet")
+    assert code == 0, err
+    index = (out / "index.html").read_text()
+    assert "Atlas of 2 models" in index and "0-induction-2l/index.html" in index
+    assert (out / "0-induction-2l" / "heads" / "L1H3.html").is_file()
+    assert len(list(out.glob("1-*/heads/*.html"))) == 4  # the planted model's four heads
+    assert "<circle" in index  # named heads drawn on relative depth
