@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from headlens.atlas.corpus import corpus_windows, split
+from headlens.atlas.corpus import corpus_windows, heldout_rows, split
 from headlens.atlas.describe import Description, describe
 from headlens.atlas.exemplars import AtlasConfig, Exemplars
 from headlens.atlas.shards import sharded_pass
@@ -20,14 +20,16 @@ from headlens.atlas.shards import sharded_pass
 
 @dataclass
 class Atlas:
-    """A model's atlas: its name, ``strings`` (readable text of every token id), the pass's exemplars and
-    every head's description (layer-major)."""
+    """A model's atlas: its name, ``strings`` (readable text of every token id), the pass's exemplars,
+    every head's description (layer-major), and ``seen``: each pass window's index in the corpus (exemplars
+    count windows of the pass; the table gives the corpus index)."""
 
     model: str
     strings: list[str]
     exemplars: Exemplars
     descriptions: list[Description]
     config: AtlasConfig
+    seen: list[int] | None = None
 
     def frame(self) -> Any:
         """The exemplars as one tidy pandas table (one row per head x ranking x rank), for Parquet."""
@@ -40,7 +42,8 @@ class Atlas:
                 layer, head = divmod(flat, H)
                 for rank, e in enumerate(kept):
                     rows.append({"model": self.model, "layer": layer, "head": head, "ranking": ranking, "rank": rank,
-                                 "score": e.score, "window": e.window, "position": e.position, "tokens": e.tokens,
+                                 "score": e.score,
+                                 "window": e.window if self.seen is None else self.seen[e.window], "position": e.position, "tokens": e.tokens,
                                  "text": [self.strings[t] for t in e.tokens], "query": e.query, "key": e.key,
                                  "attention": e.attention, "promoted": [self.strings[t] for t in e.promoted],
                                  "suppressed": [self.strings[t] for t in e.suppressed]})
@@ -71,4 +74,6 @@ def build_atlas(model: Any, config: AtlasConfig | None = None, windows: list[tor
         return None
     descriptions = describe(model, exemplars, held, config.batch_size)
     strings = readable_tokens(model, torch.arange(int(model.cfg.d_vocab)))
-    return Atlas(str(getattr(model, "name", type(model).__name__)), strings, exemplars, descriptions, config)
+    held = set(heldout_rows(len(windows)))
+    return Atlas(str(getattr(model, "name", type(model).__name__)), strings, exemplars, descriptions, config,
+                 [i for i in range(len(windows)) if i not in held])

@@ -46,5 +46,10 @@ def corpus_windows(model: Any, corpus: str, n_windows: int, seq_len: int, seed: 
 
 def split(windows: list[torch.Tensor], heldout_every: int = 4) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The pass's windows and the held-out ones (every ``heldout_every``-th, and the last when that gives none)."""
-    held = [i for i in range(len(windows)) if i % heldout_every == heldout_every - 1] or [len(windows) - 1]
-    return [w for i, w in enumerate(windows) if i not in held], [windows[i] for i in held]
+    held = set(heldout_rows(len(windows), heldout_every))
+    return [w for i, w in enumerate(windows) if i not in held], [windows[i] for i in sorted(held)]
+
+
+def heldout_rows(n: int, heldout_every: int = 4) -> list[int]:
+    """Which of ``n`` windows are held out (:func:`split`)."""
+    return [i for i in range(n) if i % heldout_every == heldout_every - 1] or [n - 1]

@@ -116,7 +116,7 @@ def _ranking(atlas: Any, name: str, kept: list[Any]) -> str:
         ups = " ".join(_tok(atlas.strings[t]) for t in e.promoted)
         downs = " ".join(_tok(atlas.strings[t]) for t in e.suppressed)
         lines.append(f"<div class='ex'>{''.join(spans)}</div><div class='meta'>score {e.score:.3f}; window "
-                     f"{e.window}, position {e.position}; promotes: {ups}; suppresses: {downs}</div>")
+                     f"{e.window if atlas.seen is None else atlas.seen[e.window]}, position {e.position}; promotes: {ups}; suppresses: {downs}</div>")
     return f"<h3>{html.escape(RANKING_TITLES.get(name, name))}</h3>{''.join(lines)}"
 
 
