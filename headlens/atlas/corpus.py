@@ -21,7 +21,7 @@ def corpus_windows(model: Any, corpus: str, n_windows: int, seq_len: int, seed: 
     """``n_windows`` token windows of ``corpus`` (``"prose"``, ``"code"`` or a path), specials included.
 
     >>> import headlens
-    >>> len(corpus_windows(headlens.load("induction-2l"), "prose", 4, 32))
+    >>> len(corpus_windows(headlens.load("code"), "prose", 4, 32))
     4
     """
     from headlens.probes.prose import prose_windows

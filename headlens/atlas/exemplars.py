@@ -95,7 +95,7 @@ def exemplar_pass(model: Any, windows: list[torch.Tensor], config: AtlasConfig |
 
     >>> import headlens
     >>> from headlens.atlas.corpus import corpus_windows
-    >>> m = headlens.load("induction-2l")
+    >>> m = headlens.load("code")
     >>> ex = exemplar_pass(m, corpus_windows(m, "prose", 4, 32).prompts, AtlasConfig(k=3))
     >>> len(ex.top["attention"][0])
     3
