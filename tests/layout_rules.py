@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # the pipeline, first to last: each package may import only itself and the ones before it
-ORDER = ("zoo", "models", "probes", "readout", "detectors", "scoring", "interventions", "circuits", "viz", "training",
-         "doctor", "app", "cli")
+ORDER = ("zoo", "models", "probes", "readout", "detectors", "scoring", "interventions", "circuits", "atlas", "viz",
+         "training", "doctor", "app", "cli")
 ANYWHERE = ("headlens.errors", "headlens.testing")
 
 

@@ -124,6 +124,7 @@ _COMMAND_MODULES = [
     "headlens.cli.doctor",
     "headlens.cli.export",
     "headlens.cli.trajectory",
+    "headlens.cli.atlas",
 ]
 
 for _name in _COMMAND_MODULES:

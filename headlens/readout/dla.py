@@ -217,7 +217,7 @@ def _batch(model: Any, parts: Parts, tokens: list[torch.Tensor], pos: torch.Tens
     mask = torch.zeros(B, T, dtype=torch.long)
     for b, t in enumerate(tokens):
         ids[b, : len(t)], mask[b, : len(t)] = t, 1
-    got = _run(model, parts, ids.to(model.device), mask.to(model.device), pos.clamp(min=0).to(model.device))
+    got = read_activations(model, parts, ids.to(model.device), mask.to(model.device), pos.clamp(min=0).to(model.device))
     logits = got.pop("logits")  # (B, P, V) at the read positions, before any soft-cap
     if spec["kind"] == "metric":
         pair = answers.to(logits.device)[:, None, :].expand(B, P, 2)
@@ -232,18 +232,21 @@ def _batch(model: Any, parts: Parts, tokens: list[torch.Tensor], pos: torch.Tens
     return pair.cpu(), attr.cpu(), float(gap.max()) if gap.numel() else 0.0
 
 
-def _run(model: Any, parts: Parts, tokens: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> dict:
-    """Every activation DLA reads, at the read positions only: name -> ``(B, P, ...)``."""
+def read_activations(model: Any, parts: Parts, tokens: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
+                     whole: Sequence[str] = ()) -> dict:
+    """One forward: every activation :func:`decompose` reads, at the read positions ``pos`` ``(B, P)`` only
+    (name -> ``(B, P, ...)``; ``"logits"`` ``(B, P, V)``), plus the hooks named in ``whole`` kept whole (the
+    atlas reads each head's pattern from the same forward)."""
     rows = torch.arange(tokens.shape[0], device=tokens.device)[:, None]  # (B, 1)
     got: dict[str, torch.Tensor] = {}
 
     def keep(name: str) -> Callable[..., None]:
         def hook(x: torch.Tensor, hook: Any) -> None:
-            got[name] = x[rows, pos].detach()  # (B, P, ...): the read positions of (B, T, ...)
+            got[name] = x.detach() if name in whole else x[rows, pos].detach()  # (B, P, ...) of (B, T, ...)
         return hook
 
     norms = [n for n in (parts.final, *parts.post) if n is not None and n.scale_hook]
-    names = [parts.embed, parts.resid, *parts.z, *parts.mlp, *(n.scale_hook for n in norms)]
+    names = [parts.embed, parts.resid, *parts.z, *parts.mlp, *(n.scale_hook for n in norms), *whole]
     names += [parts.logits] if parts.logits else []
     with torch.no_grad(), model.hooks([(n, keep(n)) for n in dict.fromkeys(names)]):
         out = model(tokens, attention_mask=mask)
@@ -254,7 +257,7 @@ def _run(model: Any, parts: Parts, tokens: torch.Tensor, mask: torch.Tensor, pos
 def decompose(parts: Parts, got: dict[str, torch.Tensor], pair: torch.Tensor) -> torch.Tensor:
     """``(B, P, C)`` float64 attributions (components in ``parts.components`` order, ``bias`` last) of the
     logit of ``pair[..., 0]`` minus that of ``pair[..., 1]`` (none where it is ``-1``), from activations
-    ``got`` read at the positions (:func:`_run`)."""
+    ``got`` read at the positions (:func:`read_activations`)."""
     f64 = {k: v.double() for k, v in got.items()}
     x = f64[parts.resid]  # (B, P, D): the final norm's input
     w_u = parts.w_u.to(x.device)
@@ -317,4 +320,4 @@ def _provenance(model: Any, parts: Parts, spec: dict, position: Any, probe: IOIP
             "n_layers": parts.n_layers, "n_heads": parts.n_heads}
 
 
-__all__ = ["COLUMNS", "ReadoutError", "attribute", "decompose", "head_attributions"]
+__all__ = ["COLUMNS", "ReadoutError", "attribute", "decompose", "head_attributions", "read_activations"]

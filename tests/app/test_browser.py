@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from browser_tools import ARTIFACTS, CHROMIUM_ARGS, chromium
 from conftest import make_gpt
 from smollm2_cache import smollm2_dashboard_cache  # noqa: F401  (the SmolLM2 test's fixture)
 
@@ -39,28 +40,7 @@ from headlens.app import MODEL_ENV
 
 pytestmark = pytest.mark.browser
 
-ROOT = Path(__file__).resolve().parents[2]
-ARTIFACTS = ROOT / "artifacts"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 EDIT_TEXT = "Queue (Q) and Queue [Q]"  # the pattern's tick labels show 'Q' once it is redrawn
-
-
-def chromium() -> str:
-    path = os.environ.get("HEADLENS_CHROMIUM") or "/usr/bin/chromium"
-    problem = None
-    if not Path(path).is_file():
-        problem = f"chromium not found at {path} (apt-get install -y chromium, or set HEADLENS_CHROMIUM)"
-    else:
-        try:
-            import playwright.sync_api  # noqa: F401
-        except ImportError:
-            problem = "Playwright for Python is not installed (pip install playwright; no browser download needed)"
-    if problem:
-        if os.environ.get("HEADLENS_REQUIRE_BROWSER"):
-            pytest.fail(problem + "; HEADLENS_REQUIRE_BROWSER is set, so the browser test may not skip")
-        pytest.skip(problem)
-    return path
 
 
 def free_port() -> int:

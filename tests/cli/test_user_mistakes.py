@@ -116,6 +116,10 @@ MISTAKES = [
     ("train: zero steps", ["train", "induction-2l", "--steps", "0"], 2, "--steps"),
     ("train: zero threads", ["train", "induction-2l", "--threads", "0"], 2, "--threads"),
     # trajectory
+    ("atlas: --out forgotten", ["atlas", "-m", M], 2, "--out"),
+    ("atlas: corpus file missing", ["atlas", "-m", M, "--out", R + "/atlas", "--corpus", R + "/nope.txt"], 5,
+     "nope.txt"),
+    ("atlas: --out below a file", ["atlas", "-m", M, "--out", R + "/a_file/site"], 7, "atlas folder"),
     ("trajectory: glob matches nothing", ["trajectory", "--models", R + "/none/*.safetensors"], 4, "no checkpoints"),
     ("trajectory: --models forgotten", ["trajectory"], 2, "--models"),
     ("trajectory: figure as png", ["trajectory", "--models", M, "--figure", "f.png"], 7, "unknown output suffix"),

@@ -1,0 +1,112 @@
+"""The atlas's exemplar pass against plain forwards over the same tokens, and what it says of SmolLM2's heads.
+
+Side by side on one model and one set of corpus windows:
+
+1. plain forwards (``model(tokens)``, no hooks) over the pass's windows, batch by batch;
+2. the exemplar pass (:func:`headlens.atlas.shards.sharded_pass`, as ``headlens atlas`` runs it) over the
+   same windows: patterns, DLA to the next token and every head's write, the running top-k merge, and the
+   promoted/suppressed tokens of the surviving exemplars;
+3. the held-out descriptions and the site (:func:`headlens.atlas.site.write_site`), timed apart.
+
+Then the roles of the heads the issue names (SmolLM2: L18H6 induction, L16H0 previous token, L23H3 copy
+suppression), how many heads get each role, and the best candidate's score among "no clear role" heads.
+Times are CPU seconds of this process (steadier than wall time on a shared machine). Nothing asserts.
+
+Run: ``flock /tmp/heavy.lock python benchmarks/atlas.py --model smollm2 --n-windows 96 --seq-len 128``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+
+import torch
+
+import headlens
+from headlens.atlas.build import Atlas
+from headlens.atlas.corpus import corpus_windows, split
+from headlens.atlas.describe import describe
+from headlens.atlas.exemplars import AtlasConfig
+from headlens.atlas.shards import sharded_pass
+from headlens.atlas.site import write_site
+from headlens.models.token_text import readable_tokens
+
+NAMED = {"smollm2": {(18, 6): "induction", (16, 0): "previous_token", (23, 3): "copy suppression"}}
+
+
+def _plain(model, windows, batch_size):
+    with torch.inference_mode():
+        for i in range(0, len(windows), batch_size):
+            chunk = windows[i:i + batch_size]
+            T = max(len(w) for w in chunk)
+            ids = torch.zeros(len(chunk), T, dtype=torch.long)
+            mask = torch.zeros(len(chunk), T, dtype=torch.long)
+            for b, w in enumerate(chunk):
+                ids[b, : len(w)], mask[b, : len(w)] = w, 1
+            model(ids, attention_mask=mask)
+
+
+def _peak() -> int:
+    """This process's peak resident memory so far, in bytes (VmHWM)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--corpus", default="prose")
+    ap.add_argument("--n-windows", type=int, default=96)
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--out", default=None, help="also write the site here")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    model = headlens.load(args.model)
+    config = AtlasConfig(corpus=args.corpus, n_windows=args.n_windows, seq_len=args.seq_len,
+                         batch_size=args.batch_size)
+    windows = corpus_windows(model, config.corpus, config.n_windows, config.seq_len, config.seed).prompts
+    seen, held = split(windows)
+    n_tokens = sum(len(w) for w in seen)
+    t = time.process_time()
+    _plain(model, seen, config.batch_size)
+    plain = time.process_time() - t
+    t = time.process_time()
+    peak_before = _peak()
+    ex = sharded_pass(model, seen, config)
+    passed = time.process_time() - t
+    t = time.process_time()
+    descriptions = describe(model, ex, held, config.batch_size)
+    described = time.process_time() - t
+    strings = readable_tokens(model, torch.arange(int(model.cfg.d_vocab)))
+    atlas = Atlas(args.model, strings, ex, descriptions, config)
+    t = time.process_time()
+    write_site(atlas, args.out or tempfile.mkdtemp())
+    site = time.process_time() - t
+    print(f"{args.model}: {n_tokens} tokens in {len(seen)} windows (+{len(held)} held out), 1 thread")
+    print(f"plain forwards {plain:.1f} s; exemplar pass {passed:.1f} s ({passed / plain:.2f}x); "
+          f"descriptions {described:.1f} s; site {site:.1f} s")
+    print(f"peak RSS after plain forwards {peak_before / 2**30:.2f} GiB, after the whole run {_peak() / 2**30:.2f} GiB")
+    by = {(d.layer, d.head): d for d in atlas.descriptions}
+    for at, expected in NAMED.get(args.model, {}).items():
+        d = by[at]
+        print(f"L{at[0]}H{at[1]} (expected {expected}): {d.role}, best rule {d.rule} r = {d.agreement:.2f} "
+              f"[{d.ci[0]:.2f}, {d.ci[1]:.2f}]\n    {d.text}")
+    roles: dict[str, int] = {}
+    for d in atlas.descriptions:
+        roles[d.role] = roles.get(d.role, 0) + 1
+    print("roles:", ", ".join(f"{r} {n}" for r, n in sorted(roles.items())))
+    unclear = [d for d in atlas.descriptions if d.role == "no clear role"]
+    if unclear:
+        best = max(unclear, key=lambda d: d.agreement)
+        print(f"no clear role: {len(unclear)} heads; best candidate among them L{best.layer}H{best.head} "
+              f"{best.rule} r = {best.agreement:.2f}")
+    for role in sorted(roles):
+        heads = [f"L{d.layer}H{d.head}({d.agreement:.2f})" for d in atlas.descriptions if d.role == role]
+        if role not in ("resting", "no clear role"):
+            print(f"{role}: {' '.join(heads)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""The text an atlas reads: the built-in prose and code corpora, or a user's ``.txt`` / JSONL file.
+
+Windows are split once into the pass's share and a held-out share (every ``heldout_every``-th window),
+so a description's rule is scored on text its exemplars never saw.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from headlens.errors import ProbeError
+from headlens.probes.base import Probe
+
+BUILT_IN = ("prose", "code")
+
+
+def corpus_windows(model: Any, corpus: str, n_windows: int, seq_len: int, seed: int = 0) -> Probe:
+    """``n_windows`` token windows of ``corpus`` (``"prose"``, ``"code"`` or a path), specials included.
+
+    >>> import headlens
+    >>> len(corpus_windows(headlens.load("code"), "prose", 4, 32))
+    4
+    """
+    from headlens.probes.prose import prose_windows
+    from headlens.probes.text import read_prompts, stdlib_windows, text_prompts
+
+    if n_windows < 2:
+        raise ProbeError(f"an atlas needs at least 2 windows of text (one held out); got n_windows={n_windows}")
+    gen = torch.Generator().manual_seed(seed)
+    seq_len = min(seq_len, int(model.cfg.n_ctx))
+    if corpus == "prose":
+        return prose_windows(model, n_windows, seq_len, gen)
+    if corpus == "code":
+        return stdlib_windows(model, n_windows, seq_len, gen)
+    if not Path(corpus).is_file():
+        raise ProbeError(f"corpus {corpus!r} is neither a built-in corpus ({', '.join(BUILT_IN)}) nor a file")
+    probe = text_prompts(model, read_prompts(corpus), truncate=True)
+    probe.prompts = probe.prompts[:n_windows]
+    if len(probe) < 2:
+        raise ProbeError(f"corpus {corpus!r} gives {len(probe)} text; an atlas needs 2 or more (one held out)")
+    return probe
+
+
+def split(windows: list[torch.Tensor], heldout_every: int = 4) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The pass's windows and the held-out ones (every ``heldout_every``-th, and the last when that gives none)."""
+    held = set(heldout_rows(len(windows), heldout_every))
+    return [w for i, w in enumerate(windows) if i not in held], [windows[i] for i in sorted(held)]
+
+
+def heldout_rows(n: int, heldout_every: int = 4) -> list[int]:
+    """Which of ``n`` windows are held out (:func:`split`)."""
+    return [i for i in range(n) if i % heldout_every == heldout_every - 1] or [n - 1]

@@ -1,0 +1,236 @@
+"""The streamed exemplar pass: each head's top-k contexts of a corpus under several rankings.
+
+Why it looks like this:
+
+* **Rankings** (HEAD_SCORES.md, "What a head does across real text"): ``attention``, the strongest weight a
+  query puts on a key that is neither the first token nor the query itself (its *off-rest* attention);
+  ``write``, the norm of the head's write at the query; ``dla_pos`` / ``dla_neg``, its direct logit
+  attribution to the token that actually comes next, both signs.
+* **One rule each, called.** The write is :class:`headlens.readout.write.WritePath`'s (the head's whole write
+  is minus its change when its ``z`` goes to zero, post-norms included); DLA is
+  :func:`headlens.readout.dla.decompose` on the activations :func:`headlens.readout.dla.read_activations`
+  reads, so the shares are the attribution table's.
+* **O(heads x k) memory.** A batch's per-head scores ``(L*H, B*T)`` are folded into a
+  :class:`~headlens.atlas.topk.RunningTopK` and dropped; only the survivors' token windows, attention rows
+  and write vectors are copied out. The promoted/suppressed tokens are read from the kept write vectors
+  once, after the pass (through the folded unembedding of :mod:`headlens.readout.ov`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from headlens.atlas.reads import OffsetProfile
+from headlens.atlas.topk import RunningTopK
+
+RANKINGS = ("attention", "write", "dla_pos", "dla_neg")
+
+
+@dataclass(frozen=True)
+class AtlasConfig:
+    """How an atlas reads its corpus.
+
+    Attributes:
+        corpus: ``"prose"``, ``"code"`` or a ``.txt`` / JSONL path.
+        n_windows: windows of text read (a quarter of them held out to score descriptions).
+        seq_len: tokens per window (capped at the model's context).
+        k: exemplars kept per head and ranking (Neuronpedia-style pages show about 20).
+        batch_size: windows per forward (speed only).
+        before, after: tokens of context kept around an exemplar's query (the page shows them).
+        n_top_tokens: promoted and suppressed tokens listed per exemplar.
+        seed: which windows are drawn.
+    """
+
+    corpus: str = "prose"
+    n_windows: int = 64
+    seq_len: int = 128
+    k: int = 20
+    batch_size: int = 8
+    before: int = 24
+    after: int = 4
+    n_top_tokens: int = 5
+    seed: int = 0
+
+
+@dataclass
+class Exemplar:
+    """One kept context: ``tokens`` of the window around the query, ``query`` and ``key`` indices into them,
+    the head's ``attention`` over those tokens, the ranking's ``score``, and what it writes there."""
+
+    window: int
+    position: int
+    score: float
+    tokens: list[int]
+    query: int
+    key: int
+    attention: list[float]
+    write: torch.Tensor | None = None
+    promoted: list[int] = field(default_factory=list)
+    suppressed: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Exemplars:
+    """What the pass kept: ``top[ranking][layer * n_heads + head]`` is a head's exemplars, best first, and
+    ``profile`` its attention by relative offset."""
+
+    n_layers: int
+    n_heads: int
+    top: dict[str, list[list[Exemplar]]]
+    profile: OffsetProfile
+    n_tokens: int
+
+
+def exemplar_pass(model: Any, windows: list[torch.Tensor], config: AtlasConfig | None = None,
+                  progress: Callable[[int, int], None] | None = None, first: int = 0,
+                  read_tokens: bool = True) -> Exemplars:
+    """Stream ``windows`` (1-D token tensors, specials included) through ``model`` once (``first``: the index of
+    ``windows[0]`` in the whole corpus, which exemplars record; a shard of a sharded pass starts past 0).
+    ``read_tokens=False`` keeps each exemplar's write vector and leaves its promoted and suppressed tokens to
+    :func:`top_tokens` (a sharded pass reads them once, for the exemplars that survive the merge).
+
+    >>> import headlens
+    >>> from headlens.atlas.corpus import corpus_windows
+    >>> m = headlens.load("code")
+    >>> ex = exemplar_pass(m, corpus_windows(m, "prose", 4, 32).prompts, AtlasConfig(k=3))
+    >>> len(ex.top["attention"][0])
+    3
+    """
+    from headlens.readout.parts import model_parts
+    from headlens.readout.write import write_path
+
+    config = config or AtlasConfig()
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    parts, write = model_parts(model), write_path(model)
+    tops = {r: RunningTopK(L * H, config.k) for r in RANKINGS}
+    profile = OffsetProfile.empty(L, H)
+    done, n_tokens = 0, 0
+    for start in range(0, len(windows), config.batch_size):
+        rows = list(range(start, min(len(windows), start + config.batch_size)))
+        batch = _Batch.run(model, parts, write, [windows[i] for i in rows], [first + i for i in rows])
+        profile.add(batch.pattern, batch.valid)
+        for name, scores in batch.rankings().items():
+            tops[name].merge(scores, lambda n, j, b=batch: b.exemplar(n, j, config))
+        done, n_tokens = done + len(rows), n_tokens + int(batch.valid.sum())
+        if progress is not None:
+            progress(done, len(windows))
+    top = {name: t.payloads for name, t in tops.items()}
+    for t in tops.values():  # each exemplar's score under its ranking
+        for row, kept in enumerate(t.payloads):
+            for e, score in zip(kept, t.scores[row].tolist(), strict=False):
+                e.score = score
+    if read_tokens:
+        top_tokens(model, top, config.n_top_tokens)
+    return Exemplars(L, H, top, profile, n_tokens)
+
+
+@dataclass
+class _Batch:
+    """One forward's activations, every head's ranking scores and what an exemplar copies out of them."""
+
+    rows: list[int]
+    tokens: torch.Tensor  # (B, T)
+    valid: torch.Tensor  # (B, T)
+    pattern: torch.Tensor  # (B, L, H, Q, K)
+    z: torch.Tensor  # (B, T, L, H, d_head): each head's output before W_O
+    post: dict[int, torch.Tensor]  # layer -> (B, T, D): the post-attention norm's input, where there is one
+    write: Any  # the model's WritePath
+    w_o: list[torch.Tensor]  # per layer (H, d_head, D)
+    write_norm: torch.Tensor  # (B, T, L, H): the norm of each head's whole write
+    dla: torch.Tensor  # (B, T, L, H): DLA to the next token (NaN at the last real position)
+
+    @classmethod
+    def run(cls, model: Any, parts: Any, write: Any, seqs: list[torch.Tensor], rows: list[int]) -> _Batch:
+        from headlens.readout.dla import decompose, read_activations
+
+        B, T = len(seqs), max(len(s) for s in seqs)
+        L, H = model.cfg.n_layers, model.cfg.n_heads
+        ids = torch.zeros(B, T, dtype=torch.long)
+        mask = torch.zeros(B, T, dtype=torch.long)
+        for b, s in enumerate(seqs):
+            ids[b, : len(s)], mask[b, : len(s)] = s, 1
+        extra = [f"blocks.{layer}.attn.hook_pattern" for layer in range(L)]
+        extra += [name for key, name in write.activations().items() if key.startswith("attn")]
+        pos = torch.arange(T).expand(B, T)  # (B, P=T): every position is read
+        got = read_activations(model, parts, ids.to(model.device), mask.to(model.device), pos.to(model.device), extra)
+        pattern = torch.stack([got[f"blocks.{layer}.attn.hook_pattern"] for layer in range(L)], 1)  # (B, L, H, Q, K)
+        nxt = torch.cat([ids[:, 1:], ids[:, :1]], dim=1)  # (B, T): the actual next token (wraps at the end)
+        pair = torch.stack([nxt, torch.full_like(nxt, -1)], -1).to(pattern.device)  # (B, T, 2)
+        dla_in = {key: v for key, v in got.items() if key not in extra and key != "logits"}  # not cast to float64
+        attr = decompose(parts, dla_in, pair)  # (B, T, C)
+        heads = [i for i, c in enumerate(parts.components) if c.startswith("L")]
+        dla = attr[..., heads].reshape(B, T, L, H).float()  # (B, T, L, H): query heads in table order
+        has_next = torch.arange(T)[None, :] < (mask.sum(1, keepdim=True) - 1)  # (B, T)
+        dla = torch.where(has_next[..., None, None].to(dla.device), dla, float("nan"))
+        z = torch.stack([got[name] for name in parts.z], 2)  # (B, T, L, H, d_head)
+        post = {layer: got[f"blocks.{layer}.ln1_post.hook_in"] for layer in range(L)
+                if f"blocks.{layer}.ln1_post.hook_in" in got}
+        w_o = [write.w_o(layer) for layer in range(L)]  # (H, d_head, D) each, read once per batch
+        norms = torch.stack([_writes(write, layer, z[:, :, layer], post.get(layer), w_o[layer]).norm(dim=-1)
+                             for layer in range(L)], 2)  # (B, T, L, H)
+        return cls(rows, ids, mask.bool(), pattern.float().cpu(), z, post, write, w_o, norms.float().cpu(), dla.cpu())
+
+    def rankings(self) -> dict[str, torch.Tensor]:
+        """ranking -> ``(L*H, B*T)`` float64 scores, ``-inf`` where a position is not a candidate."""
+        off = self.off_rest()  # (B, L, H, Q, K)
+        best = off.amax(-1)  # (B, L, H, Q)
+        q = torch.arange(self.valid.shape[1])
+        ok = (self.valid & (q >= 1))[:, None, None, :]  # (B, 1, 1, Q): the first token's row is every window's
+        has_off = ok & (q >= 2)  # a row with a key that is neither the first token nor the query
+        dla = self.dla.permute(0, 2, 3, 1)  # (B, L, H, Q)
+        scores = {
+            "attention": torch.where(has_off, best, float("-inf")),
+            "write": torch.where(ok, self.write_norm.permute(0, 2, 3, 1), float("-inf")),
+            "dla_pos": torch.where(ok, dla, float("-inf")),
+            "dla_neg": torch.where(ok, -dla, float("-inf")),
+        }
+        B, L, H, Q = best.shape
+        return {k: v.permute(1, 2, 0, 3).reshape(L * H, B * Q) for k, v in scores.items()}  # (L*H, B*Q)
+
+    def off_rest(self) -> torch.Tensor:
+        """``(B, L, H, Q, K)``: the pattern with the first key and each query's own key zeroed."""
+        T = self.pattern.shape[-1]
+        keep = ~torch.eye(T, dtype=torch.bool)  # (Q, K): not the query itself
+        keep[:, 0] = False  # nor the first token
+        return self.pattern * keep
+
+    def exemplar(self, head: int, j: int, config: AtlasConfig) -> Exemplar:
+        """Exemplar ``j`` (``b * T + q``) of flat head ``head`` (``layer * H + h``)."""
+        T = self.tokens.shape[1]
+        b, q = divmod(j, T)
+        layer, h = divmod(head, self.pattern.shape[2])
+        n = int(self.valid[b].sum())
+        lo, hi = max(0, q - config.before), min(n, q + 1 + config.after)
+        row = self.pattern[b, layer, h, q]  # (K,)
+        off = row.clone()
+        off[0], off[q] = 0.0, 0.0
+        key = int(off.argmax()) if q > 1 else 0  # rows 0 and 1 have no off-rest key (ranked by write or DLA only)
+        post = self.post.get(layer)
+        vec = -self.write.head(layer, h, -self.z[b:b + 1, q:q + 1, layer, h],
+                               None if post is None else post[b:b + 1, q:q + 1], self.w_o[layer])[0, 0]  # (D,)
+        return Exemplar(self.rows[b], q, 0.0, self.tokens[b, lo:hi].tolist(), q - lo, key - lo,
+                        row[lo:hi].tolist(), vec.half().float().cpu())  # float16, as a resume shard keeps it
+
+
+def _writes(write: Any, layer: int, z: torch.Tensor, attn: torch.Tensor | None, w_o: torch.Tensor) -> torch.Tensor:
+    """``(B, T, H, D)``: each head's whole write in ``layer`` (minus its change when its ``z`` goes to zero),
+    from ``z`` ``(B, T, H, d_head)`` and the post-attention norm's input ``attn`` ``(B, T, D)`` (or None)."""
+    return torch.stack([-write.head(layer, h, -z[:, :, h], attn, w_o) for h in range(z.shape[2])], 2)
+
+
+def top_tokens(model: Any, top: dict[str, list[list[Exemplar]]], n: int) -> None:
+    """Each kept exemplar's most promoted and suppressed tokens, read from its write vector once."""
+    from headlens.readout.ov import folded_unembed
+
+    unembed = folded_unembed(model)  # (D, V)
+    kept = [e for heads in top.values() for row in heads for e in row]
+    for i in range(0, len(kept), 256):
+        chunk = kept[i:i + 256]
+        logits = torch.stack([e.write for e in chunk]).to(unembed) @ unembed  # (n, V)
+        up, down = logits.topk(n, -1).indices.tolist(), (-logits).topk(n, -1).indices.tolist()
+        for e, u, d in zip(chunk, up, down, strict=True):
+            e.promoted, e.suppressed, e.write = u, d, None

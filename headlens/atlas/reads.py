@@ -1,0 +1,91 @@
+"""What a head reads and writes, from the pass: attention by relative offset, frequent token pairs, the OV readout.
+
+* **Offset profile.** Summed attention at each offset ``q - k`` (0 .. :data:`MAX_OFFSET`, the rest in one
+  bin), and to the first token apart: a previous-token head is a spike at 1, an induction head has no fixed
+  offset. The share *position alone explains* is the profile's own agreement with the head on held-out
+  text (:mod:`headlens.atlas.describe` scores the offset rule like any other).
+* **Writes** are the OV circuit through the unembedding (:func:`headlens.readout.ov.head_logits`), read at
+  the tokens the head attended to in its exemplars: how often it promotes the very token it attends to
+  (copying) or pushes it down (copy suppression).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+MAX_OFFSET = 64  # offsets past this go to one bin: a window's far past reads as content, not position
+TOP_RANK = 10  # "promotes a token": the token is among the head's TOP_RANK largest logits for it
+
+
+@dataclass
+class OffsetProfile:
+    """Per head, attention mass summed over query rows: ``mass[l, h, d]`` at offset ``d`` (``d = MAX_OFFSET + 1``:
+    farther), ``first[l, h]`` on the first token (not counted by offset), over ``rows`` query rows."""
+
+    mass: torch.Tensor  # (L, H, MAX_OFFSET + 2) float64
+    first: torch.Tensor  # (L, H) float64
+    rows: int
+
+    @classmethod
+    def empty(cls, n_layers: int, n_heads: int) -> OffsetProfile:
+        return cls(torch.zeros(n_layers, n_heads, MAX_OFFSET + 2, dtype=torch.float64),
+                   torch.zeros(n_layers, n_heads, dtype=torch.float64), 0)
+
+    def add(self, pattern: torch.Tensor, valid: torch.Tensor) -> None:
+        """Fold in one batch: ``pattern`` ``(B, L, H, Q, K)``, ``valid`` ``(B, T)`` real positions."""
+        p = pattern.double() * valid[:, None, None, :, None]  # (B, L, H, Q, K): pad rows dropped
+        self.first += p[..., 0].sum((0, -1))
+        p = p.clone()
+        p[..., 0] = 0.0  # the first token is its own bin
+        near = torch.stack([p.diagonal(offset=-d, dim1=-2, dim2=-1).sum((0, -1))
+                            for d in range(min(p.shape[-1], MAX_OFFSET + 1))], -1)  # (L, H, <= MAX_OFFSET + 1)
+        self.mass[..., : near.shape[-1]] += near
+        self.mass[..., MAX_OFFSET + 1] += p.sum((0, -2, -1)) - near.sum(-1)
+        self.rows += int(valid.sum())
+
+    def share(self, layer: int, head: int) -> torch.Tensor:
+        """``(MAX_OFFSET + 2,)``: the head's mean attention per query row at each offset bin."""
+        return self.mass[layer, head] / max(self.rows, 1)
+
+    def peak(self, layer: int, head: int) -> tuple[int, float]:
+        """The offset >= 1 with the most mass, and its share of the head's attention off the first token."""
+        m = self.mass[layer, head, 1:MAX_OFFSET + 1]
+        d = int(m.argmax()) + 1
+        rest = float(self.mass[layer, head].sum())
+        return d, float(m[d - 1]) / rest if rest > 0 else 0.0
+
+
+def token_pairs(exemplars: list[Any], strings: list[str], n: int = 5) -> list[tuple[str, str, int]]:
+    """The ``n`` most frequent ``(query token, key token)`` pairs among a head's exemplars, with counts."""
+    pairs = Counter((strings[e.tokens[e.query]], strings[e.tokens[e.key]]) for e in exemplars if e.key >= 0)
+    return [(q, k, c) for (q, k), c in pairs.most_common(n)]
+
+
+def ov_on_keys(model: Any, layer: int, head: int, exemplars: list[Any]) -> dict[str, Any]:
+    """What the head writes when it attends to its exemplars' keys (the OV readout, :mod:`headlens.readout.ov`).
+
+    Returns ``copies`` / ``suppresses`` (the share of keys whose own token is among the head's
+    :data:`TOP_RANK` most promoted / suppressed tokens for it, and above / below the row's median, so a head
+    that writes nothing copies nothing), ``n`` keys, and ``promoted`` / ``suppressed``:
+    the token ids most often in those lists.
+    """
+    from headlens.readout.ov import head_logits, unsupported
+
+    keys = [e.tokens[e.key] for e in exemplars if e.key >= 0]
+    if not keys or unsupported(model):
+        return {"n": 0, "copies": float("nan"), "suppresses": float("nan"), "promoted": [], "suppressed": []}
+    ids = torch.tensor(keys)
+    logits = head_logits(model, layer, head, ids)  # (n, V)
+    own = logits.gather(1, ids[:, None])  # (n, 1): the attended token's own logit
+    middle = logits.median(-1, keepdim=True).values  # (n, 1): a head that writes nothing ties everything here
+    copies = (((logits > own).sum(-1) < TOP_RANK) & (own > middle)[:, 0]).double().mean()
+    suppresses = (((logits < own).sum(-1) < TOP_RANK) & (own < middle)[:, 0]).double().mean()
+    up, down = logits.topk(TOP_RANK, -1).indices, (-logits).topk(TOP_RANK, -1).indices  # (n, TOP_RANK)
+    promoted = [t for t, _ in Counter(up[:, :3].reshape(-1).tolist()).most_common(5)]
+    suppressed = [t for t, _ in Counter(down[:, :3].reshape(-1).tolist()).most_common(5)]
+    return {"n": len(keys), "copies": float(copies), "suppresses": float(suppresses), "promoted": promoted,
+            "suppressed": suppressed}

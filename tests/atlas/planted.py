@@ -1,0 +1,93 @@
+"""A tiny attention-only GPT whose four heads' roles are known by construction (weights set by hand).
+
+Residual stream: token one-hots ``[0, V)``, position one-hots ``[V, V + T)``, and a "previous token"
+subspace ``[V + T, 2V + T)`` that L0H0 writes. Scores are ``q . k / sqrt(d_head)``; ``S`` makes a match
+win by a wide margin.
+
+* L0H0 previous token: position i's query matches position i - 1's key; it copies that token into the
+  previous-token subspace.
+* L0H1 no role: zero W_Q and W_K, so it attends uniformly to every earlier key (and writes nothing).
+* L1H0 induction: the query is the current token, the key the previous-token subspace (a key whose
+  predecessor is the current token); a weaker score on the first token is where it rests when nothing
+  matches. It writes the token it attends to into the token subspace, which the unembedding reads.
+* L1H1 resting: every query matches position 0's key only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from headlens.models.config import ModelConfig
+from headlens.models.gpt import GPT
+from headlens.models.tokenizer import Tokenizer
+
+ALPHABET = "abcdefghijkl"
+N_CTX = 32
+D_HEAD = 32
+S = 12.0  # query and key scale: a match scores S * S / sqrt(d_head), about 25
+REST = 7.0  # the induction head's score scale on the first token: about 9, well under a match
+
+
+def planted_gpt() -> GPT:
+    tok = Tokenizer.char_level(ALPHABET)
+    V, T = tok.d_vocab, N_CTX  # V includes BOS (the last id)
+    D = 2 * V + T
+    cfg = ModelConfig(n_layers=2, n_heads=2, d_model=D, n_ctx=T, d_vocab=V, d_head=D_HEAD, attn_only=True,
+                      normalization="none", positional_embedding="learned")
+    model = GPT(cfg, tokenizer=tok)
+    prev = V + T  # start of the previous-token subspace
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        model.transformer.wte.weight[:, :V] = torch.eye(V)
+        model.transformer.wpe.weight[:, V:V + T] = torch.eye(T)
+        model.lm_head.weight[:, :V] = torch.eye(V)  # logits read the token subspace
+        q0, k0, v0 = (_block(model, 0, part) for part in range(3))
+        q1, k1, v1 = (_block(model, 1, part) for part in range(3))
+        o0, o1 = _out(model, 0), _out(model, 1)
+        for i in range(T):  # L0H0: query at position i, key at position i - 1
+            q0[0][V + i, i] = S
+            if i + 1 < T:
+                k0[0][V + i, i + 1] = S
+        for t in range(V):  # L0H0 copies the attended token into the previous-token subspace
+            v0[0][t, t] = 1.0
+            o0[0][t, prev + t] = 1.0
+        for t in range(V - 1):  # L1H0: current token vs the previous token of the key; rest on position 0
+            q1[0][t, t] = S
+            k1[0][prev + t, t] = S
+            q1[0][t, D_HEAD - 1] = REST
+            v1[0][t, t] = 1.0
+            o1[0][t, t] = 1.0
+        k1[0][V + 0, D_HEAD - 1] = REST
+        for i in range(T):  # L1H1: every query to position 0
+            q1[1][V + i, 0] = S
+        k1[1][V + 0, 0] = S
+    return model.eval()
+
+
+def _block(model: GPT, layer: int, part: int) -> list[torch.Tensor]:
+    """Per head, ``(D, d_head)`` views of W_Q (part 0), W_K (1) or W_V (2) inside ``c_attn`` ((out, in) layout)."""
+    w = model.transformer.h[layer].attn.c_attn.weight  # (3 * H * d_head, D)
+    H = model.cfg.n_heads
+    base = part * H * D_HEAD
+    return [w[base + h * D_HEAD: base + (h + 1) * D_HEAD].T for h in range(H)]  # each (D, d_head), a view
+
+
+def _out(model: GPT, layer: int) -> list[torch.Tensor]:
+    """Per head, the ``(d_head, D)`` view of W_O inside ``c_proj`` ((out, in) layout)."""
+    w = model.transformer.h[layer].attn.c_proj.weight  # (D, H * d_head)
+    return [w[:, h * D_HEAD:(h + 1) * D_HEAD].T for h in range(model.cfg.n_heads)]
+
+
+def repeat_windows(model: GPT, n: int, seed: int = 0) -> list[torch.Tensor]:
+    """``n`` windows of BOS + a few random letters + a random segment repeated to fill the context."""
+    gen = torch.Generator().manual_seed(seed)
+    letters = torch.arange(len(ALPHABET))
+    bos = model.tokenizer.bos_token_id
+    out = []
+    for _ in range(n):
+        period = int(torch.randint(4, 9, (1,), generator=gen))
+        seg = letters[torch.randperm(len(letters), generator=gen)[:period]]
+        body = torch.cat([letters[torch.randint(0, len(letters), (4,), generator=gen)], seg.repeat(8)])
+        out.append(torch.cat([torch.tensor([bos]), body[: N_CTX - 1]]))
+    return out
