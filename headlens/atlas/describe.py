@@ -1,4 +1,4 @@
-"""A head's description from measured evidence, its rule scored on held-out text (HEAD_SCORES.md).
+"""A head's description from measured evidence, its rule scored on held-out text (docs/scores.md).
 
 Why it looks like this:
 

@@ -2,7 +2,7 @@
 
 Why it looks like this:
 
-* **Rankings** (HEAD_SCORES.md, "What a head does across real text"): ``attention``, the strongest weight a
+* **Rankings** (docs/atlas.md): ``attention``, the strongest weight a
   query puts on a key that is neither the first token nor the query itself (its *off-rest* attention);
   ``write``, the norm of the head's write at the query; ``dla_pos`` / ``dla_neg``, its direct logit
   attribution to the token that actually comes next, both signs.

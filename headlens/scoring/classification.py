@@ -49,17 +49,16 @@ from headlens.scoring.engine import DetectorStats, choose_path
 from headlens.scoring.gates import MIN_SHARE, gate_columns, gate_passes, gate_summary, with_gate
 from headlens.scoring.resting import REST, rest_of, with_rest
 from headlens.scoring.stats import (
-    DEFAULT_THRESHOLD,
     MIN_LIFT,
     N_BOOT,
     PREFERENCE_MARGIN,
     Summary,
-    default_threshold,
     label,
     preference_label,
     summarize,
 )
 from headlens.scoring.table import head_rows
+from headlens.scoring.thresholds import against_null, thresholds
 from headlens.scoring.weights import summarize_weights
 
 ProgressFn = Callable[[int, int, str], None]  # (prompts done so far, prompts in total, what is running)
@@ -84,35 +83,6 @@ def resolve_model(model_or_ref: Any, device: str = "cpu", **load_options: Any) -
     warnings.warn(f"default model {DEFAULT_MODEL!r} has no weights here; using zoo model {others[0]!r}",
                   stacklevel=2)
     return load(others[0], device=device, **load_options)
-
-
-def _against_null(threshold: float | dict[str, float] | None, dets: Sequence[Detector]) -> set[str]:
-    """Gated detectors (the name movers) whose attention half is labelled against the type's own null (its
-    CI above the uniform baseline, with the usual lift), not an absolute τ: a mass threshold tuned on one model
-    did not transfer (issue 35). A τ the user sets for the detector (or for all) still applies."""
-    if isinstance(threshold, int | float):
-        return set()
-    mine = threshold if isinstance(threshold, dict) else {}
-    return {d.name for d in dets if d.gate is not None and d.name not in mine}
-
-
-def _thresholds(threshold: float | dict[str, float] | None, annotated: Sequence[str] = (),
-                dets: Sequence[Detector] = ()) -> dict[str, float]:
-    pool = {**all_detectors(), **{d.name: d for d in dets}}  # Detector objects passed in need not be registered
-    out = {name: default_threshold(d) for name, d in pool.items()}
-    out.update({name: DEFAULT_THRESHOLD for name in annotated})
-    if isinstance(threshold, dict):
-        for name, tau in threshold.items():
-            if name not in annotated and name not in pool:
-                get_detector(name)
-            out[name] = float(tau)
-        for name in out:  # a variant with settings, "streaming(w=128)", takes its base detector's threshold
-            base = name.split("(")[0]
-            if base != name and name not in threshold and base in threshold:
-                out[name] = float(threshold[base])
-    elif threshold is not None:
-        out.update({n: float(threshold) for n in out if n not in pool or pool[n].kind != "weights"})
-    return out
 
 
 def select_detectors(model: Any, names: Sequence[str] | str | None, tl_compatible: bool = False
@@ -294,8 +264,8 @@ def classify(
     texts, annotated_rows = prompt_rows(prompts)
     builtin, user_types = requested_types(detectors, annotated_rows)
     dets, skipped, explicit = select_detectors(model, builtin, tl_compatible) if builtin != [] else ([], {}, True)
-    taus = _thresholds(threshold, user_types, dets)
-    against_null = _against_null(threshold, dets)
+    taus = thresholds(threshold, user_types, dets)
+    by_null = against_null(threshold, dets)
     groups = _probes(model, dets, texts, n_prompts, seq_len, seed, truncate, corpus)
     jobs = annotated_jobs(model, dets, user_types, annotated_rows, texts is not None or corpus is not None,
                            n_prompts, seed, truncate)
@@ -374,7 +344,7 @@ def classify(
             continue
         lift, pref = s.lift, preferences.get(name)
         # with distractors, preference accuracy is the primary statistic (Clark et al. 2019); mass stays in the table
-        tau = s.baseline if name in against_null else taus[name]  # gated types: the CI clears the type's null
+        tau = s.baseline if name in by_null else taus[name]  # gated types: the CI clears the type's null
         labels = label(s.ci_low, lift, tau) if pref is None else preference_label(pref, s)
         if d is not None and d.gate is not None:  # what the head writes: the gate's CI must clear zero too
             g = gate_summary(model, d.gate, probe_of[name], gate_cache, seed, n_boot)
@@ -396,7 +366,7 @@ def classify(
         "causal": bool(model.is_causal), "n_layers": L, "n_heads": H, "n_kv_heads": H_kv,
         "seed": seed,
         "scoring": "tl_compatible" if tl_compatible else "headlens",
-        "thresholds": {n: None if n in against_null else taus[n] for n in [d.name for d in dets] + user_types},
+        "thresholds": {n: None if n in by_null else taus[n] for n in [d.name for d in dets] + user_types},
         "min_lift": MIN_LIFT,
         "preference_rule": (f"with distractors: preference ci_low >= chance + {PREFERENCE_MARGIN} * (1 - chance) "
                             f"and mass ci_low > its uniform baseline (Clark et al. 2019)"),

@@ -60,8 +60,9 @@ def test_bad_input_is_one_line(monkeypatch, capsys, tiny_checkpoint, args, messa
     assert code == exit_code and len(lines) == 1 and message in lines[0] and "Traceback" not in err
 
 
-def test_next_token_metric_on_bert_is_one_line(monkeypatch, capsys, tmp_path):
+def test_circuit_on_bert_is_refused_in_one_line(monkeypatch, capsys, tmp_path):
+    """An encoder is refused before any metric is built: its post-LN blocks make sender deltas non-additive."""
     path = build("bert", tmp_path / "bert")
     code, _, err = run(monkeypatch, capsys, "--model", f"hf:{path}", "--receivers", "L1H0", "--n-prompts", "2")
     lines = [ln for ln in err.splitlines() if ln.startswith("headlens: error")]
-    assert code == 5 and len(lines) == 1 and "bidirectional" in lines[0] and "Traceback" not in err
+    assert code == 2 and len(lines) == 1 and "is an encoder" in lines[0] and "Traceback" not in err

@@ -107,11 +107,11 @@ def test_post_attention_norm_is_not_left_in_a_remainder(built, family):
     model, _ = built(family)
     parts = model_parts(model)
     assert all(p is not None for p in parts.post)
-    from headlens.readout.dla import _run
+    from headlens.readout.dla import read_activations
 
     tokens = model.to_tokens(PROMPTS[0])
     pos = torch.tensor([[tokens.shape[1] - 1]])
-    got = _run(model, parts, tokens, torch.ones_like(tokens), pos)
+    got = read_activations(model, parts, tokens, torch.ones_like(tokens), pos)
     logits = got.pop("logits")
     pair = torch.stack([logits.argmax(-1), torch.full_like(pos, -1)], -1)
     exact = decompose(parts, got, pair).sum(-1)
