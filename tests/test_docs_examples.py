@@ -91,7 +91,12 @@ def _runnable(example: Example, runslow: bool) -> bool:
 
 
 @pytest.mark.parametrize("page", PAGES)
-def test_every_example_of_the_page_runs_as_shown(page: str, workdir: Path, request: pytest.FixtureRequest):
+def test_every_example_of_the_page_runs_as_shown(page: str, workdir: Path, request: pytest.FixtureRequest,
+                                                 monkeypatch: pytest.MonkeyPatch):
+    from headlens import detectors as registry
+
+    # a page's register_detector lasts for the page, as in the reader's own process, not for the tests after it
+    monkeypatch.setattr(registry, "DETECTORS", dict(registry.DETECTORS))
     runslow = request.config.getoption("--runslow")
     namespace: dict = {"__name__": f"docs_example_{Path(page).stem}"}
     ran, missing = 0, []

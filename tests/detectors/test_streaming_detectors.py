@@ -74,7 +74,7 @@ def test_classify_with_a_variant_records_it():
 
 
 def test_a_variant_takes_its_base_detectors_threshold_unless_named():
-    from headlens.scoring.classification import _thresholds
+    from headlens.scoring.thresholds import thresholds as _thresholds
 
     variant = get_detector("streaming(w=128)")
     assert _thresholds({"streaming": 0.9}, (), [variant])[variant.name] == 0.9
