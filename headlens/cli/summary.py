@@ -73,9 +73,20 @@ def legend(summaries: list[Any]) -> str:
         parts.append("(pref): preference accuracy")
     if ov := [t.detector for t in summaries if t.ov and t.n_labelled]:
         parts.append(f"read from the weights, not text: {', '.join(ov)}")
-    parts += [f"{t.detector}: {t.n_only} of {t.n_labelled} heads only rest (listed), the others are listed under "
-              f"what else they do" for t in summaries if t.resting and t.n_labelled]
+    parts += [_resting_words(t) for t in summaries if t.resting and t.n_labelled]
     return "; ".join(parts)
+
+
+def _resting_words(t: Any) -> str:
+    """How a resting type's heads are listed: those that only rest under it, the others under what else they do."""
+    one = t.n_labelled == 1
+    if t.n_only == 0:
+        return (f"{t.detector}: its {t.n_labelled} {'head does' if one else 'heads do'} something else too, "
+                f"listed there")
+    if t.n_only == t.n_labelled:
+        return f"{t.detector}: its {t.n_labelled} {'head only rests' if one else 'heads only rest'} (listed)"
+    return (f"{t.detector}: {t.n_only} of {t.n_labelled} heads only rest (listed), the others are listed under "
+            f"what else they do")
 
 
 def grid_table(df: Any) -> Any:

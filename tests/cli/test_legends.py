@@ -39,7 +39,7 @@ def test_strength_is_one_scale_and_behaviour_comes_before_weights():
     assert any(ln.startswith("n: heads with the label; strength: (score - chance) / (1 - chance)") for ln in lines)
     text = " ".join(buf.getvalue().split())
     assert "first_token (rests)" in text and "(all listed under another type)" in text
-    assert "first_token: 0 of 1 heads only rest" in text and "read from the weights, not text: copying" in text
+    assert "first_token: its 1 head does something else too, listed there" in text and "read from the weights, not text: copying" in text
 
 
 def test_ablate_says_dash_without_controls_and_explains_its_columns():
