@@ -28,7 +28,7 @@
      senders, next to ours on the same q edges (``repeated_loss``, the corrupted-run method; goal <= 0.3x);
    * discovery of the IOI circuit (``headlens circuit --model smollm2 --prompts ioi --metric logit_diff``)
      in a child process: wall and CPU time, edges, faithfulness, peak RSS against a plain ``classify`` of
-     the same prompts (goal: 15 minutes on 2 cores, memory within 2x).
+     the same prompts (goal: 15 minutes on 2 cores, memory within 1.5x).
 
 Run: ``python benchmarks/circuits.py [--edges 11|132] [--memory] [--smollm2 [--tl-edges 6]]``. One thread
 (``torch.set_num_threads(1)``) except the SmolLM2 discovery child (2 threads, as a user on two cores);

@@ -24,6 +24,7 @@ from headlens.circuits.nodes import (
 from headlens.circuits.positions import NamedPositions, parse_positions
 from headlens.circuits.senders import Alignment, SenderDeltas, check_method
 from headlens.interventions.metrics import Task, get_metric, make_task
+from headlens.models.memory import release_freed
 from headlens.scoring.output import provenance
 
 
@@ -88,7 +89,9 @@ class Setup:
         rank = current()
         mine = [todo[i] for i in rank.block(len(todo))]
         self.begin(what, len(mine))
+        release_freed()  # what the phase before freed (discovery's first pass: 0.7 GB on SmolLM2) goes back first
         clean, values = run_everywhere(rank, self.values, mine)
+        release_freed()
         gathered = gather_objects(rank, list(values.items()))
         if gathered is None:
             return None

@@ -228,7 +228,9 @@ class _Rows:
         self.deltas, self.rows = deltas, rows
 
     def delta(self, node: Any) -> torch.Tensor:
-        return self.deltas.delta(node)[self.rows]  # (b, T, D)
+        # a copy, not a view: the first pass keeps every sender's delta of a chunk, and a view of 8 rows would
+        # hold all 32 prompts' (a third of a GB over SmolLM2's IOI senders)
+        return self.deltas.delta(node)[self.rows].clone()  # (b, T, D)
 
 
 def _bridge_attribution(model: Any, task: Task, value: Any, edges: Sequence[Edge], deltas: Any,

@@ -18,7 +18,8 @@ Why it looks like this:
   prompt, only its positions from its first patched one to its end (``P``, ``(B, S)``: IOI's END is one
   position, wherever each prompt's END is), and attention reads every other position's clean keys and
   values: the new ones are scattered into the recorded ones at the seam, and the rows of the recorded mask,
-  cos and sin are taken at ``P``. Block ``R`` runs on all positions when a key or value is patched before.
+  cos and sin are taken at ``P``. Block ``R`` runs on all positions when a key or value is patched before,
+  in slices of ``max_tokens`` rows (a chunk is sized for ``P``), each taken at ``P`` at once.
 * **Logits at the read positions only, one edge at a time.** A 50k vocabulary makes ``(K, B, T, V)`` the
   largest tensor of a run; the final norm and unembedding run per edge, at each prompt's read positions,
   into one buffer of clean logits (for ``logit_diff``, only the two answers' columns).
@@ -181,6 +182,8 @@ class ResumePatcher:
                           for _, kw in self.run.calls)
         # the family's own transform after the unembedding (Gemma 2's soft-cap, Cohere's logit_scale), elementwise
         self.transform = getattr(getattr(b, "adapter", None), "apply_output_logits_transform", None)
+        self._buf: torch.Tensor | None = None  # the logits buffer every chunk writes its read positions into
+        self._dirty: tuple[torch.Tensor, ...] | None = None  # where the last chunk wrote (its index)
 
     def chunks(self, edges: Sequence[Edge], named: Any = None) -> list[list[Edge]]:
         """Edges grouped by receiver layer and first changed position, ``max_tokens`` rows x positions each."""
@@ -217,8 +220,8 @@ class ResumePatcher:
         P = self.positions(recv)
         try:
             if chunk[0].receiver.kind == "logits":
-                x = self.run.final[None] + deltas  # (K, B, T, D)
-                x = x if P is None else _at(x, P, 2)  # (K, B, S, D)
+                x = (self.run.final[None] + deltas if P is None  # (K, B, T, D)
+                     else _at(self.run.final, P, 1)[None] + _at(deltas, P, 2))  # (K, B, S, D)
             else:
                 x = self._resume(chunk, deltas, recv, P)
         except NotRagged:
@@ -232,15 +235,23 @@ class ResumePatcher:
         first[:, 1:] = Pf[:, 1:] != Pf[:, :-1]  # a position repeated past a prompt's end counts once
         b, j = (first & self.task.positions.gather(1, Pf)).nonzero(as_tuple=True)
         t = Pf[b, j]
-        buf = self.clean_logits.clone()  # (B, T, V): unread and unchanged positions stay clean
+        buf = self._clean_buffer()  # (B, T, V): unread and unchanged positions stay clean
+        at = (b, t) if self.columns is None else (b[:, None], t[:, None], self.columns[b])  # cols (n, c)
+        self._dirty = at
         for k in range(K):
             h = x[k][b, j]  # (n, D): one row per read (prompt, position)
-            if self.columns is None:
-                buf[b, t] = self._unembed(h).to(buf)
-            else:
-                cols = self.columns[b]  # (n, c)
-                buf[b[:, None], t[:, None], cols] = self._unembed(h, cols).to(buf)
+            buf[at] = self._unembed(h, None if self.columns is None else at[2]).to(buf)
             yield buf
+
+    def _clean_buffer(self) -> torch.Tensor:
+        """The one ``(B, T, V)`` logits buffer of every chunk, clean again where the last chunk wrote: a fresh
+        copy of the clean logits per chunk (132 MB on IOI with a 49k vocabulary) only churned the heap."""
+        if self._buf is None:
+            self._buf = self.clean_logits.clone()
+        elif self._dirty is not None:
+            self._buf[self._dirty] = self.clean_logits[self._dirty]
+        self._dirty = None
+        return self._buf
 
     def _unembed(self, h: torch.Tensor, cols: torch.Tensor | None = None) -> torch.Tensor:
         """``(n, V)`` logits of final residual rows ``h`` ``(n, D)``, or ``(n, c)`` at vocabulary ids ``cols``."""
@@ -259,13 +270,28 @@ class ResumePatcher:
     def _resume(self, chunk: Sequence[Edge], deltas: torch.Tensor, recv: torch.Tensor | None,
                 P: torch.Tensor | None) -> torch.Tensor:
         """``(K*B, S, D)``: the residual stream after the last block at ``P``, from the receiver layer on."""
-        K, B, T, D = deltas.shape
-        R = chunk[0].receiver.layer
+        K, B, T, _ = deltas.shape
         PR = P  # block R runs at P too unless a key or value is patched before a prompt's first position
         if P is not None:
             before = torch.arange(T, device=P.device)[None] < P[:, :1]  # (B, T)
-            if bool((deltas.abs().sum(-1) * before).any()):
+            if any(bool((d.abs().sum(-1) * before).any()) for d in deltas):  # one copy at a time, not K
                 PR = None
+        # the chunk is sized for S positions (``chunks``); block R on all T of them holds K*B*T rows (IOI's k and
+        # v edges at END: T/S times more), so it runs in slices of ``max_tokens`` rows, each taken at P at once
+        per = max(1, self.max_tokens // (B * T)) if PR is None and P is not None else K
+        x = torch.cat([self._receiver(chunk[i:i + per], deltas[i:i + per], None if recv is None else recv[i:i + per],
+                                      PR, P) for i in range(0, K, per)])  # (K*B, S, D)
+        with self._keys(P, K):
+            for layer in range(chunk[0].receiver.layer + 1, len(self.blocks)):
+                x = self.run.block(self.model, layer, x, K, P)
+        return x
+
+    def _receiver(self, chunk: Sequence[Edge], deltas: torch.Tensor, recv: torch.Tensor | None,
+                  PR: torch.Tensor | None, P: torch.Tensor | None) -> torch.Tensor:
+        """``(K*B, S, D)``: the receiver's block ``R`` with each copy's q, k or v patched, run at ``PR`` (None:
+        all positions) and taken at ``P``; ``deltas`` ``(K, B, T, D)``, ``recv`` ``(K, B, T)``."""
+        K, B, T, D = deltas.shape
+        R = chunk[0].receiver.layer
         resid = self.run.calls[R][0][0]  # (B, T, D): the clean residual stream entering block R
         take = (lambda x, axis: x) if PR is None else (lambda x, axis: _at(x, PR, axis))
         hooks = input_hooks(self.model, chunk, take(deltas, 2), take(resid, 1))
@@ -275,9 +301,6 @@ class ResumePatcher:
             x = self.run.block(self.model, R, take(resid, 1).repeat(K, 1, 1), K, PR)
         if PR is None and P is not None:
             x = _at(x.view(K, B, T, D), P, 2).reshape(K * B, -1, D)
-        with self._keys(P, K):
-            for layer in range(R + 1, len(self.blocks)):
-                x = self.run.block(self.model, layer, x, K, P)
         return x
 
     def _keys(self, P: torch.Tensor | None, K: int) -> contextlib.AbstractContextManager[None]:
