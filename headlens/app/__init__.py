@@ -15,6 +15,11 @@ from pathlib import Path
 SHARED_IMPORTS = threading.Event()
 SHARED_IMPORTS.set()
 
+# Held while the warm-up imports them, and while a page draws its first paint without them (a stored grid: pandas
+# is not imported): no half-imported pandas meets the page's plotly (see SHARED_IMPORTS), and the warm-up waits
+# for the first paint anyway (FIRST_PAINT).
+SHARED_IMPORT_LOCK = threading.Lock()
+
 # Set by the page once it has drawn a zoo model's grid from its shipped scores (or found none to draw):
 # `headlens dashboard`'s warm-up waits for it before importing torch, whose import would otherwise hold the
 # GIL while the first page runs (the first paint does not need torch; the views under the grid do).
