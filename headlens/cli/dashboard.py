@@ -102,13 +102,14 @@ def _first_model() -> tuple[str | None, tuple[str, str]]:
 def _warm_up() -> None:
     """Import the heavy modules once Streamlit's runtime exists; then load and score the first model.
 
-    Runs beside the server, so pandas' and plotly's imports overlap with the browser loading the page
-    (not with the server starting: the GIL would make both slower); for a model whose scores are stored (shipped with
-    the zoo, or kept on disk by an earlier start) it then waits (at most ``FIRST_PAINT_WAIT_S``) until the page has drawn the grid from them without
-    torch (``headlens.app.FIRST_PAINT``), and ``FIRST_PAINT_GRACE_S`` more while the server sends it: torch's import
-    holds the GIL for seconds. The Streamlit caches
-    wait for the runtime too: ``st.cache_data`` used before it exists warns and stores into a throwaway
-    cache.
+    For a model whose scores are stored (shipped with the zoo, or kept on disk by an earlier start) the page draws
+    the grid first, without torch and, when an earlier start kept that grid, without pandas
+    (:mod:`headlens.app.grid_store`): the warm-up waits (at most ``FIRST_PAINT_WAIT_S``) until it has
+    (``headlens.app.FIRST_PAINT``), and ``FIRST_PAINT_GRACE_S`` more while the server sends it and the browser
+    parses plotly and draws it: imports hold the GIL and a core (pandas right after the first paint: SmolLM2's
+    grid 1.40x a bare page instead of 1.30x). Otherwise it imports pandas and plotly at once, beside the browser
+    loading the page. The Streamlit caches wait for the runtime too: ``st.cache_data`` used before it exists
+    warns and stores into a throwaway cache.
     """
     import contextlib
     import time
