@@ -9,7 +9,7 @@ import os
 from conftest import make_gpt
 from test_score_store import PLACED, stored  # noqa: F401  (the fixture: a tiny checkpoint's stored scan)
 
-from headlens import save_checkpoint
+from headlens import save_checkpoint, viz
 from headlens.app import grid_store, score_store
 from headlens.app import helpers as hd
 
@@ -52,3 +52,5 @@ def test_the_next_start_sends_the_kept_grid_without_pandas(stored, tmp_path):  #
     assert not sent["exceptions"] and not sent["pandas_imported"] and not sent["torch_imported"], sent
     assert json.dumps(sent["grid_spec"], sort_keys=True) == json.dumps(drawn["grid_spec"], sort_keys=True)
     assert sent["captions"] == drawn["captions"] and sent["info"] == drawn["info"]
+    kept = grid_store.read(ref, hd.DEFAULT_N_PROMPTS, 0, None, PLACED)["figure"]  # its download button's page
+    assert "<html>" in viz.figure_html(kept) and '"customdata"' in viz.figure_html(kept)
