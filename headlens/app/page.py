@@ -11,10 +11,10 @@ Every failure is shown as a readable ``st.error`` and the page keeps working.
 
 First paint: while torch is not imported yet, for a model whose scores are stored for the scan (a zoo model's
 shipped table, or one :mod:`headlens.app.score_store` kept on disk at an earlier start), the first run draws
-the grid from them
-(:func:`first_paint`: pandas and plotly, no torch), says the views are loading and ends; a polling fragment
-(:func:`await_model`) then loads the model on a thread and reruns the page once it is cached, and every
-later run draws the whole page.
+the grid from them (:func:`first_paint`: no torch; and when an earlier start kept the grid it opened on,
+:mod:`headlens.app.grid_store`, no pandas either: the kept figure is sent as it is), says the views are loading
+and ends; a polling fragment (:func:`await_model`) then loads the model on a thread and reruns the page once it
+is cached, and every later run draws the whole page.
 """
 
 from __future__ import annotations
@@ -25,7 +25,15 @@ from typing import TYPE_CHECKING, Any
 
 import streamlit as st
 
-from headlens.app import DEVICE_ENV, DTYPE_ENV, FIRST_PAINT, SHARED_IMPORTS, cache
+from headlens.app import (
+    DEVICE_ENV,
+    DTYPE_ENV,
+    FIRST_PAINT,
+    SHARED_IMPORT_LOCK,
+    SHARED_IMPORTS,
+    cache,
+    grid_store,
+)
 from headlens.app import helpers as hd
 from headlens.app.ui import ScanProgress, attempt
 from headlens.app.views import ablation, attribution, circuit, compare, grid, learn, patterns, table, training
@@ -92,39 +100,48 @@ def pick_detector(scores: pd.DataFrame) -> tuple[str, str]:
     """The grid's colouring: each head's strongest label (the default when some head is labelled),
     or one detector's score or lift. Returns ``(detector, color_by)``; with labels, ``detector`` is
     the one the other views default to."""
-    detectors = list(dict.fromkeys(scores["detector"])) if not scores.empty else ["induction"]
-    labelled = not scores.empty and bool(scores["label"].fillna(False).astype(bool).any())
-    options = [hd.LABELS_CHOICE, *detectors] if labelled else detectors
-    if st.session_state.get("detector") not in options:
-        st.session_state.detector = options[0] if labelled else hd.default_detector(scores)
-    choice = st.sidebar.selectbox("Colour heads by", options, key="detector",
-                                  help="strongest label: each head in the colour of its type, as intense as its "
-                                       "score; or pick a detector to colour every head by its score or lift")
+    choice = colour_picker(*grid.colourings(scores))
     if choice == hd.LABELS_CHOICE:
         return hd.default_detector(scores), "label"
-    color_by = st.sidebar.radio("Colour by", ("score", "lift"), horizontal=True, key="color_by",
-                                help="lift = score / uniform-attention baseline")
-    return choice, color_by
+    return choice, colour_scale()
+
+
+def colour_scale() -> str:
+    return st.sidebar.radio("Colour by", ("score", "lift"), horizontal=True, key="color_by",
+                            help="lift = score / uniform-attention baseline")
+
+
+def colour_picker(options: list[str], default: str) -> str:
+    """The sidebar's "Colour heads by" (``default`` until the user picks another of ``options``)."""
+    if st.session_state.get("detector") not in options:
+        st.session_state.detector = default
+    return st.sidebar.selectbox("Colour heads by", options, key="detector",
+                                help="strongest label: each head in the colour of its type, as intense as its "
+                                     "score; or pick a detector to colour every head by its score or lift")
+
 
 # -- page -------------------------------------------------------------------------------------
 def main() -> None:
     st.set_page_config(page_title="headlens", page_icon=":material/visibility:", layout="wide")
-    SHARED_IMPORTS.wait(timeout=120)  # `headlens dashboard` may still be importing pandas and plotly
     ref = pick_model()
     st.title("headlens")
     if not ref:
         st.info("Type a checkpoint path, hf:<dir> or gguf:<file> in the sidebar.")
         return
     status = st.container()  # spinners and errors, above the grid
-    layout = grid.grid_layout(ref)
-    placed = placement()
-    n_prompts, seed, corpus = scan_settings()
-    torch_pending = "torch" not in sys.modules  # else nothing slow stands before the model: load it here
-    if torch_pending and cache.ready_model(ref, placed) is None and first_paint(ref, status, layout, n_prompts,
-                                                                                seed, corpus, placed):
+    if "torch" in sys.modules:  # past the first paint: the warm-up may still be importing pandas and plotly
+        SHARED_IMPORTS.wait(timeout=120)
+    with SHARED_IMPORT_LOCK:  # no import of pandas starts while this draws (a stored grid draws without pandas)
+        layout = grid.grid_layout(ref)
+        placed = placement()
+        n_prompts, seed, corpus = scan_settings()
+        painted = ("torch" not in sys.modules and cache.ready_model(ref, placed) is None  # else load it here
+                   and first_paint(ref, status, layout, n_prompts, seed, corpus, placed))
+    if painted:
         await_model(ref, placed)  # loads the model, then reruns the whole page: text box and views fill in
         return
     FIRST_PAINT.set()  # nothing to draw before the model: let the warm-up import torch
+    SHARED_IMPORTS.wait(timeout=120)  # `headlens dashboard` may be importing pandas and plotly
     with status, st.spinner(f"Loading {ref}..."):
         model = attempt(f"Could not load model {ref!r}", cache.get_model, ref, placed)
     if model is None:
@@ -145,9 +162,22 @@ def main() -> None:
                                    file_name=f"{model.name}-scores.csv", mime="text/csv", on_click="ignore",
                                    key="download_csv", icon=":material/download:")
 
-    selected = grid.head_overview(ref, model, scores, detector, color_by, layout)
+    selected = grid.head_overview(ref, model, scores, detector, color_by, layout,
+                                  keep=keeper(ref, n_prompts, seed, corpus, placed))
 
     text_and_views(ref, model, scores, detector, color_by, selected, n_prompts, seed, corpus)
+
+
+def keeper(ref: str, n_prompts: int, seed: int, corpus: str | None, placed: tuple[str, str]) -> Any:
+    """Where the grid a page opens on goes, so the next start sends it without pandas (once a session), or None."""
+    done = f"grid_kept::{ref}::{n_prompts}::{seed}::{corpus}::{placed}"
+    if st.session_state.get(done):
+        return None
+
+    def keep(record: dict[str, Any]) -> None:
+        st.session_state[done] = grid_store.write(ref, record, n_prompts, seed, corpus, placed) is not None
+
+    return keep
 
 
 @st.fragment(run_every=0.3)
@@ -177,16 +207,26 @@ def await_model(ref: str, placed: tuple[str, str]) -> None:
 def first_paint(ref: str, status: Any, layout: Any, n_prompts: int, seed: int, corpus: str | None,
                 placed: tuple[str, str]) -> bool:
     """Draw the grid from stored scores (a zoo model's shipped table, or one an earlier start kept on disk) before
-    the model (and torch) has loaded; the views that need the model say they are loading. False when none are
-    stored for this scan (nothing drawn)."""
-    scores = attempt("Could not read the stored scores", cache.get_stored_scores, ref, n_prompts, seed, corpus,
-                     placed, _show=st.warning)
-    if scores is None:
-        return False
-    shape = hd.TableShape.of(scores)
-    status.caption(f"**{shape.name}** · {shape.n_layers} layers x {shape.n_heads} heads (stored scores)")
-    detector, color_by = pick_detector(scores)
-    grid.head_overview(ref, shape, scores, detector, color_by, layout, detail=False)
+    the model (and torch) has loaded; the views that need the model say they are loading. The grid an earlier
+    start opened on is sent as it was kept (:mod:`headlens.app.grid_store`: no pandas, no figure building);
+    other choices are drawn from the table. False when no scores are stored for this scan (nothing drawn)."""
+    record = grid_store.read(ref, n_prompts, seed, corpus, placed)
+    if record is not None and grid.stored_fits(ref, record):
+        status.caption(f"**{record['name']}** · {record['n_layers']} layers x {record['n_heads']} heads "
+                       f"(stored scores)")
+        if colour_picker(record["options"], record["choice"]) != hd.LABELS_CHOICE:
+            colour_scale()
+        grid.stored_overview(ref, record, layout)
+    else:
+        scores = attempt("Could not read the stored scores", cache.get_stored_scores, ref, n_prompts, seed, corpus,
+                         placed, _show=st.warning)
+        if scores is None:
+            return False
+        shape = hd.TableShape.of(scores)
+        status.caption(f"**{shape.name}** · {shape.n_layers} layers x {shape.n_heads} heads (stored scores)")
+        detector, color_by = pick_detector(scores)
+        grid.head_overview(ref, shape, scores, detector, color_by, layout, detail=False,
+                           keep=keeper(ref, n_prompts, seed, corpus, placed))
     st.info(f"Loading {ref}: the text box and the views (patterns, Learn, Compare, Ablation, Training) appear "
             f"when it is ready.")
     FIRST_PAINT.set()  # this run's messages are queued: the warm-up may import torch and load the model now

@@ -53,10 +53,10 @@ def import_shared() -> None:
     """Import what the page shares with the warm-up thread, then let the page draw (see ``SHARED_IMPORTS``)."""
     import contextlib
 
-    from headlens.app import SHARED_IMPORTS
+    from headlens.app import SHARED_IMPORT_LOCK, SHARED_IMPORTS
 
     try:
-        with contextlib.suppress(ImportError):
+        with SHARED_IMPORT_LOCK, contextlib.suppress(ImportError):  # not while a page draws without them
             import numpy  # noqa: F401
             import pandas  # noqa: F401
             import plotly.graph_objects  # noqa: F401  (the page's first run draws with it)
@@ -64,7 +64,7 @@ def import_shared() -> None:
         SHARED_IMPORTS.set()
 
 
-FIRST_PAINT_WAIT_S = 10.0  # how long the warm-up waits for a page to draw shipped scores before importing torch
+FIRST_PAINT_WAIT_S = 10.0  # how long the warm-up waits for a page to draw stored scores before importing the rest
 # ... and then how long it lets the server send what the page queued: torch's and transformers' imports hold the GIL
 # for seconds, and the server thread starved with them (SmolLM2's stored grid: 1.81x a bare page without it, 1.62x
 # with 1.5 s, 1.60x with 3 s; benchmarks/dashboard_first_paint.py --model smollm2)
@@ -79,23 +79,37 @@ def _stored(ref: str, placed: tuple[str, str]) -> bool:
     from headlens.zoo import scores
 
     try:
-        if placed[0] == "float32" and scores.read(ref, hd.DEFAULT_N_PROMPTS, 0) is not None:
+        if placed[0] == "float32" and scores.load(ref, hd.DEFAULT_N_PROMPTS, 0) is not None:  # no pandas
             return True
         return score_store.stamp(ref, hd.DEFAULT_N_PROMPTS, 0, None, placed) > 0
     except (OSError, ValueError, KeyError):
         return False
 
 
+def _first_model() -> tuple[str | None, tuple[str, str]]:
+    """The model the page opens on (None for the custom entry, or when the picker fails) and its placement."""
+    from headlens.app import DEVICE_ENV, DTYPE_ENV
+    from headlens.app import helpers as hd
+
+    placed = (os.environ.get(DTYPE_ENV) or "float32", os.environ.get(DEVICE_ENV) or "cpu")
+    try:
+        ref = hd.initial_model() or hd.model_choices()[0]
+    except Exception:  # the page reports it itself
+        return None, placed
+    return (None if ref == hd.CUSTOM_CHOICE else ref), placed
+
+
 def _warm_up() -> None:
     """Import the heavy modules once Streamlit's runtime exists; then load and score the first model.
 
-    Runs beside the server, so pandas' and plotly's imports overlap with the browser loading the page
-    (not with the server starting: the GIL would make both slower); for a model whose scores are stored (shipped with
-    the zoo, or kept on disk by an earlier start) it then waits (at most ``FIRST_PAINT_WAIT_S``) until the page has drawn the grid from them without
-    torch (``headlens.app.FIRST_PAINT``), and ``FIRST_PAINT_GRACE_S`` more while the server sends it: torch's import
-    holds the GIL for seconds. The Streamlit caches
-    wait for the runtime too: ``st.cache_data`` used before it exists warns and stores into a throwaway
-    cache.
+    For a model whose scores are stored (shipped with the zoo, or kept on disk by an earlier start) the page draws
+    the grid first, without torch and, when an earlier start kept that grid, without pandas
+    (:mod:`headlens.app.grid_store`): the warm-up waits (at most ``FIRST_PAINT_WAIT_S``) until it has
+    (``headlens.app.FIRST_PAINT``), and ``FIRST_PAINT_GRACE_S`` more while the server sends it and the browser
+    parses plotly and draws it: imports hold the GIL and a core (pandas right after the first paint: SmolLM2's
+    grid 1.40x a bare page instead of 1.30x). Otherwise it imports pandas and plotly at once, beside the browser
+    loading the page. The Streamlit caches wait for the runtime too: ``st.cache_data`` used before it exists
+    warns and stores into a throwaway cache.
     """
     import contextlib
     import time
@@ -107,20 +121,18 @@ def _warm_up() -> None:
         deadline = time.monotonic() + 120
         while not runtime.exists() and time.monotonic() < deadline:  # let the server start first, alone
             time.sleep(0.02)
+    ref, placed = _first_model()
+    if ref is not None and _stored(ref, placed):  # the page draws the grid first, without pandas or torch
+        from headlens.app import FIRST_PAINT
+
+        if FIRST_PAINT.wait(timeout=FIRST_PAINT_WAIT_S):  # then the browser parses plotly and draws it: any
+            time.sleep(FIRST_PAINT_GRACE_S)  # import now takes the GIL and a core from the server and the browser
     import_shared()
+    if ref is None:
+        return
     with contextlib.suppress(Exception):  # the page reports any failure itself
         from streamlit import runtime
 
-        from headlens.app import DEVICE_ENV, DTYPE_ENV, FIRST_PAINT
-        from headlens.app import helpers as hd
-
-        ref = hd.initial_model() or hd.model_choices()[0]
-        if ref == hd.CUSTOM_CHOICE:
-            return
-        placed = (os.environ.get(DTYPE_ENV) or "float32", os.environ.get(DEVICE_ENV) or "cpu")
-        if _stored(ref, placed):  # the page draws the grid without torch: let it go first
-            if FIRST_PAINT.wait(timeout=FIRST_PAINT_WAIT_S):
-                time.sleep(FIRST_PAINT_GRACE_S)  # the queued grid reaches the browser before torch holds the GIL
         import headlens.models.gpt  # noqa: F401  (torch)
 
         deadline = time.monotonic() + 120

@@ -157,6 +157,8 @@ def induction_distance_figure(curve: pd.DataFrame, heads: Sequence[tuple[int, in
     return fig
 
 
-def figure_html(fig: go.Figure) -> str:
-    """A standalone HTML page of ``fig`` (plotly.js inlined, so it opens offline)."""
-    return fig.to_html(include_plotlyjs=True, full_html=True)
+def figure_html(fig: go.Figure | dict) -> str:
+    """A standalone HTML page of ``fig``, a figure or its JSON dict (plotly.js inlined, so it opens offline)."""
+    import plotly.graph_objects as go
+
+    return go.Figure(fig).to_html(include_plotlyjs=True, full_html=True)

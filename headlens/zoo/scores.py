@@ -48,12 +48,17 @@ def read(name: str, n_prompts: int, seed: int, detectors: Iterable[str] = ()) ->
     a key that does not match these weights and settings, or one of ``detectors`` (the scan's: the
     registered defaults, a ``headlens.detectors`` plugin among them) that the stored table neither
     scored nor skipped)."""
+    stored = load(name, n_prompts, seed)
+    return None if stored is None else decode(stored, detectors)
+
+
+def load(name: str, n_prompts: int, seed: int) -> dict[str, Any] | None:
+    """The shipped file of zoo model ``name`` as stored (:func:`encode`: no pandas) when its key matches these
+    weights and settings, else None."""
     if name not in ZOO or not ZOO[name].available or not scores_path(name).is_file():
         return None
     stored = json.loads(scores_path(name).read_text())
-    if stored.get("key") != _key(name, n_prompts, seed):
-        return None
-    return decode(stored, detectors)
+    return stored if stored.get("key") == _key(name, n_prompts, seed) else None
 
 
 def decode(stored: dict[str, Any], detectors: Iterable[str] = ()) -> pd.DataFrame | None:

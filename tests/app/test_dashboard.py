@@ -246,7 +246,28 @@ def test_the_page_waits_for_the_warm_up_imports_it_shares():
     finally:
         SHARED_IMPORTS.set()
     src = cache.app_script().read_text()
-    assert src.index("SHARED_IMPORTS.wait(") < src.index("pick_model()", src.index("def main"))
+    main = src[src.index("def main"):]
+    assert main.index("SHARED_IMPORTS.wait(") < main.index("with SHARED_IMPORT_LOCK:") < main.index("grid_layout(")
+
+
+def test_the_warm_up_imports_nothing_while_a_page_draws_without_pandas():
+    """A page that draws a kept grid (no pandas) holds SHARED_IMPORT_LOCK: the warm-up's imports wait for it."""
+    import threading
+
+    from headlens.app import SHARED_IMPORT_LOCK, SHARED_IMPORTS
+    from headlens.cli.dashboard import import_shared
+
+    SHARED_IMPORTS.clear()
+    try:
+        with SHARED_IMPORT_LOCK:  # a page drawing
+            warm_up = threading.Thread(target=import_shared)
+            warm_up.start()
+            warm_up.join(0.5)
+            assert warm_up.is_alive() and not SHARED_IMPORTS.is_set()
+        warm_up.join(30)
+        assert not warm_up.is_alive() and SHARED_IMPORTS.is_set()
+    finally:
+        SHARED_IMPORTS.set()
 
 
 def test_cli_starts_the_server_before_torch_is_imported():

@@ -50,7 +50,8 @@ def page(at):
             "grid_title": grid[0]["layout"]["title"]["text"] if grid else "",
             "info": [i.value for i in at.info], "errors": [e.value for e in at.error],
             "text_areas": len(at.text_area), "captions": [c.value for c in at.caption],
-            "torch_imported": "torch" in sys.modules}
+            "torch_imported": "torch" in sys.modules, "pandas_imported": "pandas" in sys.modules,
+            "grid_spec": grid[0] if grid else None}
 
 
 at = AppTest.from_file(sys.argv[1], default_timeout=120)
