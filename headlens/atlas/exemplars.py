@@ -121,6 +121,7 @@ def exemplar_pass(model: Any, windows: list[torch.Tensor], config: AtlasConfig |
         profile.count(batch.valid)
         for name, scores in batch.rankings().items():
             tops[name].merge(scores, lambda n, j, b=batch: b.exemplar(n, j, config))
+        batch.fill_writes()
         done, n_tokens = done + len(rows), n_tokens + int(batch.valid.sum())
         if progress is not None:
             progress(done, len(windows))
@@ -151,6 +152,7 @@ class _Batch:
     w_o: list[torch.Tensor]  # per layer (H, d_head, D)
     write_norm: torch.Tensor  # (B, T, L, H): the norm of each head's whole write
     dla: torch.Tensor  # (B, T, L, H): DLA to the next token (NaN at the last real position)
+    made: list[tuple[Exemplar, int, int, int]] = field(default_factory=list)  # (exemplar, head, b, q): no write yet
 
     @classmethod
     def run(cls, model: Any, parts: Any, write: Any, seqs: list[torch.Tensor], rows: list[int],
@@ -224,11 +226,34 @@ class _Batch:
         lo, hi = max(0, q - config.before), min(n, q + 1 + config.after)
         shown = self.band[b, layer, h, q, lo - (q - self.before): hi - (q - self.before)]  # keys lo .. hi - 1
         key = int(self.key[b, layer, h, q]) if q > 1 else 0  # rows 0 and 1 have no off-rest key (write or DLA only)
-        post = self.post.get(layer)
-        vec = -self.write.head(layer, h, -self.z[layer][b:b + 1, q:q + 1, h],
-                               None if post is None else post[b:b + 1, q:q + 1], self.w_o[layer])[0, 0]  # (D,)
-        return Exemplar(self.rows[b], q, 0.0, self.tokens[b, lo:hi].tolist(), q - lo, key - lo,
-                        shown.tolist(), vec.half().float().cpu())  # float16, as a resume shard keeps it
+        e = Exemplar(self.rows[b], q, 0.0, self.tokens[b, lo:hi].tolist(), q - lo, key - lo, shown.tolist())
+        self.made.append((e, head, b, q))
+        return e
+
+    def fill_writes(self) -> None:
+        """The write vector of each exemplar made since the last call, float16 as a resume shard keeps it.
+
+        Head by head: one batched product where the write is linear (per exemplar the same bits as
+        :meth:`~headlens.readout.write.WritePath.head` on one row), the write path itself where a post-norm follows.
+        """
+        by: dict[int, list[tuple[Exemplar, int, int]]] = {}
+        for e, head, b, q in self.made:
+            by.setdefault(head, []).append((e, b, q))
+        for head, got in by.items():
+            layer, h = divmod(head, self.best.shape[2])
+            bs, qs = torch.tensor([b for _, b, _ in got]), torch.tensor([q for _, _, q in got])
+            post = self.post.get(layer)
+            if self.write.post_attn[layer] is None:
+                z = self.z[layer][bs, qs, h]  # (n, d_head)
+                w = self.w_o[layer][h].to(z).expand(len(got), *self.w_o[layer][h].shape)  # (n, d_head, D)
+                vecs = -torch.bmm(-z[:, None, :], w)[:, 0]  # (n, D)
+            else:
+                vecs = torch.stack([-self.write.head(layer, h, -self.z[layer][b:b + 1, q:q + 1, h],
+                                                     post[b:b + 1, q:q + 1], self.w_o[layer])[0, 0]
+                                    for _, b, q in got])  # (n, D)
+            for (e, _, _), vec in zip(got, vecs.half().float().cpu(), strict=True):
+                e.write = vec
+        self.made.clear()
 
 
 def _writes(write: Any, layer: int, z: torch.Tensor, attn: torch.Tensor | None, w_o: torch.Tensor) -> torch.Tensor:
@@ -238,14 +263,45 @@ def _writes(write: Any, layer: int, z: torch.Tensor, attn: torch.Tensor | None, 
 
 
 def top_tokens(model: Any, top: dict[str, list[list[Exemplar]]], n: int) -> None:
-    """Each kept exemplar's most promoted and suppressed tokens, read from its write vector once."""
+    """Each kept exemplar's most promoted and suppressed tokens, read from its write vector once.
+
+    An exemplar kept under several rankings (same head, window and position: the same write) is read once;
+    rows go in chunks of :data:`CHUNK` (never one alone: a one-row product takes another kernel, other bits).
+    """
     from headlens.readout.ov import folded_unembed
 
     unembed = folded_unembed(model)  # (D, V)
-    kept = [e for heads in top.values() for row in heads for e in row]
-    for i in range(0, len(kept), 256):
-        chunk = kept[i:i + 256]
-        logits = torch.stack([e.write for e in chunk]).to(unembed) @ unembed  # (n, V)
-        up, down = logits.topk(n, -1).indices.tolist(), (-logits).topk(n, -1).indices.tolist()
-        for e, u, d in zip(chunk, up, down, strict=True):
-            e.promoted, e.suppressed, e.write = u, d, None
+    rows: dict[tuple[int, int, int], list[Exemplar]] = {}
+    for heads in top.values():
+        for head, kept in enumerate(heads):
+            for e in kept:
+                rows.setdefault((head, e.window, e.position), []).append(e)
+    same, i = list(rows.values()), 0
+    while i < len(same):
+        chunk = same[i:i + (CHUNK - 1 if len(same) - i == CHUNK + 1 else CHUNK)]
+        i += len(chunk)
+        logits = torch.stack([es[0].write for es in chunk]).to(unembed) @ unembed  # (n, V)
+        for es, u, d in zip(chunk, *_extremes(logits, n), strict=True):
+            for e in es:
+                e.promoted, e.suppressed, e.write = u, d, None
+
+
+CHUNK = 256  # exemplar writes per (rows, V) product
+
+
+def _extremes(logits: torch.Tensor, n: int, width: int = 128) -> tuple[list[list[int]], list[list[int]]]:
+    """``logits.topk(n)`` and ``(-logits).topk(n)`` indices, as lists, without a sort of every row: a row's n
+    largest entries lie in the n blocks of ``width`` columns with the largest maxima (each such entry's
+    block has a maximum at least the n-th largest entry, and at most n blocks do)."""
+    rows, V = logits.shape
+    if V < 4 * n * width:
+        return logits.topk(n, -1).indices.tolist(), (-logits).topk(n, -1).indices.tolist()
+    whole = V - V % width
+    blocks = logits[:, :whole].reshape(rows, -1, width)  # (rows, V // width, width)
+    out = []
+    for sign, ends in ((1.0, blocks.amax(-1)), (-1.0, -blocks.amin(-1))):  # (rows, V // width) each
+        cols = (ends.topk(n, -1).indices[..., None] * width + torch.arange(width)).reshape(rows, -1)  # (rows, n*w)
+        if whole < V:  # the ragged tail: always a candidate
+            cols = torch.cat([cols, torch.arange(whole, V).expand(rows, V - whole)], 1)
+        out.append(cols.gather(1, (sign * logits.gather(1, cols)).topk(n, -1).indices).tolist())
+    return out[0], out[1]
