@@ -123,6 +123,7 @@ def exemplar_pass(model: Any, windows: list[torch.Tensor], config: AtlasConfig |
             tops[name].merge(scores, lambda n, j, b=batch: b.exemplar(n, j, config))
         batch.fill_writes()
         done, n_tokens = done + len(rows), n_tokens + int(batch.valid.sum())
+        del batch  # before the next forward: two batches' activations are never alive at once
         if progress is not None:
             progress(done, len(windows))
     top = {name: t.payloads for name, t in tops.items()}
@@ -265,37 +266,59 @@ def _writes(write: Any, layer: int, z: torch.Tensor, attn: torch.Tensor | None, 
 def top_tokens(model: Any, top: dict[str, list[list[Exemplar]]], n: int) -> None:
     """Each kept exemplar's most promoted and suppressed tokens, read from its write vector once.
 
-    An exemplar kept under several rankings (same head, window and position: the same write) is read once;
-    rows go in chunks of :data:`CHUNK` (never one alone: a one-row product takes another kernel, other bits).
+    An exemplar kept under several rankings (same head, window and position: the same write) is read once.
+    The ``(rows, V)`` product goes by :data:`COLUMNS` tokens of the folded unembedding at a time, each slice's
+    extremes kept: a column of a product does not depend on the other columns computed with it, so the
+    values (and their order) are the whole product's, without a ``(D, V)`` copy or a ``(rows, V)`` block.
+    Rows go in chunks of :data:`CHUNK`, never one alone (a one-row product takes another kernel, other bits).
     """
     from headlens.readout.ov import folded_unembed
 
-    unembed = folded_unembed(model)  # (D, V)
     rows: dict[tuple[int, int, int], list[Exemplar]] = {}
     for heads in top.values():
         for head, kept in enumerate(heads):
             for e in kept:
                 rows.setdefault((head, e.window, e.position), []).append(e)
-    same, i = list(rows.values()), 0
+    same, chunks, i = list(rows.values()), [], 0
     while i < len(same):
-        chunk = same[i:i + (CHUNK - 1 if len(same) - i == CHUNK + 1 else CHUNK)]
-        i += len(chunk)
-        logits = torch.stack([es[0].write for es in chunk]).to(unembed) @ unembed  # (n, V)
-        for es, u, d in zip(chunk, *_extremes(logits, n), strict=True):
+        chunks.append(same[i:i + (CHUNK - 1 if len(same) - i == CHUNK + 1 else CHUNK)])
+        i += len(chunks[-1])
+    writes = [torch.stack([es[0].write for es in chunk]) for chunk in chunks]  # (rows, D) each
+    for es in same:  # the stacks hold them now
+        for e in es:
+            e.write = None
+    best: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in chunks]  # per chunk, per slice: (values, ids)
+    V = int(model.cfg.d_vocab)
+    for start in range(0, V, COLUMNS):
+        unembed = folded_unembed(model, slice(start, min(V, start + COLUMNS)))  # (D, <= COLUMNS)
+        for c, x in enumerate(writes):
+            logits = x.to(unembed) @ unembed  # (rows, <= COLUMNS)
+            for sign, ids in zip((1.0, -1.0), _extremes(logits, n), strict=True):  # (rows, n) each
+                best[c].append((sign * logits.gather(1, ids), ids + start))
+    for chunk, found in zip(chunks, best, strict=True):
+        up, down = (_merge(found[side::2], n) for side in (0, 1))
+        for es, u, d in zip(chunk, up, down, strict=True):
             for e in es:
-                e.promoted, e.suppressed, e.write = u, d, None
+                e.promoted, e.suppressed = u, d
 
 
-CHUNK = 256  # exemplar writes per (rows, V) product
+CHUNK = 256  # exemplar writes per product
+COLUMNS = 8192  # tokens of the folded unembedding per product (a multiple of _extremes' block width)
 
 
-def _extremes(logits: torch.Tensor, n: int, width: int = 128) -> tuple[list[list[int]], list[list[int]]]:
-    """``logits.topk(n)`` and ``(-logits).topk(n)`` indices, as lists, without a sort of every row: a row's n
-    largest entries lie in the n blocks of ``width`` columns with the largest maxima (each such entry's
+def _merge(found: list[tuple[torch.Tensor, torch.Tensor]], n: int) -> list[list[int]]:
+    """The n best of per-slice ``(values, ids)`` ``(rows, n)`` lists, best first, as ``topk`` orders them."""
+    values, ids = torch.cat([v for v, _ in found], 1), torch.cat([i for _, i in found], 1)  # (rows, n * slices)
+    return ids.gather(1, values.topk(n, -1).indices).tolist()
+
+
+def _extremes(logits: torch.Tensor, n: int, width: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """``logits.topk(n)`` and ``(-logits).topk(n)`` indices ``(rows, n)`` without a sort of every row: a row's
+    n largest entries lie in the n blocks of ``width`` columns with the largest maxima (each such entry's
     block has a maximum at least the n-th largest entry, and at most n blocks do)."""
     rows, V = logits.shape
     if V < 4 * n * width:
-        return logits.topk(n, -1).indices.tolist(), (-logits).topk(n, -1).indices.tolist()
+        return logits.topk(min(n, V), -1).indices, (-logits).topk(min(n, V), -1).indices
     whole = V - V % width
     blocks = logits[:, :whole].reshape(rows, -1, width)  # (rows, V // width, width)
     out = []
@@ -303,5 +326,5 @@ def _extremes(logits: torch.Tensor, n: int, width: int = 128) -> tuple[list[list
         cols = (ends.topk(n, -1).indices[..., None] * width + torch.arange(width)).reshape(rows, -1)  # (rows, n*w)
         if whole < V:  # the ragged tail: always a candidate
             cols = torch.cat([cols, torch.arange(whole, V).expand(rows, V - whole)], 1)
-        out.append(cols.gather(1, (sign * logits.gather(1, cols)).topk(n, -1).indices).tolist())
+        out.append(cols.gather(1, (sign * logits.gather(1, cols)).topk(n, -1).indices))
     return out[0], out[1]
