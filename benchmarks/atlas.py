@@ -10,10 +10,10 @@ Side by side on one model and one set of corpus windows:
 
 Then the roles of the heads the issue names (SmolLM2: L18H6 induction, L16H0 previous token, L23H3 copy
 suppression), how many heads get each role, and the best candidate's score among "no clear role" heads.
-Times are CPU seconds of this process (steadier than wall time on a shared machine). Peak memory: the
-process's resident high-water mark (``VmHWM``) over the pass alone (reset as the pass starts, the model
-already loaded) against a plain ``classify`` of the same model, the same number of windows, length and
-batch size in a child process (its whole VmHWM). Goals (issue 36): pass <= 1.3x the forwards, peak <= 1.2x
+Times are CPU seconds of this process (steadier than wall time on a shared machine). Peak memory: two
+child processes, each loading the model and running one thing, their whole resident high-water marks
+(``VmHWM``): the exemplar pass over the same windows, and a plain ``classify`` of the same model, the same
+number of windows, length and batch size. Goals (issue 36): pass <= 1.3x the forwards, peak <= 1.2x
 the classify. Nothing asserts.
 
 Run: ``flock /tmp/heavy.lock python benchmarks/atlas.py --model smollm2 --n-windows 96 --seq-len 128``.
@@ -27,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 
@@ -61,22 +60,24 @@ def _peak() -> int:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM"))
 
 
-def _reset_peak() -> None:
-    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current VmRSS
-
-
-def _classify_peak(args: argparse.Namespace, n_prompts: int) -> int:
-    """A plain classify of the same model and shape of text in a child process: its VmHWM in bytes."""
-    cmd = [sys.executable, __file__, "--child-classify", "--model", args.model, "--n-windows", str(n_prompts),
-           "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size)]
+def _child_peak(args: argparse.Namespace, kind: str) -> int:
+    """``kind`` (``"pass"`` or ``"classify"``) alone in a child process that loads the model: its VmHWM in bytes."""
+    cmd = [sys.executable, __file__, "--child", kind, "--model", args.model, "--corpus", args.corpus,
+           "--n-windows", str(args.n_windows), "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size)]
     res = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return int(json.loads(res.stdout.strip().splitlines()[-1])["peak"])
 
 
-def _child_classify(args: argparse.Namespace) -> None:
+def _child(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     model = headlens.load(args.model)
-    headlens.classify(model, n_prompts=args.n_windows, seq_len=args.seq_len, batch_size=args.batch_size)
+    config = AtlasConfig(corpus=args.corpus, n_windows=args.n_windows, seq_len=args.seq_len,
+                         batch_size=args.batch_size)
+    seen, _ = split(corpus_windows(model, config.corpus, config.n_windows, config.seq_len, config.seed).prompts)
+    if args.child == "pass":
+        sharded_pass(model, seen, config)
+    else:
+        headlens.classify(model, n_prompts=len(seen), seq_len=args.seq_len, batch_size=args.batch_size)
     print(json.dumps({"peak": _peak()}))
 
 
@@ -88,10 +89,10 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--out", default=None, help="also write the site here")
-    ap.add_argument("--child-classify", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=("pass", "classify"), default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.child_classify:
-        return _child_classify(args)
+    if args.child:
+        return _child(args)
     torch.set_num_threads(1)
     model = headlens.load(args.model)
     config = AtlasConfig(corpus=args.corpus, n_windows=args.n_windows, seq_len=args.seq_len,
@@ -103,11 +104,8 @@ def main() -> None:
     _plain(model, seen, config.batch_size)
     plain = time.process_time() - t
     t = time.process_time()
-    peak_before = _peak()
-    _reset_peak()
     ex = sharded_pass(model, seen, config)
     passed = time.process_time() - t
-    peak_pass = _peak()
     t = time.process_time()
     descriptions = describe(model, ex, held, config.batch_size)
     described = time.process_time() - t
@@ -119,10 +117,10 @@ def main() -> None:
     print(f"{args.model}: {n_tokens} tokens in {len(seen)} windows (+{len(held)} held out), 1 thread")
     print(f"plain forwards {plain:.1f} s; exemplar pass {passed:.1f} s ({passed / plain:.2f}x); "
           f"descriptions {described:.1f} s; site {site:.1f} s")
-    classify = _classify_peak(args, len(seen))
-    print(f"peak RSS: the pass {peak_pass / 2**30:.2f} GiB, a plain classify of {len(seen)} windows x "
-          f"{args.seq_len} tokens (batch {args.batch_size}, child process) {classify / 2**30:.2f} GiB "
-          f"({peak_pass / classify:.2f}x); after the plain forwards {peak_before / 2**30:.2f} GiB")
+    peak_pass, classify = _child_peak(args, "pass"), _child_peak(args, "classify")
+    print(f"peak RSS (each alone in a child process, model loaded): the exemplar pass {peak_pass / 2**30:.2f} GiB, "
+          f"a plain classify of {len(seen)} windows x {args.seq_len} tokens (batch {args.batch_size}) "
+          f"{classify / 2**30:.2f} GiB ({peak_pass / classify:.2f}x)")
     by = {(d.layer, d.head): d for d in atlas.descriptions}
     for at, expected in NAMED.get(args.model, {}).items():
         d = by[at]

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from einops import rearrange
 
 from headlens.atlas.reads import OffsetProfile
 from headlens.atlas.topk import RunningTopK
@@ -154,6 +155,8 @@ class _Batch:
     write_norm: torch.Tensor  # (B, T, L, H): the norm of each head's whole write
     dla: torch.Tensor  # (B, T, L, H): DLA to the next token (NaN at the last real position)
     made: list[tuple[Exemplar, int, int, int]] = field(default_factory=list)  # (exemplar, head, b, q): no write yet
+    ids: list[list[int]] | None = None  # tokens as python lists, made on the first exemplar
+    lengths: list[int] | None = None  # each window's real length
 
     @classmethod
     def run(cls, model: Any, parts: Any, write: Any, seqs: list[torch.Tensor], rows: list[int],
@@ -198,7 +201,7 @@ class _Batch:
         post = {layer: got[f"blocks.{layer}.ln1_post.hook_in"] for layer in range(L)
                 if f"blocks.{layer}.ln1_post.hook_in" in got}
         w_o = [write.w_o(layer) for layer in range(L)]  # (H, d_head, D) each, read once per batch
-        norms = torch.stack([_writes(write, layer, z[layer], post.get(layer), w_o[layer]).norm(dim=-1)
+        norms = torch.stack([_write_norms(write, layer, z[layer], post.get(layer), w_o[layer])
                              for layer in range(L)], 2)  # (B, T, L, H)
         return cls(rows, ids, mask.bool(), best.cpu(), key.cpu(), band.cpu(), config.before, z, post, write, w_o,
                    norms.float().cpu(), dla.cpu())
@@ -220,14 +223,14 @@ class _Batch:
 
     def exemplar(self, head: int, j: int, config: AtlasConfig) -> Exemplar:
         """Exemplar ``j`` (``b * T + q``) of flat head ``head`` (``layer * H + h``)."""
-        T = self.tokens.shape[1]
-        b, q = divmod(j, T)
+        if self.ids is None:  # python lists once per batch, not per exemplar
+            self.ids, self.lengths = self.tokens.tolist(), self.valid.sum(1).tolist()
+        b, q = divmod(j, len(self.ids[0]))
         layer, h = divmod(head, self.best.shape[2])
-        n = int(self.valid[b].sum())
-        lo, hi = max(0, q - config.before), min(n, q + 1 + config.after)
+        lo, hi = max(0, q - config.before), min(self.lengths[b], q + 1 + config.after)
         shown = self.band[b, layer, h, q, lo - (q - self.before): hi - (q - self.before)]  # keys lo .. hi - 1
         key = int(self.key[b, layer, h, q]) if q > 1 else 0  # rows 0 and 1 have no off-rest key (write or DLA only)
-        e = Exemplar(self.rows[b], q, 0.0, self.tokens[b, lo:hi].tolist(), q - lo, key - lo, shown.tolist())
+        e = Exemplar(self.rows[b], q, 0.0, self.ids[b][lo:hi], q - lo, key - lo, shown.tolist())
         self.made.append((e, head, b, q))
         return e
 
@@ -257,10 +260,20 @@ class _Batch:
         self.made.clear()
 
 
-def _writes(write: Any, layer: int, z: torch.Tensor, attn: torch.Tensor | None, w_o: torch.Tensor) -> torch.Tensor:
-    """``(B, T, H, D)``: each head's whole write in ``layer`` (minus its change when its ``z`` goes to zero),
-    from ``z`` ``(B, T, H, d_head)`` and the post-attention norm's input ``attn`` ``(B, T, D)`` (or None)."""
-    return torch.stack([-write.head(layer, h, -z[:, :, h], attn, w_o) for h in range(z.shape[2])], 2)
+def _write_norms(write: Any, layer: int, z: torch.Tensor, attn: torch.Tensor | None, w_o: torch.Tensor
+                 ) -> torch.Tensor:
+    """``(B, T, H)``: the norm of each head's whole write in ``layer`` (minus its change when its ``z`` goes to
+    zero), from ``z`` ``(B, T, H, d_head)`` and the post-attention norm's input ``attn`` ``(B, T, D)`` (or None).
+
+    Where the write is linear, one batched product over heads: per head the same bits as
+    :meth:`~headlens.readout.write.WritePath.head`'s ``dz @ W_O[h]``, without a ``(B, T, H, D)`` stack.
+    """
+    B, H = z.shape[0], z.shape[2]
+    if write.post_attn[layer] is None:
+        heads = rearrange(z, "b t h d -> h (b t) d")  # (H, B*T, d_head): one row per position, per head
+        out = torch.matmul(heads, w_o.to(z))  # (H, B*T, D): each head's write
+        return rearrange(out.norm(dim=-1), "h (b t) -> b t h", b=B)  # (B, T, H)
+    return torch.stack([-write.head(layer, h, -z[:, :, h], attn, w_o) for h in range(H)], 2).norm(dim=-1)
 
 
 def top_tokens(model: Any, top: dict[str, list[list[Exemplar]]], n: int) -> None:

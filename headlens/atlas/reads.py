@@ -44,7 +44,9 @@ class OffsetProfile:
     def add_layer(self, layer: int, pattern: torch.Tensor, valid: torch.Tensor) -> None:
         """Fold in one layer of one batch, ``pattern`` ``(B, H, Q, K)`` (the pass calls it in the layer's hook,
         so no layer's pattern is kept); :meth:`count` the batch's rows once."""
-        p = pattern.double() * valid.to(pattern.device)[:, None, :, None]  # (B, H, Q, K): pad rows dropped
+        p = pattern.double()  # (B, H, Q, K)
+        if not bool(valid.all()):
+            p *= valid.to(pattern.device)[:, None, :, None]  # pad rows dropped
         self.first[layer] += p[..., 0].sum((0, -1)).cpu()
         p[..., 0] = 0.0  # the first token is its own bin
         near = torch.stack([p.diagonal(offset=-d, dim1=-2, dim2=-1).sum((0, -1))
