@@ -44,7 +44,7 @@ class OffsetProfile:
     def add_layer(self, layer: int, pattern: torch.Tensor, valid: torch.Tensor) -> None:
         """Fold in one layer of one batch, ``pattern`` ``(B, H, Q, K)`` (the pass calls it in the layer's hook,
         so no layer's pattern is kept); :meth:`count` the batch's rows once."""
-        p = pattern.double()  # (B, H, Q, K)
+        p = pattern.to(torch.float64, copy=True)  # (B, H, Q, K): a copy, edited below
         if not bool(valid.all()):
             p *= valid.to(pattern.device)[:, None, :, None]  # pad rows dropped
         self.first[layer] += p[..., 0].sum((0, -1)).cpu()
