@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from einops import rearrange
 
 from headlens.atlas.reads import OffsetProfile
 from headlens.atlas.topk import RunningTopK
@@ -263,17 +262,10 @@ class _Batch:
 def _write_norms(write: Any, layer: int, z: torch.Tensor, attn: torch.Tensor | None, w_o: torch.Tensor
                  ) -> torch.Tensor:
     """``(B, T, H)``: the norm of each head's whole write in ``layer`` (minus its change when its ``z`` goes to
-    zero), from ``z`` ``(B, T, H, d_head)`` and the post-attention norm's input ``attn`` ``(B, T, D)`` (or None).
-
-    Where the write is linear, one batched product over heads: per head the same bits as
-    :meth:`~headlens.readout.write.WritePath.head`'s ``dz @ W_O[h]``, without a ``(B, T, H, D)`` stack.
-    """
-    B, H = z.shape[0], z.shape[2]
-    if write.post_attn[layer] is None:
-        heads = rearrange(z, "b t h d -> h (b t) d")  # (H, B*T, d_head): one row per position, per head
-        out = torch.matmul(heads, w_o.to(z))  # (H, B*T, D): each head's write
-        return rearrange(out.norm(dim=-1), "h (b t) -> b t h", b=B)  # (B, T, H)
-    return torch.stack([-write.head(layer, h, -z[:, :, h], attn, w_o) for h in range(H)], 2).norm(dim=-1)
+    zero, :meth:`~headlens.readout.write.WritePath.head`), from ``z`` ``(B, T, H, d_head)`` and the
+    post-attention norm's input ``attn`` ``(B, T, D)`` (or None); one head's ``(B, T, D)`` write alive at a time."""
+    return torch.stack([write.head(layer, h, -z[:, :, h], attn, w_o).norm(dim=-1)  # |-x| = |x|, bit for bit
+                        for h in range(z.shape[2])], -1)
 
 
 def top_tokens(model: Any, top: dict[str, list[list[Exemplar]]], n: int) -> None:
