@@ -8,8 +8,9 @@ Why it looks like this:
   attribution to the token that actually comes next, both signs.
 * **One rule each, called.** The write is :class:`headlens.readout.write.WritePath`'s (the head's whole write
   is minus its change when its ``z`` goes to zero, post-norms included); DLA is
-  :func:`headlens.readout.dla.decompose` on the activations :func:`headlens.readout.dla.read_activations`
-  reads, so the shares are the attribution table's.
+  :func:`headlens.readout.dla.head_columns`, the head columns of :func:`headlens.readout.dla.decompose` by
+  the same arithmetic, on the activations :func:`headlens.readout.dla.read_activations` reads, so the
+  shares are the attribution table's.
 * **O(heads x k) memory.** A batch's per-head scores ``(L*H, B*T)`` are folded into a
   :class:`~headlens.atlas.topk.RunningTopK` and dropped; only the survivors' token windows, attention rows
   and write vectors are copied out.
