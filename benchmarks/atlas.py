@@ -10,7 +10,11 @@ Side by side on one model and one set of corpus windows:
 
 Then the roles of the heads the issue names (SmolLM2: L18H6 induction, L16H0 previous token, L23H3 copy
 suppression), how many heads get each role, and the best candidate's score among "no clear role" heads.
-Times are CPU seconds of this process (steadier than wall time on a shared machine). Nothing asserts.
+Times are CPU seconds of this process (steadier than wall time on a shared machine). Peak memory: two
+child processes, each loading the model and running one thing, their whole resident high-water marks
+(``VmHWM``): the exemplar pass over the same windows, and a plain ``classify`` of the same model, the same
+number of windows, length and batch size. Goals (issue 36): pass <= 1.3x the forwards, peak <= 1.2x
+the classify. Nothing asserts.
 
 Run: ``flock /tmp/heavy.lock python benchmarks/atlas.py --model smollm2 --n-windows 96 --seq-len 128``.
 """
@@ -18,6 +22,9 @@ Run: ``flock /tmp/heavy.lock python benchmarks/atlas.py --model smollm2 --n-wind
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -53,6 +60,27 @@ def _peak() -> int:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM"))
 
 
+def _child_peak(args: argparse.Namespace, kind: str) -> int:
+    """``kind`` (``"pass"`` or ``"classify"``) alone in a child process that loads the model: its VmHWM in bytes."""
+    cmd = [sys.executable, __file__, "--child", kind, "--model", args.model, "--corpus", args.corpus,
+           "--n-windows", str(args.n_windows), "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size)]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return int(json.loads(res.stdout.strip().splitlines()[-1])["peak"])
+
+
+def _child(args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)
+    model = headlens.load(args.model)
+    config = AtlasConfig(corpus=args.corpus, n_windows=args.n_windows, seq_len=args.seq_len,
+                         batch_size=args.batch_size)
+    seen, _ = split(corpus_windows(model, config.corpus, config.n_windows, config.seq_len, config.seed).prompts)
+    if args.child == "pass":
+        sharded_pass(model, seen, config)
+    else:
+        headlens.classify(model, n_prompts=len(seen), seq_len=args.seq_len, batch_size=args.batch_size)
+    print(json.dumps({"peak": _peak()}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
@@ -61,7 +89,10 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--out", default=None, help="also write the site here")
+    ap.add_argument("--child", choices=("pass", "classify"), default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child:
+        return _child(args)
     torch.set_num_threads(1)
     model = headlens.load(args.model)
     config = AtlasConfig(corpus=args.corpus, n_windows=args.n_windows, seq_len=args.seq_len,
@@ -73,7 +104,6 @@ def main() -> None:
     _plain(model, seen, config.batch_size)
     plain = time.process_time() - t
     t = time.process_time()
-    peak_before = _peak()
     ex = sharded_pass(model, seen, config)
     passed = time.process_time() - t
     t = time.process_time()
@@ -87,7 +117,10 @@ def main() -> None:
     print(f"{args.model}: {n_tokens} tokens in {len(seen)} windows (+{len(held)} held out), 1 thread")
     print(f"plain forwards {plain:.1f} s; exemplar pass {passed:.1f} s ({passed / plain:.2f}x); "
           f"descriptions {described:.1f} s; site {site:.1f} s")
-    print(f"peak RSS after plain forwards {peak_before / 2**30:.2f} GiB, after the whole run {_peak() / 2**30:.2f} GiB")
+    peak_pass, classify = _child_peak(args, "pass"), _child_peak(args, "classify")
+    print(f"peak RSS (each alone in a child process, model loaded): the exemplar pass {peak_pass / 2**30:.2f} GiB, "
+          f"a plain classify of {len(seen)} windows x {args.seq_len} tokens (batch {args.batch_size}) "
+          f"{classify / 2**30:.2f} GiB ({peak_pass / classify:.2f}x)")
     by = {(d.layer, d.head): d for d in atlas.descriptions}
     for at, expected in NAMED.get(args.model, {}).items():
         d = by[at]

@@ -8,11 +8,17 @@ Why it looks like this:
   attribution to the token that actually comes next, both signs.
 * **One rule each, called.** The write is :class:`headlens.readout.write.WritePath`'s (the head's whole write
   is minus its change when its ``z`` goes to zero, post-norms included); DLA is
-  :func:`headlens.readout.dla.decompose` on the activations :func:`headlens.readout.dla.read_activations`
-  reads, so the shares are the attribution table's.
+  :func:`headlens.readout.dla.head_columns`, the head columns of :func:`headlens.readout.dla.decompose` by
+  the same arithmetic, on the activations :func:`headlens.readout.dla.read_activations` reads, so the
+  shares are the attribution table's.
 * **O(heads x k) memory.** A batch's per-head scores ``(L*H, B*T)`` are folded into a
   :class:`~headlens.atlas.topk.RunningTopK` and dropped; only the survivors' token windows, attention rows
-  and write vectors are copied out. The promoted/suppressed tokens are read from the kept write vectors
+  and write vectors are copied out.
+* **Each layer's pattern is reduced in its hook** (:meth:`_Batch.run`): its offset profile, each query
+  row's strongest off-rest key and weight, and the band of weights an exemplar shows (``before`` keys back
+  to ``after`` ahead); no ``(B, H, Q, K)`` outlives its layer. The forward stops at the final norm: DLA to
+  the next token needs only that token's ``W_U`` column (:func:`headlens.readout.dla.head_columns`), never
+  the ``(B, T, V)`` logits. The promoted/suppressed tokens are read from the kept write vectors
   once, after the pass (through the folded unembedding of :mod:`headlens.readout.ov`).
 """
 
@@ -111,11 +117,14 @@ def exemplar_pass(model: Any, windows: list[torch.Tensor], config: AtlasConfig |
     done, n_tokens = 0, 0
     for start in range(0, len(windows), config.batch_size):
         rows = list(range(start, min(len(windows), start + config.batch_size)))
-        batch = _Batch.run(model, parts, write, [windows[i] for i in rows], [first + i for i in rows])
-        profile.add(batch.pattern, batch.valid)
+        batch = _Batch.run(model, parts, write, [windows[i] for i in rows], [first + i for i in rows], profile,
+                           config)
+        profile.count(batch.valid)
         for name, scores in batch.rankings().items():
             tops[name].merge(scores, lambda n, j, b=batch: b.exemplar(n, j, config))
+        batch.fill_writes()
         done, n_tokens = done + len(rows), n_tokens + int(batch.valid.sum())
+        del batch  # before the next forward: two batches' activations are never alive at once
         if progress is not None:
             progress(done, len(windows))
     top = {name: t.payloads for name, t in tops.items()}
@@ -130,107 +139,198 @@ def exemplar_pass(model: Any, windows: list[torch.Tensor], config: AtlasConfig |
 
 @dataclass
 class _Batch:
-    """One forward's activations, every head's ranking scores and what an exemplar copies out of them."""
+    """One forward's reductions, every head's ranking scores and what an exemplar copies out of them."""
 
     rows: list[int]
     tokens: torch.Tensor  # (B, T)
     valid: torch.Tensor  # (B, T)
-    pattern: torch.Tensor  # (B, L, H, Q, K)
-    z: torch.Tensor  # (B, T, L, H, d_head): each head's output before W_O
+    best: torch.Tensor  # (B, L, H, Q): the strongest off-rest attention of each query row
+    key: torch.Tensor  # (B, L, H, Q): where it is (the first such key)
+    band: torch.Tensor  # (B, L, H, Q, before + after + 1): weights on keys q - before .. q + after
+    before: int
+    z: list[torch.Tensor]  # per layer (B, T, H, d_head): each head's output before W_O
     post: dict[int, torch.Tensor]  # layer -> (B, T, D): the post-attention norm's input, where there is one
     write: Any  # the model's WritePath
     w_o: list[torch.Tensor]  # per layer (H, d_head, D)
     write_norm: torch.Tensor  # (B, T, L, H): the norm of each head's whole write
     dla: torch.Tensor  # (B, T, L, H): DLA to the next token (NaN at the last real position)
+    made: list[tuple[Exemplar, int, int, int]] = field(default_factory=list)  # (exemplar, head, b, q): no write yet
+    ids: list[list[int]] | None = None  # tokens as python lists, made on the first exemplar
+    lengths: list[int] | None = None  # each window's real length
 
     @classmethod
-    def run(cls, model: Any, parts: Any, write: Any, seqs: list[torch.Tensor], rows: list[int]) -> _Batch:
-        from headlens.readout.dla import decompose, read_activations
+    def run(cls, model: Any, parts: Any, write: Any, seqs: list[torch.Tensor], rows: list[int],
+            profile: OffsetProfile, config: AtlasConfig) -> _Batch:
+        from headlens.readout.dla import head_columns, read_activations, reads
 
         B, T = len(seqs), max(len(s) for s in seqs)
-        L, H = model.cfg.n_layers, model.cfg.n_heads
+        L, H, dev = model.cfg.n_layers, model.cfg.n_heads, model.device
         ids = torch.zeros(B, T, dtype=torch.long)
         mask = torch.zeros(B, T, dtype=torch.long)
         for b, s in enumerate(seqs):
             ids[b, : len(s)], mask[b, : len(s)] = s, 1
-        extra = [f"blocks.{layer}.attn.hook_pattern" for layer in range(L)]
-        extra += [name for key, name in write.activations().items() if key.startswith("attn")]
-        pos = torch.arange(T).expand(B, T)  # (B, P=T): every position is read
-        got = read_activations(model, parts, ids.to(model.device), mask.to(model.device), pos.to(model.device), extra)
-        pattern = torch.stack([got[f"blocks.{layer}.attn.hook_pattern"] for layer in range(L)], 1)  # (B, L, H, Q, K)
+        keep = ~torch.eye(T, dtype=torch.bool, device=dev)  # (Q, K): not the query itself
+        keep[:, 0] = False  # nor the first token
+        at = (torch.arange(T, device=dev)[:, None] + torch.arange(-config.before, config.after + 1, device=dev)
+              ).clamp(0, T - 1)  # (Q, W): the band's keys (clamped ones are never shown)
+        W = at.shape[1]
+        best = torch.zeros(B, L, H, T, device=dev)  # (B, L, H, Q)
+        key = torch.zeros(B, L, H, T, dtype=torch.long, device=dev)  # (B, L, H, Q)
+        band = torch.zeros(B, L, H, T, W, device=dev)  # (B, L, H, Q, W)
+
+        def fold(layer: int) -> Any:
+            def reduce(pattern: torch.Tensor) -> None:  # (B, H, Q, K)
+                pattern = pattern.float()
+                off = pattern * keep  # (B, H, Q, K): off-rest weights only
+                best[:, layer], key[:, layer] = off.max(-1)
+                band[:, layer] = pattern.gather(-1, at.expand(B, H, T, W))  # (B, H, Q, W)
+                profile.add_layer(layer, pattern, mask)
+            return reduce
+
+        names = reads(parts, heads_only=True)
+        names += [n for k, n in write.activations().items() if k.startswith("attn")]
+        reduce = {f"blocks.{layer}.attn.hook_pattern": fold(layer) for layer in range(L)}
+        got = read_activations(model, parts, ids.to(dev), mask.to(dev), None, names=names, reduce=reduce,
+                               logits=False)
         nxt = torch.cat([ids[:, 1:], ids[:, :1]], dim=1)  # (B, T): the actual next token (wraps at the end)
-        pair = torch.stack([nxt, torch.full_like(nxt, -1)], -1).to(pattern.device)  # (B, T, 2)
-        dla_in = {key: v for key, v in got.items() if key not in extra and key != "logits"}  # not cast to float64
-        attr = decompose(parts, dla_in, pair)  # (B, T, C)
-        heads = [i for i, c in enumerate(parts.components) if c.startswith("L")]
-        dla = attr[..., heads].reshape(B, T, L, H).float()  # (B, T, L, H): query heads in table order
+        pair = torch.stack([nxt, torch.full_like(nxt, -1)], -1).to(dev)  # (B, T, 2)
+        dla = head_columns(parts, got, pair).float()  # (B, T, L, H): query heads in table order
         has_next = torch.arange(T)[None, :] < (mask.sum(1, keepdim=True) - 1)  # (B, T)
         dla = torch.where(has_next[..., None, None].to(dla.device), dla, float("nan"))
-        z = torch.stack([got[name] for name in parts.z], 2)  # (B, T, L, H, d_head)
+        z = [got[name] for name in parts.z]  # per layer (B, T, H, d_head)
         post = {layer: got[f"blocks.{layer}.ln1_post.hook_in"] for layer in range(L)
                 if f"blocks.{layer}.ln1_post.hook_in" in got}
         w_o = [write.w_o(layer) for layer in range(L)]  # (H, d_head, D) each, read once per batch
-        norms = torch.stack([_writes(write, layer, z[:, :, layer], post.get(layer), w_o[layer]).norm(dim=-1)
+        norms = torch.stack([_write_norms(write, layer, z[layer], post.get(layer), w_o[layer])
                              for layer in range(L)], 2)  # (B, T, L, H)
-        return cls(rows, ids, mask.bool(), pattern.float().cpu(), z, post, write, w_o, norms.float().cpu(), dla.cpu())
+        return cls(rows, ids, mask.bool(), best.cpu(), key.cpu(), band.cpu(), config.before, z, post, write, w_o,
+                   norms.float().cpu(), dla.cpu())
 
     def rankings(self) -> dict[str, torch.Tensor]:
         """ranking -> ``(L*H, B*T)`` float64 scores, ``-inf`` where a position is not a candidate."""
-        off = self.off_rest()  # (B, L, H, Q, K)
-        best = off.amax(-1)  # (B, L, H, Q)
         q = torch.arange(self.valid.shape[1])
         ok = (self.valid & (q >= 1))[:, None, None, :]  # (B, 1, 1, Q): the first token's row is every window's
         has_off = ok & (q >= 2)  # a row with a key that is neither the first token nor the query
         dla = self.dla.permute(0, 2, 3, 1)  # (B, L, H, Q)
         scores = {
-            "attention": torch.where(has_off, best, float("-inf")),
+            "attention": torch.where(has_off, self.best, float("-inf")),
             "write": torch.where(ok, self.write_norm.permute(0, 2, 3, 1), float("-inf")),
             "dla_pos": torch.where(ok, dla, float("-inf")),
             "dla_neg": torch.where(ok, -dla, float("-inf")),
         }
-        B, L, H, Q = best.shape
+        B, L, H, Q = self.best.shape
         return {k: v.permute(1, 2, 0, 3).reshape(L * H, B * Q) for k, v in scores.items()}  # (L*H, B*Q)
-
-    def off_rest(self) -> torch.Tensor:
-        """``(B, L, H, Q, K)``: the pattern with the first key and each query's own key zeroed."""
-        T = self.pattern.shape[-1]
-        keep = ~torch.eye(T, dtype=torch.bool)  # (Q, K): not the query itself
-        keep[:, 0] = False  # nor the first token
-        return self.pattern * keep
 
     def exemplar(self, head: int, j: int, config: AtlasConfig) -> Exemplar:
         """Exemplar ``j`` (``b * T + q``) of flat head ``head`` (``layer * H + h``)."""
-        T = self.tokens.shape[1]
-        b, q = divmod(j, T)
-        layer, h = divmod(head, self.pattern.shape[2])
-        n = int(self.valid[b].sum())
-        lo, hi = max(0, q - config.before), min(n, q + 1 + config.after)
-        row = self.pattern[b, layer, h, q]  # (K,)
-        off = row.clone()
-        off[0], off[q] = 0.0, 0.0
-        key = int(off.argmax()) if q > 1 else 0  # rows 0 and 1 have no off-rest key (ranked by write or DLA only)
-        post = self.post.get(layer)
-        vec = -self.write.head(layer, h, -self.z[b:b + 1, q:q + 1, layer, h],
-                               None if post is None else post[b:b + 1, q:q + 1], self.w_o[layer])[0, 0]  # (D,)
-        return Exemplar(self.rows[b], q, 0.0, self.tokens[b, lo:hi].tolist(), q - lo, key - lo,
-                        row[lo:hi].tolist(), vec.half().float().cpu())  # float16, as a resume shard keeps it
+        if self.ids is None:  # python lists once per batch, not per exemplar
+            self.ids, self.lengths = self.tokens.tolist(), self.valid.sum(1).tolist()
+        b, q = divmod(j, len(self.ids[0]))
+        layer, h = divmod(head, self.best.shape[2])
+        lo, hi = max(0, q - config.before), min(self.lengths[b], q + 1 + config.after)
+        shown = self.band[b, layer, h, q, lo - (q - self.before): hi - (q - self.before)]  # keys lo .. hi - 1
+        key = int(self.key[b, layer, h, q]) if q > 1 else 0  # rows 0 and 1 have no off-rest key (write or DLA only)
+        e = Exemplar(self.rows[b], q, 0.0, self.ids[b][lo:hi], q - lo, key - lo, shown.tolist())
+        self.made.append((e, head, b, q))
+        return e
+
+    def fill_writes(self) -> None:
+        """The write vector of each exemplar made since the last call, float16 as a resume shard keeps it.
+
+        Head by head: one batched product where the write is linear (per exemplar the same bits as
+        :meth:`~headlens.readout.write.WritePath.head` on one row), the write path itself where a post-norm follows.
+        """
+        by: dict[int, list[tuple[Exemplar, int, int]]] = {}
+        for e, head, b, q in self.made:
+            by.setdefault(head, []).append((e, b, q))
+        for head, got in by.items():
+            layer, h = divmod(head, self.best.shape[2])
+            bs, qs = torch.tensor([b for _, b, _ in got]), torch.tensor([q for _, _, q in got])
+            post = self.post.get(layer)
+            if self.write.post_attn[layer] is None:
+                z = self.z[layer][bs, qs, h]  # (n, d_head)
+                w = self.w_o[layer][h].to(z).expand(len(got), *self.w_o[layer][h].shape)  # (n, d_head, D)
+                vecs = -torch.bmm(-z[:, None, :], w)[:, 0]  # (n, D)
+            else:
+                vecs = torch.stack([-self.write.head(layer, h, -self.z[layer][b:b + 1, q:q + 1, h],
+                                                     post[b:b + 1, q:q + 1], self.w_o[layer])[0, 0]
+                                    for _, b, q in got])  # (n, D)
+            for (e, _, _), vec in zip(got, vecs.half().float().cpu(), strict=True):
+                e.write = vec
+        self.made.clear()
 
 
-def _writes(write: Any, layer: int, z: torch.Tensor, attn: torch.Tensor | None, w_o: torch.Tensor) -> torch.Tensor:
-    """``(B, T, H, D)``: each head's whole write in ``layer`` (minus its change when its ``z`` goes to zero),
-    from ``z`` ``(B, T, H, d_head)`` and the post-attention norm's input ``attn`` ``(B, T, D)`` (or None)."""
-    return torch.stack([-write.head(layer, h, -z[:, :, h], attn, w_o) for h in range(z.shape[2])], 2)
+def _write_norms(write: Any, layer: int, z: torch.Tensor, attn: torch.Tensor | None, w_o: torch.Tensor
+                 ) -> torch.Tensor:
+    """``(B, T, H)``: the norm of each head's whole write in ``layer`` (minus its change when its ``z`` goes to
+    zero, :meth:`~headlens.readout.write.WritePath.head`), from ``z`` ``(B, T, H, d_head)`` and the
+    post-attention norm's input ``attn`` ``(B, T, D)`` (or None); one head's ``(B, T, D)`` write alive at a time."""
+    return torch.stack([write.head(layer, h, -z[:, :, h], attn, w_o).norm(dim=-1)  # |-x| = |x|, bit for bit
+                        for h in range(z.shape[2])], -1)
 
 
 def top_tokens(model: Any, top: dict[str, list[list[Exemplar]]], n: int) -> None:
-    """Each kept exemplar's most promoted and suppressed tokens, read from its write vector once."""
+    """Each kept exemplar's most promoted and suppressed tokens, read from its write vector once.
+
+    An exemplar kept under several rankings (same head, window and position: the same write) is read once.
+    The ``(rows, V)`` product goes by :data:`COLUMNS` tokens of the folded unembedding at a time, each slice's
+    extremes kept: a column of a product does not depend on the other columns computed with it, so the
+    values (and their order) are the whole product's, without a ``(D, V)`` copy or a ``(rows, V)`` block.
+    Rows go in chunks of :data:`CHUNK`, never one alone (a one-row product takes another kernel, other bits).
+    """
     from headlens.readout.ov import folded_unembed
 
-    unembed = folded_unembed(model)  # (D, V)
-    kept = [e for heads in top.values() for row in heads for e in row]
-    for i in range(0, len(kept), 256):
-        chunk = kept[i:i + 256]
-        logits = torch.stack([e.write for e in chunk]).to(unembed) @ unembed  # (n, V)
-        up, down = logits.topk(n, -1).indices.tolist(), (-logits).topk(n, -1).indices.tolist()
-        for e, u, d in zip(chunk, up, down, strict=True):
-            e.promoted, e.suppressed, e.write = u, d, None
+    rows: dict[tuple[int, int, int], list[Exemplar]] = {}
+    for heads in top.values():
+        for head, kept in enumerate(heads):
+            for e in kept:
+                rows.setdefault((head, e.window, e.position), []).append(e)
+    same, chunks, i = list(rows.values()), [], 0
+    while i < len(same):
+        chunks.append(same[i:i + (CHUNK - 1 if len(same) - i == CHUNK + 1 else CHUNK)])
+        i += len(chunks[-1])
+    writes = [torch.stack([es[0].write for es in chunk]) for chunk in chunks]  # (rows, D) each
+    for es in same:  # the stacks hold them now
+        for e in es:
+            e.write = None
+    best: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in chunks]  # per chunk, per slice: (values, ids)
+    V = int(model.cfg.d_vocab)
+    for start in range(0, V, COLUMNS):
+        unembed = folded_unembed(model, slice(start, min(V, start + COLUMNS)))  # (D, <= COLUMNS)
+        for c, x in enumerate(writes):
+            logits = x.to(unembed) @ unembed  # (rows, <= COLUMNS)
+            for sign, ids in zip((1.0, -1.0), _extremes(logits, n), strict=True):  # (rows, n) each
+                best[c].append((sign * logits.gather(1, ids), ids + start))
+    for chunk, found in zip(chunks, best, strict=True):
+        up, down = (_merge(found[side::2], n) for side in (0, 1))
+        for es, u, d in zip(chunk, up, down, strict=True):
+            for e in es:
+                e.promoted, e.suppressed = u, d
+
+
+CHUNK = 256  # exemplar writes per product
+COLUMNS = 8192  # tokens of the folded unembedding per product (a multiple of _extremes' block width)
+
+
+def _merge(found: list[tuple[torch.Tensor, torch.Tensor]], n: int) -> list[list[int]]:
+    """The n best of per-slice ``(values, ids)`` ``(rows, n)`` lists, best first, as ``topk`` orders them."""
+    values, ids = torch.cat([v for v, _ in found], 1), torch.cat([i for _, i in found], 1)  # (rows, n * slices)
+    return ids.gather(1, values.topk(n, -1).indices).tolist()
+
+
+def _extremes(logits: torch.Tensor, n: int, width: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """``logits.topk(n)`` and ``(-logits).topk(n)`` indices ``(rows, n)`` without a sort of every row: a row's
+    n largest entries lie in the n blocks of ``width`` columns with the largest maxima (each such entry's
+    block has a maximum at least the n-th largest entry, and at most n blocks do)."""
+    rows, V = logits.shape
+    if V < 4 * n * width:
+        return logits.topk(min(n, V), -1).indices, (-logits).topk(min(n, V), -1).indices
+    whole = V - V % width
+    blocks = logits[:, :whole].reshape(rows, -1, width)  # (rows, V // width, width)
+    out = []
+    for sign, ends in ((1.0, blocks.amax(-1)), (-1.0, -blocks.amin(-1))):  # (rows, V // width) each
+        cols = (ends.topk(n, -1).indices[..., None] * width + torch.arange(width)).reshape(rows, -1)  # (rows, n*w)
+        if whole < V:  # the ragged tail: always a candidate
+            cols = torch.cat([cols, torch.arange(whole, V).expand(rows, V - whole)], 1)
+        out.append(cols.gather(1, (sign * logits.gather(1, cols)).topk(n, -1).indices))
+    return out[0], out[1]

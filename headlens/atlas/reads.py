@@ -37,14 +37,25 @@ class OffsetProfile:
 
     def add(self, pattern: torch.Tensor, valid: torch.Tensor) -> None:
         """Fold in one batch: ``pattern`` ``(B, L, H, Q, K)``, ``valid`` ``(B, T)`` real positions."""
-        p = pattern.double() * valid[:, None, None, :, None]  # (B, L, H, Q, K): pad rows dropped
-        self.first += p[..., 0].sum((0, -1))
-        p = p.clone()
+        for layer in range(pattern.shape[1]):
+            self.add_layer(layer, pattern[:, layer], valid)
+        self.count(valid)
+
+    def add_layer(self, layer: int, pattern: torch.Tensor, valid: torch.Tensor) -> None:
+        """Fold in one layer of one batch, ``pattern`` ``(B, H, Q, K)`` (the pass calls it in the layer's hook,
+        so no layer's pattern is kept); :meth:`count` the batch's rows once."""
+        p = pattern.to(torch.float64, copy=True)  # (B, H, Q, K): a copy, edited below
+        if not bool(valid.all()):
+            p *= valid.to(pattern.device)[:, None, :, None]  # pad rows dropped
+        self.first[layer] += p[..., 0].sum((0, -1)).cpu()
         p[..., 0] = 0.0  # the first token is its own bin
         near = torch.stack([p.diagonal(offset=-d, dim1=-2, dim2=-1).sum((0, -1))
-                            for d in range(min(p.shape[-1], MAX_OFFSET + 1))], -1)  # (L, H, <= MAX_OFFSET + 1)
-        self.mass[..., : near.shape[-1]] += near
-        self.mass[..., MAX_OFFSET + 1] += p.sum((0, -2, -1)) - near.sum(-1)
+                            for d in range(min(p.shape[-1], MAX_OFFSET + 1))], -1)  # (H, <= MAX_OFFSET + 1)
+        self.mass[layer, :, : near.shape[-1]] += near.cpu()
+        self.mass[layer, :, MAX_OFFSET + 1] += (p.sum((0, -2, -1)) - near.sum(-1)).cpu()
+
+    def count(self, valid: torch.Tensor) -> None:
+        """Count one batch's real query rows (``valid`` ``(B, T)``)."""
         self.rows += int(valid.sum())
 
     def share(self, layer: int, head: int) -> torch.Tensor:

@@ -35,12 +35,12 @@ class RunningTopK:
         both = torch.cat([self.scores, val], dim=1)  # (rows, kept + m): kept first, so ties keep them
         order = torch.sort(both, dim=1, descending=True, stable=True).indices[:, : self.k]
         self.scores = both.gather(1, order)
-        for row in range(len(self.payloads)):
-            old = self.payloads[row]
+        orders, scores, picks = order.tolist(), self.scores.tolist(), idx.tolist()  # once, not per row
+        for row, old in enumerate(self.payloads):
             new = []
-            for slot, s in zip(order[row].tolist(), self.scores[row].tolist(), strict=True):
+            for slot, s in zip(orders[row], scores[row], strict=True):
                 if s == float("-inf"):
                     break
-                new.append(old[slot] if slot < kept else payload(row, int(idx[row, slot - kept])))
+                new.append(old[slot] if slot < kept else payload(row, picks[row][slot - kept]))
             self.payloads[row] = new
         self.scores = self.scores[:, : max((len(p) for p in self.payloads), default=0)]

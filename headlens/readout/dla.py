@@ -232,57 +232,113 @@ def _batch(model: Any, parts: Parts, tokens: list[torch.Tensor], pos: torch.Tens
     return pair.cpu(), attr.cpu(), float(gap.max()) if gap.numel() else 0.0
 
 
-def read_activations(model: Any, parts: Parts, tokens: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
-                     whole: Sequence[str] = ()) -> dict:
+class _Read(Exception):
+    """Raised once the last activation a logit-free read needs has fired: the unembedding is waste."""
+
+
+def reads(parts: Parts, heads_only: bool = False) -> list[str]:
+    """The hooks :func:`decompose` reads (``heads_only``: those :func:`head_columns` reads)."""
+    norms = [n for n in (parts.final, *parts.post) if n is not None and n.scale_hook]
+    names = [parts.resid, *parts.z, *(n.scale_hook for n in norms)]
+    return names if heads_only else [parts.embed, *names, *parts.mlp]
+
+
+def read_activations(model: Any, parts: Parts, tokens: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor | None,
+                     whole: Sequence[str] = (), *, names: Sequence[str] | None = None,
+                     reduce: dict[str, Callable[[torch.Tensor], None]] | None = None, logits: bool = True) -> dict:
     """One forward: every activation :func:`decompose` reads, at the read positions ``pos`` ``(B, P)`` only
-    (name -> ``(B, P, ...)``; ``"logits"`` ``(B, P, V)``), plus the hooks named in ``whole`` kept whole (the
-    atlas reads each head's pattern from the same forward)."""
+    (name -> ``(B, P, ...)``; ``"logits"`` ``(B, P, V)``), plus the hooks named in ``whole`` kept whole.
+
+    ``pos=None`` reads every position (the activations themselves, no copy). ``names``: read these hooks
+    instead (:func:`reads`). ``reduce``: hook name -> ``fn(x)`` called in the hook, nothing kept (the atlas
+    folds each layer's ``(B, H, Q, K)`` pattern there, so no layer's pattern outlives its layer).
+    ``logits=False``: the forward stops once every hook has fired, before the ``(B, T, V)`` unembedding.
+    """
     rows = torch.arange(tokens.shape[0], device=tokens.device)[:, None]  # (B, 1)
     got: dict[str, torch.Tensor] = {}
+    fold = dict(reduce or {})
+    names = list(reads(parts) if names is None else names) + list(whole)
+    names += [parts.logits] if parts.logits and logits else []
+    pending = set(names) | set(fold)
 
     def keep(name: str) -> Callable[..., None]:
         def hook(x: torch.Tensor, hook: Any) -> None:
-            got[name] = x.detach() if name in whole else x[rows, pos].detach()  # (B, P, ...) of (B, T, ...)
+            if name in fold:
+                fold[name](x.detach())
+            if name in names:
+                got[name] = x.detach() if pos is None or name in whole else x[rows, pos].detach()  # (B, P, ...)
+            pending.discard(name)
+            if not logits and not pending:
+                raise _Read
         return hook
 
-    norms = [n for n in (parts.final, *parts.post) if n is not None and n.scale_hook]
-    names = [parts.embed, parts.resid, *parts.z, *parts.mlp, *(n.scale_hook for n in norms), *whole]
-    names += [parts.logits] if parts.logits else []
-    with torch.no_grad(), model.hooks([(n, keep(n)) for n in dict.fromkeys(names)]):
-        out = model(tokens, attention_mask=mask)
-    got["logits"] = got.pop(parts.logits) if parts.logits else out[rows, pos]
+    try:
+        with torch.no_grad(), model.hooks([(n, keep(n)) for n in dict.fromkeys([*names, *fold])]):
+            out = model(tokens, attention_mask=mask)
+    except _Read:
+        return got
+    if not logits:
+        raise ReadoutError(f"{getattr(model, 'name', 'the model')}: hook {sorted(pending)[0]} never fired in a "
+                           f"forward")
+    got["logits"] = got.pop(parts.logits) if parts.logits else out if pos is None else out[rows, pos]
     return got
+
+
+def _direction(parts: Parts, got: dict[str, torch.Tensor], pair: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The readout direction pulled back through the final norm ``g`` ``(B, P, D)`` float64, the direction
+    itself ``u`` and the final norm's and unembedding's bias term ``(B, P)``."""
+    x = got[parts.resid].double()  # (B, P, D): the final norm's input
+    w_u = parts.w_u.to(x.device)
+    minus = pair[..., 1] >= 0  # (B, P)
+    u = w_u[:, pair[..., 0]].double() - w_u[:, pair[..., 1].clamp(min=0)].double() * minus[None]  # (D, B, P)
+    u = u.permute(1, 2, 0)  # (B, P, D): the readout direction in the final norm's output
+    final = parts.final
+    s = got[final.scale_hook].double() if final.scale_hook else final.scale(x)  # (B, P, 1): frozen from the run
+    g = final.pullback(u.to(x), s.to(x))  # (B, P, D): the same direction on the residual stream
+    bias = (final.bias.to(x) * u).sum(-1)  # (B, P)
+    if parts.b_u is not None:
+        b_u = parts.b_u.to(x.device).double()
+        bias = bias + b_u[pair[..., 0]] - b_u[pair[..., 1].clamp(min=0)] * minus
+    return g, u, bias
+
+
+def _into_layer(parts: Parts, got: dict[str, torch.Tensor], g: torch.Tensor, layer: int) -> torch.Tensor:
+    """``(B, P, D)``: ``g`` pulled back through ``layer``'s post-attention norm (itself where there is none)."""
+    post = parts.post[layer]
+    return g if post is None else post.pullback(g, got[post.scale_hook].double().to(g))  # into the o_proj
+
+
+def _heads(parts: Parts, got: dict[str, torch.Tensor], layer: int, g_l: torch.Tensor) -> torch.Tensor:
+    """``(B, P, H)`` float64: each query head's attribution in ``layer``, ``z_h . (W_O[h] g_l)``."""
+    w_og = torch.einsum("hdD,bpD->bphd", parts.w_o[layer].to(g_l), g_l)  # (B, P, H, d_head): W_O[h] g
+    return (got[parts.z[layer]].double() * w_og).sum(-1)  # (B, P, H): one column per query head
+
+
+def head_columns(parts: Parts, got: dict[str, torch.Tensor], pair: torch.Tensor) -> torch.Tensor:
+    """``(B, P, L, H)`` float64: the head columns of :func:`decompose` alone (same arithmetic, same values),
+    from the activations :func:`reads` names with ``heads_only``."""
+    g = _direction(parts, got, pair)[0]
+    return torch.stack([_heads(parts, got, layer, _into_layer(parts, got, g, layer))
+                        for layer in range(parts.n_layers)], 2)  # (B, P, L, H)
 
 
 def decompose(parts: Parts, got: dict[str, torch.Tensor], pair: torch.Tensor) -> torch.Tensor:
     """``(B, P, C)`` float64 attributions (components in ``parts.components`` order, ``bias`` last) of the
     logit of ``pair[..., 0]`` minus that of ``pair[..., 1]`` (none where it is ``-1``), from activations
     ``got`` read at the positions (:func:`read_activations`)."""
-    f64 = {k: v.double() for k, v in got.items()}
-    x = f64[parts.resid]  # (B, P, D): the final norm's input
-    w_u = parts.w_u.to(x.device)
-    minus = pair[..., 1] >= 0  # (B, P)
-    u = w_u[:, pair[..., 0]].double() - w_u[:, pair[..., 1].clamp(min=0)].double() * minus[None]  # (D, B, P)
-    u = u.permute(1, 2, 0)  # (B, P, D): the readout direction in the final norm's output
-    final = parts.final
-    s = f64[final.scale_hook] if final.scale_hook else final.scale(x)  # (B, P, 1): frozen from the run
-    g = final.pullback(u.to(x), s.to(x))  # (B, P, D): the same direction on the residual stream
-    bias = (final.bias.to(x) * u).sum(-1)  # (B, P)
-    if parts.b_u is not None:
-        b_u = parts.b_u.to(x.device).double()
-        bias = bias + b_u[pair[..., 0]] - b_u[pair[..., 1].clamp(min=0)] * minus
-    cols = [(f64[parts.embed] * g).sum(-1, keepdim=True)]  # (B, P, 1)
+    g, _, bias = _direction(parts, got, pair)
+    cols = [(got[parts.embed].double() * g).sum(-1, keepdim=True)]  # (B, P, 1)
     for layer in range(parts.n_layers):
         post = parts.post[layer]
-        g_l = g if post is None else post.pullback(g, f64[post.scale_hook].to(x))  # (B, P, D) into the o_proj
+        g_l = _into_layer(parts, got, g, layer)  # (B, P, D) into the o_proj
         if post is not None:
-            bias = bias + (post.bias.to(x) * g).sum(-1)
-        w_og = torch.einsum("hdD,bpD->bphd", parts.w_o[layer].to(x), g_l)  # (B, P, H, d_head): W_O[h] g
-        cols.append((f64[parts.z[layer]] * w_og).sum(-1))  # (B, P, H): one column per query head
+            bias = bias + (post.bias.to(g) * g).sum(-1)
+        cols.append(_heads(parts, got, layer, g_l))  # (B, P, H)
         if parts.b_o[layer] is not None:
-            bias = bias + (parts.b_o[layer].to(x) * g_l).sum(-1)
+            bias = bias + (parts.b_o[layer].to(g) * g_l).sum(-1)
         if parts.mlp:
-            cols.append((f64[parts.mlp[layer]] * g).sum(-1, keepdim=True))
+            cols.append((got[parts.mlp[layer]].double() * g).sum(-1, keepdim=True))
     return torch.cat([*cols, bias[..., None]], dim=-1)  # (B, P, C)
 
 
@@ -320,4 +376,5 @@ def _provenance(model: Any, parts: Parts, spec: dict, position: Any, probe: IOIP
             "n_layers": parts.n_layers, "n_heads": parts.n_heads}
 
 
-__all__ = ["COLUMNS", "ReadoutError", "attribute", "decompose", "head_attributions", "read_activations"]
+__all__ = ["COLUMNS", "ReadoutError", "attribute", "decompose", "head_attributions", "head_columns", "read_activations",
+           "reads"]

@@ -147,16 +147,18 @@ def _fold_rows(w: torch.Tensor, g: torch.Tensor | None, centre: bool) -> torch.T
     return w - w.mean(-2, keepdim=True) if centre else w  # C w, C = I - 11^T / D
 
 
-def folded_unembed(model: Any) -> torch.Tensor:
+def folded_unembed(model: Any, columns: slice | None = None) -> torch.Tensor:
     """``(D, V)`` float32: ``W_U`` with the final norm's per-channel scale (and LayerNorm's centring) folded in.
 
     ``resid @ folded_unembed(model)`` is the logits up to each row's norm factor ``1 / s(resid)`` and the
-    biases; direct logit attribution multiplies by that factor, frozen from the clean run.
+    biases; direct logit attribution multiplies by that factor, frozen from the clean run. ``columns``: those
+    tokens only, ``(D, len)`` (the same values as the whole matrix's columns: every step is per column).
     """
     why = unsupported(model)
     if why is not None:
         raise DetectorError(why)
     w_u = model.lm_head.weight.T if hasattr(model, "transformer") else model.bridge.W_U  # (D, V)
+    w_u = w_u if columns is None else w_u[:, columns]  # (D, len)
     g = norm_scale(_norms(model)[2])
     return _fold_rows(w_u.detach().float().cpu(), None if g is None else g.float(), centres(model)).contiguous()
 

@@ -171,3 +171,23 @@ def test_several_models_get_a_cross_model_index_on_relative_depth(monkeypatch, c
     assert (out / "0-induction-2l" / "heads" / "L1H3.html").is_file()
     assert len(list(out.glob("1-*/heads/*.html"))) == 4  # the planted model's four heads
     assert "<circle" in index  # named heads drawn on relative depth
+
+
+def test_readout_extremes_by_blocks_and_slices_equal_a_full_sort():
+    """The promoted / suppressed tokens: the blocks holding a row's extremes, slice by slice, give exactly
+    ``topk`` of the whole row (values with a planted runaway and a planted block of ties to the max)."""
+    from headlens.atlas.exemplars import _extremes, _merge
+
+    gen = torch.Generator().manual_seed(2)
+    logits = torch.randn(6, 20000, generator=gen)
+    logits[0, 17] = 50.0  # one token far above the rest
+    logits[1, 300:310] = -40.0  # ten tokens tied at the bottom, more than the 5 listed
+    found = []
+    for start in range(0, logits.shape[1], 8192):  # a ragged last slice, as with a real vocabulary
+        part = logits[:, start:start + 8192]
+        for sign, ids in zip((1.0, -1.0), _extremes(part, 5), strict=True):
+            found.append((sign * part.gather(1, ids), ids + start))
+    assert _merge(found[0::2], 5) == logits.topk(5, -1).indices.tolist()
+    down = _merge(found[1::2], 5)
+    assert down[2:] == (-logits).topk(5, -1).indices.tolist()[2:]
+    assert set(down[1]) <= set(range(300, 310)) and down[0] == (-logits[0]).topk(5).indices.tolist()

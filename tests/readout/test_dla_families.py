@@ -156,3 +156,24 @@ def test_padding_and_batches_change_nothing(built):
     one = attribute(model, PROMPTS, position=-1, batch_size=1)
     both = attribute(model, PROMPTS, position=-1)
     assert (one.attribution - both.attribution).abs().max() < 1e-6
+
+
+@pytest.mark.parametrize("family", ["gemma2", "llama"])
+def test_logit_free_read_gives_decompose_head_columns_bit_for_bit(built, family):
+    """The atlas's read (every position, stopped before the unembedding) and ``head_columns`` give exactly
+    ``decompose``'s head columns from the full read at every position."""
+    from headlens.readout.dla import head_columns, read_activations, reads
+
+    model, _ = built(family)
+    parts = model_parts(model)
+    tokens = model.to_tokens(PROMPTS[0])
+    T = tokens.shape[1]
+    full = read_activations(model, parts, tokens, torch.ones_like(tokens), torch.arange(T)[None])
+    assert full.pop("logits").shape[-1] == model.cfg.d_vocab
+    short = read_activations(model, parts, tokens, torch.ones_like(tokens), None,
+                             names=reads(parts, heads_only=True), logits=False)
+    assert "logits" not in short
+    pair = torch.stack([tokens.roll(-1, 1), torch.full_like(tokens, -1)], -1)  # (1, T, 2): the next token
+    heads = [i for i, c in enumerate(parts.components) if c.startswith("L")]
+    want = decompose(parts, full, pair)[..., heads].reshape(1, T, parts.n_layers, parts.n_heads)
+    assert torch.equal(head_columns(parts, short, pair), want)
