@@ -228,6 +228,20 @@ def build(family: str, path: Path, seed: int = 0, tokenizer: bool = True, **over
     return path
 
 
+def hub_snapshot(cache: Path, repo: str, commit: str, files: Path, refs: tuple[str, ...]) -> Path:
+    """Copy ``files`` into a Hugging Face cache (``$HF_HOME/hub``) as ``huggingface_hub`` leaves a download of
+    ``repo`` at ``commit``: ``models--ORG--NAME/snapshots/<commit>/`` and one ``refs/<ref>`` file per ref."""
+    import shutil
+
+    folder = cache / ("models--" + repo.replace("/", "--"))
+    snap = folder / "snapshots" / commit
+    shutil.copytree(files, snap)
+    (folder / "refs").mkdir(parents=True, exist_ok=True)
+    for ref in refs:
+        (folder / "refs" / ref).write_text(commit)  # no newline, as huggingface_hub writes it
+    return snap
+
+
 def load_eager(path: Path, family: str) -> Any:
     """The same directory through ``transformers`` alone, eager attention (the reference)."""
     import transformers

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from hf_families import build
+from hf_families import build, hub_snapshot
 
 from headlens.errors import ModelReferenceError
 from headlens.models.hf.hub import HFSource, resolve, split_reference
@@ -27,29 +26,19 @@ MAIN, STEP = "a" * 40, "b" * 40  # commits of refs/main and refs/step3000
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _snapshot(cache: Path, repo: str, commit: str, files: Path, refs: tuple[str, ...]) -> Path:
-    folder = cache / ("models--" + repo.replace("/", "--"))
-    snap = folder / "snapshots" / commit
-    shutil.copytree(files, snap)
-    (folder / "refs").mkdir(parents=True, exist_ok=True)
-    for ref in refs:
-        (folder / "refs" / ref).write_text(commit)  # no newline, as huggingface_hub writes it
-    return snap
-
-
 @pytest.fixture(scope="module")
 def hf_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("hf_home")
     cache = root / "hub"
-    _snapshot(cache, REPO, MAIN, build("llama", root / "src-main", seed=0), ("main",))
-    _snapshot(cache, REPO, STEP, build("llama", root / "src-step", seed=1), ("step3000",))
+    hub_snapshot(cache, REPO, MAIN, build("llama", root / "src-main", seed=0), ("main",))
+    hub_snapshot(cache, REPO, STEP, build("llama", root / "src-step", seed=1), ("step3000",))
     remote = build("gpt2", root / "src-remote")
     config = json.loads((remote / "config.json").read_text())
     config.update(model_type="headlens-custom", auto_map={"AutoConfig": "modeling_custom.CustomConfig",
                                                            "AutoModelForCausalLM": "modeling_custom.CustomModel"})
     (remote / "config.json").write_text(json.dumps(config))
     (remote / "modeling_custom.py").write_text("raise SystemExit('repository code ran')\n")
-    _snapshot(cache, "headlens-test/custom", MAIN, remote, ("main",))
+    hub_snapshot(cache, "headlens-test/custom", MAIN, remote, ("main",))
     return root
 
 
