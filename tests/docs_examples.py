@@ -125,7 +125,8 @@ def all_examples() -> list[Example]:
 
 
 def summary() -> str:
-    """How many examples each page has, and how many of them run in CI, run with --runslow, or are skipped."""
+    """How many examples each page has, and how many of them run in CI, run with --runslow, or are skipped;
+    then each one CI does not run, with its marker's reason."""
     from collections import Counter
 
     counts = Counter((e.page, e.mark or "run") for e in all_examples())
@@ -134,6 +135,10 @@ def summary() -> str:
         lines.append(f"{page:22} {counts[page, 'run']:4} {counts[page, 'slow']:5} {counts[page, 'skip']:5}")
     total = Counter(mark for (_, mark), n in counts.items() for _ in range(n))
     lines.append(f"{'all':22} {total['run']:4} {total['slow']:5} {total['skip']:5}")
+    held = [e for e in all_examples() if e.mark]  # what CI does not run, and why (the page's marker)
+    if held:
+        lines += ["", "not run in CI:"]
+        lines += [f"{e.mark:4} {e.where}: {e.code.split('#')[0].strip()[:90]}\n     {e.reason}" for e in held]
     return "\n".join(lines)
 
 

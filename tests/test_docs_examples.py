@@ -5,7 +5,7 @@ in one namespace in page order, and each ``headlens ...`` line runs in-process (
 imports are paid once), in one temporary folder holding the files the pages name (``my_texts.txt``,
 ``my_checkpoint.safetensors`` saved from the zoo's induction-2l, a Hugging Face ``my-llama`` directory, ...).
 An identical command line runs once, whichever page shows it. ``skip`` examples never run; ``slow`` ones
-(SmolLM2's minutes-long commands) run with ``--runslow``.
+(the few SmolLM2 and needle-2k commands past CI's time budget) run with ``--runslow``.
 
 What a page names outside the folder is made, tiny and random, where the page points: the reader's home
 (``HOME``) holds the GGUF files of ``gguf:~/models/...`` (written by :mod:`tests.gguf_files`; a ``Q4_K_M`` name
