@@ -93,7 +93,7 @@ def reader(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     # huggingface_hub read HF_HOME when it was imported: in this process its constants are patched
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hf_home / "hub"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
 
 
 def run_command(example: Example, folder: Path) -> str:
