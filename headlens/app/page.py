@@ -98,7 +98,7 @@ def scan_settings() -> tuple[int, int, str | None]:
 
 def pick_detector(scores: pd.DataFrame) -> tuple[str, str]:
     """The grid's colouring: each head's strongest label (the default when some head is labelled),
-    or one detector's score or lift. Returns ``(detector, color_by)``; with labels, ``detector`` is
+    or one detector's score, strength or lift. Returns ``(detector, color_by)``; with labels, ``detector`` is
     the one the other views default to."""
     choice = colour_picker(*grid.colourings(scores))
     if choice == hd.LABELS_CHOICE:
@@ -107,8 +107,9 @@ def pick_detector(scores: pd.DataFrame) -> tuple[str, str]:
 
 
 def colour_scale() -> str:
-    return st.sidebar.radio("Colour by", ("score", "lift"), horizontal=True, key="color_by",
-                            help="lift = score / uniform-attention baseline")
+    return st.sidebar.radio("Colour by", ("score", "strength", "lift"), horizontal=True, key="color_by",
+                            help="strength = (score - chance) / (1 - chance), one scale for every type (0 at "
+                                 "chance, 1 perfect); lift = score / uniform-attention baseline, within a type")
 
 
 def colour_picker(options: list[str], default: str) -> str:
@@ -117,7 +118,8 @@ def colour_picker(options: list[str], default: str) -> str:
         st.session_state.detector = default
     return st.sidebar.selectbox("Colour heads by", options, key="detector",
                                 help="strongest label: each head in the colour of its type, as intense as its "
-                                     "score; or pick a detector to colour every head by its score or lift")
+                                     "strength; or pick a detector to colour every head by its score, strength or "
+                                     "lift")
 
 
 # -- page -------------------------------------------------------------------------------------

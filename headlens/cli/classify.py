@@ -73,17 +73,20 @@ def print_results(df: Any, console: Any, asked: list[str] | None = None) -> None
     """
     from rich.table import Table
 
+    from headlens.scoring.primary import strength
     from headlens.scoring.table import head_labels, labelled_heads
-    from headlens.viz.grid import label_mark
+    from headlens.viz.grid import fmt_number, label_mark
 
     attrs = df.attrs
     title = f"{attrs.get('model', '?')}: labelled heads ({attrs.get('scoring', 'headlens')} scores)"
     lab = labelled_heads(df)
     table = Table(title=title, caption_justify="left", caption=(
-        "behaviour types first, weight scores after, resting last; score, its 95% CI over prompts; baseline: the "
-        "score of uniform attention (chance); lift: score / baseline, to compare heads of one type; positions: "
-        "query rows with a target; rest: first-token attention"))
-    for col in ("head", "kv_head", "detector", "score", "95% CI", "baseline", "lift", "positions", "rest"):
+        "behaviour types first, weight scores after, resting last; strength: (score - chance) / (1 - chance), one "
+        "scale for every type; score, its 95% CI over prompts; baseline: the score of uniform attention (chance); "
+        "lift: score / baseline, to compare heads of one type; positions: query rows with a target; rest: "
+        "first-token attention"))
+    for col in ("head", "kv_head", "detector", "strength", "score", "95% CI", "baseline", "lift", "positions",
+                "rest"):
         table.add_column(col, justify="left" if col in ("head", "detector") else "right", no_wrap=True)
     confirmed = "ablation_delta" in lab.columns
     gated = "dla" in lab.columns and bool(lab["dla"].notna().any())  # name movers: what the head writes
@@ -92,14 +95,16 @@ def print_results(df: Any, console: Any, asked: list[str] | None = None) -> None
         table.add_column("confirmed", justify="right", no_wrap=True)
     if gated:
         table.add_column("DLA (95% CI)", justify="right", no_wrap=True)
-    for r in lab.itertuples():
+    powers = strength(lab).tolist() if len(lab) else []
+    for r, power in zip(lab.itertuples(), powers, strict=True):
         kv = getattr(r, "kv_head", r.head)  # the key/value group (== head without GQA)
         rest = getattr(r, "rest", float("nan"))  # attention on the first token, on the row's probe
         dla = [] if not gated else ["-" if r.dla != r.dla else f"{r.dla:+.3f} [{r.dla_ci_low:+.3f}, {r.dla_ci_high:+.3f}]"]
-        table.add_row(f"L{r.layer}H{r.head}", str(kv), r.detector, *_cells(r), "-" if rest != rest else f"{rest:.2f}",
+        table.add_row(f"L{r.layer}H{r.head}", str(kv), r.detector, fmt_number(power, ".2f"), *_cells(r),
+                      "-" if rest != rest else f"{rest:.2f}",
                       *(_confirm_cell(r) if confirmed else []), *dla)
     if not len(lab):
-        table.add_row("-", "", "no head passes the rule", "", "", "", "", "", "")
+        table.add_row("-", "", "no head passes the rule", "", "", "", "", "", "", "")
     console.print(table)
     labels = head_labels(df)
     n_layers, n_heads = int(attrs.get("n_layers", 0)), int(attrs.get("n_heads", 0))

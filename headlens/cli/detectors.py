@@ -15,7 +15,7 @@ def rows() -> list[dict[str, str]]:
 
     out = []
     for name, d in all_detectors().items():
-        tau = default_threshold(d)
+        tau = f"{default_threshold(d):g}" if d.gate is None else "null"  # gated: against the type's null
         probe = d.probe or ("the weights (no probe)" if d.kind == "weights" else "annotated prompts (--prompts)")
         extra = [] if d.default else ["scored only when named with --detectors"]
         if d.bidirectional_only:
@@ -23,7 +23,7 @@ def rows() -> list[dict[str, str]]:
         if d.gate is not None:
             extra.append(f"the label also needs {d.gate.name}'s CI {'above' if d.gate.sign > 0 else 'below'} 0 "
                          f"({d.gate.description})")
-        out.append({"name": name, "mark": label_mark(name), "kind": d.kind, "threshold": f"{tau:g}",
+        out.append({"name": name, "mark": label_mark(name), "kind": d.kind, "threshold": tau,
                     "probe": probe, "description": "; ".join([d.description, *extra])})
     return out
 
@@ -43,8 +43,9 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.table import Table
 
-        table = Table(title="headlens detectors", caption="a head is labelled when ci_low >= threshold and "
-                      "lift >= 3 (weights: and above their null's interval)")
+        table = Table(title="headlens detectors", caption="threshold: kappa on the strength scale, a head is "
+                      "labelled when (ci_low - chance) / (1 - chance) >= it; weights: tau, ci_low >= it, lift >= 3 "
+                      "and above their null's interval; null: the CI above chance, and the gate")
         for col in ("name", "mark", "kind", "threshold", "probe", "description"):
             table.add_column(col, justify="right" if col == "threshold" else "left")
         for r in found:

@@ -110,9 +110,10 @@ SeqLen = Annotated[int, typer.Option("--seq-len", min=8, help="tokens per genera
 BatchSize = Annotated[int, typer.Option("--batch-size", min=1, help="prompts per forward pass")]
 Seed = Annotated[int, typer.Option("--seed", help="seeds the probes, the bootstrap (and controls, resampling)")]
 Threshold = Annotated[float | None, typer.Option(
-    "--threshold", min=0.0, max=1.0, help="label a head when ci_low >= this and lift >= 3 (default 0.4 "
-    "for the pattern detectors; the weight detectors keep their own: copying 0.05; the name movers, unless it is "
-    "given, need ci_low above their uniform baseline instead)")]
+    "--threshold", min=0.0, max=1.0, help="kappa: label a head when its strength's CI low end, (ci_low - chance) "
+    "/ (1 - chance), is at least this (default 0.4; chance: the type's uniform baseline); the weight detectors keep "
+    "their own tau on the score (copying 0.05); the name movers, unless it is given, need ci_low above their "
+    "uniform baseline and their gate instead")]
 ScanPath = Annotated[str, typer.Option(
     "--scan-path", help="{scan_paths}: dense reads the attention pattern; sparse reads q, k and each row's "
     "log-sum-exp (no T x T pattern: long contexts)")]

@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from headlens.scoring.primary import LABEL_RULE
 from headlens.viz.grid import fmt_number
 
 MAX_GRID_LAYERS = 48  # taller grids go to --report and the dashboard, not the terminal
@@ -165,7 +166,7 @@ def print_summary(df: Any, console: Any, out: Path | None = None) -> None:
         console.print(type_table(df, summaries))
         console.print(f"[dim]{notes[0]}[/dim]", highlight=False)
     else:
-        console.print("no head passes the label rule (ci_low >= threshold and lift >= 3)")
+        console.print(f"no head passes the label rule ({LABEL_RULE})", highlight=False)
     if unlabelled:
         console.print(f"[dim]{notes[1]}[/dim]", highlight=False)
     if fits:

@@ -131,7 +131,9 @@ class Detector:
         predicate: ``(batch, q (C, 1), k (1, K)) -> (B, C, K)`` bool, the same targets as a rule (module
             docstring); with ``targets=None`` the index lists are built from it.
         gate: a :class:`Gate` on what the head writes, which the label also needs (name movers), or None.
-        threshold: this detector's default τ (None: the default of its kind, 0.4).
+        threshold: this detector's default cut-off (None: the default of its kind: κ = 0.4 on the strength
+            scale for a pattern detector, :func:`headlens.scoring.stats.strength_label`; τ on the score for a
+            weight detector).
 
     >>> two_back = Detector("two_back", "mask", None, "random_tokens", "attends two tokens back",
     ...                     predicate=lambda batch, q, k: k == q - 2)

@@ -10,7 +10,7 @@ weight falls on the target, and the score is the fraction of copy steps that do.
 picks the target with probability ``1 / (keys visible from q)``: the baseline.
 
 Wu et al. call a head a retrieval head at score > 0.1 (with greedy decoding, counting only trials
-whose answer is recalled); headlens labels with its own rule (CI low >= τ and lift >= 3) and
+whose answer is recalled); headlens labels with its own rule (the strength's CI low end >= κ, docs/scores.md) and
 reports heads above 0.1 next to it (``attrs["retrieval_wu_2024"]``). Scored when asked for by name
 (``detectors=["retrieval"]``): its probe is long, and a top-1 lift (baseline ``1 / visible keys``) is on
 another scale than the mass detectors', so it would top every induction head's "strongest label".

@@ -6,7 +6,8 @@ Definitions (docs/scores.md, with a target's query *span* in place of one query 
   uniform baseline is the same expression under uniform attention,
   ``mean_q |{k in keys visible from q}| / n_visible(q)``. The score is the mean of ``m`` over
   targets, pooled over prompts; the interval bootstraps prompts (:func:`headlens.scoring.stats.summarize`);
-  the label is the built-in detectors' rule (``ci_low >= τ`` and ``lift >= 3``).
+  the label is the built-in detectors' rule (the strength's CI low end,
+  ``(ci_low - baseline) / (1 - baseline)``, at least κ: :func:`headlens.scoring.stats.strength_label`).
 * **Why the mean over the query span's rows**, not one row per query token: a target is one
   fact ("this pronoun refers to that name"), so it counts once however many tokens its words
   became; otherwise a tokenizer that splits the query into three pieces would weigh that fact

@@ -53,8 +53,9 @@ from headlens.scoring.stats import (
     N_BOOT,
     PREFERENCE_MARGIN,
     Summary,
-    label,
+    above_null,
     preference_label,
+    strength_label,
     summarize,
 )
 from headlens.scoring.table import head_rows
@@ -215,8 +216,11 @@ def classify(
         seq_len: generated prompt length in tokens, specials included (capped by the context).
         batch_size: prompts per forward pass; scores do not depend on it.
         seed: seeds the probes and the bootstrap.
-        threshold: τ for the pattern detectors, or ``{detector: τ}``; default 0.4 (each weight detector its own:
-            copying and copy_suppression 0.05, successor 0.4).
+        threshold: κ for the pattern detectors, or ``{detector: κ}``: a head is labelled when the low end of
+            its strength's CI, ``(ci_low - chance) / (1 - chance)``, is at least κ (default 0.4; chance is the
+            type's uniform baseline). Weight detectors read it as τ on their score (default their own: copying
+            and copy_suppression 0.05, successor 0.4); gated types (name movers) are labelled against their
+            null unless they are given one.
         tl_compatible: reproduce TransformerLens ``detect_head`` ("mul", all rows, per-prompt mean)
             for its three head types instead of headlens' position-conditioned scores.
         progress: optional ``fn(done, total, stage)`` called after every batch.
@@ -344,8 +348,12 @@ def classify(
             continue
         lift, pref = s.lift, preferences.get(name)
         # with distractors, preference accuracy is the primary statistic (Clark et al. 2019); mass stays in the table
-        tau = s.baseline if name in by_null else taus[name]  # gated types: the CI clears the type's null
-        labels = label(s.ci_low, lift, tau) if pref is None else preference_label(pref, s)
+        if pref is not None:
+            labels = preference_label(pref, s)
+        elif name in by_null:  # gated types: the attention CI clears the type's null, then the gate decides
+            labels = above_null(s)
+        else:  # the strength's CI low end against κ (docs/scores.md, "the label rule")
+            labels = strength_label(s, taus[name])
         if d is not None and d.gate is not None:  # what the head writes: the gate's CI must clear zero too
             g = gate_summary(model, d.gate, probe_of[name], gate_cache, seed, n_boot)
             labels, gated = labels & gate_passes(g, d.gate.sign), gated | {d.gate.name}
@@ -367,7 +375,10 @@ def classify(
         "seed": seed,
         "scoring": "tl_compatible" if tl_compatible else "headlens",
         "thresholds": {n: None if n in by_null else taus[n] for n in [d.name for d in dets] + user_types},
-        "min_lift": MIN_LIFT,
+        "min_lift": MIN_LIFT,  # weight types
+        "label_rule": ("pattern types: strength CI low end (ci_low - baseline) / (1 - baseline) >= thresholds[type] "
+                       "(kappa); weight types: ci_low >= thresholds[type], lift >= min_lift and above their null's "
+                       "interval; gated types: gate_rule; with distractors: preference_rule"),
         "preference_rule": (f"with distractors: preference ci_low >= chance + {PREFERENCE_MARGIN} * (1 - chance) "
                             f"and mass ci_low > its uniform baseline (Clark et al. 2019)"),
         "n_boot": n_boot, "rest": "attention on the first token (rows q >= 1) on each row's probe; resting labels last",
@@ -386,8 +397,8 @@ def classify(
     })
     if gated:  # the second half of the name movers' label (headlens.scoring.gates)
         df.attrs["gate_rule"] = (f"gate CI on its side of zero and |mean| >= {MIN_SHARE:g} x the strongest head's; "
-                                 f"attention ci_low above its uniform baseline and lift >= {MIN_LIFT:g} (no "
-                                 f"absolute attention threshold, unless one is given)")
+                                 f"attention ci_low above its uniform baseline (no absolute attention threshold "
+                                 f"and no lift floor; the kappa rule when a threshold is given)")
     if "retrieval" in set(df["detector"]):  # Wu et al.'s own rule next to ours
         r = df[(df["detector"] == "retrieval") & (df["score"] > WU_THRESHOLD)].sort_values("score", ascending=False)
         df.attrs["retrieval_wu_2024"] = {"threshold": WU_THRESHOLD, "rule": "score > 0.1 (Wu et al. 2024)",

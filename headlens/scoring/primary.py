@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+# the label rule in one line, for what a view says when no head passes it (docs/scores.md, "the label rule")
+LABEL_RULE = ("the low end of the strength's 95% CI, (ci_low - chance) / (1 - chance), at least 0.4 or --threshold; "
+              "weight scores and name movers: their own rules")
+
 
 def light(scores: Any) -> Any:
     """``scores`` sharing its data, with only the provenance these functions read (``probes``). pandas deep-copies

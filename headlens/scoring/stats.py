@@ -1,4 +1,4 @@
-"""Statistics: pooled scores, uniform baselines, bootstrap intervals and the labelling rule.
+"""Statistics: pooled scores, uniform baselines, bootstrap intervals and the labelling rules.
 
 A score is a ratio of per-prompt sums, ``Σ_b num_b / Σ_b den_b`` (attention mass on targets
 over rows with a target, pooled over prompts, docs/scores.md). Its 95 % interval resamples
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-DEFAULT_THRESHOLD = 0.4  # τ for pattern detectors: the community's usual cut-off
+DEFAULT_THRESHOLD = 0.4  # κ for pattern detectors: the strength's CI low end, (ci_low - chance) / (1 - chance)
 WEIGHTS_THRESHOLD = 0.9  # τ for a weight detector that gives plain scores and no τ of its own (no interval, no lift)
 Z95 = 1.959963984540054  # the normal quantile of a two-sided 95 % interval
 MIN_LIFT = 3.0
@@ -83,7 +83,8 @@ def summarize(num: torch.Tensor, den: torch.Tensor, base: torch.Tensor, seed: in
 
 
 def default_threshold(detector: Any) -> float:
-    """A detector's τ when the user sets none: its own, else 0.4 for pattern detectors and 0.9 for weight scores."""
+    """A detector's default cut-off: its own, else κ = 0.4 on the strength scale for pattern detectors
+    (:func:`strength_label`) and τ = 0.9 on the score for weight scores without a τ of their own."""
     own = getattr(detector, "threshold", None)
     if own is not None:
         return float(own)
@@ -92,12 +93,53 @@ def default_threshold(detector: Any) -> float:
 
 def label(ci_low: torch.Tensor, lift: torch.Tensor, threshold: float = DEFAULT_THRESHOLD,
           min_lift: float = MIN_LIFT) -> torch.Tensor:
-    """The label rule (docs/scores.md): a head carries the label when ``ci_low >= τ`` and ``lift >= 3``.
+    """The rule on the score itself, ``ci_low >= τ`` and ``lift >= 3``: the weight detectors' (with their null,
+    :mod:`headlens.scoring.weights`), whose chance is so small that the score is their strength.
 
     >>> label(torch.tensor([0.5, 0.5, 0.3]), torch.tensor([4.0, 2.0, 9.0])).tolist()
     [True, False, False]
     """
     return (ci_low >= threshold) & (lift >= min_lift)
+
+
+def strength_of(x: torch.Tensor, chance: float) -> torch.Tensor:
+    """``x``'s place between ``chance`` and a perfect head, ``(x - chance) / (1 - chance)`` (Cohen's kappa form:
+    0 at chance, 1 perfect); NaN where ``chance`` is not in ``[0, 1)`` (every key a target: nothing to beat).
+    The torch twin of :func:`headlens.scoring.primary.strength`, which reads a table.
+
+    >>> [round(v, 3) for v in strength_of(torch.tensor([0.4, 0.7, 1.0]), 0.25).tolist()]
+    [0.2, 0.6, 1.0]
+    """
+    x = torch.as_tensor(x, dtype=torch.float64)
+    if not 0.0 <= chance < 1.0:
+        return torch.full_like(x, float("nan"))
+    return (x - chance) / (1.0 - chance)
+
+
+def strength_label(s: Summary, kappa: float = DEFAULT_THRESHOLD) -> torch.Tensor:
+    """The label rule of the pattern detectors (docs/scores.md): the low end of the 95 % CI of the head's
+    strength clears κ, ``(ci_low - chance) / (1 - chance) >= κ``, with ``chance`` the type's own uniform
+    baseline on the same probe rows. No absolute level on the attention mass: a type whose targets take
+    much attention by chance (short windows, a bidirectional model, big target sets) needs more mass, one with
+    a tiny chance about κ. No lift floor either: where chance is below κ / (2 + κ) (1/6 at κ = 0.4) the rule
+    already asks for more than 3x chance, and above it a floor of 3x could not be met past chance 1/3.
+
+    >>> lo = torch.tensor([0.45, 0.7])  # the same CI low ends against a chance of 0.05, then of 0.4
+    >>> [strength_label(Summary(lo, lo, lo, chance, 100, 20)).tolist() for chance in (0.05, 0.4)]
+    [[True, True], [False, True]]
+    """
+    return strength_of(s.ci_low, s.baseline) >= kappa
+
+
+def above_null(s: Summary) -> torch.Tensor:
+    """The attention half of the gated types' label and of the preference rule: the CI lies above the type's
+    uniform baseline (``ci_low > chance``: the strength's CI low end above 0), with no lift floor: at a chance of
+    0.18 (the names at END, ``negative_name_mover``) a lift of 3 would be a mass of 0.53, an absolute bar again.
+
+    >>> above_null(Summary(torch.zeros(2), torch.tensor([0.2, 0.1]), torch.ones(2), 0.18, 64, 64)).tolist()
+    [True, False]
+    """
+    return s.ci_low > s.baseline
 
 
 def wilson(hits: torch.Tensor, n: int, z: float = Z95) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,4 +177,4 @@ def preference_label(pref: Summary, mass: Summary, margin: float = PREFERENCE_MA
     [True, False, False]
     """
     chance = pref.baseline
-    return (pref.ci_low >= chance + margin * (1 - chance)) & (mass.ci_low > mass.baseline)
+    return (pref.ci_low >= chance + margin * (1 - chance)) & above_null(mass)

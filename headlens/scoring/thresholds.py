@@ -1,8 +1,10 @@
-"""Which τ each detector is labelled at, and which gated detectors are labelled against their own null instead.
+"""Which cut-off each detector is labelled at, and which gated detectors are labelled against their own null.
 
-The defaults live on the detectors (:func:`headlens.scoring.stats.default_threshold`); a user's ``threshold``
-(one number for every behaviour type, or a dict per detector) overrides them. See docs/scores.md, "Baselines,
-intervals and the label rule".
+A pattern detector's cut-off is κ on the strength scale: the low end of the strength's CI,
+``(ci_low - chance) / (1 - chance)``, must reach it (:func:`headlens.scoring.stats.strength_label`); a weight
+detector's is τ on its score (:mod:`headlens.scoring.weights`). The defaults live on the detectors
+(:func:`headlens.scoring.stats.default_threshold`); a user's ``threshold`` (one number for every behaviour type,
+or a dict per detector) overrides them. See docs/scores.md, "Baselines, intervals and the label rule".
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from headlens.scoring.stats import DEFAULT_THRESHOLD, default_threshold
 
 def against_null(threshold: float | dict[str, float] | None, dets: Sequence[Detector]) -> set[str]:
     """Gated detectors (the name movers) whose attention half is labelled against the type's own null (its
-    CI above the uniform baseline, with the usual lift), not an absolute τ: a mass threshold tuned on one model
-    did not transfer (issue 35). A τ the user sets for the detector (or for all) still applies."""
+    CI above the uniform baseline, :func:`headlens.scoring.stats.above_null`) and their gate, not a κ: a mass
+    threshold tuned on one model did not transfer (issue 35). A κ the user sets for the detector (or for all)
+    still applies."""
     if isinstance(threshold, int | float):
         return set()
     mine = threshold if isinstance(threshold, dict) else {}

@@ -1,7 +1,9 @@
 """Model-card measurements for the zoo recipes: losses and which heads formed.
 
 Every probe is drawn from a fixed generator, so a card's numbers are reproducible.
-Thresholds follow the scores page of the docs (docs/scores.md): pattern detectors at 0.4, first-token sinks at 0.3.
+A card counts a head as formed when its point score passes a fixed level (pattern detectors 0.4, first-token
+sinks 0.3), the cards' own convention on the recipes' probes, kept so cards of different recipes compare; the
+labels of ``headlens classify`` use the strength rule of docs/scores.md ("the label rule") instead.
 """
 
 from __future__ import annotations

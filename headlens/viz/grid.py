@@ -60,7 +60,7 @@ def label_mark(detector: str) -> str:
 
 
 SELECTED_COLOR = "#ff2d55"  # border of the heads selected in the dashboard
-# one hue per head type for the grid's "strongest label" colouring (intensity = score)
+# one hue per head type for the grid's "strongest label" colouring (intensity = strength)
 LABEL_COLORS = {
     "previous_token": "#1f77b4", "next_token": "#17becf", "current_token": "#7f7f7f", "first_token": "#8c564b",
     "duplicate_token": "#9467bd", "induction": "#d62728", "bracket_matching": "#2ca02c",
@@ -114,7 +114,7 @@ def head_grid_figure(
     selected: Iterable[tuple[int, int]] = (),
     title: str | None = None,
 ) -> go.Figure:
-    """Layers x heads as square markers coloured by one detector's score (or lift).
+    """Layers x heads as square markers coloured by one detector's score (or strength, or lift).
 
     Args:
         scores: the tidy scores table (``layer, head, detector, score, ci_low, ci_high,
@@ -122,9 +122,12 @@ def head_grid_figure(
         detector: which detector colours the grid.
         n_layers: number of layers (rows); heads missing from ``scores`` are drawn grey.
         n_heads: number of heads per layer (columns).
-        color_by: ``"score"`` (0..1), ``"lift"`` (score / uniform baseline) or ``"label"``: each
-            head in the colour of its strongest label (``LABEL_COLORS``), as intense as that
-            label's score; unlabelled heads grey (``detector`` is then only used in the hover).
+        color_by: ``"score"`` (0..1), ``"strength"`` (the score's place between its chance and a
+            perfect head, ``(score - chance) / (1 - chance)``, one scale for every type:
+            :func:`headlens.scoring.primary.strength`), ``"lift"`` (score / uniform baseline, within a
+            type) or ``"label"``: each head in the colour of its strongest label (``LABEL_COLORS``), as
+            intense as that label's strength; unlabelled heads grey (``detector`` is then only used in
+            the hover). The hover shows the score, its CI, baseline, lift and strength.
         selected: heads drawn with a thick border.
         title: figure title.
 
@@ -135,14 +138,16 @@ def head_grid_figure(
 
     from headlens.scoring.primary import light
 
-    if color_by not in ("score", "lift", "label"):
-        raise ValueError(f"color_by must be 'score', 'lift' or 'label', got {color_by!r}")
+    if color_by not in ("score", "strength", "lift", "label"):
+        raise ValueError(f"color_by must be 'score', 'strength', 'lift' or 'label', got {color_by!r}")
     scores = light(scores)  # pandas copies attrs at every step: a real LM's provenance cost more than the grid
     if color_by == "label":
         return _label_grid(scores, n_layers, n_heads, selected, title)
     rows: dict[tuple[int, int], Any] = {}
     if not scores.empty and "detector" in scores.columns:
-        for row in scores[scores["detector"] == detector].itertuples(index=False):
+        mine = scores[scores["detector"] == detector]
+        mine = mine.assign(strength=strength(mine) if "baseline" in mine.columns else float("nan"))
+        for row in mine.itertuples(index=False):
             rows[(int(row.layer), int(row.head))] = row
     labels = _labels_by_head(scores)
     chosen = {(int(lay), int(hd)) for lay, hd in selected}
@@ -162,13 +167,14 @@ def head_grid_figure(
                 _fmt(getattr(row, "score", None)), _fmt(getattr(row, "ci_low", None)),
                 _fmt(getattr(row, "ci_high", None)), _fmt(getattr(row, "baseline", None)),
                 _fmt(getattr(row, "lift", None), 2), ", ".join(head_labels) or "none",
+                _fmt(getattr(row, "strength", None), 2),
             ])
             is_sel = (layer, head) in chosen
             line_colors.append(SELECTED_COLOR if is_sel else ("#111111" if head_labels else "#ffffff"))
             line_widths.append(4 if is_sel else (2 if head_labels else 1))
 
     finite = [c for c in colors if c is not None]
-    cmax = 1.0 if color_by == "score" else max(3.0, max(finite, default=3.0))
+    cmax = 1.0 if color_by in ("score", "strength") else max(3.0, max(finite, default=3.0))
     size = max(14, min(44, int(440 / max(n_layers, n_heads, 1))))
     trace = go.Scatter(
         x=xs, y=ys, mode="markers+text", text=texts, textposition="middle center",
@@ -183,8 +189,8 @@ def head_grid_figure(
         customdata=custom,
         hovertemplate=(
             "<b>%{customdata[2]}</b><br>" + html.escape(detector) + ": %{customdata[3]} "
-            "[%{customdata[4]}, %{customdata[5]}]<br>baseline %{customdata[6]} · lift %{customdata[7]}"
-            "<br>labels: %{customdata[8]}<extra></extra>"
+            "[%{customdata[4]}, %{customdata[5]}]<br>baseline %{customdata[6]} · lift %{customdata[7]} · "
+            "strength %{customdata[9]}<br>labels: %{customdata[8]}<extra></extra>"
         ),
         name="heads",
         showlegend=False,
@@ -267,7 +273,7 @@ def _label_grid(scores: pd.DataFrame, n_layers: int, n_heads: int, selected: Ite
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=detector, hoverinfo="skip",
                                  marker=dict(symbol="square", size=12, color=LABEL_COLORS.get(detector, "#444444"))))
     fig.update_layout(
-        title=dict(text=title or "strongest label per head (colour: type, intensity: score)"),
+        title=dict(text=title or "strongest label per head (colour: type, intensity: strength)"),
         height=max(240, n_layers * (size + 18) + 140), margin=dict(l=50, r=20, t=50, b=40),
         clickmode="event+select", dragmode=False, plot_bgcolor="#ffffff",
         legend=dict(title=dict(text="strongest label"), itemclick=False, itemdoubleclick=False),

@@ -12,18 +12,21 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
 
 
-def ranking_figure(scores: pd.DataFrame, detector: str, top: int = 12, threshold: float = 0.4) -> go.Figure:
+def ranking_figure(scores: pd.DataFrame, detector: str, top: int = 12, threshold: float | None = 0.4
+                   ) -> go.Figure:
     """The ``top`` heads of ``detector`` by its primary statistic (preference accuracy when the table has
     it, Clark et al. 2019; else the score): score and preference accuracy side by side, each with its 95 %
-    CI, the label bars (τ on the score without distractors; with them, the preference bar
-    ``chance + ½ (1 - chance)`` and the uniform baseline of the mass) and the chance level.
+    CI, the label bars (without distractors the score that puts the strength at κ, ``chance + κ (1 - chance)``;
+    with them, the preference bar ``chance + ½ (1 - chance)`` and the uniform baseline of the mass) and the
+    chance level.
 
     Args:
         scores: a scores table (``headlens.classify``), with ``preference`` columns for
             annotated head types that have distractors.
         detector: which detector's heads to rank.
         top: how many heads to show.
-        threshold: τ of the label rule without distractors (a dashed line on the score panel).
+        threshold: κ of the label rule without distractors, on the strength scale (drawn on the score panel at
+            ``chance + κ (1 - chance)``, dashed).
     """
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
@@ -46,11 +49,12 @@ def ranking_figure(scores: pd.DataFrame, detector: str, top: int = 12, threshold
 
     bars("score", "ci_low", "ci_high", "#3b6fb6", 1)
     base = float(rows["baseline"].iloc[0]) if len(rows) else float("nan")
-    if not has_pref:
-        fig.add_vline(x=threshold, line_dash="dash", line_color="#c0392b", row=1, col=1)
+    need = base + threshold * (1 - base) if threshold is not None else float("nan")  # the score whose strength is κ
+    if not has_pref and need == need:  # None: a gated type, labelled against its null (no bar on the score)
+        fig.add_vline(x=need, line_dash="dash", line_color="#c0392b", row=1, col=1)
     fig.add_vline(x=base, line_dash="dot", line_color="#777777", row=1, col=1)
     fig.update_xaxes(range=[0, 1], title_text="score (95% CI)", row=1, col=1)
-    bar = f"τ = {threshold}"
+    bar = f"label: strength CI ≥ {threshold:g}, score CI ≥ {need:.2f}" if need == need else "label: CI > chance"
     if has_pref:
         bars("preference", "preference_ci_low", "preference_ci_high", "#2e8b57", 2)
         chance = preference_chance(scores, detector)

@@ -25,6 +25,7 @@ from typing import Any
 
 from headlens.errors import OutputError
 from headlens.models.files import check_writable, write_text
+from headlens.scoring.primary import LABEL_RULE
 from headlens.viz.grid import fmt_number
 
 PROVENANCE_TAG = '<script type="application/json" id="headlens-provenance">'
@@ -95,7 +96,7 @@ def _summary_table(table: Any) -> str:
 
     types = [t for t in type_summaries(table) if t.n_labelled or t.preference]
     if not types:
-        return "<p>No head passes the labelling rule (ci_low ≥ threshold and lift ≥ 3).</p>"
+        return f"<p>No head passes the labelling rule ({html.escape(LABEL_RULE)}).</p>"
     body = []
     for t in types:
         stat = "preference" if t.preference else "score"
@@ -114,7 +115,7 @@ def _summary_table(table: Any) -> str:
 
 def _labelled_table(rows: Any) -> str:
     if rows.empty:
-        return "<p>No head passes the labelling rule (ci_low ≥ threshold and lift ≥ 3).</p>"
+        return f"<p>No head passes the labelling rule ({html.escape(LABEL_RULE)}).</p>"
     gated = "dla" in rows.columns and rows["dla"].notna().any()  # name movers: what the head writes
     cols = ("head", "label", "score", "95% CI", "baseline", "lift", "positions", "rest") + (
         ("DLA (95% CI)",) if gated else ())

@@ -110,8 +110,9 @@ def test_weight_rows_say_weights_and_unasked_skips_are_silent():
     df = _table(_rows("copying", {(0, 0): 0.97}, weights=True))
     out = _printed(df)
     row = next(line for line in out.splitlines() if "copying" in line)
-    cells = [c.strip() for c in row.split("│")[1:-1]]  # head, kv_head, detector, score, CI, baseline, lift, positions, rest
-    assert cells[3:] == ["0.970", "weights", "-", "-", "-", "-"], cells  # not [0.970, 0.970] and 0 positions
+    cells = [c.strip() for c in row.split("│")[1:-1]]  # head, kv_head, detector, strength, score, CI, baseline, lift,
+    # positions, rest: no baseline, no strength; not [0.970, 0.970] and 0 positions
+    assert cells[3:] == ["-", "0.970", "weights", "-", "-", "-", "-"], cells
     assert "skipped streaming" not in out
     assert "skipped streaming" in _printed(df, ["copying", "streaming"])  # asked for: told why not
     summary = next(line for line in _summary(df).splitlines() if "copying" in line).split()

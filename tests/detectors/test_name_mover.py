@@ -5,7 +5,8 @@ On one-order IOI prompts (ABBA, one template: IO, S2 and END at fixed positions)
 END reads IO: copying it makes a name mover, copying it negatively a negative name mover; a head 4 back reads
 S2: copying S (against IO - S, but for the name it reads) makes neither, suppressing S (for IO - S, against
 the name it reads) a negative name mover; a head that attends IO and writes nothing passes the pattern rule
-and fails the gate. On the balanced probe a positional head cannot be a name mover."""
+and fails the gate. On the balanced probe a positional head cannot be a name mover; one that suppresses what it
+reads is still a negative name mover."""
 
 from __future__ import annotations
 
@@ -62,15 +63,16 @@ def test_a_head_that_attends_io_and_writes_nothing_fails_the_gate(tmp_path, one_
     silent = load_quietly(save_planted_llama(tmp_path / "silent", {(1, 0): (END_TO_IO, 0.0)}))
     df = headlens.classify(silent, detectors=DETS, n_prompts=16, n_boot=200)
     row = df[(df.detector == "name_mover") & (df.layer == 1) & (df["head"] == 0)].iloc[0]
-    assert row.ci_low >= 0.4 and row.lift >= 3  # the pattern rule alone would label it
+    assert (row.ci_low - row.baseline) / (1 - row.baseline) >= 0.4  # the pattern rule alone would label it
     assert not df.label.any()
 
 
 def test_a_positional_head_is_no_name_mover_on_the_balanced_probe(planted):
     df = headlens.classify(planted, detectors=DETS, n_prompts=24, n_boot=200)
-    # the head 4 back still reads a name on most prompts (0.56 of its attention, 3.2x its null) and writes against
-    # it: a negative name mover by the rule against the type's null (the old fixed 0.4 on ci_low missed it)
-    assert _labelled(df) == {("negative_name_mover", "L0H2")}
+    # the heads that suppress what they read still read a name on many prompts and write against it: negative name
+    # movers by the rule against the type's null, the one 4 back (0.56 of its attention, 3.2x its null; the old
+    # fixed 0.4 on ci_low missed it) and the one 12 back (0.41, 2.3x: the lift floor of 3 missed it)
+    assert _labelled(df) == {("negative_name_mover", "L0H2"), ("negative_name_mover", "L1H2")}
     assert df.attrs["thresholds"]["name_mover"] is None  # labelled against its null, no absolute threshold
     row = df[(df.detector == "name_mover") & (df.layer == 1) & (df["head"] == 0)].iloc[0]
     assert row.dla_ci_low < 0 < row.dla_ci_high  # IO in ABBA, S in BABA: it writes both ways
