@@ -112,10 +112,10 @@ def _report(name: str, descriptions: list) -> None:
         print(f"L{at[0]}H{at[1]} (expected {expected}): {d.role}, best rule {d.rule} r = {d.agreement:.3f} "
               f"[{d.ci[0]:.3f}, {d.ci[1]:.3f}] (CI width {d.ci[1] - d.ci[0]:.3f})\n    {d.text}")
         ev = d.evidence
-        print(f"    attention on predicted tokens {ev.get('pred_mass', float('nan')):.3f} "
-              f"[{ev.get('pred_lo', float('nan')):.3f}, {ev.get('pred_hi', float('nan')):.3f}], chance "
-              f"{ev.get('pred_chance', float('nan')):.3f}; OV suppresses {ev['suppresses']:.2f}, copies "
-              f"{ev['copies']:.2f} of {int(ev['n_keys'])} exemplar keys; candidates "
+        print(f"    off-rest attention on predicted tokens {ev['pred_share']:.3f} [{ev['pred_lo']:.3f}, "
+              f"{ev['pred_hi']:.3f}], spread evenly {ev['pred_null']:.3f}; OV self-suppression {ev['ov_score']:.2f} "
+              f"[{ev['ov_lo']:.2f}, {ev['ov_hi']:.2f}] (label {ev['ov_label']:.0f}); at exemplar keys suppresses "
+              f"{ev['suppresses']:.2f}, copies {ev['copies']:.2f} of {int(ev['n_keys'])}; candidates "
               + " ".join(f"{k} {v:.3f}" for k, v in sorted(d.candidates.items(), key=lambda kv: -kv[1])))
     roles: dict[str, int] = {}
     for d in descriptions:

@@ -8,6 +8,9 @@ Why it looks like this:
   ``sx, sxx`` are the pattern's own; ``n, sy, syy`` and the chance mass do not depend on the head (one per
   window); ``sxy`` and the mass on target are one batched product of the layer's pattern ``(B, H, Q*K)``
   with every rule's prediction and targets ``(B, Q*K, 2R)``. Nothing ``(B, L, H, Q, K)`` is ever stacked.
+  Each row's off-rest attention ``(B, H, Q)`` is kept too: against each rule's rows with a target, it
+  gives the share of off-rest attention on the targets and what an even spread would put there (copy
+  suppression's first claim, :mod:`headlens.atlas.describe`).
 * **Rules known before the forward are summed in the hook** (the token rules and the offsets read the tokens
   only). A rule whose targets need the forward itself (``predicted_token``: the model's own top
   predictions, known after the last layer) keeps each layer's off-rest pattern in float32 until they are
@@ -68,6 +71,7 @@ def _batch_sums(model: Any, batch: ProbeBatch, rules: dict[str, Detector], late:
             first = (p[..., 0].double() * batch.query_ok[:, None]).sum(-1)  # (B, H)
             x64 = x.double()
             per_layer[layer]["own"] = torch.stack([x64.sum((-2, -1)), (x64 * x64).sum((-2, -1)), first], -1)
+            per_layer[layer]["rows"] = x64.sum(-1)  # (B, H, Q): each row's off-rest attention
             per_layer[layer]["prod"] = _products(x64, targets)  # (B, H, 2R): sxy per rule, then mass on target
             if late is not None:
                 kept[layer] = x
@@ -77,6 +81,7 @@ def _batch_sums(model: Any, batch: ProbeBatch, rules: dict[str, Detector], late:
     with torch.no_grad(), model.hooks([(name, fold(layer)) for layer, name in enumerate(names)]):
         logits = model(batch.tokens.to(model.device))  # (B, T, V): windows are right-padded; pads are never a query
     own = torch.stack([s["own"] for s in per_layer], 1)  # (B, L, H, 3): sx, sxx, first-token mass
+    rows = torch.stack([s["rows"] for s in per_layer], 1)  # (B, L, H, Q)
     prod = torch.stack([s["prod"] for s in per_layer], 1)  # (B, L, H, 2R): sxy per rule, then mass on target
     sxy, on = prod.chunk(2, -1) if early else (own[..., :0], own[..., :0])  # (B, L, H, R) each
     hits = dict(early)
@@ -87,7 +92,7 @@ def _batch_sums(model: Any, batch: ProbeBatch, rules: dict[str, Detector], late:
         prod = torch.stack([_products(kept[layer].double(), more) for layer in range(L)], 1)  # (B, L, H, 2R')
         sxy, on = (torch.cat([a, b], -1) for a, b in zip((sxy, on), prod.chunk(2, -1), strict=True))
         hits.update(extra)
-    return _assemble(batch, cells, hits, own, sxy, on)
+    return _assemble(batch, cells, hits, own, sxy, on, rows)
 
 
 def _targets(hits: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -110,10 +115,12 @@ def _products(x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def _assemble(batch: ProbeBatch, cells: torch.Tensor, hits: dict[str, torch.Tensor], own: torch.Tensor,
-              sxy: torch.Tensor, on: torch.Tensor) -> dict[str, torch.Tensor]:
+              sxy: torch.Tensor, on: torch.Tensor, rows: torch.Tensor) -> dict[str, torch.Tensor]:
     """The per-window sums (each ``(B, L, H, ...)``) from the heads' own sums ``own`` ``(B, L, H, 3)``, each
-    rule's ``sxy`` and mass on target ``on`` ``(B, L, H, R)`` (rules in ``hits`` order) and the head-independent
-    sums of each rule's targets ``hits[name]`` ``(B, Q, K)``."""
+    rule's ``sxy`` and mass on target ``on`` ``(B, L, H, R)`` (rules in ``hits`` order), each row's off-rest
+    attention ``rows`` ``(B, L, H, Q)`` and the head-independent sums of each rule's targets ``hits[name]``
+    ``(B, Q, K)``. ``mass:<name>`` also holds the off-rest attention of the rows with a target, and what
+    share of it would land on the targets if each row's were spread evenly over its off-rest keys."""
     B, L, H, _ = own.shape
     grid = (B, L, H)
     per_window = lambda v: v.double()[:, None, None].expand(grid)  # noqa: E731  (B,) -> (B, L, H)
@@ -121,6 +128,7 @@ def _assemble(batch: ProbeBatch, cells: torch.Tensor, hits: dict[str, torch.Tens
     n = per_window(cells.sum((-2, -1)))
     out = {"rest": torch.stack([sx, first, per_window(batch.query_ok.sum(-1))], -1)}
     q = torch.arange(cells.shape[-1])
+    n_off = cells.sum(-1).clamp(min=1)  # (B, Q): off-rest keys per row
     for i, (name, hit) in enumerate(hits.items()):
         n_t = hit.sum(-1)  # (B, Q): targets per row
         y = hit.double() / n_t[..., None].clamp(min=1)  # (B, Q, K): the rule's prediction
@@ -128,7 +136,9 @@ def _assemble(batch: ProbeBatch, cells: torch.Tensor, hits: dict[str, torch.Tens
         chance = (n_t / (q + 1)).double() * has  # (B, Q): a uniform row's mass on the targets
         out[f"corr:{name}"] = torch.stack([n, sx, per_window(y.sum((-2, -1))), sxx,
                                            per_window((y * y).sum((-2, -1))), sxy[..., i]], -1)
-        out[f"mass:{name}"] = torch.stack([on[..., i], per_window(has.sum(-1)), per_window(chance.sum(-1))], -1)
+        even = torch.einsum("blhq,bq->blh", rows, n_t / n_off.double())  # off-rest attention spread evenly: its mass on target
+        out[f"mass:{name}"] = torch.stack([on[..., i], per_window(has.sum(-1)), per_window(chance.sum(-1)),
+                                           torch.einsum("blhq,bq->blh", rows, has), even], -1)
     return out
 
 
