@@ -17,6 +17,12 @@ number of windows, length and batch size. Goals (issue 36): pass <= 1.3x the for
 the classify. Nothing asserts.
 
 Run: ``flock /tmp/heavy.lock python benchmarks/atlas.py --model smollm2 --n-windows 96 --seq-len 128``.
+
+``--describe-only`` times the descriptions alone on the held-out windows of that config (the exemplars their
+OV readout reads come from a pass over the first ``--pass-windows`` pass windows only: the readout's cost is
+per head, not per window), then prints each named head's agreement and CI width. ``--heldout N``: score the
+first N held-out windows only (to time the same windows on two versions of the code); ``--max-heldout N``:
+hold out up to N windows (the atlas holds out at most :data:`headlens.atlas.corpus.MAX_HELDOUT`).
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import torch
 
 import headlens
 from headlens.atlas.build import Atlas
-from headlens.atlas.corpus import corpus_windows, split
+from headlens.atlas.corpus import MAX_HELDOUT, corpus_windows, split
 from headlens.atlas.describe import describe
 from headlens.atlas.exemplars import AtlasConfig
 from headlens.atlas.shards import sharded_pass
@@ -81,6 +87,51 @@ def _child(args: argparse.Namespace) -> None:
     print(json.dumps({"peak": _peak()}))
 
 
+def _describe_only(args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)
+    model = headlens.load(args.model)
+    config = AtlasConfig(corpus=args.corpus, n_windows=args.n_windows, seq_len=args.seq_len,
+                         batch_size=args.batch_size)
+    windows = corpus_windows(model, config.corpus, config.n_windows, config.seq_len, config.seed).prompts
+    seen, held = split(windows, max_heldout=args.max_heldout)
+    held = held[: args.heldout]
+    ex = sharded_pass(model, seen[: args.pass_windows], config)
+    t = time.process_time()
+    descriptions = describe(model, ex, held, config.batch_size)
+    described = time.process_time() - t
+    print(f"{args.model}: descriptions of {len(descriptions)} heads on {len(held)} held-out windows "
+          f"({sum(len(w) for w in held)} tokens; {len(seen)} pass windows, exemplars from the first "
+          f"{args.pass_windows}), 1 thread: {described:.1f} s ({described / len(held):.3f} s a window)")
+    _report(args.model, descriptions)
+
+
+def _report(name: str, descriptions: list) -> None:
+    by = {(d.layer, d.head): d for d in descriptions}
+    for at, expected in NAMED.get(name, {}).items():
+        d = by[at]
+        print(f"L{at[0]}H{at[1]} (expected {expected}): {d.role}, best rule {d.rule} r = {d.agreement:.3f} "
+              f"[{d.ci[0]:.3f}, {d.ci[1]:.3f}] (CI width {d.ci[1] - d.ci[0]:.3f})\n    {d.text}")
+        ev = d.evidence
+        print(f"    off-rest attention on predicted tokens {ev['pred_share']:.3f} [{ev['pred_lo']:.3f}, "
+              f"{ev['pred_hi']:.3f}], spread evenly {ev['pred_null']:.3f}; OV self-suppression {ev['ov_score']:.2f} "
+              f"[{ev['ov_lo']:.2f}, {ev['ov_hi']:.2f}] (label {ev['ov_label']:.0f}); at exemplar keys suppresses "
+              f"{ev['suppresses']:.2f}, copies {ev['copies']:.2f} of {int(ev['n_keys'])}; candidates "
+              + " ".join(f"{k} {v:.3f}" for k, v in sorted(d.candidates.items(), key=lambda kv: -kv[1])))
+    roles: dict[str, int] = {}
+    for d in descriptions:
+        roles[d.role] = roles.get(d.role, 0) + 1
+    print("roles:", ", ".join(f"{r} {n}" for r, n in sorted(roles.items())))
+    unclear = [d for d in descriptions if d.role == "no clear role"]
+    if unclear:
+        best = max(unclear, key=lambda d: d.agreement)
+        print(f"no clear role: {len(unclear)} heads; best candidate among them L{best.layer}H{best.head} "
+              f"{best.rule} r = {best.agreement:.2f}")
+    for role in sorted(roles):
+        heads = [f"L{d.layer}H{d.head}({d.agreement:.2f})" for d in descriptions if d.role == role]
+        if role not in ("resting", "no clear role"):
+            print(f"{role}: {' '.join(heads)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
@@ -89,10 +140,16 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--out", default=None, help="also write the site here")
+    ap.add_argument("--describe-only", action="store_true", help="time the descriptions alone")
+    ap.add_argument("--pass-windows", type=int, default=16, help="with --describe-only: windows for the exemplars")
+    ap.add_argument("--heldout", type=int, default=None, help="with --describe-only: the first N held-out windows")
+    ap.add_argument("--max-heldout", type=int, default=MAX_HELDOUT, help="with --describe-only: the split's cap")
     ap.add_argument("--child", choices=("pass", "classify"), default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         return _child(args)
+    if args.describe_only:
+        return _describe_only(args)
     torch.set_num_threads(1)
     model = headlens.load(args.model)
     config = AtlasConfig(corpus=args.corpus, n_windows=args.n_windows, seq_len=args.seq_len,
@@ -121,24 +178,7 @@ def main() -> None:
     print(f"peak RSS (each alone in a child process, model loaded): the exemplar pass {peak_pass / 2**30:.2f} GiB, "
           f"a plain classify of {len(seen)} windows x {args.seq_len} tokens (batch {args.batch_size}) "
           f"{classify / 2**30:.2f} GiB ({peak_pass / classify:.2f}x)")
-    by = {(d.layer, d.head): d for d in atlas.descriptions}
-    for at, expected in NAMED.get(args.model, {}).items():
-        d = by[at]
-        print(f"L{at[0]}H{at[1]} (expected {expected}): {d.role}, best rule {d.rule} r = {d.agreement:.2f} "
-              f"[{d.ci[0]:.2f}, {d.ci[1]:.2f}]\n    {d.text}")
-    roles: dict[str, int] = {}
-    for d in atlas.descriptions:
-        roles[d.role] = roles.get(d.role, 0) + 1
-    print("roles:", ", ".join(f"{r} {n}" for r, n in sorted(roles.items())))
-    unclear = [d for d in atlas.descriptions if d.role == "no clear role"]
-    if unclear:
-        best = max(unclear, key=lambda d: d.agreement)
-        print(f"no clear role: {len(unclear)} heads; best candidate among them L{best.layer}H{best.head} "
-              f"{best.rule} r = {best.agreement:.2f}")
-    for role in sorted(roles):
-        heads = [f"L{d.layer}H{d.head}({d.agreement:.2f})" for d in atlas.descriptions if d.role == role]
-        if role not in ("resting", "no clear role"):
-            print(f"{role}: {' '.join(heads)}")
+    _report(args.model, atlas.descriptions)
 
 
 if __name__ == "__main__":

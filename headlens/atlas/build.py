@@ -53,7 +53,7 @@ class Atlas:
 def build_atlas(model: Any, config: AtlasConfig | None = None, windows: list[torch.Tensor] | None = None,
                 progress: Callable[[int, int], None] | None = None, resume: Any = None) -> Atlas | None:
     """The exemplars and descriptions of every head of ``model`` over ``config.corpus`` (or ``windows``: 1-D
-    token tensors, specials included; a quarter of them are held out to score the descriptions).
+    token tensors, specials included; a quarter of them, at most 256, are held out to score the descriptions).
 
     Under ``torchrun`` the pass is shared out by rank (:mod:`headlens.atlas.shards`); rank 0 describes the heads
     and returns the atlas, the other ranks return None. ``resume``: a folder where each chunk of the pass is

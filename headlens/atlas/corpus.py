@@ -1,7 +1,10 @@
 """The text an atlas reads: the built-in prose and code corpora, or a user's ``.txt`` / JSONL file.
 
-Windows are split once into the pass's share and a held-out share (every ``heldout_every``-th window),
-so a description's rule is scored on text its exemplars never saw.
+Windows are split once into the pass's share and a held-out share (every ``heldout_every``-th window, at
+most :data:`MAX_HELDOUT` of them spread evenly over the corpus), so a description's rule is scored on text
+its exemplars never saw. The cap: scoring costs a forward per held-out window, and a few hundred windows
+already pin every agreement's bootstrap interval to a few hundredths (docs/atlas.md); the windows past it
+go to the pass, where more text finds better exemplars.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from headlens.errors import ProbeError
 from headlens.probes.base import Probe
 
 BUILT_IN = ("prose", "code")
+MAX_HELDOUT = 256  # held-out windows at most (module docstring)
 
 
 def corpus_windows(model: Any, corpus: str, n_windows: int, seq_len: int, seed: int = 0) -> Probe:
@@ -44,12 +48,20 @@ def corpus_windows(model: Any, corpus: str, n_windows: int, seq_len: int, seed: 
     return probe
 
 
-def split(windows: list[torch.Tensor], heldout_every: int = 4) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """The pass's windows and the held-out ones (every ``heldout_every``-th, and the last when that gives none)."""
-    held = set(heldout_rows(len(windows), heldout_every))
+def split(windows: list[torch.Tensor], heldout_every: int = 4, max_heldout: int = MAX_HELDOUT
+          ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The pass's windows and the held-out ones (:func:`heldout_rows`)."""
+    held = set(heldout_rows(len(windows), heldout_every, max_heldout))
     return [w for i, w in enumerate(windows) if i not in held], [windows[i] for i in sorted(held)]
 
 
-def heldout_rows(n: int, heldout_every: int = 4) -> list[int]:
-    """Which of ``n`` windows are held out (:func:`split`)."""
+def heldout_rows(n: int, heldout_every: int = 4, max_heldout: int = MAX_HELDOUT) -> list[int]:
+    """Which of ``n`` windows are held out: every ``heldout_every``-th (the last when that gives none); past
+    ``max_heldout`` of those, ``max_heldout`` spread evenly (the last of each ``n / max_heldout`` windows).
+
+    >>> heldout_rows(10), heldout_rows(2), heldout_rows(100, max_heldout=5)
+    ([3, 7], [1], [19, 39, 59, 79, 99])
+    """
+    if n // heldout_every > max_heldout:
+        return [(j + 1) * n // max_heldout - 1 for j in range(max_heldout)]
     return [i for i in range(n) if i % heldout_every == heldout_every - 1] or [n - 1]

@@ -42,7 +42,7 @@ class AtlasConfig:
 
     Attributes:
         corpus: ``"prose"``, ``"code"`` or a ``.txt`` / JSONL path.
-        n_windows: windows of text read (a quarter of them held out to score descriptions).
+        n_windows: windows of text read (a quarter of them, at most 256, held out to score descriptions).
         seq_len: tokens per window (capped at the model's context).
         k: exemplars kept per head and ranking (Neuronpedia-style pages show about 20).
         batch_size: windows per forward (speed only).

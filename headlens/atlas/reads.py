@@ -82,21 +82,58 @@ def ov_on_keys(model: Any, layer: int, head: int, exemplars: list[Any]) -> dict[
     Returns ``copies`` / ``suppresses`` (the share of keys whose own token is among the head's
     :data:`TOP_RANK` most promoted / suppressed tokens for it, and above / below the row's median, so a head
     that writes nothing copies nothing), ``n`` keys, and ``promoted`` / ``suppressed``:
-    the token ids most often in those lists.
+    the token ids most often in those lists. One head of :func:`ov_on_heads`.
     """
-    from headlens.readout.ov import head_logits, unsupported
+    return ov_on_heads(model, {(layer, head): exemplars})[(layer, head)]
 
-    keys = [e.tokens[e.key] for e in exemplars if e.key >= 0]
-    if not keys or unsupported(model):
-        return {"n": 0, "copies": float("nan"), "suppresses": float("nan"), "promoted": [], "suppressed": []}
-    ids = torch.tensor(keys)
-    logits = head_logits(model, layer, head, ids)  # (n, V)
-    own = logits.gather(1, ids[:, None])  # (n, 1): the attended token's own logit
-    middle = logits.median(-1, keepdim=True).values  # (n, 1): a head that writes nothing ties everything here
-    copies = (((logits > own).sum(-1) < TOP_RANK) & (own > middle)[:, 0]).double().mean()
-    suppresses = (((logits < own).sum(-1) < TOP_RANK) & (own < middle)[:, 0]).double().mean()
-    up, down = logits.topk(TOP_RANK, -1).indices, (-logits).topk(TOP_RANK, -1).indices  # (n, TOP_RANK)
-    promoted = [t for t, _ in Counter(up[:, :3].reshape(-1).tolist()).most_common(5)]
-    suppressed = [t for t, _ in Counter(down[:, :3].reshape(-1).tolist()).most_common(5)]
-    return {"n": len(keys), "copies": float(copies), "suppresses": float(suppresses), "promoted": promoted,
-            "suppressed": suppressed}
+
+def ov_on_heads(model: Any, exemplars: dict[tuple[int, int], list[Any]]) -> dict[tuple[int, int], dict[str, Any]]:
+    """:func:`ov_on_keys` of every ``(layer, head)`` in ``exemplars``, read at once: each distinct key token's
+    effective embedding once, every head's writes stacked, the ``(keys, V)`` logits a block of rows at a time.
+
+    A key's rank and its side of the median are counts over its own row (``#{> own}``, ``#{< own}``): own is
+    above the median (torch's lower one, sorted index ``m = (V - 1) // 2``) exactly when more than ``m``
+    entries lie below it, and below it when at least ``V - m`` lie above.
+    """
+    from headlens.readout.ov import effective_embedding, readout, unsupported
+
+    keys = {at: [e.tokens[e.key] for e in ex if e.key >= 0] for at, ex in exemplars.items()}
+    empty = {"n": 0, "copies": float("nan"), "suppresses": float("nan"), "promoted": [], "suppressed": []}
+    heads = [at for at, k in keys.items() if k]
+    if not heads or unsupported(model):
+        return {at: dict(empty) for at in keys}
+    ids = torch.tensor([t for at in heads for t in keys[at]])  # (N,): every head's keys, head after head
+    distinct, where = ids.unique(return_inverse=True)
+    e = effective_embedding(model, distinct)[where]  # (N, D)
+    ov = readout(model)
+    writes, start = [], 0
+    for layer, head in heads:
+        n = len(keys[(layer, head)])
+        writes.append(e[start:start + n] @ ov.w_v[layer, int(ov.kv[head])] @ ov.w_o[layer, head])  # (n, D)
+        start += n
+    x = torch.cat(writes)  # (N, D)
+    V = ov.unembed.shape[1]
+    m = (V - 1) // 2
+    above, below, up, down = [], [], [], []
+    for r in range(0, len(x), ROWS):
+        logits = x[r:r + ROWS] @ ov.unembed  # (rows, V)
+        own = logits.gather(1, ids[r:r + ROWS, None])  # (rows, 1): the attended token's own logit
+        above.append((logits > own).sum(-1))
+        below.append((logits < own).sum(-1))
+        up.append(logits.topk(3, -1).indices)  # (rows, 3)
+        down.append((-logits).topk(3, -1).indices)
+    gt, lt, top, bottom = (torch.cat(t) for t in (above, below, up, down))
+    copies = (gt < TOP_RANK) & (lt > m)  # (N,): in its top 10 and above the median
+    suppresses = (lt < TOP_RANK) & (gt >= V - m)  # in its bottom 10 and below the median
+    out, start = {at: dict(empty) for at in keys}, 0
+    for at in heads:
+        sl = slice(start, start + len(keys[at]))
+        out[at] = {"n": len(keys[at]), "copies": float(copies[sl].double().mean()),
+                   "suppresses": float(suppresses[sl].double().mean()),
+                   "promoted": [t for t, _ in Counter(top[sl].reshape(-1).tolist()).most_common(5)],
+                   "suppressed": [t for t, _ in Counter(bottom[sl].reshape(-1).tolist()).most_common(5)]}
+        start = sl.stop
+    return out
+
+
+ROWS = 512  # key rows of the (keys, V) readout per product

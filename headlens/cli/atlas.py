@@ -21,8 +21,8 @@ def register(app: typer.Typer) -> None:
         out: Annotated[Path, typer.Option("--out", help="folder to write the site into (index.html, heads/, "
                                           "exemplars.parquet)")],
         corpus: Annotated[str, typer.Option("--corpus", help="'prose', 'code', or a .txt / JSONL file")] = "prose",
-        n_windows: Annotated[int, typer.Option("--n-windows", min=2, help="windows of text read (a quarter held "
-                                               "out to score the descriptions)")] = 64,
+        n_windows: Annotated[int, typer.Option("--n-windows", min=2, help="windows of text read (a quarter, at "
+                                               "most 256, held out to score the descriptions)")] = 64,
         seq_len: opt.SeqLen = 128,
         k: Annotated[int, typer.Option("--k", min=1, help="exemplars kept per head and ranking")] = 20,
         batch_size: opt.BatchSize = 8,

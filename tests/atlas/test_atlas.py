@@ -144,7 +144,7 @@ def test_a_bridged_family_gets_its_planted_previous_token_head(family, tmp_path)
 
 
 def test_the_predicted_token_rule_marks_earlier_copies_of_what_the_model_predicts():
-    from headlens.atlas.describe import N_PREDICTED, _predicted
+    from headlens.atlas.rules import N_PREDICTED, predicted
     from headlens.probes.base import ProbeBatch
 
     t = torch.tensor([[9, 1, 2, 3, 2]])
@@ -152,7 +152,7 @@ def test_the_predicted_token_rule_marks_earlier_copies_of_what_the_model_predict
     pred[0, 4] = 2  # at the last query the model predicts token 2, which sits at keys 2 and 4 (itself)
     batch = ProbeBatch(t, torch.tensor([5]), torch.ones(1, 5, dtype=torch.bool), t == 9, True,
                        {f"pred{i}": pred for i in range(N_PREDICTED)})
-    hit = _predicted(batch, torch.arange(5)[:, None], torch.arange(5)[None, :])  # (1, Q, K)
+    hit = predicted(batch, torch.arange(5)[:, None], torch.arange(5)[None, :])  # (1, Q, K)
     assert hit[0].nonzero().tolist() == [[4, 2]]  # the earlier copy only, never the query itself
 
 
