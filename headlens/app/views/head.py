@@ -41,7 +41,9 @@ def head_view(ref: str, model: Any, text: str, scores: Any, selected: list[tuple
 def pick_head(ref: str, model: Any, selected: list[tuple[int, int]]) -> tuple[int, int]:
     """The head box, set to the head clicked last in the grid (the one new to the selection) when it changes."""
     options = hd.all_heads(model.n_layers, model.n_heads)
-    box, seen = f"head_page::{ref}", f"head_page_seen::{ref}"
+    box, seen, kept = f"head_page::{ref}", f"head_page_seen::{ref}", f"head_page_kept::{ref}"
+    if box not in st.session_state and kept in st.session_state:  # a box not drawn in a run (another view) is dropped
+        st.session_state[box] = st.session_state[kept]
     chosen = [hd.format_head(*h) for h in selected]
     if chosen != st.session_state.get(seen):
         new = [h for h in chosen if h not in (st.session_state.get(seen) or [])]
@@ -50,8 +52,9 @@ def pick_head(ref: str, model: Any, selected: list[tuple[int, int]]) -> tuple[in
         st.session_state[seen] = chosen
     if st.session_state.get(box) not in options:
         st.session_state[box] = options[0]
-    return hd.parse_head(st.selectbox("Head", options, key=box,
-                                      help="the head this page is about: the one you clicked last in the grid"))
+    st.session_state[kept] = st.selectbox("Head", options, key=box,
+                                          help="the head this page is about: the one you clicked last in the grid")
+    return hd.parse_head(st.session_state[kept])
 
 
 def scores_section(scores: Any, layer: int, head: int) -> None:
