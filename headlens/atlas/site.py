@@ -21,10 +21,12 @@ RANKING_TITLES = {"attention": "strongest attention off the first token and itse
                   "write": "largest write (norm of what it adds to the residual stream)",
                   "dla_pos": "largest direct push on the actual next token",
                   "dla_neg": "largest direct push against the actual next token"}
-STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:70em}table.grid td{width:2.6em;height:1.6em;
-text-align:center;border:1px solid #999;font-size:.8em}table.grid a{color:#000;text-decoration:none;display:block}
-.ex{font-family:monospace;white-space:pre-wrap;margin:.3em 0;line-height:1.9}.tok{padding:1px 0}
+PAGE_STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:70em}table.grid td{width:2.6em;height:1.6em;
+text-align:center;border:1px solid #999;font-size:.8em}table.grid a{color:#000;text-decoration:none;display:block}"""
+# what an exemplar, a pair table and the meta lines need: the dashboard's head page draws them inside its own page
+EXEMPLAR_STYLE = """.ex{font-family:monospace;white-space:pre-wrap;margin:.3em 0;line-height:1.9}.tok{padding:1px 0}
 .key{outline:2px solid #e45756}.query{text-decoration:underline;font-weight:bold}.meta{color:#555;font-size:.85em}"""
+STYLE = PAGE_STYLE + "\n" + EXEMPLAR_STYLE
 
 
 def write_site(atlas: Any, out: str | Path) -> Path:

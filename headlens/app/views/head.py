@@ -67,7 +67,8 @@ def scores_section(scores: Any, layer: int, head: int) -> None:
     st.markdown("**Labels:** " + (", ".join(labels) if labels else "none (no detector's score passes its threshold)"))
     cols = [c for c in SCORE_COLUMNS if c in rows.columns]
     st.dataframe(rows[cols].sort_values("score", ascending=False), hide_index=True, key="head_scores",
-                 column_config={"ci_low": "95% CI low", "ci_high": "95% CI high"})
+                 column_config={c: st.column_config.NumberColumn(c.replace("ci_", "95% CI "), format="%.4f")
+                                for c in cols if c not in ("detector", "label")})
 
 
 def atlas_of(ref: str) -> Any | None:
@@ -106,12 +107,12 @@ def atlas_sections(model: Any, atlas: Any, layer: int, head: int) -> None:
     st.caption(f"{ex.n_tokens} tokens of the {atlas.config.corpus} corpus read for exemplars; every candidate "
                f"rule scored on {atlas.config.n_windows // 4} held-out windows (`headlens atlas` reads more).")
     st.markdown("#### What it reads and writes")
+    st.image(site.profile_svg(ex.profile, layer, head),  # an <img>: st.html would strip the SVG
+             caption="Attention by offset (mean per query row; offset 0 ... 64, farther, first token)")
     left, right = st.columns(2)
     with left:
-        st.caption("Attention by offset (mean per query row; offset 0 ... 64, farther, first token)")
-        st.html(site.profile_svg(ex.profile, layer, head))
         st.caption("Frequent (query, key) token pairs among its attention exemplars")
-        st.html(f"<style>{site.STYLE}</style>{site.pairs_html(atlas, layer, head)}")
+        st.html(f"<style>{site.EXEMPLAR_STYLE}</style>{site.pairs_html(atlas, layer, head)}")
     with right:
         writes_section(model, atlas, d, flat)
     st.markdown("#### Exemplars")
@@ -120,7 +121,7 @@ def atlas_sections(model: Any, atlas: Any, layer: int, head: int) -> None:
     kept = ex.top[ranking][flat]
     st.caption(f"{len(kept)} exemplars, best first: the query underlined, the key it attends to most outlined, "
                f"each token shaded by the head's attention from the query.")
-    st.html(f"<style>{site.STYLE}</style><div class='headlens-exemplars'>"
+    st.html(f"<style>{site.EXEMPLAR_STYLE}</style><div class='headlens-exemplars'>"
             f"{site.ranking_html(atlas, ranking, kept)}</div>")
 
 
