@@ -121,7 +121,7 @@ def ranking_html(atlas: Any, name: str, kept: list[Any]) -> str:
     """A ranking's exemplars of one head (``kept``: ``Exemplars.top[name][flat]``) under its title: each window's
     tokens shaded by the head's attention from the query (underlined), the attended key outlined, then its score,
     where it is in the corpus and the tokens the head promotes and suppresses there. The static page and the
-    dashboard's head page both draw exemplars with it (inside :data:`STYLE`)."""
+    dashboard's head page both draw exemplars with it (styled by :data:`EXEMPLAR_STYLE`)."""
     lines = []
     for e in kept:
         spans = []
