@@ -21,6 +21,8 @@ from headlens.app.ui import ScanProgress, attempt, current_placement
 
 SCORE_COLUMNS = ["detector", "score", "ci_low", "ci_high", "baseline", "lift", "label", "rest",
                  "preference", "preference_ci_low", "preference_ci_high"]
+HEADERS = {"ci_low": "95% CI low", "ci_high": "95% CI high", "preference_ci_low": "preference CI low",
+           "preference_ci_high": "preference CI high"}
 
 
 def head_view(ref: str, model: Any, text: str, scores: Any, selected: list[tuple[int, int]],
@@ -67,7 +69,7 @@ def scores_section(scores: Any, layer: int, head: int) -> None:
     st.markdown("**Labels:** " + (", ".join(labels) if labels else "none (no detector's score passes its threshold)"))
     cols = [c for c in SCORE_COLUMNS if c in rows.columns]
     st.dataframe(rows[cols].sort_values("score", ascending=False), hide_index=True, key="head_scores",
-                 column_config={c: st.column_config.NumberColumn(c.replace("ci_", "95% CI "), format="%.4f")
+                 column_config={c: st.column_config.NumberColumn(HEADERS.get(c, c), format="%.4f")
                                 for c in cols if c not in ("detector", "label")})
 
 
