@@ -134,7 +134,7 @@ def view_shot(page, name: str) -> None:
 
 def head_shot(page, url: str, model: str, head: str) -> None:
     """Click ``head`` in the grid, open its page with the button under the text box, wait for its atlas (built
-    once per model: a minute on SmolLM2) and shoot the page."""
+    once per model: about 30 s on SmolLM2) and shoot the page."""
     page.set_viewport_size({"width": 1500, "height": TALL})
     open_app(page, url)
     page.wait_for_selector("[data-testid=stTextArea] textarea", timeout=300_000)
