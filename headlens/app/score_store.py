@@ -38,16 +38,26 @@ SCORE_PACKAGES = ("detectors", "models", "probes", "readout", "scoring")  # head
 FOLDER = "dashboard-scores"
 
 
-@functools.cache
 def code_digest() -> str:
     """A digest of the source of :data:`SCORE_PACKAGES`: an edited detector or probe is a new key."""
+    return source_digest(SCORE_PACKAGES)
+
+
+@functools.cache
+def source_digest(packages: tuple[str, ...]) -> str:
+    """A digest of the source of headlens' ``packages`` (each file's path and bytes)."""
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
-    for package in SCORE_PACKAGES:
+    for package in packages:
         for path in sorted((root / package).rglob("*.py")):
             h.update(path.relative_to(root).as_posix().encode())
             h.update(path.read_bytes())
     return h.hexdigest()[:16]
+
+
+def versions() -> dict[str, str]:
+    """The versions a stored result depends on besides headlens' source."""
+    return {name: _version(name) for name in ("headlens", "torch", "transformers")}
 
 
 def _version(dist: str) -> str:
@@ -60,18 +70,16 @@ def _version(dist: str) -> str:
 def key(ref: str, n_prompts: int, seed: int, corpus: str | None, placement: tuple[str, str]) -> dict[str, Any]:
     """What a stored table must have been computed from to be read back for this scan."""
     return {"format": FORMAT, "model": fingerprint(ref), "n_prompts": int(n_prompts), "seed": int(seed),
-            "corpus": corpus, "dtype": placement[0], "device": placement[1], "code": code_digest(),
-            "headlens": _version("headlens"), "torch": _version("torch"),
-            "transformers": _version("transformers")}
+            "corpus": corpus, "dtype": placement[0], "device": placement[1], "code": code_digest(), **versions()}
 
 
-def path_for(ref: str, key_: dict[str, Any]) -> Path:
+def path_for(ref: str, key_: dict[str, Any], folder: str = FOLDER, suffix: str = ".json") -> Path:
     """The file of the table under ``key_``: the model's name for people, the key's digest for the rest."""
     from headlens.models.hf.gguf import cache_root
 
     digest = hashlib.sha256(json.dumps(key_, sort_keys=True).encode()).hexdigest()[:20]
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(ref.removeprefix("hf:").removeprefix("gguf:")).name)[:60]
-    return cache_root() / FOLDER / f"{name or 'model'}-{digest}.json"
+    return cache_root() / folder / f"{name or 'model'}-{digest}{suffix}"
 
 
 def stamp(ref: str, n_prompts: int, seed: int, corpus: str | None, placement: tuple[str, str]) -> int:

@@ -68,10 +68,11 @@ class ScanProgress:
     """A ``progress(done, total, stage)`` callback that draws a bar in ``container`` once the work reports
     (nothing when the result needed no computing), at most every ``every`` seconds."""
 
-    def __init__(self, container: Any, what: str, every: float = 0.25) -> None:
-        self.container, self.what, self.every = container, what, every
+    def __init__(self, container: Any, what: str, every: float = 0.25, eta: bool = False) -> None:
+        self.container, self.what, self.every, self.eta = container, what, every, eta
         self.bar: Any = None
         self.last = 0.0
+        self.first: tuple[float, int] | None = None  # (time, done) of the first report: the rate for the time left
 
     def __call__(self, done: int, total: int, stage: str) -> None:
         now = time.monotonic()
@@ -79,11 +80,23 @@ class ScanProgress:
             return
         self.last = now
         text = f"{self.what}: {stage}, {done} of {total}"
+        if self.eta:
+            text += self.time_left(now, done, total)
         fraction = min(1.0, done / total) if total else 0.0
         if self.bar is None:
             self.bar = self.container.progress(fraction, text=text)
         else:
             self.bar.progress(fraction, text=text)
+
+    def time_left(self, now: float, done: int, total: int) -> str:
+        """``", about 12 s left"`` from the rate since the first report (nothing until there is one)."""
+        if self.first is None:
+            self.first = (now, done)
+            return ""
+        t0, d0 = self.first
+        if done <= d0 or done >= total:
+            return ""
+        return f", about {(now - t0) / (done - d0) * (total - done):.0f} s left"
 
     def done(self) -> None:
         if self.bar is not None:

@@ -1,4 +1,6 @@
-"""The text an atlas reads: the built-in prose and code corpora, or a user's ``.txt`` / JSONL file.
+"""The text an atlas reads: the built-in prose and code corpora, or a user's ``.txt`` / JSONL file; and for a
+model that reads neither (a zoo model over a few letters), ``repeats``: random tokens of its vocabulary with a
+segment repeated (:func:`headlens.probes.generated.repeated_segments`).
 
 Windows are split once into the pass's share and a held-out share (every ``heldout_every``-th window, at
 most :data:`MAX_HELDOUT` of them spread evenly over the corpus), so a description's rule is scored on text
@@ -17,17 +19,18 @@ import torch
 from headlens.errors import ProbeError
 from headlens.probes.base import Probe
 
-BUILT_IN = ("prose", "code")
+BUILT_IN = ("prose", "code", "repeats")
 MAX_HELDOUT = 256  # held-out windows at most (module docstring)
 
 
 def corpus_windows(model: Any, corpus: str, n_windows: int, seq_len: int, seed: int = 0) -> Probe:
-    """``n_windows`` token windows of ``corpus`` (``"prose"``, ``"code"`` or a path), specials included.
+    """``n_windows`` token windows of ``corpus`` (``"prose"``, ``"code"``, ``"repeats"`` or a path), specials included.
 
     >>> import headlens
     >>> len(corpus_windows(headlens.load("code"), "prose", 4, 32))
     4
     """
+    from headlens.probes.generated import repeated_segments
     from headlens.probes.prose import prose_windows
     from headlens.probes.text import read_prompts, stdlib_windows, text_prompts
 
@@ -39,6 +42,8 @@ def corpus_windows(model: Any, corpus: str, n_windows: int, seq_len: int, seed: 
         return prose_windows(model, n_windows, seq_len, gen)
     if corpus == "code":
         return stdlib_windows(model, n_windows, seq_len, gen)
+    if corpus == "repeats":
+        return repeated_segments(model, n_windows, seq_len, gen)
     if not Path(corpus).is_file():
         raise ProbeError(f"corpus {corpus!r} is neither a built-in corpus ({', '.join(BUILT_IN)}) nor a file")
     probe = text_prompts(model, read_prompts(corpus), truncate=True)

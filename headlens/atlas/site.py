@@ -21,10 +21,12 @@ RANKING_TITLES = {"attention": "strongest attention off the first token and itse
                   "write": "largest write (norm of what it adds to the residual stream)",
                   "dla_pos": "largest direct push on the actual next token",
                   "dla_neg": "largest direct push against the actual next token"}
-STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:70em}table.grid td{width:2.6em;height:1.6em;
-text-align:center;border:1px solid #999;font-size:.8em}table.grid a{color:#000;text-decoration:none;display:block}
-.ex{font-family:monospace;white-space:pre-wrap;margin:.3em 0;line-height:1.9}.tok{padding:1px 0}
+PAGE_STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:70em}table.grid td{width:2.6em;height:1.6em;
+text-align:center;border:1px solid #999;font-size:.8em}table.grid a{color:#000;text-decoration:none;display:block}"""
+# what an exemplar, a pair table and the meta lines need: the dashboard's head page draws them inside its own page
+EXEMPLAR_STYLE = """.ex{font-family:monospace;white-space:pre-wrap;margin:.3em 0;line-height:1.9}.tok{padding:1px 0}
 .key{outline:2px solid #e45756}.query{text-decoration:underline;font-weight:bold}.meta{color:#555;font-size:.85em}"""
+STYLE = PAGE_STYLE + "\n" + EXEMPLAR_STYLE
 
 
 def write_site(atlas: Any, out: str | Path) -> Path:
@@ -88,24 +90,38 @@ def _mark(role: str) -> str:
 def _head_page(atlas: Any, d: Any) -> str:
     ex = atlas.exemplars
     flat = d.layer * ex.n_heads + d.head
-    cands = ", ".join(f"{html.escape(n)} {v:.2f}" for n, v in sorted(d.candidates.items(), key=lambda kv: -kv[1]))
-    pairs = token_pairs(ex.top["attention"][flat], atlas.strings)
-    pair_rows = "".join(f"<tr><td>{_tok(q)}</td><td>{_tok(k)}</td><td>{n}</td></tr>" for q, k, n in pairs)
-    sections = "".join(_ranking(atlas, name, kept[flat]) for name, kept in ex.top.items())
+    sections = "".join(ranking_html(atlas, name, kept[flat]) for name, kept in ex.top.items())
     return _page(f"L{d.layer}H{d.head} of {atlas.model}", (
         f"<p><a href='../index.html'>atlas of {html.escape(atlas.model)}</a></p><h1>L{d.layer}H{d.head}: "
         f"{html.escape(d.role)}</h1><p class='description'>{html.escape(d.text)}</p>"
-        f"<p class='meta'>Held-out agreement of every candidate rule: {cands}</p>"
-        f"<h2>Reads: attention by offset</h2>{_profile_svg(ex.profile, d.layer, d.head)}"
-        f"<h2>Frequent (query, key) pairs among its exemplars</h2><table><tr><th>query</th><th>key</th><th>n</th>"
-        f"</tr>{pair_rows}</table><h2>Exemplars</h2>{sections}"))
+        f"<p class='meta'>Held-out agreement of every candidate rule: {candidates_text(d)}</p>"
+        f"<h2>Reads: attention by offset</h2>{profile_svg(ex.profile, d.layer, d.head)}"
+        f"<h2>Frequent (query, key) pairs among its exemplars</h2>{pairs_html(atlas, d.layer, d.head)}"
+        f"<h2>Exemplars</h2>{sections}"))
+
+
+def candidates_text(d: Any) -> str:
+    """Every candidate rule of description ``d`` with its held-out agreement, best first (escaped HTML)."""
+    return ", ".join(f"{html.escape(n)} {v:.2f}" for n, v in sorted(d.candidates.items(), key=lambda kv: -kv[1]))
+
+
+def pairs_html(atlas: Any, layer: int, head: int) -> str:
+    """A table of the head's most frequent (query token, key token) pairs among its attention exemplars."""
+    kept = atlas.exemplars.top["attention"][layer * atlas.exemplars.n_heads + head]
+    rows = "".join(f"<tr><td>{_tok(q)}</td><td>{_tok(k)}</td><td>{n}</td></tr>"
+                   for q, k, n in token_pairs(kept, atlas.strings))
+    return f"<table class='pairs'><tr><th>query</th><th>key</th><th>n</th></tr>{rows}</table>"
 
 
 def _tok(s: str) -> str:
     return html.escape(s.replace("\n", "⏎"))
 
 
-def _ranking(atlas: Any, name: str, kept: list[Any]) -> str:
+def ranking_html(atlas: Any, name: str, kept: list[Any]) -> str:
+    """A ranking's exemplars of one head (``kept``: ``Exemplars.top[name][flat]``) under its title: each window's
+    tokens shaded by the head's attention from the query (underlined), the attended key outlined, then its score,
+    where it is in the corpus and the tokens the head promotes and suppresses there. The static page and the
+    dashboard's head page both draw exemplars with it (styled by :data:`EXEMPLAR_STYLE`)."""
     lines = []
     for e in kept:
         spans = []
@@ -120,7 +136,7 @@ def _ranking(atlas: Any, name: str, kept: list[Any]) -> str:
     return f"<h3>{html.escape(RANKING_TITLES.get(name, name))}</h3>{''.join(lines)}"
 
 
-def _profile_svg(profile: Any, layer: int, head: int) -> str:
+def profile_svg(profile: Any, layer: int, head: int) -> str:
     """Bars of mean attention per query row at offsets 0 .. MAX_OFFSET, then 'farther', then the first token."""
     share = [*profile.share(layer, head).tolist(), float(profile.first[layer, head]) / max(profile.rows, 1)]
     w, h = 8, 100

@@ -20,7 +20,9 @@ def register(app: typer.Typer) -> None:
                                                  "hf:ORG/NAME); repeat it for an index of several models")],
         out: Annotated[Path, typer.Option("--out", help="folder to write the site into (index.html, heads/, "
                                           "exemplars.parquet)")],
-        corpus: Annotated[str, typer.Option("--corpus", help="'prose', 'code', or a .txt / JSONL file")] = "prose",
+        corpus: Annotated[str, typer.Option(
+            "--corpus", help="'prose', 'code', 'repeats' (random tokens with a segment repeated: any tokenizer reads "
+                             "it), or a .txt / JSONL file")] = "prose",
         n_windows: Annotated[int, typer.Option("--n-windows", min=2, help="windows of text read (a quarter, at "
                                                "most 256, held out to score the descriptions)")] = 64,
         seq_len: opt.SeqLen = 128,

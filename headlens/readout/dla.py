@@ -65,7 +65,8 @@ def attribute(model: Any, prompts: Any, target: str | int | None = None, positio
             ``"all"`` (every position of every prompt).
         contrast: two tokens ``(A, B)`` or ``"A,B"``: the attribution to ``logit(A) - logit(B)``.
         metric: ``"logit_diff"``: each IOI prompt's own ``logit(IO) - logit(S)``.
-        n_prompts, seed: the size and seed of the IOI probe when ``prompts="ioi"``.
+        n_prompts: the size of the IOI probe when ``prompts="ioi"``.
+        seed: the seed of the IOI probe.
         batch_size: prompts per forward (default: about 2,048 tokens' worth). Changes speed only.
         device: where a model reference is loaded.
         progress: called as ``progress(prompts done, prompts in all)``.

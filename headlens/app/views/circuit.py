@@ -58,6 +58,7 @@ def circuit_view(ref: str, model: Any, text: str, scores: Any, selected: list[tu
                      positions=last[6], sender_positions=last[7])
     if df is None:
         return
+    st.session_state[f"circuit_result::{ref}"] = df  # the Head view lists the edges touching its head
     show_circuit(ref, model, text, df, labels)
 
 

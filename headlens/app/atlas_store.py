@@ -1,0 +1,81 @@
+"""The atlas the dashboard's head page reads, kept on disk like the scores (:mod:`headlens.app.score_store`).
+
+The head page needs every head's exemplars, reads and tested description: one
+:func:`headlens.atlas.build.build_atlas` over a small sample of the built-in prose corpus (:data:`CONFIG`), once per
+model. It is written under :func:`headlens.models.hf.gguf.cache_root` ``/dashboard-atlas/`` and read back by
+every later start. The key is what the atlas depends on: the model's files (path, size and mtime), the atlas
+settings, precision and device, a digest of the source of the packages it comes from (:data:`ATLAS_PACKAGES`),
+and the headlens, torch and transformers versions; a file whose key does not match is built again, never
+shown stale (``rm -r ~/.cache/headlens/dashboard-atlas`` clears them).
+
+The file is a pickle (the atlas holds dataclasses and tensors): it is written and read by this module only, in
+the user's own cache folder. The exemplars' write vectors are dropped before it is written (the page shows the
+promoted and suppressed tokens read from them, not the vectors).
+
+Model calls: none (this module reads and writes files; :mod:`headlens.app.cache` builds the atlas).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+from pathlib import Path
+from typing import Any
+
+from headlens.app import score_store
+from headlens.app.picker import fingerprint
+from headlens.atlas.exemplars import AtlasConfig
+
+FORMAT = 1  # bump when the key or the file layout changes
+FOLDER = "dashboard-atlas"
+ATLAS_PACKAGES = ("atlas", "detectors", "models", "probes", "readout")  # headlens' packages an atlas depends on
+# 48 windows of 128 tokens (36 for exemplars, 12 held out): 29 s on SmolLM2 on two threads, 0.1 s on a
+# zoo model; enough for the named heads' descriptions (docs/atlas.md); `headlens atlas` reads more. A model
+# that cannot read the prose corpus (a zoo model over a few letters) reads the `repeats` corpus instead, in windows
+# of 64 tokens: a vocabulary of a few dozen tokens then holds the planted repeat and no accidental ones.
+CONFIG = AtlasConfig(n_windows=48, seq_len=128, k=20)
+CONFIGS = (CONFIG, AtlasConfig(corpus="repeats", n_windows=48, seq_len=64, k=20))
+
+
+def key(ref: str, placement: tuple[str, str], config: AtlasConfig = CONFIG) -> dict[str, Any]:
+    """What a stored atlas must have been built from to be read back."""
+    return {"format": FORMAT, "model": fingerprint(ref), "config": dataclasses.asdict(config),
+            "dtype": placement[0], "device": placement[1], "code": score_store.source_digest(ATLAS_PACKAGES),
+            **score_store.versions()}
+
+
+def path(ref: str, placement: tuple[str, str], config: AtlasConfig = CONFIG) -> Path:
+    """The file the atlas of ``ref`` is kept in (whether or not it exists)."""
+    return score_store.path_for(ref, key(ref, placement, config), FOLDER, ".pkl")
+
+
+def read(ref: str, placement: tuple[str, str], config: AtlasConfig = CONFIG) -> Any | None:
+    """The stored atlas (:class:`headlens.atlas.build.Atlas`), or None (none stored, another key, unreadable)."""
+    want = key(ref, placement, config)
+    try:
+        with path(ref, placement, config).open("rb") as f:
+            stored = pickle.load(f)
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError):
+        return None
+    if not isinstance(stored, dict) or stored.get("key") != want:
+        return None
+    return stored.get("atlas")
+
+
+def write(ref: str, atlas: Any, placement: tuple[str, str]) -> Path | None:
+    """Store ``atlas`` under its own config (write vectors dropped); None when the cache folder cannot be written."""
+    config = atlas.config
+    for heads in atlas.exemplars.top.values():
+        for kept in heads:
+            for e in kept:
+                e.write = None  # (d_model,) per exemplar: read already into its promoted/suppressed tokens
+    target = path(ref, placement, config)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_suffix(".part")
+        with partial.open("wb") as f:
+            pickle.dump({"key": key(ref, placement, config), "atlas": atlas}, f)
+        partial.replace(target)  # a reader never sees half a file
+    except OSError:
+        return None
+    return target
