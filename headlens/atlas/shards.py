@@ -6,7 +6,8 @@ Why it looks like this:
   from the first window, so every window sits in the batch it has in one process (the same float32 bits)
   whatever the number of ranks; rank ``r`` streams its contiguous block of chunks.
 * **The merge is exact.** The k best of the union of per-chunk top-k lists are the k best overall; offset
-  profiles add. Rank 0 gathers the ranks' merged lists once, after the loop (``run_everywhere`` first, so
+  profiles add. A rank folds each chunk into its running list as the chunk is done (the k best of the kept
+  and the new, the kept first on ties), so it holds one chunk's lists at a time, not every chunk's. Rank 0 gathers the ranks' merged lists once, after the loop (``run_everywhere`` first, so
   one rank's error ends every rank).
 * **Promoted tokens once.** A chunk keeps each exemplar's write vector; the tokens it promotes and suppresses
   (a ``(D, V)`` product each) are read after the last merge, for the exemplars that survived it only.
@@ -69,7 +70,7 @@ def sharded_pass(model: Any, windows: list[torch.Tensor], config: AtlasConfig,
 
 def _my_chunks(model: Any, windows: list[torch.Tensor], config: AtlasConfig, chunks: list[range], store: Any,
                progress: Callable[[int, int], None] | None) -> Exemplars | None:
-    parts, done, total = [], 0, sum(len(c) for c in chunks)
+    acc, done, total = None, 0, sum(len(c) for c in chunks)
     for c in chunks:
         key = f"windows-{c.start}-{c.stop}"
         got = None if store is None else store.load(key)
@@ -81,11 +82,11 @@ def _my_chunks(model: Any, windows: list[torch.Tensor], config: AtlasConfig, chu
             if store is not None:
                 tensors, facts = to_tensors(part, config)
                 store.save(key, tensors, **facts)
-        parts.append(part)
+        acc = part if acc is None else merge([acc, part], config.k)  # folded in as it comes: O(heads x k) kept
         done += len(c)
         if progress is not None:
             progress(done, total)
-    return merge(parts, config.k) if parts else None
+    return acc
 
 
 def _store(root: Any, model: Any, windows: list[torch.Tensor], config: AtlasConfig) -> Any:

@@ -41,6 +41,22 @@ def test_merged_shards_equal_one_pass():
     assert merged.profile.rows == whole.profile.rows and merged.n_tokens == whole.n_tokens
 
 
+def test_many_chunks_folded_in_one_process_equal_one_pass(monkeypatch):
+    """One process folds each chunk into its running lists as it goes (it keeps one chunk's lists at a time,
+    not all of them: the pass's memory must not grow with the corpus); the result is the one pass's."""
+    import headlens.atlas.shards as shards
+
+    monkeypatch.setattr(shards, "CHUNK_BATCHES", 1)  # 5 chunks of one batch
+    model = make_gpt(seed=5, attn_only=True, normalization="none")
+    windows = _windows(10)
+    config = AtlasConfig(k=4, batch_size=2)
+    whole = exemplar_pass(model, windows, config)
+    folded = shards.sharded_pass(model, windows, config)
+    assert _key(folded) == _key(whole)
+    assert torch.allclose(folded.profile.mass, whole.profile.mass, atol=1e-9)
+    assert folded.profile.rows == whole.profile.rows and folded.n_tokens == whole.n_tokens
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="gloo on the loopback interface")
 def test_two_torchrun_ranks_write_the_one_process_atlas(monkeypatch, capsys, tmp_path):
     corpus = tmp_path / "letters.txt"
