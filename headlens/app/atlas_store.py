@@ -8,9 +8,9 @@ settings, precision and device, a digest of the source of the packages it comes 
 and the headlens, torch and transformers versions; a file whose key does not match is built again, never
 shown stale (``rm -r ~/.cache/headlens/dashboard-atlas`` clears them).
 
-The file is a pickle (the atlas holds dataclasses and tensors): it is written and read by this module only, in
-the user's own cache folder. The exemplars' write vectors are dropped before it is written (the page shows the
-promoted and suppressed tokens read from them, not the vectors).
+The file is gzipped JSON, never a pickle (headlens unpickles nothing: a cache file must not be able to run
+code): the atlas' dataclasses as plain fields, the offset profile as nested lists. The exemplars' write
+vectors are left out (the page shows the promoted and suppressed tokens read from them, not the vectors).
 
 Model calls: none (this module reads and writes files; :mod:`headlens.app.cache` builds the atlas).
 """
@@ -18,7 +18,8 @@ Model calls: none (this module reads and writes files; :mod:`headlens.app.cache`
 from __future__ import annotations
 
 import dataclasses
-import pickle
+import gzip
+import json
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from headlens.app import score_store
 from headlens.app.picker import fingerprint
 from headlens.atlas.exemplars import AtlasConfig
 
-FORMAT = 1  # bump when the key or the file layout changes
+FORMAT = 2  # bump when the key or the file layout changes
 FOLDER = "dashboard-atlas"
 ATLAS_PACKAGES = ("atlas", "detectors", "models", "probes", "readout")  # headlens' packages an atlas depends on
 # 48 windows of 128 tokens (36 for exemplars, 12 held out): 29 s on SmolLM2 on two threads, 0.1 s on a
@@ -46,36 +47,63 @@ def key(ref: str, placement: tuple[str, str], config: AtlasConfig = CONFIG) -> d
 
 def path(ref: str, placement: tuple[str, str], config: AtlasConfig = CONFIG) -> Path:
     """The file the atlas of ``ref`` is kept in (whether or not it exists)."""
-    return score_store.path_for(ref, key(ref, placement, config), FOLDER, ".pkl")
+    return score_store.path_for(ref, key(ref, placement, config), FOLDER, ".json.gz")
 
 
 def read(ref: str, placement: tuple[str, str], config: AtlasConfig = CONFIG) -> Any | None:
     """The stored atlas (:class:`headlens.atlas.build.Atlas`), or None (none stored, another key, unreadable)."""
     want = key(ref, placement, config)
     try:
-        with path(ref, placement, config).open("rb") as f:
-            stored = pickle.load(f)
-    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError):
+        with gzip.open(path(ref, placement, config), "rt", encoding="utf-8") as f:
+            stored = json.load(f)
+        if not isinstance(stored, dict) or stored.get("key") != want:
+            return None
+        return from_json(stored["atlas"])
+    except (OSError, EOFError, ValueError, KeyError, TypeError):  # gzip, JSON and a layout of another version
         return None
-    if not isinstance(stored, dict) or stored.get("key") != want:
-        return None
-    return stored.get("atlas")
 
 
 def write(ref: str, atlas: Any, placement: tuple[str, str]) -> Path | None:
     """Store ``atlas`` under its own config (write vectors dropped); None when the cache folder cannot be written."""
     config = atlas.config
-    for heads in atlas.exemplars.top.values():
-        for kept in heads:
-            for e in kept:
-                e.write = None  # (d_model,) per exemplar: read already into its promoted/suppressed tokens
     target = path(ref, placement, config)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_suffix(".part")
-        with partial.open("wb") as f:
-            pickle.dump({"key": key(ref, placement, config), "atlas": atlas}, f)
+        with gzip.open(partial, "wt", encoding="utf-8") as f:
+            json.dump({"key": key(ref, placement, config), "atlas": to_json(atlas)}, f)
         partial.replace(target)  # a reader never sees half a file
     except OSError:
         return None
     return target
+
+
+def to_json(atlas: Any) -> dict[str, Any]:
+    """The atlas as plain JSON values (write vectors left out)."""
+    ex = atlas.exemplars
+    top = {name: [[{f.name: getattr(e, f.name) for f in dataclasses.fields(e) if f.name != "write"} for e in kept]
+                  for kept in heads] for name, heads in ex.top.items()}
+    return {"model": atlas.model, "strings": atlas.strings, "config": dataclasses.asdict(atlas.config),
+            "seen": atlas.seen, "descriptions": [dataclasses.asdict(d) for d in atlas.descriptions],
+            "exemplars": {"n_layers": ex.n_layers, "n_heads": ex.n_heads, "n_tokens": ex.n_tokens, "top": top,
+                          "profile": {"mass": ex.profile.mass.tolist(), "first": ex.profile.first.tolist(),
+                                      "rows": ex.profile.rows}}}
+
+
+def from_json(d: dict[str, Any]) -> Any:
+    """The :class:`headlens.atlas.build.Atlas` :func:`to_json` wrote."""
+    import torch
+
+    from headlens.atlas.build import Atlas
+    from headlens.atlas.describe import Description
+    from headlens.atlas.exemplars import Exemplar, Exemplars
+    from headlens.atlas.reads import OffsetProfile
+
+    e = d["exemplars"]
+    top = {name: [[Exemplar(**x) for x in kept] for kept in heads] for name, heads in e["top"].items()}
+    p = e["profile"]
+    profile = OffsetProfile(torch.tensor(p["mass"], dtype=torch.float64), torch.tensor(p["first"], dtype=torch.float64),
+                            p["rows"])
+    descriptions = [Description(**{**x, "ci": tuple(x["ci"])}) for x in d["descriptions"]]
+    return Atlas(d["model"], d["strings"], Exemplars(e["n_layers"], e["n_heads"], top, profile, e["n_tokens"]),
+                 descriptions, AtlasConfig(**d["config"]), d["seen"])

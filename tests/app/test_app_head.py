@@ -141,6 +141,15 @@ def test_atlas_store_reads_back_only_under_its_key(monkeypatch, tmp_path):
     back = atlas_store.read("induction-2l", placed, config)
     assert [d.text for d in back.descriptions] == [d.text for d in atlas.descriptions]
     assert back.exemplars.top["attention"][5][0].tokens == atlas.exemplars.top["attention"][5][0].tokens
+    for name, heads in atlas.exemplars.top.items():  # every exemplar's fields but the write vector, to the bit
+        for kept, got in zip(heads, back.exemplars.top[name], strict=True):
+            assert [(e.window, e.position, e.score, e.query, e.key, e.attention, e.promoted, e.suppressed)
+                    for e in kept] == [(e.window, e.position, e.score, e.query, e.key, e.attention, e.promoted,
+                                        e.suppressed) for e in got]
+    assert torch.equal(back.exemplars.profile.mass, atlas.exemplars.profile.mass)
+    assert [(d.role, d.rule, d.agreement, d.ci) for d in back.descriptions] == \
+        [(d.role, d.rule, d.agreement, d.ci) for d in atlas.descriptions]
+    assert back.config == atlas.config and back.seen == atlas.seen and back.strings == atlas.strings
     assert atlas_store.read("induction-2l", ("bfloat16", "cpu"), config) is None  # another precision: a miss
     with monkeypatch.context() as m:
         m.setattr(score_store, "source_digest", lambda packages: "edited")  # the atlas' source changed
