@@ -256,7 +256,7 @@ class _Batch:
                                                      post[b:b + 1, q:q + 1], self.w_o[layer])[0, 0]
                                     for _, b, q in got])  # (n, D)
             for (e, _, _), vec in zip(got, vecs.half().float().cpu(), strict=True):
-                e.write = vec
+                e.write = vec.clone()  # its own storage: a view would keep the whole (n, D) block alive
         self.made.clear()
 
 

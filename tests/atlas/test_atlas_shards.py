@@ -57,6 +57,24 @@ def test_many_chunks_folded_in_one_process_equal_one_pass(monkeypatch):
     assert folded.profile.rows == whole.profile.rows and folded.n_tokens == whole.n_tokens
 
 
+@pytest.mark.parametrize("family", [None, "gemma3"])
+def test_a_kept_write_holds_its_own_vector_only(family, tmp_path):
+    """An exemplar's write vector owns its D floats and nothing more: a view into the batch's ``(n, D)`` block
+    of writes kept that whole block alive for as long as one exemplar of it survived, and the pass's peak grew
+    with the corpus (0.5 GiB per 1000 SmolLM2 windows). Both write paths: linear, and a post-attention norm."""
+    import headlens
+
+    if family is None:
+        model = make_gpt(seed=5, attn_only=True, normalization="none")
+    else:
+        from hf_families import build
+        model = headlens.load(f"hf:{build(family, tmp_path / family)}")
+    ex = exemplar_pass(model, _windows(10), AtlasConfig(k=4, batch_size=4), read_tokens=False)
+    writes = [e.write for heads in ex.top.values() for kept in heads for e in kept]
+    assert writes and all(w is not None and w.shape == (model.cfg.d_model,) for w in writes)
+    assert all(w.untyped_storage().nbytes() == w.numel() * w.element_size() for w in writes)
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="gloo on the loopback interface")
 def test_two_torchrun_ranks_write_the_one_process_atlas(monkeypatch, capsys, tmp_path):
     corpus = tmp_path / "letters.txt"
