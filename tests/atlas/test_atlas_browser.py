@@ -36,3 +36,30 @@ def test_atlas_opens_from_disk_and_links_to_a_head_page(tmp_path):
             page.screenshot(path=str(ARTIFACTS / "atlas_head_page.png"), full_page=True)
         finally:
             browser.close()
+
+
+def test_the_smollm2_atlas_opens_from_disk_in_chromium(smollm2, tmp_path):
+    """Issue 36's 'done when': the atlas of a real GQA model (SmolLM2, 30 layers x 9 heads) opens from disk: its
+    grid holds every head, a click opens the head's page with its tested description and marked exemplars."""
+    from playwright.sync_api import sync_playwright
+
+    path = chromium()
+    atlas = build_atlas(smollm2, AtlasConfig(corpus="prose", n_windows=16, seq_len=64, k=3, batch_size=8))
+    index = write_site(atlas, tmp_path / "atlas")
+    by = {(d.layer, d.head): d for d in atlas.descriptions}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.goto(index.resolve().as_uri())
+            assert page.get_by_role("heading").first.inner_text() == "Atlas of smollm2"
+            assert page.locator("table.grid td").count() == 30 * 9
+            page.locator("a[href='heads/L16H0.html']").click()
+            page.wait_for_load_state()
+            assert page.get_by_role("heading", level=1).inner_text() == f"L16H0: {by[(16, 0)].role}"
+            assert page.locator("p.description").inner_text() == by[(16, 0)].text
+            assert page.locator(".ex .key").count() == 12  # one attended key marked per exemplar (4 rankings x 3)
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "atlas_smollm2_L16H0.png"), full_page=True)
+        finally:
+            browser.close()
