@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from headlens.atlas.build import build_atlas
@@ -13,53 +18,54 @@ from tests.browser_tools import ARTIFACTS, CHROMIUM_ARGS, chromium
 pytestmark = pytest.mark.browser
 
 
-def test_atlas_opens_from_disk_and_links_to_a_head_page(tmp_path):
+@contextlib.contextmanager
+def _opened(index: Path, screenshot: str) -> Iterator[Any]:
+    """``index`` open from disk in chromium: the page, screenshotted into the artifacts as ``screenshot`` at the end."""
     from playwright.sync_api import sync_playwright
 
     path = chromium()
-    model = planted_gpt()
-    index = write_site(build_atlas(model, AtlasConfig(k=3, batch_size=8), windows=repeat_windows(model, 16)),
-                       tmp_path / "atlas")
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page()
             page.goto(index.resolve().as_uri())
-            assert page.get_by_role("heading").first.inner_text().startswith("Atlas of")
-            assert page.locator("table.grid td").count() == 4
-            page.locator("a[href='heads/L1H0.html']").click()
-            page.wait_for_load_state()
-            assert page.get_by_role("heading", level=1).inner_text() == "L1H0: induction"
-            assert "Role: induction" in page.locator("p.description").inner_text()
-            assert page.locator(".ex .key").count() == 12  # one attended key marked per exemplar (4 rankings x 3)
+            yield page
             ARTIFACTS.mkdir(exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / "atlas_head_page.png"), full_page=True)
+            page.screenshot(path=str(ARTIFACTS / screenshot), full_page=True)
         finally:
             browser.close()
+
+
+def _open_head(page: Any, head: str) -> None:
+    page.locator(f"a[href='heads/{head}.html']").click()
+    page.wait_for_load_state()
+
+
+def test_atlas_opens_from_disk_and_links_to_a_head_page(tmp_path):
+    chromium()  # skip (or fail in CI) before building anything
+    model = planted_gpt()
+    index = write_site(build_atlas(model, AtlasConfig(k=3, batch_size=8), windows=repeat_windows(model, 16)),
+                       tmp_path / "atlas")
+    with _opened(index, "atlas_head_page.png") as page:
+        assert page.get_by_role("heading").first.inner_text().startswith("Atlas of")
+        assert page.locator("table.grid td").count() == 4
+        _open_head(page, "L1H0")
+        assert page.get_by_role("heading", level=1).inner_text() == "L1H0: induction"
+        assert "Role: induction" in page.locator("p.description").inner_text()
+        assert page.locator(".ex .key").count() == 12  # one attended key marked per exemplar (4 rankings x 3)
 
 
 def test_the_smollm2_atlas_opens_from_disk_in_chromium(smollm2, tmp_path):
     """Issue 36's 'done when': the atlas of a real GQA model (SmolLM2, 30 layers x 9 heads) opens from disk: its
     grid holds every head, a click opens the head's page with its tested description and marked exemplars."""
-    from playwright.sync_api import sync_playwright
-
-    path = chromium()
+    chromium()  # skip (or fail in CI) before building anything
     atlas = build_atlas(smollm2, AtlasConfig(corpus="prose", n_windows=16, seq_len=64, k=3, batch_size=8))
     index = write_site(atlas, tmp_path / "atlas")
     by = {(d.layer, d.head): d for d in atlas.descriptions}
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page()
-            page.goto(index.resolve().as_uri())
-            assert page.get_by_role("heading").first.inner_text() == "Atlas of smollm2"
-            assert page.locator("table.grid td").count() == 30 * 9
-            page.locator("a[href='heads/L16H0.html']").click()
-            page.wait_for_load_state()
-            assert page.get_by_role("heading", level=1).inner_text() == f"L16H0: {by[(16, 0)].role}"
-            assert page.locator("p.description").inner_text() == by[(16, 0)].text
-            assert page.locator(".ex .key").count() == 12  # one attended key marked per exemplar (4 rankings x 3)
-            ARTIFACTS.mkdir(exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / "atlas_smollm2_L16H0.png"), full_page=True)
-        finally:
-            browser.close()
+    with _opened(index, "atlas_smollm2_L16H0.png") as page:
+        assert page.get_by_role("heading").first.inner_text() == "Atlas of smollm2"
+        assert page.locator("table.grid td").count() == 30 * 9
+        _open_head(page, "L16H0")
+        assert page.get_by_role("heading", level=1).inner_text() == f"L16H0: {by[(16, 0)].role}"
+        assert page.locator("p.description").inner_text() == by[(16, 0)].text
+        assert page.locator(".ex .key").count() == 12  # one attended key marked per exemplar (4 rankings x 3)
