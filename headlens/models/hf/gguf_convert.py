@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from headlens.errors import HeadlensError, ModelReferenceError
+from headlens.models.checkpoint import check_finite
 from headlens.models.hf.gguf_file import GGUFInfo, TensorEntry, n_bytes, read_header
 
 WEIGHTS = "model.safetensors"
@@ -110,6 +111,7 @@ def write_weights(info: GGUFInfo, config: Any, dtype: Any, path: Path) -> int:
     largest = 0
     with _StreamedSafetensors(path, reserve=n_names * (longest + _ENTRY_BYTES) + 1024) as writer:
         for key, tensor in tensors:
+            check_finite(info.path, [(key, tensor)])  # a flipped byte in a block's scale dequantizes to inf
             largest = max(largest, writer.add(key, tensor))
     return largest
 
