@@ -19,15 +19,19 @@ from headlens.probes.base import PYTHON_PAIRS, Probe, body_budget, bracket_annot
 def read_prompts(path: str | Path) -> list[str]:
     """Texts from a file: one prompt per line, or JSONL objects with a ``"text"`` field.
 
-    Blank lines are skipped; a file with no prompt at all is a ``ProbeError``.
+    Lines end at ``\n`` (a ``\r`` before it is dropped: CRLF files read as LF ones; a form feed or a
+    Unicode line separator inside a prompt stays in it). Blank lines are skipped. A file with no prompt
+    at all, one that is not UTF-8 (UTF-16, a binary file), or a prompt holding a NUL byte is a
+    ``ProbeError`` naming the file and the line.
     """
     p = Path(path)
     if not p.is_file():
         raise ProbeError(f"prompts file {str(path)!r} does not exist")
     try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise ProbeError(f"prompts file {str(path)!r} is unreadable as UTF-8 text ({err})") from None
+        raw = p.read_bytes()
+    except OSError as err:
+        raise ProbeError(f"prompts file {str(path)!r} is unreadable ({err.strerror or err})") from None
+    lines = _utf8_lines(raw, str(path))
     texts = []
     jsonl = p.suffix == ".jsonl" or next((ln.lstrip().startswith("{") for ln in lines if ln.strip()), False)
     for n, line in enumerate(lines, 1):
@@ -39,13 +43,32 @@ def read_prompts(path: str | Path) -> list[str]:
             except json.JSONDecodeError as err:
                 raise ProbeError(f"{str(path)!r} line {n} is not valid JSON ({err.msg})") from None
             if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
-                raise ProbeError(f'{str(path)!r} line {n}: expected an object with a string "text" field')
+                got = type(obj.get("text")).__name__ if isinstance(obj, dict) and "text" in obj else \
+                    ("no \"text\"" if isinstance(obj, dict) else f"a JSON {type(obj).__name__}")
+                raise ProbeError(f'{str(path)!r} line {n}: expected an object with a string "text" field, got {got}')
             line = obj["text"]
+        if "\x00" in line:
+            raise ProbeError(f"{str(path)!r} line {n} holds a NUL byte (a binary file?); expected text, one "
+                             f"prompt per line")
         if line.strip():
             texts.append(line)
     if not texts:
         raise ProbeError(f"prompts file {str(path)!r} has no prompts (empty or only blank lines)")
     return texts
+
+
+def _utf8_lines(raw: bytes, path: str) -> list[str]:
+    """``raw`` as UTF-8 (a UTF-8 byte-order mark dropped) split at ``\n``, each line's trailing ``\r`` dropped."""
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise ProbeError(f"prompts file {path!r} is UTF-16 (it starts with a byte-order mark); expected UTF-8: "
+                         f"save it as UTF-8")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        raise ProbeError(f"prompts file {path!r} is not UTF-8 text: byte {err.start:,} (line {line}) is "
+                         f"0x{raw[err.start]:02x}; save it as UTF-8") from None
+    return [ln.removesuffix("\r") for ln in text.split("\n")]
 
 
 def text_prompts(model: Any, texts: list[str], truncate: bool = False) -> Probe:
@@ -61,11 +84,13 @@ def text_prompts(model: Any, texts: list[str], truncate: bool = False) -> Probe:
     for i, text in enumerate(texts):
         if not text.strip():
             raise ProbeError(f"prompt {i + 1} is empty")
-        body = encode_body(model, text)
+        body = _encode_bounded(model, text, room)
         if len(body) > room:
             if not truncate:
+                size = len(body) + v.n_special_positions
                 raise ProbeError(
-                    f"prompt {i + 1} is {len(body) + v.n_special_positions} tokens long; the model's context "
+                    f"prompt {i + 1} is {'' if len(text) <= (room + 2) * _CHARS_PER_TOKEN else 'over '}{size} "
+                    f"tokens long; the model's context "
                     f"is n_ctx={n_ctx}; shorten it or pass --truncate to cut it to fit"
                 )
             body, n_cut = body[:room], n_cut + 1
@@ -76,6 +101,22 @@ def text_prompts(model: Any, texts: list[str], truncate: bool = False) -> Probe:
         hards.append(torch.tensor(h))
     return Probe("prompts", prompts, {"bracket_match": matches, "bracket_hard": hards},
                  settings={"n_texts": len(texts), "n_truncated": n_cut})
+
+
+_CHARS_PER_TOKEN = 32  # more than nearly every token of a real vocabulary spans (whitespace runs included)
+
+
+def _encode_bounded(model: Any, text: str, room: int) -> list[int]:
+    """The body token ids of ``text``, or of a prefix of it when that prefix alone is longer than ``room``
+    tokens: a 10 MB line is cut to fit or refused in a fraction of a second, not tokenized for minutes.
+    Only a text whose prefix of ``(room + 2) * 32`` characters is ``room + 1`` tokens or fewer is
+    tokenized whole (a prefix's tokens are the text's, but for the last one)."""
+    cap = (room + 2) * _CHARS_PER_TOKEN
+    if len(text) > cap:
+        head = encode_body(model, text[:cap])
+        if len(head) > room + 1:
+            return head
+    return encode_body(model, text)
 
 
 def stdlib_body(model: Any, stream: torch.Tensor, start: int, span: int, n: int, what: str = "corpus") -> list[int]:
