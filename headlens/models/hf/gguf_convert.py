@@ -24,6 +24,7 @@ Why it looks like this:
 from __future__ import annotations
 
 import copy
+import errno
 import json
 import mmap
 import struct
@@ -61,6 +62,8 @@ def convert(info: GGUFInfo, out: Path, dtype: str) -> dict[str, Any]:
     except HeadlensError:
         raise
     except Exception as err:  # transformers raises ValueError, KeyError, OSError ... on what it cannot map
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise  # the cache's disk is full: the caller says so
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise ModelReferenceError(f"transformers could not read {str(info.path)!r} "
                                   f"(architecture {info.architecture!r}): {first}") from None
