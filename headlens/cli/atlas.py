@@ -44,6 +44,10 @@ def register(app: typer.Typer) -> None:
 def run_atlas(model: list[str], out: Path, corpus: str, n_windows: int, seq_len: int, k: int, batch_size: int,
               seed: int, quiet: bool, device: str, resume: Path | None = None) -> None:
     """The command body: library calls only, errors left to the caller."""
+    if Path(corpus).is_file():  # a corpus file that is not UTF-8, or binary: refused before torch and the model
+        from headlens.probes.prompt_file import read_prompts
+
+        read_prompts(Path(corpus))
     from rich.console import Console
     from rich.progress import (
         BarColumn,
