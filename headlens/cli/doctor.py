@@ -24,6 +24,10 @@ def _resolve(ref: str) -> Path:
     if ref in ZOO:
         return ZOO[ref].path
     if not ref.startswith("hf:") and (gguf := parse_reference(ref)) is not None:
+        if gguf.is_file():  # a torn header: refused before torch loads and before the cache is touched
+            from headlens.models.hf.gguf_file import read_header
+
+            read_header(gguf)
         return gguf  # a missing file, or no gguf package, is one line from the converter
     path = Path(ref[3:] if ref.startswith("hf:") else ref).expanduser()
     if path.is_file() and path.suffix == ".safetensors":  # a corrupt header: refused before torch loads
