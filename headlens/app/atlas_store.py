@@ -26,6 +26,8 @@ from typing import Any
 from headlens.app import score_store
 from headlens.app.picker import fingerprint
 from headlens.atlas.exemplars import AtlasConfig
+from headlens.errors import OutputError
+from headlens.models.files import atomic_write
 
 FORMAT = 2  # bump when the key or the file layout changes
 FOLDER = "dashboard-atlas"
@@ -69,13 +71,16 @@ def write(ref: str, atlas: Any, placement: tuple[str, str]) -> Path | None:
     target = path(ref, placement, config)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_suffix(".part")
-        with gzip.open(partial, "wt", encoding="utf-8") as f:
-            json.dump({"key": key(ref, placement, config), "atlas": to_json(atlas)}, f)
-        partial.replace(target)  # a reader never sees half a file
-    except OSError:
+        stored = {"key": key(ref, placement, config), "atlas": to_json(atlas)}
+        atomic_write(target, lambda tmp: _gzip_json(tmp, stored))  # a reader never sees half a file
+    except (OSError, OutputError):
         return None
     return target
+
+
+def _gzip_json(path: str, data: dict[str, Any]) -> None:
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        json.dump(data, f)
 
 
 def to_json(atlas: Any) -> dict[str, Any]:

@@ -21,12 +21,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from headlens.app import score_store
 from headlens.app.picker import fingerprint
+from headlens.errors import OutputError
+from headlens.models.files import write_text
 from headlens.zoo import ZOO
 
 FORMAT = 1  # bump when the record's layout changes
@@ -98,9 +99,6 @@ def write(ref: str, record: dict[str, Any], n_prompts: int, seed: int, corpus: s
             return None
         path = path_for(ref, want)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # whole or not at all
-        tmp.write_text(json.dumps({"key": want, **record}))
-        os.replace(tmp, path)
-        return path
-    except OSError:
+        return write_text(path, json.dumps({"key": want, **record}))  # whole or not at all
+    except (OSError, OutputError):
         return None

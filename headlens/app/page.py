@@ -35,7 +35,7 @@ from headlens.app import (
     grid_store,
 )
 from headlens.app import helpers as hd
-from headlens.app.ui import ScanProgress, attempt
+from headlens.app.ui import ScanProgress, attempt, md
 from headlens.app.views import (
     ablation,
     attribution,
@@ -160,7 +160,7 @@ def main() -> None:
     if model is None:
         layout[2].empty()
         return
-    status.caption(f"**{model.name}** · {hd.model_summary(model)}")
+    status.caption(f"**{md(model.name)}** · {hd.model_summary(model)}")
     bar = ScanProgress(status, f"Scoring every head of {model.name} (once for these settings: the scores are kept "
                                f"on disk, so the next start draws the grid at once)")
     with status, st.spinner("Scoring every head..."):

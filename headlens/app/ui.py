@@ -3,6 +3,7 @@ token-window slider of pattern heatmaps, and a progress bar for long scans."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -13,6 +14,17 @@ from headlens import viz
 from headlens.errors import HeadlensError
 
 HALF_WINDOW = 40  # tokens a half-width heatmap (several side by side) labels legibly; full width: viz.PATTERN_WINDOW
+
+
+def md(text: object) -> str:
+    r"""``text`` as literal Markdown inside a line: the characters Streamlit's Markdown reads as syntax there
+    (emphasis, code, links, HTML, ``$`` maths, ``:red[...]`` colours, tables, entities) backslash-escaped, so a
+    token string or a model's name shows as typed (``-`` and ``#`` mean something only at a line's start).
+
+    >>> print(md("**a** [x](y) <b>"))
+    \*\*a\*\* \[x\](y) \<b\>
+    """
+    return re.sub(r"([\\`*_\[\]<>$|~&])", r"\\\1", str(text))
 
 
 def window_slider(n_tokens: int, width: int, key: str) -> range:

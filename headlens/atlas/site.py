@@ -68,7 +68,7 @@ def _index(atlas: Any) -> str:
             colour = ROLE_COLOURS.get(d.role, "#b279a2")
             tip = html.escape(f"L{layer}H{h}: {d.role} ({d.rule} r = {d.agreement:.2f})", quote=True)
             cells.append(f"<td style='background:{colour}' title='{tip}'><a href='heads/L{layer}H{h}.html'>"
-                         f"{_mark(d.role)}</a></td>")
+                         f"{html.escape(_mark(d.role))}</a></td>")
         rows.append(f"<tr><th>L{layer}</th>{''.join(cells)}</tr>")
     counts: dict[str, int] = {}
     for d in atlas.descriptions:

@@ -12,14 +12,17 @@ import typer
 from headlens.cli import options as opt
 from headlens.cli.failure import fail
 from headlens.errors import HeadlensError, ProbeError
+from headlens.probes.prompt_file import utf8_lines
 
 
 def read_prompts(path: Path) -> list[str]:
-    """One prompt per line, or JSONL with a ``text`` field; blank lines skipped."""
+    """One prompt per line, each line plain text or a JSON object with a ``text`` field; blank lines skipped.
+    The bytes are read as :func:`headlens.probes.prompt_file.utf8_lines` reads them (UTF-16, invalid UTF-8
+    and NUL bytes refused naming the line)."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise ProbeError(f"cannot read prompts file {str(path)!r}: {err}") from None
+        lines = utf8_lines(path.read_bytes(), str(path))
+    except OSError as err:
+        raise ProbeError(f"cannot read prompts file {str(path)!r}: {err.strerror or err}") from None
     prompts = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -115,6 +118,8 @@ def run_ablate(model: str | None, heads: str | None, method: str, metric: str, p
     opt.check_choice("ablation method", method, names.METHODS)
     precheck.check_names("metric", metric, names.METRICS)
     opt.check_choice("--control", control, names.CONTROLS)
+    if corpus is None:  # a bad prompts file (UTF-16, binary, wrong JSONL): refused before torch loads
+        prompts_arg(prompts)
     from rich.console import Console
 
     from headlens.cli.progress import is_terminal, progress

@@ -44,6 +44,10 @@ def register(app: typer.Typer) -> None:
 def run_atlas(model: list[str], out: Path, corpus: str, n_windows: int, seq_len: int, k: int, batch_size: int,
               seed: int, quiet: bool, device: str, resume: Path | None = None) -> None:
     """The command body: library calls only, errors left to the caller."""
+    if Path(corpus).is_file():  # a corpus file that is not UTF-8, or binary: refused before torch and the model
+        from headlens.probes.prompt_file import read_prompts
+
+        read_prompts(Path(corpus))
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -58,7 +62,7 @@ def run_atlas(model: list[str], out: Path, corpus: str, n_windows: int, seq_len:
     from headlens.atlas.site import write_sites
     from headlens.cli.progress import progress
     from headlens.errors import OutputError
-    from headlens.models.files import check_writable
+    from headlens.models.files import atomic_folder, check_writable
     from headlens.models.loading import load
     from headlens.scoring.distributed import current
 
@@ -80,7 +84,7 @@ def run_atlas(model: list[str], out: Path, corpus: str, n_windows: int, seq_len:
         del loaded
     if atlases[0] is None:  # a rank other than 0 under torchrun: rank 0 writes
         return
-    index = write_sites(atlases, out)
+    index = atomic_folder(out, lambda tmp: write_sites(atlases, tmp)) / "index.html"  # whole, or the old one kept
     if not quiet:
         for atlas in atlases:
             roles: dict[str, int] = {}

@@ -67,6 +67,9 @@ def run_attribute(model: str | None, prompt: str | None, prompts: Path | None, t
     from headlens.cli.precheck import check_model
 
     check_model(model)  # a mistyped name: refused before torch loads
+    from headlens.cli.ablate import prompts_arg
+
+    prompts_arg(prompts)  # a bad prompts file: refused before torch loads
     from rich.console import Console
 
     from headlens.cli.ablate import prompts_arg

@@ -102,6 +102,9 @@ def register(app: typer.Typer) -> None:
         precheck.check_model(model)  # mistyped names: refused before torch loads
         opt.check_choice("edge ablation method", method, names.EDGE_METHODS)
         precheck.check_names("metric", metric, names.METRICS, keep="receiver:")
+        from headlens.cli.ablate import prompts_arg
+
+        prompts_arg(prompts)  # a bad prompts file: refused before torch loads
         if metric.startswith("receiver:"):
             from headlens.errors import ConfigError, DetectorError
 
@@ -115,7 +118,6 @@ def register(app: typer.Typer) -> None:
         from headlens.circuits.local import is_receiver_metric, receiver_detector
         from headlens.circuits.nodes import parse_inputs
         from headlens.circuits.senders import check_method
-        from headlens.cli.ablate import prompts_arg
         from headlens.cli.progress import is_terminal, progress
         from headlens.interventions.metrics import get_metric
         from headlens.probes.spans import read_rows

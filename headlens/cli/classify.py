@@ -31,7 +31,7 @@ import typer
 from headlens.cli import options as opt
 from headlens.cli import precheck
 from headlens.cli.failure import fail
-from headlens.errors import HeadlensError, ProbeError
+from headlens.errors import HeadlensError
 from headlens.scoring import defaults
 
 N_RANKED = 8  # heads listed per annotated head type, labelled or not
@@ -167,6 +167,10 @@ def run_classify(
 
     Under torchrun only rank 0 shows progress, warnings and results and writes ``out``.
     """
+    if prompts is not None:  # a missing, empty, UTF-16 or binary file: refused before torch and the model load
+        from headlens.probes.prompt_file import read_prompts
+
+        read_prompts(prompts)
     if model is not None:  # a model that will not fit: refused before torch is imported (seconds, not minutes)
         from headlens.models.memory import check_fits
 
@@ -191,8 +195,6 @@ def run_classify(
         check_output_path(out)  # fail before the scan, not after
     if report is not None:
         check_report_path(report)
-    if prompts is not None and not prompts.is_file():
-        raise ProbeError(f"prompts file {str(prompts)!r} does not exist")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         loaded = resolve_model(model, device=rank.device(device), **(load_options or {}))

@@ -24,8 +24,16 @@ def _resolve(ref: str) -> Path:
     if ref in ZOO:
         return ZOO[ref].path
     if not ref.startswith("hf:") and (gguf := parse_reference(ref)) is not None:
+        if gguf.is_file():  # a torn header: refused before torch loads and before the cache is touched
+            from headlens.models.hf.gguf_file import read_header
+
+            read_header(gguf)
         return gguf  # a missing file, or no gguf package, is one line from the converter
     path = Path(ref[3:] if ref.startswith("hf:") else ref).expanduser()
+    if path.is_file() and path.suffix == ".safetensors":  # a corrupt header: refused before torch loads
+        from headlens.models.safetensors_file import read_safetensors_header
+
+        read_safetensors_header(path)
     if not path.exists():
         raise ModelReferenceError(f"{ref!r} is neither a zoo name ({', '.join(sorted(ZOO)) or 'none installed'}), "
                                   f"smollm2 nor an existing checkpoint file, GGUF file or Hugging Face directory")
@@ -114,19 +122,15 @@ def register(app: typer.Typer) -> None:
         """
         import json
 
-        from headlens.cli.progress import progress
-        from headlens.doctor import check_checkpoint
-        from headlens.errors import ConfigError, ProbeError
+        from headlens.errors import ConfigError
+        from headlens.probes.prompt_file import read_prompts
 
-        texts = None
-        if text is not None:
-            try:
-                texts = text.read_text(encoding="utf-8").splitlines()
-            except OSError as err:
-                raise ProbeError(f"cannot read --text {str(text)!r}: {err}") from None
+        texts = read_prompts(text) if text is not None else None  # not UTF-8, binary: one line, before torch
         if (rows is not None and rows < 2) or (seq_len is not None and seq_len < 2):
             raise ConfigError(f"--rows and --seq-len must be >= 2, got {rows} and {seq_len}")
         path = _resolve(checkpoint)
+        from headlens.cli.progress import progress
+        from headlens.doctor import check_checkpoint
         pace = Pace()
         with progress("doctor", quiet=quiet, fields={"left": "{}"}, columns=_bar_columns()) as bar:
             report = check_checkpoint(

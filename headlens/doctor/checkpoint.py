@@ -46,8 +46,8 @@ from headlens.doctor.verdict import (
     source_warnings,
     weigh_source,
 )
-from headlens.errors import CheckpointError, ConfigError
-from headlens.models.checkpoint import FORMAT, read_header
+from headlens.errors import CheckpointError, ConfigError, HeadlensError
+from headlens.models.checkpoint import FORMAT, check_finite, read_header
 from headlens.models.config import ModelConfig
 from headlens.models.gpt import GPT
 from headlens.models.tokenizer import Tokenizer
@@ -79,8 +79,12 @@ def _read_headlens(path: Path) -> Weights:
         raise CheckpointError(f"checkpoint {str(path)!r} has an invalid config: {err}") from None
     except Exception as err:
         raise CheckpointError(f"checkpoint {str(path)!r} is corrupt or truncated ({err})") from None
-    tok = Tokenizer.from_spec(json.loads(header.get("tokenizer", '{"kind": "byte"}')))
-    meta = json.loads(header.get("metadata", "{}"))
+    try:
+        tok = Tokenizer.from_spec(json.loads(header.get("tokenizer", '{"kind": "byte"}')))
+        meta = json.loads(header.get("metadata", "{}"))
+    except (ValueError, KeyError, TypeError, HeadlensError) as err:  # JSONDecodeError and ProbeError included
+        raise CheckpointError(f"checkpoint {str(path)!r} has an invalid tokenizer or metadata ({err})") from None
+    check_finite(path, tensors.items())
     return Weights({k: v.float() for k, v in tensors.items()}, cfg, tok, "headlens", meta)
 
 

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import json
 import re
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 from headlens.doctor.families import HeadLayout
+from headlens.errors import CheckpointError
+from headlens.models.safetensors_file import read_safetensors_header
 
 Shapes = dict[str, tuple[int, ...]]  # tensor name -> shape, (out, in) for projections as Hugging Face keeps them
 
@@ -160,10 +161,8 @@ def safetensors_shapes(model_dir: Path) -> Shapes:
     shapes: Shapes = {}
     for file in files:
         try:
-            with open(model_dir / file, "rb") as f:
-                (n,) = struct.unpack("<Q", f.read(8))
-                header = json.loads(f.read(n))
-        except (OSError, struct.error, json.JSONDecodeError, UnicodeDecodeError):
+            header = read_safetensors_header(model_dir / file)
+        except CheckpointError:
             return {}  # the loader reports an unreadable file in its own words
         shapes.update({k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"})
     return shapes

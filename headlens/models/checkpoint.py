@@ -59,21 +59,42 @@ def save_checkpoint(
 
 def read_header(path: str | os.PathLike) -> dict[str, str]:
     """The string metadata of a safetensors file, or a ``CheckpointError`` saying why not."""
-    from safetensors import safe_open
+    from headlens.models.safetensors_file import header_metadata
 
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            return dict(f.metadata() or {})
-    except Exception as err:  # safetensors raises its own error types for corrupt files
-        raise CheckpointError(f"checkpoint {str(path)!r} is not a readable safetensors file ({err})") from None
+    return header_metadata(path)
 
 
 def load_metadata(path: str | os.PathLike) -> dict[str, Any]:
     """The extra metadata (recipe, losses, step ...) stored with a headlens checkpoint."""
-    return json.loads(read_header(path).get("metadata", "{}"))
+    try:
+        meta = json.loads(read_header(path).get("metadata", "{}"))
+    except ValueError as err:
+        raise CheckpointError(f"checkpoint {str(path)!r} has unreadable metadata ({err})") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"checkpoint {str(path)!r} has metadata that is not a JSON object")
+    return meta
+
+
+def check_finite(path: str | os.PathLike, tensors: Any) -> None:
+    """Refuse weights holding NaN or inf, naming the first such tensor: a flipped byte in a file's data
+    section loads (the format cannot tell), and would turn every score downstream into NaN.
+
+    Args:
+        path: the file, for the message.
+        tensors: ``(name, tensor)`` pairs (``dict.items()``), floating tensors checked.
+
+    >>> check_finite("m.safetensors", {"w": torch.tensor([1.0, float("nan")])}.items())
+    Traceback (most recent call last):
+    headlens.errors.CheckpointError: 'm.safetensors': tensor 'w' holds 1 NaN and 0 inf values of 2 (a corrupt file, or weights that diverged in training)
+    """
+    for name, t in tensors:
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+            raise CheckpointError(f"{str(path)!r}: tensor {name!r} holds {nan:,} NaN and {inf:,} inf values of "
+                                  f"{t.numel():,} (a corrupt file, or weights that diverged in training)")
 
 
 def _check_overrides(stored: ModelConfig, config: ModelConfig | dict[str, Any] | None) -> None:
@@ -129,7 +150,11 @@ def load_checkpoint(
         tensors = load_file(str(path))
     except Exception as err:
         raise CheckpointError(f"checkpoint {str(path)!r} is corrupt or truncated ({err})") from None
-    model = GPT(cfg, tokenizer=tokenizer, name=name or header.get("name") or Path(path).stem)
+    check_finite(path, tensors.items())
+    try:
+        model = GPT(cfg, tokenizer=tokenizer, name=name or header.get("name") or Path(path).stem)
+    except (ConfigError, ProbeError) as err:  # a config that disagrees with its own tokenizer
+        raise CheckpointError(f"checkpoint {str(path)!r} has an invalid config: {err}") from None
     expected = model.state_dict()
     if cfg.tie_embeddings:
         expected = {k: v for k, v in expected.items() if k != "lm_head.weight"}

@@ -88,35 +88,89 @@ def check_writable(path: str | os.PathLike, suffixes: Sequence[str] | None = Non
     return p
 
 
+def _failed(path: Path, err: OSError, existed: bool, what: str = "file") -> OutputError:
+    """One line: what could not be written, why, and that nothing was lost (the temporary name never replaced it)."""
+    kept = f"the previous {what} is kept unchanged" if existed else "nothing was written"
+    return OutputError(f"cannot write {str(path)!r}: {err.strerror or err}; {kept}")
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Path:
     """Call ``write(tmp)`` on a temporary file beside ``path``, give it the umask's mode, move it into place.
 
-    ``OSError`` from the write becomes an ``OutputError`` naming ``path``; the temporary file never
-    stays behind.
+    ``OSError`` from the write (a full disk: ``ENOSPC``) becomes an ``OutputError`` naming ``path`` and saying
+    the previous file is kept; the temporary file never stays behind.
 
     >>> import tempfile, os, stat
     >>> p = atomic_write(os.path.join(tempfile.mkdtemp(), "x.txt"), lambda tmp: open(tmp, "w").write("hi"))
     >>> stat.S_IMODE(p.stat().st_mode) == file_mode()
     True
     """
-    p = Path(path)
+    return atomic_writes({path: write})[0]
+
+
+def atomic_writes(writes: dict[str | os.PathLike, Callable[[str], object]]) -> list[Path]:
+    """:func:`atomic_write` for files that belong together (a table and its sidecar): every file is written
+    to its temporary name first, and only when all are written are they moved into place, so a failure
+    leaves every previous file as it was."""
+    paths, tmps = [Path(p) for p in writes], []
     try:
-        fd, tmp = tempfile.mkstemp(dir=_folder(p), prefix=f".{p.name}.", suffix=".tmp")
-    except OSError as err:
-        raise OutputError(f"cannot write {str(path)!r}: {err.strerror or err}") from None
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, file_mode())  # mkstemp's 0600 would otherwise stay (module docstring)
-        os.replace(tmp, p)
-    except OSError as err:
-        raise OutputError(f"cannot write {str(path)!r}: {err.strerror or err}") from None
+        for p, write in zip(paths, writes.values(), strict=True):
+            try:
+                fd, tmp = tempfile.mkstemp(dir=_folder(p), prefix=f".{p.name}.", suffix=".tmp")
+            except OSError as err:
+                raise _failed(p, err, p.exists()) from None
+            os.close(fd)
+            tmps.append(tmp)
+            try:
+                write(tmp)
+                os.chmod(tmp, file_mode())  # mkstemp's 0600 would otherwise stay (module docstring)
+            except OSError as err:
+                raise _failed(p, err, p.exists()) from None
+        for p, tmp in zip(paths, tmps, strict=True):
+            try:
+                os.replace(tmp, p)
+            except OSError as err:
+                raise _failed(p, err, p.exists()) from None
     finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return p
+        for tmp in tmps:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+    return paths
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically with the umask's mode."""
     return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def atomic_folder(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
+    """Call ``write(tmp)`` on a temporary folder beside ``path``, then swap it into place: a failure (a full
+    disk) leaves the previous folder as it was, with one ``OutputError`` line saying so. What the previous
+    folder holds that the new one does not (the user's own files, resume shards) is moved into the new one."""
+    import shutil
+
+    p = Path(path)
+    existed = p.is_dir() and any(p.iterdir())
+    try:
+        tmp = Path(tempfile.mkdtemp(dir=_folder(p), prefix=f".{p.name}.", suffix=".tmp"))
+    except OSError as err:
+        raise _failed(p, err, existed, "folder") from None
+    old = tmp.with_suffix(".old")
+    try:
+        write(tmp)
+        tmp.chmod(file_mode() | ((file_mode() & 0o444) >> 2))  # mkdtemp's 0700: rw -> rwx where readable
+        if p.exists():
+            os.replace(p, old)
+        os.replace(tmp, p)
+    except OSError as err:
+        if old.exists() and not p.exists():
+            os.replace(old, p)
+        raise _failed(p, err, existed, "folder") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if old.exists():  # the previous folder, now aside: keep what the new one does not replace
+        for entry in old.iterdir():
+            if not (p / entry.name).exists():
+                os.replace(entry, p / entry.name)
+        shutil.rmtree(old, ignore_errors=True)
+    return p

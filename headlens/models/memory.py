@@ -111,8 +111,12 @@ def model_shape(ref: str) -> ModelShape | None:
     path = Path(ref).expanduser()
     if path.is_file() and path.suffix == ".safetensors":
         header = _safetensors_header(path)
-        config = json.loads(header.get("__metadata__", {}).get("config", "{}") or "{}")
-        return ModelShape(_numel(header), int(config.get("n_heads", 1)), int(config.get("d_vocab", 1)))
+        try:  # a config that does not parse is the loader's to refuse, in its words
+            config = json.loads(header.get("__metadata__", {}).get("config", "{}") or "{}")
+            heads, vocab = int(config.get("n_heads", 1)), int(config.get("d_vocab", 1))
+        except (ValueError, TypeError, AttributeError):
+            heads, vocab = 1, 1
+        return ModelShape(_numel(header), max(heads, 1), max(vocab, 1))
     return None
 
 
@@ -146,9 +150,9 @@ def _hf_shape(folder: Path, config: dict[str, Any]) -> ModelShape | None:
 
 
 def _safetensors_header(path: Path) -> dict[str, Any]:
-    with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        return json.loads(f.read(n))
+    from headlens.models.safetensors_file import read_safetensors_header
+
+    return read_safetensors_header(path)
 
 
 def _numel(header: dict[str, Any]) -> int:

@@ -4,8 +4,6 @@ from held-out files of the standard library.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -13,41 +11,10 @@ import torch
 from headlens.errors import ProbeError
 from headlens.models.vocab import encode_body, token_strings, vocab
 from headlens.probes.base import PYTHON_PAIRS, Probe, body_budget, bracket_annotations
+from headlens.probes.prompt_file import read_prompts as read_prompts  # re-exported: its old home
 
 
 # -- the user's texts ---------------------------------------------------------------------------
-def read_prompts(path: str | Path) -> list[str]:
-    """Texts from a file: one prompt per line, or JSONL objects with a ``"text"`` field.
-
-    Blank lines are skipped; a file with no prompt at all is a ``ProbeError``.
-    """
-    p = Path(path)
-    if not p.is_file():
-        raise ProbeError(f"prompts file {str(path)!r} does not exist")
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise ProbeError(f"prompts file {str(path)!r} is unreadable as UTF-8 text ({err})") from None
-    texts = []
-    jsonl = p.suffix == ".jsonl" or next((ln.lstrip().startswith("{") for ln in lines if ln.strip()), False)
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        if jsonl:
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ProbeError(f"{str(path)!r} line {n} is not valid JSON ({err.msg})") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
-                raise ProbeError(f'{str(path)!r} line {n}: expected an object with a string "text" field')
-            line = obj["text"]
-        if line.strip():
-            texts.append(line)
-    if not texts:
-        raise ProbeError(f"prompts file {str(path)!r} has no prompts (empty or only blank lines)")
-    return texts
-
-
 def text_prompts(model: Any, texts: list[str], truncate: bool = False) -> Probe:
     """The user's texts, each with the model's specials around it.
 
@@ -61,11 +28,13 @@ def text_prompts(model: Any, texts: list[str], truncate: bool = False) -> Probe:
     for i, text in enumerate(texts):
         if not text.strip():
             raise ProbeError(f"prompt {i + 1} is empty")
-        body = encode_body(model, text)
+        body = _encode_bounded(model, text, room)
         if len(body) > room:
             if not truncate:
+                size = len(body) + v.n_special_positions
                 raise ProbeError(
-                    f"prompt {i + 1} is {len(body) + v.n_special_positions} tokens long; the model's context "
+                    f"prompt {i + 1} is {'' if len(text) <= (room + 2) * _CHARS_PER_TOKEN else 'over '}{size} "
+                    f"tokens long; the model's context "
                     f"is n_ctx={n_ctx}; shorten it or pass --truncate to cut it to fit"
                 )
             body, n_cut = body[:room], n_cut + 1
@@ -76,6 +45,22 @@ def text_prompts(model: Any, texts: list[str], truncate: bool = False) -> Probe:
         hards.append(torch.tensor(h))
     return Probe("prompts", prompts, {"bracket_match": matches, "bracket_hard": hards},
                  settings={"n_texts": len(texts), "n_truncated": n_cut})
+
+
+_CHARS_PER_TOKEN = 32  # more than nearly every token of a real vocabulary spans (whitespace runs included)
+
+
+def _encode_bounded(model: Any, text: str, room: int) -> list[int]:
+    """The body token ids of ``text``, or of a prefix of it when that prefix alone is longer than ``room``
+    tokens: a 10 MB line is cut to fit or refused in a fraction of a second, not tokenized for minutes.
+    Only a text whose prefix of ``(room + 2) * 32`` characters is ``room + 1`` tokens or fewer is
+    tokenized whole (a prefix's tokens are the text's, but for the last one)."""
+    cap = (room + 2) * _CHARS_PER_TOKEN
+    if len(text) > cap:
+        head = encode_body(model, text[:cap])
+        if len(head) > room + 1:
+            return head
+    return encode_body(model, text)
 
 
 def stdlib_body(model: Any, stream: torch.Tensor, start: int, span: int, n: int, what: str = "corpus") -> list[int]:

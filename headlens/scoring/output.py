@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from headlens.errors import OutputError
-from headlens.models.files import atomic_write, check_writable, write_text
+from headlens.models.files import atomic_write, atomic_writes, check_writable
 
 SUFFIXES = (".csv", ".parquet", ".json")
 META_KEY = "headlens"  # sidecar / Parquet metadata key
@@ -80,8 +80,9 @@ def write_frame(df: Any, path: str | os.PathLike) -> Path:
     meta = jsonable(dict(df.attrs))
     suffix = p.suffix.lower()
     if suffix == ".csv":
-        atomic_write(p, lambda tmp: df.to_csv(tmp, index=False))
-        write_text(sidecar_path(p), json.dumps({META_KEY: meta}, indent=1) + "\n")
+        side = json.dumps({META_KEY: meta}, indent=1) + "\n"  # the table and its sidecar: both or neither
+        atomic_writes({p: lambda tmp: df.to_csv(tmp, index=False),
+                       sidecar_path(p): lambda tmp: Path(tmp).write_text(side, encoding="utf-8")})
     elif suffix == ".json":
         rows = json.loads(df.to_json(orient="records", double_precision=15))  # float64 read back to ~1e-15
         atomic_write(p, lambda tmp: Path(tmp).write_text(json.dumps({"provenance": meta, "rows": rows}),

@@ -17,7 +17,7 @@ import streamlit as st
 
 from headlens.app import cache
 from headlens.app import helpers as hd
-from headlens.app.ui import ScanProgress, attempt, current_placement
+from headlens.app.ui import ScanProgress, attempt, current_placement, md
 
 SCORE_COLUMNS = ["detector", "score", "ci_low", "ci_high", "baseline", "lift", "label", "rest",
                  "preference", "preference_ci_low", "preference_ci_high"]
@@ -32,7 +32,7 @@ def head_view(ref: str, model: Any, text: str, scores: Any, selected: list[tuple
     name = hd.format_head(layer, head)
     atlas = atlas_of(ref)
     role = next((d.role for d in atlas.descriptions if (d.layer, d.head) == (layer, head)), None) if atlas else None
-    st.subheader(f"{name} of {model.name}" + (f": {role.replace('_', ' ')}" if role else ""))
+    st.subheader(f"{name} of {md(model.name)}" + (f": {role.replace('_', ' ')}" if role else ""))
     scores_section(scores, layer, head)
     if atlas is not None:
         atlas_sections(model, atlas, layer, head)
@@ -106,7 +106,7 @@ def atlas_sections(model: Any, atlas: Any, layer: int, head: int) -> None:
     c3.metric("95% CI", f"[{d.ci[0]:.2f}, {d.ci[1]:.2f}]")
     st.dataframe([{"rule": n, "agreement": v} for n, v in sorted(d.candidates.items(), key=lambda kv: -kv[1])],
                  hide_index=True, key="head_candidates")
-    st.caption(f"{ex.n_tokens} tokens of the {atlas.config.corpus} corpus read for exemplars; every candidate "
+    st.caption(f"{ex.n_tokens} tokens of the {md(atlas.config.corpus)} corpus read for exemplars; every candidate "
                f"rule scored on {atlas.config.n_windows // 4} held-out windows (`headlens atlas` reads more).")
     st.markdown("#### What it reads and writes")
     st.image(site.profile_svg(ex.profile, layer, head),  # an <img>: st.html would strip the SVG
@@ -144,7 +144,7 @@ def writes_section(model: Any, atlas: Any, d: Any, flat: int) -> None:
         ov = attempt("Could not read its OV circuit", ov_on_keys, model, d.layer, d.head,
                      atlas.exemplars.top["attention"][flat])
     if ov:
-        words = {k: " ".join(f"`{atlas.strings[t]!r}`" for t in ov[k]) for k in ("promoted", "suppressed")}
+        words = {k: " ".join(md(repr(atlas.strings[t])) for t in ov[k]) for k in ("promoted", "suppressed")}
         st.markdown(f"Promotes most: {words['promoted'] or '-'}  \nSuppresses most: {words['suppressed'] or '-'}")
 
 

@@ -16,7 +16,7 @@ import streamlit as st
 from headlens import viz
 from headlens.app import cache_lm
 from headlens.app import helpers as hd
-from headlens.app.ui import attempt, current_placement, html_download
+from headlens.app.ui import attempt, current_placement, html_download, md
 from headlens.app.views.lesson_parts import bug_losses, bug_patterns, chosen_bugs, window_for
 from headlens.viz import lesson as viz_lesson
 
@@ -43,7 +43,7 @@ def _code(H: int, H_kv: int, d: int, rope: bool) -> str:
 def split_step(ref: str, model: Any, text: str, layer: int) -> None:
     cfg = model.cfg
     H, H_kv, d = model.n_heads, int(getattr(cfg, "n_kv_heads", model.n_heads)), int(cfg.d_head)
-    gqa = (f" {model.name} uses **grouped-query attention**: its keys and values have only `n_kv_heads = {H_kv}` "
+    gqa = (f" {md(model.name)} uses **grouped-query attention**: its keys and values have only `n_kv_heads = {H_kv}` "
            f"heads of {d}, and each is shared by {H // H_kv} query heads." if H_kv < H else "")
     st.markdown(
         f"Multi-head attention does not give each head its own copy of the residual stream: it **splits** the "
@@ -111,7 +111,7 @@ def continuation_html(label: str, c: Any, good: bool) -> str:
 def bugs_step(ref: str, model: Any, text: str, layer: int) -> None:
     st.markdown(
         f"The classic multi-head bugs crash nothing: the shapes still work out, the model still runs and answers, only "
-        f"wrongly. Plant one in the attention code of a copy of {model.name} (the same weights in plain "
+        f"wrongly. Plant one in the attention code of a copy of {md(model.name)} (the same weights in plain "
         f"`transformers`; the model above is untouched): its loss on your text and its continuation of your prompt, "
         f"before and after, then `headlens doctor` on the broken layer.")
     prompt = prompt_box()
@@ -127,7 +127,7 @@ def show_bug(model: Any, b: Any, layer: int) -> None:
         st.html(continuation_html("clean:", b.clean, True) + continuation_html("with the bug:", b.bugged, False))
     (st.error if b.diagnosis else st.warning)(
         f"**headlens doctor on the broken layer {layer}:** {b.verdict} (its attention function, next to "
-        f"{model.name}'s own on random queries, keys and values)")
+        f"{md(model.name)}'s own on random queries, keys and values)")
     with st.expander("The doctor's full report"):
         st.code(b.report, language=None)
     bug_patterns(model, b, layer)
@@ -140,7 +140,7 @@ def head_count_step(ref: str, model: Any, text: str, layer: int) -> None:
         f"A head layout is invisible in the weights' shapes: `q_proj` is `{H * d} x {cfg.d_model}` and `k_proj` "
         f"`{H_kv * d} x {cfg.d_model}` for {H} query heads of {d} sharing {H_kv} key/value heads, and just the same "
         f"for {H // H_kv} query heads of {H_kv * d} sharing 1. So a config with the wrong head count "
-        f"loads without a word. Load {model.name}'s weights with another layout and ask it to continue your prompt.")
+        f"loads without a word. Load {md(model.name)}'s weights with another layout and ask it to continue your prompt.")
     prompt = prompt_box()
     found = attempt("Cannot rebuild the model", cache_lm.get_layouts, ref, _show=st.info)
     if found is None:

