@@ -116,7 +116,7 @@ def register(app: typer.Typer) -> None:
         from headlens.circuits.nodes import parse_inputs
         from headlens.circuits.senders import check_method
         from headlens.cli.ablate import prompts_arg
-        from headlens.cli.progress import is_terminal, progress
+        from headlens.cli.progress import progress
         from headlens.interventions.metrics import get_metric
         from headlens.probes.spans import read_rows
         from headlens.scoring.classification import classify, resolve_model
@@ -141,16 +141,13 @@ def register(app: typer.Typer) -> None:
 
         rank = current()  # under torchrun: ranks share the edges out, rank 0 reports
         err = Console(stderr=True, quiet=quiet or not rank.is_main)
-        if is_terminal():  # progress talk: in a log, the progress lines and the result say enough
-            err.print(f"loading {model or DEFAULT_MODEL} ...")
-        m = resolve_model(model, device=rank.device(device), dtype=dtype, trust_remote_code=trust_remote_code)
-        if report is not None:  # the report's labels: a classify of its own, with its own progress
-            with progress("classifying", quiet=quiet or not rank.is_main) as bar:
-                scores = classify(m, seed=seed, progress=lambda done, total, stage: bar.update(done, total,
-                                                                                          f"classifying {stage}"))
-        else:
-            scores = cached_scores(model, dtype, device)
-        with progress("patching edges", quiet=quiet or not rank.is_main) as bar:
+        with progress(f"loading {model or DEFAULT_MODEL}", quiet=quiet or not rank.is_main) as bar:  # phases
+            m = resolve_model(model, device=rank.device(device), dtype=dtype, trust_remote_code=trust_remote_code)
+            if report is not None:  # the report's labels: a classify of its own
+                scores = classify(m, seed=seed, progress=lambda done, total, what: bar.update(
+                    done, total, f"classifying: {what}"))
+            else:
+                scores = cached_scores(model, dtype, device)
             now = {"what": "patching edges", "total": None, "done": 0}  # the stage the library says it is in
 
             def stage(what: str, total: int, done: int) -> None:

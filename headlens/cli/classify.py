@@ -195,11 +195,11 @@ def run_classify(
         raise ProbeError(f"prompts file {str(prompts)!r} does not exist")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        loaded = resolve_model(model, device=rank.device(device), **(load_options or {}))
-        with progress("scanning", quiet=quiet) as bar:
+        with progress(f"loading {model or 'the default model'}", quiet=quiet) as bar:  # phases: load, scan, ...
+            loaded = resolve_model(model, device=rank.device(device), **(load_options or {}))
             df = classify(loaded, detectors=detectors, prompts=prompts, n_prompts=n_prompts, seq_len=seq_len,
                           batch_size=batch_size, seed=seed, threshold=threshold, tl_compatible=tl_compatible,
-                          progress=lambda done, total, stage: bar.update(done, total, f"scanning {stage}"),
+                          progress=bar.update,
                           truncate=truncate, corpus=corpus, scan_path=scan_path, resume=resume)
         if df is None:  # a rank other than 0: its rows went to rank 0
             return
