@@ -5,19 +5,10 @@ drawn whole inside its chart, and no table shows a column that is empty for ever
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
-from browser_tools import ARTIFACTS, CHROMIUM_ARGS, chromium
+from browser_tools import ARTIFACTS
 
-from tests.app.test_browser import (
-    click_and_wait,
-    dashboard_server,
-    no_exception,
-    wait_healthy,
-    wait_idle,
-    wait_points,
-)
+from tests.app.test_browser import click_and_wait, dashboard_page, no_exception, wait_idle
 from tests.app.test_browser_head import click_head
 
 pytestmark = pytest.mark.browser
@@ -41,40 +32,21 @@ def title_overflow(page) -> list[str]:
 
 
 def test_opening_the_head_page_logs_nothing_and_the_grid_title_fits():
-    executable = chromium()
-    from playwright.sync_api import sync_playwright
-
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
-        with dashboard_server(REF) as (proc, _, port):
-            url = f"http://127.0.0.1:{port}"
-            page = browser.new_page(viewport={"width": 1100, "height": 2000})  # a laptop's width, not a wide screen
-            try:
-                wait_healthy(url, proc)
-                page.goto(url)
-                wait_points(page, 180_000)
-                page.wait_for_selector("[data-testid=stTextArea] textarea", timeout=180_000)
-                wait_idle(page, 180_000)
-                assert title_overflow(page) == []
-                title = page.locator("[data-testid=stPlotlyChart] .gtitle").first.text_content()
-                assert "labels" in title and "click a square" in title, title
-                page.screenshot(path=str(ARTIFACTS / "dashboard_grid_title.png"))
-                if HEAD in page.locator("[data-testid=stMultiSelect]").first.inner_text():
-                    click_head(page, "L0H0")  # a click on the selected square would not select it anew
-                click_head(page, HEAD)
-                page.get_by_role("button", name=f"Open the head page of {HEAD}").click()
-                page.get_by_text(f"{HEAD} of {REF}").first.wait_for(state="visible", timeout=180_000)
-                wait_idle(page, 180_000)
-                no_exception(page)
-                # and back: the switch keeps working (the button shows again off the Head view)
-                click_and_wait(page, page.locator("[data-testid=stButtonGroup] button", has_text="Patterns").first,
-                               f"Open the head page of {HEAD}")
-                no_exception(page)
-            except Exception:
-                with contextlib.suppress(Exception):
-                    page.screenshot(path=str(ARTIFACTS / "navigation_failure.png"), full_page=True)
-                raise
-        log = (ARTIFACTS / "browser_server.log").read_text()
-        browser.close()
+    with dashboard_page(REF, width=1100, height=2000, failure="navigation_failure") as page:  # a laptop's width
+        assert title_overflow(page) == []
+        title = page.locator("[data-testid=stPlotlyChart] .gtitle").first.text_content()
+        assert "labels" in title and "click a square" in title, title
+        page.screenshot(path=str(ARTIFACTS / "dashboard_grid_title.png"))
+        if HEAD in page.locator("[data-testid=stMultiSelect]").first.inner_text():
+            click_head(page, "L0H0")  # a click on the selected square would not select it anew
+        click_head(page, HEAD)
+        page.get_by_role("button", name=f"Open the head page of {HEAD}").click()
+        page.get_by_text(f"{HEAD} of {REF}").first.wait_for(state="visible", timeout=180_000)
+        wait_idle(page, 180_000)
+        no_exception(page)
+        # and back: the switch keeps working (the button shows again off the Head view)
+        click_and_wait(page, page.locator("[data-testid=stButtonGroup] button", has_text="Patterns").first,
+                       f"Open the head page of {HEAD}")
+        no_exception(page)
+    log = (ARTIFACTS / "browser_server.log").read_text()
     assert not [w for w in TROUBLE if w in log], log[-4000:]
