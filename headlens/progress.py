@@ -132,3 +132,64 @@ def status(what: str, done: int, total: int | None, elapsed: float, left: float 
     count = f"{done}/{total} ({100 * done / total:.0f} %)" if total else (f"{done}" if done else "")
     said = f"{count}{extra}".strip()
     return f"{what}: {said + ', ' if said else ''}{times(elapsed, left, at_most)}"
+
+
+class TextSink:
+    """A sink that prints :func:`status` lines (to stderr) at most every ``every`` seconds, none for work that ends
+    within ``quiet`` seconds, and one when a phase ends: progress in a notebook or a script that passed none.
+
+    >>> import io
+    >>> now, out = [0.0], io.StringIO()
+    >>> sink = TextSink(stream=out, clock=lambda: now[0])
+    >>> for i in range(1, 11):
+    ...     now[0] += 1.0
+    ...     sink(i, 10, "scanning induction")
+    >>> print(out.getvalue().strip())
+    headlens: scanning induction: 5/10 (50 %), 5 s elapsed, about 5 s left
+    headlens: scanning induction: 10/10 (100 %), 10 s elapsed
+    """
+
+    def __init__(self, stream: object = None, clock: Callable[[], float] | None = None, every: float = 5.0,
+                 quiet: float = 2.0) -> None:
+        import time
+
+        self.stream, self.clock = stream, clock or time.monotonic
+        self.every, self.quiet = every, quiet
+        self.start = self.last = self.clock()
+        self.seen: tuple[int, int] | None = None  # (done, total) of the last report
+        self.origin: tuple[float, int] = (self.start, 0)  # (time, done) the current phase's pace is measured from
+        self.last_report = self.start
+
+    def __call__(self, done: int, total: int, what: str) -> None:
+        import sys
+
+        now = self.clock()
+        if self.seen is None:  # the first report: what ran before it (loading) is no measure of the pace
+            self.origin = (now, done)
+        elif done < self.seen[0]:  # a new phase
+            self.origin = (now if done == 0 else self.last_report, 0)
+        elif total != self.seen[1]:  # the count goes on, to a new total
+            self.origin = (self.last_report, self.seen[0])
+        self.seen, self.last_report = (done, total), now
+        ends = bool(total) and done >= total
+        if now - self.start < self.quiet or (now - self.last < self.every and not ends):
+            return
+        t0, d0 = self.origin
+        left = time_left(now - t0, done - d0, total - d0 if total else None)
+        print(f"headlens: {status(what, done, total, now - self.start, left)}", file=self.stream or sys.stderr,
+              flush=True)
+        self.last = now
+
+
+def in_notebook() -> bool:
+    """Whether this runs in a Jupyter kernel (where a library call shows its progress by itself)."""
+    import sys
+
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    return type(shell).__name__ == "ZMQInteractiveShell"
+
+
+def default_sink() -> Sink | None:
+    """The progress a library call shows when given none: text lines in a notebook, nothing elsewhere (a script
+    or a test stays quiet; the command line brings its own bar)."""
+    return TextSink() if in_notebook() else None

@@ -32,7 +32,7 @@ from headlens.probes.haystack import needle_haystack
 from headlens.probes.ioi import scan_probe as ioi_scan_probe
 from headlens.probes.prose import prose_windows
 from headlens.probes.text import stdlib_windows, text_prompts
-from headlens.progress import phase, report, reporting
+from headlens.progress import default_sink, phase, report, reporting
 from headlens.readout.ov import forget
 from headlens.readout.ov import unsupported as no_readout
 from headlens.scoring import defaults
@@ -261,6 +261,7 @@ def classify(
     from headlens.scoring.table import empty_table, kv_heads, n_kv_heads, validate
 
     rank = current()
+    progress = progress if progress is not None else default_sink()  # a notebook shows progress by itself
     model = resolve_model(model_or_ref, device=rank.device(device), device_map=device_map, max_memory=max_memory,
                           offload_folder=offload_folder, dtype=dtype, trust_remote_code=trust_remote_code)
     if n_prompts < 1 or batch_size < 1:

@@ -1,4 +1,4 @@
-"""What a user meets, item by item (issue 24): runs never mixed, progress in logs, one vocabulary,
+"""What a user meets, item by item: runs never mixed, progress in logs, one vocabulary,
 discoverable commands and options, readable output."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The doctor on QK-norm and wide-head families (issue 38): the weight shapes fix the layout.
+"""The doctor on QK-norm and wide-head families (heads wider than d_model / n_heads): the weight shapes fix the layout.
 
 A per-head q/k norm (Qwen3, Gemma 3) has ``head_dim`` entries, so the weights say how ``q_proj``'s rows split
 into heads. The subjects are tiny random Qwen3 directories (4 query heads of width 32 on 2 key/value heads,
