@@ -78,6 +78,43 @@ def listening() -> bool:
     return _SINK.get() is not None
 
 
+class Pace:
+    """The current phase's pace, for its time left: measured from the phase's start (a count that goes back, to 0:
+    then; above 0: the last report before it), from the last report when the count goes on to a new total, and
+    from the first report of all (loading before it is no measure of the pace).
+
+    >>> pace = Pace()
+    >>> pace.update(10.0, 32, 320), pace.update(20.0, 64, 320), pace.left(20.0)
+    (False, False, 80.0)
+    >>> pace.update(30.0, 0, 30), pace.update(33.0, 3, 30), pace.left(33.0)
+    (True, False, 27.0)
+    """
+
+    def __init__(self) -> None:
+        self.origin: tuple[float, int] | None = None  # (time, done) the pace is measured from
+        self.seen: tuple[int, int | None] | None = None  # (done, total) of the last report
+        self.last = 0.0  # when the last report came
+
+    def update(self, now: float, done: int, total: int | None) -> bool:
+        """Record a report; True when it starts a new phase (its count went back)."""
+        new = self.seen is not None and done < self.seen[0]
+        if self.seen is None:
+            self.origin = (now, done)
+        elif new:
+            self.origin = (now if done == 0 else self.last, 0)
+        elif total is not None and self.seen[1] is not None and total != self.seen[1]:
+            self.origin = (self.last, self.seen[0])
+        self.seen, self.last = (done, total if total is not None else self.seen and self.seen[1]), now
+        return new
+
+    def left(self, now: float) -> float | None:
+        """Seconds still to go at the phase's pace (:func:`time_left`); None when unknown."""
+        if self.origin is None or self.seen is None:
+            return None
+        (t0, d0), (done, total) = self.origin, self.seen
+        return time_left(now - t0, done - d0, None if not total else total - d0)
+
+
 def time_left(elapsed: float, done: int, total: int | None) -> float | None:
     """Seconds still to go at the pace so far; None before any work is done, when it is all done, or without a
     total.
@@ -156,26 +193,17 @@ class TextSink:
         self.stream, self.clock = stream, clock or time.monotonic
         self.every, self.quiet = every, quiet
         self.start = self.last = self.clock()
-        self.seen: tuple[int, int] | None = None  # (done, total) of the last report
-        self.origin: tuple[float, int] = (self.start, 0)  # (time, done) the current phase's pace is measured from
-        self.last_report = self.start
+        self.pace = Pace()
 
     def __call__(self, done: int, total: int, what: str) -> None:
         import sys
 
         now = self.clock()
-        if self.seen is None:  # the first report: what ran before it (loading) is no measure of the pace
-            self.origin = (now, done)
-        elif done < self.seen[0]:  # a new phase
-            self.origin = (now if done == 0 else self.last_report, 0)
-        elif total != self.seen[1]:  # the count goes on, to a new total
-            self.origin = (self.last_report, self.seen[0])
-        self.seen, self.last_report = (done, total), now
+        self.pace.update(now, done, total)
         ends = bool(total) and done >= total
         if now - self.start < self.quiet or (now - self.last < self.every and not ends):
             return
-        t0, d0 = self.origin
-        left = time_left(now - t0, done - d0, total - d0 if total else None)
+        left = self.pace.left(now)
         print(f"headlens: {status(what, done, total, now - self.start, left)}", file=self.stream or sys.stderr,
               flush=True)
         self.last = now

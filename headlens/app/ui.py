@@ -11,6 +11,7 @@ import streamlit as st
 
 from headlens import viz
 from headlens.errors import HeadlensError
+from headlens.progress import Pace, status
 
 HALF_WINDOW = 40  # tokens a half-width heatmap (several side by side) labels legibly; full width: viz.PATTERN_WINDOW
 
@@ -76,24 +77,15 @@ class ScanProgress:
         self.bar: Any = None
         self.last = 0.0
         self.start = time.monotonic()
-        self.origin: tuple[float, int] | None = None  # (time, done) the current phase's pace is measured from
-        self.seen: tuple[int, int] = (0, 0)  # (done, total) of the last report
+        self.pace = Pace()  # the current phase's, for its time left
 
     def __call__(self, done: int, total: int, stage: str) -> None:
-        from headlens.progress import status, time_left
-
         now = time.monotonic()
-        if done < self.seen[0] or (total != self.seen[1] and self.seen[1]):  # a new phase
-            self.origin = (now, 0) if done == 0 else None
-        if self.origin is None:
-            self.origin = (now, done)
-        self.seen = (done, total)
+        self.pace.update(now, done, total)
         if self.bar is not None and now - self.last < self.every and done < total:
             return
         self.last = now
-        t0, d0 = self.origin
-        left = time_left(now - t0, done - d0, (total - d0) if total else None)
-        text = f"{self.what}: {status(stage, done, total, now - self.start, left)}"
+        text = f"{self.what}: {status(stage, done, total, now - self.start, self.pace.left(now))}"
         fraction = min(1.0, done / total) if total else 0.0
         if self.bar is None:
             self.bar = self.container.progress(fraction, text=text)

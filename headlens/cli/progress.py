@@ -21,15 +21,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
-from headlens.progress import duration, status, time_left, times
+from headlens.progress import Pace, duration, status, time_left, times
 
 __all__ = ["LineProgress", "default_columns", "duration", "is_terminal", "progress", "time_left", "times_column"]
 
 EVERY_S = 8.0  # a line at least this often while work goes on (the heartbeat keeps it when the work is silent) ...
 EVERY_FRACTION = 0.1  # ... and whenever another 10 % is done
 QUIET_START_S = 2.0  # work done sooner than this prints no progress at all (a short run's log stays clean)
-FIRST_S = 4.0  # the heartbeat's first line comes this soon (a model loading says so before the Python start-up
-#                and it add up to 10 s of silence)
+FIRST_S = 4.0  # the heartbeat's first line comes this soon: with the Python start-up before it, a model that is
+#                still loading says so within 10 s
 BEAT_S = 0.5  # how often the heartbeat looks at the clock
 
 
@@ -49,8 +49,8 @@ class LineProgress:
         self.description, self.stream, self.clock = description, stream or sys.stderr, clock
         self.at_most = at_most
         self.fields = fields or {}
-        self.start = self.last_time = self.last_update = clock()
-        self.origin: tuple[float, int] | None = None  # (time, done) the current phase's pace is measured from
+        self.start = self.last_time = clock()
+        self.pace = Pace()  # the current phase's, for its time left
         self.last_fraction = 0.0
         self.done, self.total, self.values = 0, None, {}
         self.lines = 0
@@ -62,13 +62,9 @@ class LineProgress:
         goes back or a new total starts a new phase (its own 10 % grid and time left)."""
         with self.lock:
             now = self.clock()
-            if done < self.done:  # a new phase: it began when it said so (done 0), else when the last was last heard
-                self.origin, self.last_fraction = ((now, 0) if done == 0 else (self.last_update, 0)), 0.0
-            elif total is not None and self.total is not None and total != self.total:  # the count goes on, to a new total
-                self.origin, self.last_fraction = (self.last_update, self.done), 0.0
-            elif self.origin is None:  # the first report: loading and the like before it are no measure of the pace
-                self.origin = (now, done)
-            self.last_update = now
+            if self.pace.update(now, done, total) or (total is not None and self.total is not None
+                                                      and total != self.total):
+                self.last_fraction = 0.0  # a new phase, or a new total: its own 10 % grid
             self.done, self.total = done, total if total is not None else self.total
             self.values.update(values)
             if description:
@@ -113,9 +109,8 @@ class LineProgress:
     def _line(self, now: float) -> None:
         extra = "".join(f" {fmt.format(self.values[k])}" for k, fmt in self.fields.items()
                         if self.values.get(k) == self.values.get(k) and k in self.values)  # NaN: not yet
-        t0, d0 = self.origin or (now, self.done)
-        left = time_left(now - t0, self.done - d0, None if self.total is None else self.total - d0)
-        self.stream.write(f"headlens: {status(self.description, self.done, self.total, now - self.start, left, extra, self.at_most)}\n")
+        said = status(self.description, self.done, self.total, now - self.start, self.pace.left(now), extra, self.at_most)
+        self.stream.write(f"headlens: {said}\n")
         self.stream.flush()
         self.last_time = now
         self.lines += 1
