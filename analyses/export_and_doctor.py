@@ -1,4 +1,4 @@
-"""The figures of issue 12 items 7 and 8: export-hf parity of every zoo model, doctor verdicts per family.
+"""Two checks on every zoo model: export-hf parity of every zoo model, doctor verdicts per family.
 
     python analyses/export_and_doctor.py            # both tables (about a minute on one core)
     python analyses/export_and_doctor.py export     # only the export parity

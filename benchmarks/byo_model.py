@@ -1,6 +1,6 @@
 """Bring your own model: booting a SmolLM2 object already in memory against ``headlens.load("smollm2")``.
 
-Issue 37's numbers, side by side in one process (imports warm, the GGUF's cache converted):
+What bringing your own model costs, side by side in one process (imports warm, the GGUF's cache converted):
 
 1. time: ``headlens.load(obj, tokenizer=tok)`` on the user's ``LlamaForCausalLM`` (loaded by them from the
    cached folder, not timed) against ``headlens.load("smollm2")`` from the cache; interleaved ``--repeats``

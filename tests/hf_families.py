@@ -41,7 +41,7 @@ class Family:
         n_kv_heads: key/value heads (``N_HEADS`` without grouped-query attention).
         refuses: claim (one of ``CLAIMS``) -> a fragment of the one-line ``HeadlensError`` headlens answers
             it with on this family, by design (the README's matrix says why).
-        known: claim -> a bug of code another part of issue 38 owns, on this family: the matrix tests that
+        known: claim -> a known bug not fixed yet, on this family: the matrix tests that
             claim as a strict ``xfail`` (it fails today; fixing it makes the test pass, then drop the entry).
     """
 
@@ -132,7 +132,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
 # The claims a family of the matrix makes: one test each (``claims``); a family refuses or fails one by name.
 CLAIMS = ("patterns", "ablate", "classify", "attribute", "circuit", "circuit_receiver", "circuit_positions",
           "doctor", "dashboard")
-# Issue 38's families, joined to the matrix above (the circuits and doctor work imports this name).
+# The newer families (post-norms, QK-norm, MoE, ...), joined to the matrix above (the circuits and doctor work imports this name).
 JOINING: dict[str, Family] = {n: FAMILIES[n] for n in ("gemma3", "qwen3", "olmo2", "mixtral", "phi", "falcon",
                                                        "cohere", "starcoder2", "stablelm")}
 # Beyond the matrix, for the fused sparse scan (tests/scoring/test_sparse_bridge.py): layers SDPA cannot do exactly.

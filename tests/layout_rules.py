@@ -1,8 +1,8 @@
 """The import rules of headlens' layout (docs/architecture.md), read from the source with ``ast``.
 
 Packages follow the data, and imports point one way: a module may import its own package and the
-packages before it in :data:`ORDER`, never one after it. ``headlens.errors`` and ``headlens.testing``
-may be imported from anywhere, and the top-level ``headlens`` only for ``__version__``. Every import
+packages before it in :data:`ORDER`, never one after it. ``headlens.errors``, ``headlens.progress`` and
+``headlens.testing`` may be imported from anywhere, and the top-level ``headlens`` only for ``__version__``. Every import
 counts: top-level, inside functions (lazy) and under ``TYPE_CHECKING``. Module-level cycles are
 refused too, inside a package as well as across packages.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 # the pipeline, first to last: each package may import only itself and the ones before it
 ORDER = ("zoo", "models", "probes", "readout", "detectors", "scoring", "interventions", "circuits", "atlas", "viz",
          "training", "doctor", "app", "cli")
-ANYWHERE = ("headlens.errors", "headlens.testing")
+ANYWHERE = ("headlens.errors", "headlens.progress", "headlens.testing")
 
 
 @dataclass(frozen=True)

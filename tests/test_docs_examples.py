@@ -1,4 +1,4 @@
-"""Every example of README.md and docs/*.md runs as shown (issue 35: an example can no longer rot).
+"""Every example of README.md and docs/*.md runs as shown (an example can no longer rot).
 
 ``tests/docs_examples.py`` reads the examples and the pages' markers. Here each page's ```python blocks run
 in one namespace in page order, and each ``headlens ...`` line runs in-process (typer's ``CliRunner``; the

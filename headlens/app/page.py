@@ -262,14 +262,17 @@ def text_and_views(ref: str, model: Any, scores: pd.DataFrame, detector: str, co
             st.session_state[text_key] = attempt("Could not build an example text", hd.example_text, model) or ""
         text = st.text_area("Your text", key=text_key, height=110,
                             help="Attention patterns and per-token losses are computed on this text.")
+    # The view switch takes its value from the session state alone (no `default`): a widget given a default
+    # whose key is also set through the state (the button below, a view handing over to another) makes
+    # Streamlit log a warning with a stack trace on every such click.
+    st.session_state.setdefault("view", VIEWS[0])
     if st.session_state.get("goto_view") in VIEWS:  # a view handed over to another (Attribution -> Patterns)
         st.session_state.view = st.session_state.pop("goto_view")
-    if selected and st.session_state.get("view", VIEWS[0]) != "Head":
+    if selected and st.session_state.view != "Head":
         st.button(f"Open the head page of {hd.format_head(*selected[-1])}", key="open_head_page", type="tertiary",
                   icon=":material/article:", on_click=lambda: st.session_state.update(view="Head"),
                   help="its labels and scores, what it does across real text, its ablation and circuits")
-    view = st.segmented_control("View", VIEWS, default=VIEWS[0], required=True, key="view",
-                                label_visibility="collapsed")
+    view = st.segmented_control("View", VIEWS, required=True, key="view", label_visibility="collapsed")
     if view == "Patterns":
         if getattr(model, "tokenizer", "") is not None:  # else the line above said why there is no text
             patterns.patterns_view(ref, model, text, selected)

@@ -12,6 +12,7 @@ import streamlit as st
 
 from headlens import viz
 from headlens.errors import HeadlensError
+from headlens.progress import Pace, status
 
 HALF_WINDOW = 40  # tokens a half-width heatmap (several side by side) labels legibly; full width: viz.PATTERN_WINDOW
 
@@ -78,38 +79,42 @@ def html_download(fig: Any, name: str) -> None:
 
 class ScanProgress:
     """A ``progress(done, total, stage)`` callback that draws a bar in ``container`` once the work reports
-    (nothing when the result needed no computing), at most every ``every`` seconds."""
+    (nothing when the result needed no computing), at most every ``every`` seconds, in the words of every
+    progress display (:func:`headlens.progress.status`): the phase, the count, the time elapsed and the time
+    left, labelled. A new total or a count that goes back is a new phase, with its own pace. (``eta`` is kept
+    for callers that passed it: the time left is always shown once there is a pace to tell it from.)"""
 
-    def __init__(self, container: Any, what: str, every: float = 0.25, eta: bool = False) -> None:
-        self.container, self.what, self.every, self.eta = container, what, every, eta
+    def __init__(self, container: Any, what: str, every: float = 0.25, eta: bool = True) -> None:
+        self.container, self.what, self.every = container, what, every
         self.bar: Any = None
         self.last = 0.0
-        self.first: tuple[float, int] | None = None  # (time, done) of the first report: the rate for the time left
+        self.start = time.monotonic()
+        self.pace = Pace()  # the current phase's, for its time left
 
     def __call__(self, done: int, total: int, stage: str) -> None:
         now = time.monotonic()
+        self.pace.update(now, done, total)
         if self.bar is not None and now - self.last < self.every and done < total:
             return
         self.last = now
-        text = f"{self.what}: {stage}, {done} of {total}"
-        if self.eta:
-            text += self.time_left(now, done, total)
+        text = f"{self.what}: {status(stage, done, total, now - self.start, self.pace.left(now))}"
         fraction = min(1.0, done / total) if total else 0.0
         if self.bar is None:
             self.bar = self.container.progress(fraction, text=text)
         else:
             self.bar.progress(fraction, text=text)
 
-    def time_left(self, now: float, done: int, total: int) -> str:
-        """``", about 12 s left"`` from the rate since the first report (nothing until there is one)."""
-        if self.first is None:
-            self.first = (now, done)
-            return ""
-        t0, d0 = self.first
-        if done <= d0 or done >= total:
-            return ""
-        return f", about {(now - t0) / (done - d0) * (total - done):.0f} s left"
-
     def done(self) -> None:
         if self.bar is not None:
             self.bar.empty()
+
+
+def filled_columns(frame: Any, columns: list[str]) -> list[str]:
+    """Those of ``columns`` that ``frame`` has and that hold a value in at least one row: a table never shows a
+    column that is empty for every row (preference columns on heads without distractors, say).
+
+    >>> import pandas as pd
+    >>> filled_columns(pd.DataFrame({"score": [0.5], "preference": [None]}), ["score", "preference", "rest"])
+    ['score']
+    """
+    return [c for c in columns if c in frame.columns and bool(frame[c].notna().any())]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -114,14 +115,12 @@ def register(app: typer.Typer) -> None:
                 raise ConfigError(str(e)) from None
         from rich.console import Console
 
-        from headlens.circuits.api import circuit
         from headlens.circuits.local import is_receiver_metric, receiver_detector
         from headlens.circuits.nodes import parse_inputs
         from headlens.circuits.senders import check_method
-        from headlens.cli.progress import is_terminal, progress
+        from headlens.cli.progress import progress
         from headlens.interventions.metrics import get_metric
         from headlens.probes.spans import read_rows
-        from headlens.scoring.classification import classify, resolve_model
         from headlens.scoring.output import check_output, write_frame
         from headlens.viz.report import check_report_path, write_report
         from headlens.zoo import DEFAULT_MODEL
@@ -141,18 +140,19 @@ def register(app: typer.Typer) -> None:
             texts = read_rows(prompts)
         from headlens.scoring.distributed import current
 
-        rank = current()  # under torchrun: ranks share the edges out, rank 0 reports
-        err = Console(stderr=True, quiet=quiet or not rank.is_main)
-        if is_terminal():  # progress talk: in a log, the progress lines and the result say enough
-            err.print(f"loading {model or DEFAULT_MODEL} ...")
-        m = resolve_model(model, device=rank.device(device), dtype=dtype, trust_remote_code=trust_remote_code)
-        if report is not None:  # the report's labels: a classify of its own, with its own progress
-            with progress("classifying", quiet=quiet or not rank.is_main) as bar:
-                scores = classify(m, seed=seed, progress=lambda done, total, stage: bar.update(done, total,
-                                                                                          f"classifying {stage}"))
-        else:
-            scores = cached_scores(model, dtype, device)
-        with progress("patching edges", quiet=quiet or not rank.is_main) as bar:
+        main = os.environ.get("RANK", "0") in ("", "0")  # under torchrun rank 0 reports (the group is not up yet)
+        # the phases (load, labels, patching) under one bar, opened before torch is imported
+        with progress(f"loading {model or DEFAULT_MODEL}", quiet=quiet or not main) as bar:
+            from headlens.circuits.api import circuit
+            from headlens.scoring.classification import classify, resolve_model
+
+            rank = current()  # under torchrun: ranks share the edges out
+            m = resolve_model(model, device=rank.device(device), dtype=dtype, trust_remote_code=trust_remote_code)
+            if report is not None:  # the report's labels: a classify of its own
+                scores = classify(m, seed=seed, progress=lambda done, total, what: bar.update(
+                    done, total, f"classifying: {what}"))
+            else:
+                scores = cached_scores(model, dtype, device)
             now = {"what": "patching edges", "total": None, "done": 0}  # the stage the library says it is in
 
             def stage(what: str, total: int, done: int) -> None:
@@ -168,6 +168,7 @@ def register(app: typer.Typer) -> None:
                          positions=True if halves else positions, sender_positions=sender_positions, seed=seed,
                          labels=scores, progress=step, first_pass=first_pass, stage=stage,
                          check=not no_check)
+        err = Console(stderr=True, quiet=quiet or not rank.is_main)
         if df is None:  # a rank other than 0
             return
         if df.attrs.get("verdict") == "inconclusive":  # discovery found no evidence: say so, not an empty circuit

@@ -21,6 +21,7 @@ columns to the table and prints one row per type).
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -179,14 +180,11 @@ def run_classify(
     from rich.console import Console
 
     from headlens.cli.progress import progress
-    from headlens.scoring.classification import classify, resolve_model
     from headlens.scoring.defaults import SCAN_PATHS
     from headlens.scoring.distributed import current
     from headlens.scoring.table import check_output_path, write_table
     from headlens.viz.report import check_report_path, write_report
 
-    rank = current()
-    quiet = quiet or not rank.is_main
     err = Console(stderr=True)
     opt.check_choice("--scan-path", scan_path, SCAN_PATHS)
     if load_options and "dtype" in load_options:
@@ -195,23 +193,35 @@ def run_classify(
         check_output_path(out)  # fail before the scan, not after
     if report is not None:
         check_report_path(report)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        loaded = resolve_model(model, device=rank.device(device), **(load_options or {}))
-        with progress("scanning", quiet=quiet) as bar:
+    caught: list[warnings.WarningMessage] = []
+    main = os.environ.get("RANK", "0") in ("", "0")  # torchrun: rank 0 alone talks (the group is not up yet)
+    # the phases (load, scan, weights, gates) under one bar, opened before torch is imported: a real model's
+    # start says what it is doing within seconds
+    with progress(f"loading {model or 'the default model'}", quiet=quiet or not main) as bar:
+        from headlens.scoring.classification import classify, resolve_model
+
+        rank = current()
+        with warnings.catch_warnings(record=True) as heard:
+            warnings.simplefilter("always")
+            loaded = resolve_model(model, device=rank.device(device), **(load_options or {}))
             df = classify(loaded, detectors=detectors, prompts=prompts, n_prompts=n_prompts, seq_len=seq_len,
                           batch_size=batch_size, seed=seed, threshold=threshold, tl_compatible=tl_compatible,
-                          progress=lambda done, total, stage: bar.update(done, total, f"scanning {stage}"),
+                          progress=bar.update,
                           truncate=truncate, corpus=corpus, scan_path=scan_path, resume=resume)
-        if df is None:  # a rank other than 0: its rows went to rank 0
-            return
-        if confirm:
-            from headlens.scoring.distributed import single_process
+        caught += heard
+    quiet = quiet or not rank.is_main
+    if df is None:  # a rank other than 0: its rows went to rank 0
+        return
+    if confirm:
+        from headlens.scoring.distributed import single_process
 
-            attrs = dict(df.attrs)
+        attrs = dict(df.attrs)
+        with warnings.catch_warnings(record=True) as heard:
+            warnings.simplefilter("always")
             with single_process(), progress("confirming", quiet=quiet) as bar:  # rank 0 alone: the others are done
                 df = _confirm_fn()(loaded, df, progress=lambda done, total: bar.update(done, total, "ablating"))
-            df.attrs.update(attrs)
+        caught += heard
+        df.attrs.update(attrs)
     for w in caught:
         print(f"headlens: warning: {w.message}", file=sys.stderr)
     if out is not None:

@@ -139,9 +139,15 @@ def _warm_up() -> None:
         while not runtime.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
         from headlens.app import cache
+        from headlens.cli.progress import LineProgress
 
-        cache.get_model(ref, placed)
-        cache.get_scores(ref, placement=placed)
+        line = LineProgress(f"dashboard: loading {ref}")  # plain lines: Streamlit logs to this terminal too
+        line.start_heartbeat()  # the first start scores every head: minutes on a real model, said every ~8 s
+        try:
+            cache.get_model(ref, placed)
+            cache.get_scores(ref, placement=placed, progress=lambda done, total, what: line.update(done, total, what))
+        finally:
+            line.stop_heartbeat()
         typer.echo(f"headlens dashboard: {ref} loaded and scored in {time.monotonic() - started:.1f} s", err=True)
 
 

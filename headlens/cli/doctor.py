@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -38,48 +36,6 @@ def _resolve(ref: str) -> Path:
         raise ModelReferenceError(f"{ref!r} is neither a zoo name ({', '.join(sorted(ZOO)) or 'none installed'}), "
                                   f"smollm2 nor an existing checkpoint file, GGUF file or Hugging Face directory")
     return path
-
-
-def time_left(done: int, total: int, elapsed: float) -> str:
-    """At most how long the layouts have left to run, at the pace so far: ``total`` is an upper bound (a layout
-    clearly worse stops early, a source that decides skips the rest), so the estimate is one too.
-
-    >>> time_left(250, 1000, 10.0), time_left(0, 1000, 3.0), time_left(1000, 1000, 40.0)
-    ('<= 30 s left', 'time left unknown', '0 s left')
-    """
-    if done <= 0:
-        return "time left unknown"
-    return f"{'<= ' * (done < total)}{elapsed * max(0, total - done) / done:.0f} s left"
-
-
-class Pace:
-    """:func:`time_left` at the pace since the first progress report: loading the model and reading the text
-    before it is no measure of how fast the layouts run."""
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.clock, self.first = clock, None
-
-    def __call__(self, done: int, total: int) -> str:
-        now = self.clock()
-        if self.first is None:
-            self.first = (now, done)
-        t0, d0 = self.first
-        return time_left(done - d0, total - d0, now - t0)
-
-
-def _bar_columns() -> tuple[Any, ...]:
-    """The bar's columns on a terminal: what runs, the bar, tokens done of at most how many, time left (rich's
-    estimate at the pace so far, an upper bound like :func:`time_left`'s), time taken."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    return (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-            TimeElapsedColumn())
 
 
 def register(app: typer.Typer) -> None:
@@ -131,11 +87,11 @@ def register(app: typer.Typer) -> None:
         path = _resolve(checkpoint)
         from headlens.cli.progress import progress
         from headlens.doctor import check_checkpoint
-        pace = Pace()
-        with progress("doctor", quiet=quiet, fields={"left": "{}"}, columns=_bar_columns()) as bar:
+
+        with progress("doctor: reading the checkpoint", quiet=quiet, at_most=True) as bar:  # the totals are upper bounds
             report = check_checkpoint(
                 path, n_heads=n_heads, seed=seed, texts=texts, n_rows=rows, seq_len=seq_len, all_sources=all_sources,
-                progress=lambda done, total, what: bar.update(done, total, what, left=pace(done, total)))
+                progress=bar.update)
         typer.echo(json.dumps(report.to_dict(), indent=2) if as_json else str(report))
         if report.verdict == "inconclusive":
             raise typer.Exit(code=EXIT_INCONCLUSIVE)

@@ -1,6 +1,6 @@
 """What a detector is: a pure function from a probe batch to its target positions, or a rule over (query, key).
 
-**The target format** (issue 13): every pattern detector returns ``(B, Q, M)`` long key indices,
+**The target format** (one for every scan path, dense or sparse): every pattern detector returns ``(B, Q, M)`` long key indices,
 ``targets[b, q, m]`` = a key position that query row q of prompt b attends to *on target*, with
 ``-1`` meaning "no target" (padding; it may sit anywhere in a row, not only at the end). ``M`` is
 the most targets any row of the batch has: 1 for the one-target detectors (previous/next/current/
@@ -31,14 +31,14 @@ Detectors with settings (``streaming``: s sinks and a window of w) carry ``param
 Every target function already drops the rows a detector must not count (pads, special
 tokens, rows outside the definition).
 
-**A gate on what the head writes** (issue 30). Some head types are defined by their pattern *and* by
+**A gate on what the head writes** (the name movers). Some head types are defined by their pattern *and* by
 what they write: a name mover attends from END to IO *and* its direct logit attribution to ``IO - S``
 is positive. Such a detector is an ordinary pattern detector (its score, CI, baseline and lift are the
 attention mass on its targets) with a :class:`Gate`: a per-prompt statistic of each head on the same
 probe (``(P, L, H)`` float64) whose bootstrap CI must clear zero on the gate's side for the label; the
 scores table carries it in the gate's columns (``dla``, ``dla_ci_low``, ``dla_ci_high``).
 
-**Targets as a predicate** (issue 23). A detector may instead (or as well) give ``predicate``:
+**Targets as a predicate** (for targets too many to list at long contexts). A detector may instead (or as well) give ``predicate``:
 ``(batch, q, k) -> bool``, with ``q`` the ``(C, 1)`` and ``k`` the ``(1, K)`` long positions of a block of
 query rows and keys; the result broadcasts to ``(B, C, K)``. ``previous_token`` is ``k == q - 1``,
 ``duplicate_token`` is ``tok[k] == tok[q]`` for an earlier ordinary k. Whatever it returns is then

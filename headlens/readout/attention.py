@@ -13,8 +13,10 @@ from typing import Any
 
 import torch
 
+from headlens.progress import report
 
-def attention_rows(model: Any, prompts: list[torch.Tensor], position: torch.Tensor, batch_size: int = 64
+
+def attention_rows(model: Any, prompts: list[torch.Tensor], position: torch.Tensor, batch_size: int = 16
                    ) -> torch.Tensor:
     """``(P, L, H, T)`` float32: each query head's attention from ``position[p]`` of prompt ``p`` to every key
     (``T`` the longest prompt; keys past a prompt's end are 0).
@@ -23,11 +25,13 @@ def attention_rows(model: Any, prompts: list[torch.Tensor], position: torch.Tens
         model: any headlens backend whose layers show ``blocks.{l}.attn.hook_pattern``.
         prompts: token ids per prompt (specials included).
         position: ``(P,)`` long: the query position read in each prompt.
-        batch_size: prompts per forward.
+        batch_size: prompts per forward (each reported to :func:`headlens.progress.report`).
     """
     T = max(len(t) for t in prompts)
-    out = [_rows(model, prompts[i:i + batch_size], position[i:i + batch_size], T)
-           for i in range(0, len(prompts), batch_size)]
+    out = []
+    for i in range(0, len(prompts), batch_size):
+        out.append(_rows(model, prompts[i:i + batch_size], position[i:i + batch_size], T))
+        report(min(len(prompts), i + batch_size), len(prompts), "attention rows, prompt by prompt")
     return torch.cat(out)
 
 

@@ -41,11 +41,13 @@ import torch
 from headlens.errors import ProbeError
 from headlens.probes.ioi import IOIProbe, resolve
 from headlens.probes.text import text_prompts
+from headlens.progress import report
 from headlens.readout.parts import Parts, ReadoutError, model_parts
 
 COLUMNS = ("model", "component", "prompt", "position", "target", "attribution")
 METRICS = ("logit_diff",)  # task metrics that are a difference of two logits (IOI: IO - S at END)
 TOKEN_BUDGET = 2048  # prompt rows x positions per forward (the (B, T, V) logits are the largest tensor)
+PROGRESS_BATCH = 16  # the gate's prompts per forward: a few seconds each, so its progress moves (per prompt: no effect)
 
 
 def attribute(model: Any, prompts: Any, target: str | int | None = None, position: int | str | None = None, *,
@@ -106,12 +108,14 @@ def attribute(model: Any, prompts: Any, target: str | int | None = None, positio
     return frame
 
 
-def head_attributions(model: Any, probe: IOIProbe, batch_size: int | None = None) -> torch.Tensor:
+def head_attributions(model: Any, probe: IOIProbe, batch_size: int | None = PROGRESS_BATCH) -> torch.Tensor:
     """``(P, L, H)`` float64: each query head's direct logit attribution to ``logit(IO) - logit(S)`` at END,
-    per prompt of an IOI probe (the name movers' gate, :mod:`headlens.detectors.name_mover`)."""
+    per prompt of an IOI probe (the name movers' gate, :mod:`headlens.detectors.name_mover`), reported to
+    :func:`headlens.progress.report` batch by batch."""
     parts = model_parts(model)
     values, _, worst = _values(model, parts, list(probe.prompts), probe.positions["END"][:, None],
-                               {"kind": "metric", "name": "logit_diff"}, probe.answers, batch_size, None)
+                               {"kind": "metric", "name": "logit_diff"}, probe.answers, batch_size,
+                               lambda done, total: report(done, total, "direct logit attribution, prompt by prompt"))
     _check(worst, model)
     heads = [i for i, c in enumerate(parts.components) if c.startswith("L")]
     return values[:, 0, heads].reshape(len(probe), parts.n_layers, parts.n_heads)

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from headlens.errors import DetectorError
+from headlens.progress import report
 from headlens.readout.ov import OVReadout, effective_embedding, memo, readout
 
 SCREENS = (1024, 8192)  # vocabulary tokens in the first screen (every pair) and the second (the open pairs)
@@ -94,6 +95,7 @@ def rank_hits(ov: OVReadout, e: torch.Tensor, targets: torch.Tensor, k: int = 5,
         h, i = maybe[layer].flatten(2).any(-1).nonzero(as_tuple=True)  # (p,) each: the pairs left open
         rows.append(torch.stack([torch.full_like(h, layer), h, i]))
         ys.append(y[h, i])  # (p, D)
+        report(layer + 1, L, "ranking the vocabulary, layer by layer")
     idx = tuple(torch.cat(rows, 1))  # (l, h, i) of the open pairs
     y = torch.cat(ys)  # (P, D)
     for S in screens[1:]:

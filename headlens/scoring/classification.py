@@ -32,6 +32,7 @@ from headlens.probes.haystack import needle_haystack
 from headlens.probes.ioi import scan_probe as ioi_scan_probe
 from headlens.probes.prose import prose_windows
 from headlens.probes.text import stdlib_windows, text_prompts
+from headlens.progress import default_sink, phase, report, reporting
 from headlens.readout.ov import forget
 from headlens.readout.ov import unsupported as no_readout
 from headlens.scoring import defaults
@@ -223,7 +224,9 @@ def classify(
             null unless they are given one.
         tl_compatible: reproduce TransformerLens ``detect_head`` ("mul", all rows, per-prompt mean)
             for its three head types instead of headlens' position-conditioned scores.
-        progress: optional ``fn(done, total, stage)`` called after every batch.
+        progress: optional ``fn(done, total, stage)``: after every batch of the scan (``stage`` is
+            ``"scanning <probe>"``), then in each later phase under its own name and total (``"weights copying:
+            ..."``, ``"gate dla of name_mover: ..."``); a new total starts a new phase (:mod:`headlens.progress`).
         truncate: cut prompts longer than the context (with a warning) instead of refusing them.
         n_boot: bootstrap resamples.
         device: where a model loaded from a reference runs (``cpu``, ``cuda``, ``mps``, ``auto``).
@@ -258,6 +261,7 @@ def classify(
     from headlens.scoring.table import empty_table, kv_heads, n_kv_heads, validate
 
     rank = current()
+    progress = progress if progress is not None else default_sink()  # a notebook shows progress by itself
     model = resolve_model(model_or_ref, device=rank.device(device), device_map=device_map, max_memory=max_memory,
                           offload_folder=offload_folder, dtype=dtype, trust_remote_code=trust_remote_code)
     if n_prompts < 1 or batch_size < 1:
@@ -296,7 +300,7 @@ def classify(
             nonlocal done
             done += n
             if progress is not None:
-                progress(done, total, stage)
+                progress(done, total, f"scanning {stage}")
 
         return tick
 
@@ -328,7 +332,9 @@ def classify(
         d = by_name.get(name) or DETECTORS.get(name)
         if d is not None and d.kind == "weights":
             try:
-                w = summarize_weights(d.weights_fn(model), taus[d.name])
+                with reporting(progress), phase(f"weights {d.name}"):  # named, and heard from inside the readout
+                    report(0, 1)
+                    w = summarize_weights(d.weights_fn(model), taus[d.name])
             except DetectorError as err:  # e.g. no ordered list of single tokens for successor
                 if explicit:
                     raise
@@ -355,7 +361,9 @@ def classify(
         else:  # the strength's CI low end against κ (docs/scores.md, "the label rule")
             labels = strength_label(s, taus[name])
         if d is not None and d.gate is not None:  # what the head writes: the gate's CI must clear zero too
-            g = gate_summary(model, d.gate, probe_of[name], gate_cache, seed, n_boot)
+            with reporting(progress), phase(f"gate {d.gate.name} of {name}"):
+                report(0, 1)
+                g = gate_summary(model, d.gate, probe_of[name], gate_cache, seed, n_boot)
             labels, gated = labels & gate_passes(g, d.gate.sign), gated | {d.gate.name}
         new_rows = head_rows(model.name, name, s, lift, labels, L, kv, rests.get(name))
         if d is not None and d.gate is not None:

@@ -7,7 +7,7 @@ Why it looks like this:
   row by row (:class:`headlens.scoring.lse.PackedTargets`, O(number of targets)), and shared by all
   layers. ``windowed`` detectors are asked for a few rows at a time, so even duplicate-token
   targets on 32k tokens of byte-level text (thousands per row) never sit in one padded tensor.
-* **Or a rule** (issue 23): a detector with a ``predicate`` over (query, key) whose list would pass
+* **Or a rule** (targets too many to list): a detector with a ``predicate`` over (query, key) whose list would pass
   ``headlens.scoring.scan.INDEX_MAX`` targets is scored from its rule instead, evaluated on each
   query block of scores and dropped with it (:class:`headlens.scoring.lse.PredicateTargets`): memory
   O(block + T) whatever the number of targets, for the price of one more pass over each block.

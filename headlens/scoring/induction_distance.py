@@ -1,4 +1,4 @@
-"""Induction by distance: how well each head copies as the gap between two copies grows (issue 13).
+"""Induction by distance: how well each head copies as the gap between two copies grows (long contexts).
 
 Definition (docs/scores.md, long-context detectors): the induction target restricted to rows whose
 earlier copy lies g tokens back. On a prompt where a segment r reappears g tokens after its first

@@ -1,4 +1,4 @@
-"""Exact attention mass on target keys without the attention pattern (issue 13).
+"""Exact attention mass on target keys without the attention pattern (a ``(B, H, T, T)`` pattern does not fit at long contexts).
 
 For a query row q the attention on key k is ``p(q -> k) = exp(s_qk - LSE_q)``, with ``s_qk`` the
 scaled, soft-capped, masked score and ``LSE_q = log sum_k exp(s_qk)`` the row's log-sum-exp (plus
@@ -18,7 +18,7 @@ backend's fused kernel (``scaled_dot_product_attention``), which never stores th
 ``p`` is formed in float64 from the float32 scores and LSE and summed in float64; it agrees with
 the softmax the dense path reads to ~1e-7.
 
-Targets come in two forms (issue 23). :class:`PackedTargets` lists the (query, key) pairs: cheapest
+Targets come in two forms (a list stops fitting when every key is a target). :class:`PackedTargets` lists the (query, key) pairs: cheapest
 while they are few. :class:`PredicateTargets` keeps the detector's rule over (query, key) instead: each
 block's ``p = exp(s - LSE)`` is formed once, the rule's ``(B, C, K)`` mask is made for the same block,
 the mass under it is summed (in float64) and both are dropped, so memory stays O(block + T) even when

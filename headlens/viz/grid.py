@@ -199,7 +199,7 @@ def head_grid_figure(
     fig.update_layout(
         title=dict(text=title or f"{detector} {color_by} per head"),
         height=max(240, n_layers * (size + 18) + 120),
-        margin=dict(l=50, r=20, t=50, b=40),
+        margin=dict(l=50, r=20, t=_top(title), b=40),
         clickmode="event+select",
         dragmode=False,
         plot_bgcolor="#ffffff",
@@ -209,6 +209,11 @@ def head_grid_figure(
     fig.update_yaxes(title="layer", tickmode="array", tickvals=list(range(n_layers)),
                      range=[n_layers - 0.4, -0.6], showgrid=False, zeroline=False)
     return fig
+
+
+def _top(title: str | None) -> int:
+    """The top margin: room for the title's lines (a plotly title does not wrap; callers break it with ``<br>``)."""
+    return 50 + 22 * (title or "").count("<br>")
 
 
 def _tint(hex_color: str, strength: float) -> str:
@@ -274,7 +279,7 @@ def _label_grid(scores: pd.DataFrame, n_layers: int, n_heads: int, selected: Ite
                                  marker=dict(symbol="square", size=12, color=LABEL_COLORS.get(detector, "#444444"))))
     fig.update_layout(
         title=dict(text=title or "strongest label per head (colour: type, intensity: strength)"),
-        height=max(240, n_layers * (size + 18) + 140), margin=dict(l=50, r=20, t=50, b=40),
+        height=max(240, n_layers * (size + 18) + 140), margin=dict(l=50, r=20, t=_top(title), b=40),
         clickmode="event+select", dragmode=False, plot_bgcolor="#ffffff",
         legend=dict(title=dict(text="strongest label"), itemclick=False, itemdoubleclick=False),
     )

@@ -29,6 +29,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from browser_tools import ARTIFACTS, CHROMIUM_ARGS, chromium
@@ -77,6 +78,36 @@ def dashboard_server(ref: str) -> Iterator[tuple[subprocess.Popen, float, int]]:
     with server(lambda port: [sys.executable, "-m", "headlens", "dashboard", "--model", ref, "--port", str(port)]
                 ) as running:
         yield running
+
+
+@contextlib.contextmanager
+def dashboard_page(ref: str, width: int = 1400, height: int = 2600, failure: str = "failure") -> Iterator[Any]:
+    """Chromium on ``headlens dashboard --model REF``, the page loaded and settled (grid drawn, text box shown,
+    script finished); when the block fails, a screenshot and the page's text go to artifacts/``failure``.*."""
+    executable = chromium()
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        try:
+            with dashboard_server(ref) as (proc, _, port):
+                url = f"http://127.0.0.1:{port}"
+                page = browser.new_page(viewport={"width": width, "height": height})
+                try:
+                    wait_healthy(url, proc)
+                    page.goto(url)
+                    wait_points(page, 180_000)
+                    page.wait_for_selector("[data-testid=stTextArea] textarea", timeout=180_000)
+                    wait_idle(page, 180_000)
+                    yield page
+                except Exception:
+                    with contextlib.suppress(Exception):
+                        page.screenshot(path=str(ARTIFACTS / f"{failure}.png"), full_page=True)
+                        (ARTIFACTS / f"{failure}.txt").write_text(page.locator("body").inner_text())
+                    raise
+        finally:
+            browser.close()
 
 
 @contextlib.contextmanager

@@ -3,13 +3,11 @@ grid of the zoo's induction-2l, open its page, and see it named an induction hea
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
-from browser_tools import ARTIFACTS, CHROMIUM_ARGS, chromium
+from browser_tools import ARTIFACTS
 
 from headlens.atlas.reads import MAX_OFFSET
-from tests.app.test_browser import dashboard_server, no_exception, wait_healthy, wait_idle, wait_points
+from tests.app.test_browser import dashboard_page, no_exception, wait_idle
 
 pytestmark = pytest.mark.browser
 
@@ -28,40 +26,20 @@ def click_head(page, name: str) -> None:
 
 
 def test_clicking_a_head_opens_its_page_in_chromium():
-    executable = chromium()
-    from playwright.sync_api import sync_playwright
-
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
-        with dashboard_server(REF) as (proc, _, port):
-            url = f"http://127.0.0.1:{port}"
-            page = browser.new_page(viewport={"width": 1400, "height": 2600})
-            try:
-                wait_healthy(url, proc)
-                page.goto(url)
-                wait_points(page, 180_000)
-                page.wait_for_selector("[data-testid=stTextArea] textarea", timeout=180_000)
-                wait_idle(page, 180_000)
-                if HEAD in page.locator("[data-testid=stMultiSelect]").first.inner_text():
-                    click_head(page, "L0H0")  # a click on the selected square would not select it anew
-                click_head(page, HEAD)
-                page.get_by_role("button", name=f"Open the head page of {HEAD}").click()
-                page.get_by_text(f"{HEAD} of {REF}: induction").wait_for(state="visible", timeout=180_000)
-                page.locator(".headlens-exemplars").wait_for(state="visible", timeout=180_000)  # the atlas is built
-                wait_idle(page, 180_000)
-                no_exception(page)
-                description = page.locator(".headlens-description").inner_text()
-                assert "Role: induction." in description and "r = 0.9" in description, description
-                assert page.locator(".headlens-exemplars .ex").count() == 20
-                assert page.locator(".headlens-exemplars .ex .key").count() >= 1
-                assert page.locator("[data-testid=stMetric]", has_text="lm_loss change, L1H1 zeroed").count() == 1
-                profile = page.locator("[data-testid=stImage] img").first  # the offset profile, drawn
-                assert profile.is_visible() and profile.evaluate("e => e.naturalWidth") == 8 * (MAX_OFFSET + 3)
-                page.screenshot(path=str(ARTIFACTS / "dashboard_head.png"), full_page=True)
-            except Exception:
-                with contextlib.suppress(Exception):
-                    page.screenshot(path=str(ARTIFACTS / "head_failure.png"), full_page=True)
-                    (ARTIFACTS / "head_failure.txt").write_text(page.locator("body").inner_text())
-                raise
-        browser.close()
+    with dashboard_page(REF, failure="head_failure") as page:
+        if HEAD in page.locator("[data-testid=stMultiSelect]").first.inner_text():
+            click_head(page, "L0H0")  # a click on the selected square would not select it anew
+        click_head(page, HEAD)
+        page.get_by_role("button", name=f"Open the head page of {HEAD}").click()
+        page.get_by_text(f"{HEAD} of {REF}: induction").wait_for(state="visible", timeout=180_000)
+        page.locator(".headlens-exemplars").wait_for(state="visible", timeout=180_000)  # the atlas is built
+        wait_idle(page, 180_000)
+        no_exception(page)
+        description = page.locator(".headlens-description").inner_text()
+        assert "Role: induction." in description and "r = 0.9" in description, description
+        assert page.locator(".headlens-exemplars .ex").count() == 20
+        assert page.locator(".headlens-exemplars .ex .key").count() >= 1
+        assert page.locator("[data-testid=stMetric]", has_text="lm_loss change, L1H1 zeroed").count() == 1
+        profile = page.locator("[data-testid=stImage] img").first  # the offset profile, drawn
+        assert profile.is_visible() and profile.evaluate("e => e.naturalWidth") == 8 * (MAX_OFFSET + 3)
+        page.screenshot(path=str(ARTIFACTS / "dashboard_head.png"), full_page=True)

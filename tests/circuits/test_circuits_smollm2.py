@@ -1,4 +1,4 @@
-"""SmolLM2's strongest induction head, asked what makes it one (issue 31): the receiver-local induction score of
+"""SmolLM2's strongest induction head, asked what makes it one: the receiver-local induction score of
 L18H6 with an edge into its key patched, through the bridge, equals plain transformers' eager attention with
 ``k_proj``'s input patched the same way; its previous-token senders erase far more of it than a head that is
 none (the known heads: previous token L16H0, L11H1)."""

@@ -93,7 +93,7 @@ def test_same_seed_same_table():
 
 
 def test_induction_2l_circuit_matches_the_issue():
-    """induction-2l (issue 21, zero ablation): L0H0 -> L1H1.k about +3.47 nats, beating its control;
+    """induction-2l (zero ablation): L0H0 -> L1H1.k about +3.47 nats, beating its control;
     L0H2 -> L1H1.k also large (the card's two-head circuit is incomplete)."""
     df = circuit("induction-2l", receivers="L1H1", inputs="qk", method="zero")
     row = df.set_index(["sender", "input"])

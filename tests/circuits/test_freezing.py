@@ -1,4 +1,4 @@
-"""The fast path's edges against path patching by freezing, on every causal family (issue 38).
+"""The fast path's edges against path patching by freezing, on every causal family.
 
 The reference (:mod:`headlens.circuits.freezing`) never computes a sender's write: it replaces the sender's
 activation in the model's own forward and holds every other component clean, so a wrong write rule (a linear

@@ -1,4 +1,4 @@
-"""Discovery at named positions (issue 31) on a planted IOI model: a Llama whose head L1H0 attends from END to
+"""Discovery at named positions on a planted IOI model: a Llama whose head L1H0 attends from END to
 IO and copies it (a name mover) and L1H2 copies it negatively (a negative name mover); both are found as
 roots at END with their roles, the name reaches the mover through its value at IO, and the circuit is
 faithful by every measure."""

@@ -1,4 +1,4 @@
-"""Edges at named positions (issue 31): equal to a naive hook patch at those positions on native models and
+"""Edges at named positions: equal to a naive hook patch at those positions on native models and
 through the resumed bridge (GQA, soft-caps, windows, partial rotary), a planted position-specific circuit
 found where it is and nowhere else, positions named by character span."""
 

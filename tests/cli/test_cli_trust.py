@@ -1,4 +1,4 @@
-"""What a user meets, item by item (issue 24): runs never mixed, progress in logs, one vocabulary,
+"""What a user meets, item by item: runs never mixed, progress in logs, one vocabulary,
 discoverable commands and options, readable output."""
 
 from __future__ import annotations
@@ -190,12 +190,13 @@ def test_line_progress_every_ten_percent_and_every_ten_seconds():
     bar.finish()
     lines = out.getvalue().splitlines()
     assert len(lines) == 9 and lines[-1].startswith("headlens: scan: 100/100 (100 %) loss 0.01")  # 20 %..100 %
+    assert lines[-1].endswith(", 10 s elapsed"), lines[-1]
     out2 = io.StringIO()
     slow = LineProgress("train", stream=out2, clock=lambda: now[0])
-    for i in range(1, 1001):  # 1000 steps of 1 s: a line every 10 s (and at each 10 %)
+    for i in range(1, 1001):  # 1000 steps of 1 s: a line every 8 s (and at each 10 %)
         now[0] += 1.0
         slow.update(i, 1000)
-    assert 100 <= len(out2.getvalue().splitlines()) <= 110
+    assert 125 <= len(out2.getvalue().splitlines()) <= 135
 
 
 def test_train_writes_progress_lines_when_not_on_a_terminal(tmp_path, monkeypatch):
@@ -206,7 +207,8 @@ def test_train_writes_progress_lines_when_not_on_a_terminal(tmp_path, monkeypatc
                                  "--snapshots", "0", "--no-evaluate"])
     assert result.exit_code == 0, result.output
     lines = [line for line in result.stderr.splitlines() if line.startswith("headlens: train induction-2l:")]
-    assert len(lines) == 10 and "10/10 (100 %) loss" in lines[-1] and "tok/s" in lines[-1]
+    steps = [line for line in lines if " loss " in line]  # (the heartbeat may say it is starting, before step 1)
+    assert len(steps) == 10 and "10/10 (100 %) loss" in lines[-1] and "tok/s" in lines[-1], lines
 
 
 # -- discoverable -------------------------------------------------------------------------------
@@ -310,6 +312,6 @@ def test_line_progress_says_the_time_left_and_restarts_it_for_each_stage():
         now[0] += 5.0
         bar.update(i, 4, "discovery round 2: patching edges")
     lines = out.getvalue().splitlines()
-    assert lines[0] == "headlens: patching edges: 4/40 (10 %), 4 s, ~36 s left", lines
-    assert lines[-1] == "headlens: discovery round 2: patching edges: 4/4 (100 %), 60 s", lines
-    assert "headlens: discovery round 2: patching edges: 1/4 (25 %), 45 s, ~15 s left" in lines, lines
+    assert lines[0] == "headlens: patching edges: 4/40 (10 %), 4 s elapsed, about 36 s left", lines
+    assert lines[-1] == "headlens: discovery round 2: patching edges: 4/4 (100 %), 1 min 00 s elapsed", lines
+    assert "headlens: discovery round 2: patching edges: 1/4 (25 %), 45 s elapsed, about 15 s left" in lines, lines

@@ -1,4 +1,4 @@
-"""A mistyped name is refused before torch loads, with the closest valid names (issue 35, item 6).
+"""A mistyped name is refused before torch loads, with the closest valid names.
 
 Speed is asserted as what makes it fast, never as a time: in a fresh interpreter the refusal happens with
 ``torch`` and ``transformers`` absent from ``sys.modules`` (importing them is what took 3-12 s). One

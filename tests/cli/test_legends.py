@@ -1,4 +1,4 @@
-"""Tables that explain themselves (issue 35, items 3 and 4): one strength scale across types, behaviour before
+"""Tables that explain themselves: one strength scale across types, behaviour before
 weights, a legend under every table, ``-`` where a column was not measured, circuit labels from a cached
 classify."""
 

@@ -1,4 +1,4 @@
-"""Issue 13: sink and streaming heads (StreamingLLM, DuoAttention), known answers and settings."""
+"""Long contexts: sink and streaming heads (StreamingLLM, DuoAttention), known answers and settings."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The doctor's copying evidence on a small vocabulary (issue 29, item 5).
+"""The doctor's copying evidence on a small vocabulary.
 
 The subject, tests/data/doctor/copier/ (made by tests/data/make_doctor_models.py), is a 2-layer GQA Llama
 (4 query / 2 key-value heads of width 16) over 64 token ids, trained by headlens' training code on random

@@ -1,4 +1,4 @@
-"""Logits without the vocabulary blow-up (issue 39): the logits at the read positions equal the full forward's
+"""Logits without the vocabulary blow-up: the logits at the read positions equal the full forward's
 there, and every metric read from them, in chunks of prompts and positions, equals the plain unchunked expression
 written out here (log_softmax over the whole ``(B, T, V)``), to 1e-6; on the native GPT and on a Gemma 3 bridge."""
 

@@ -2,7 +2,7 @@
 
 For each family of ``hf_families.FAMILIES`` (GPT-2, GPT-NeoX, GPT-J, OPT, Llama-GQA, Mistral with a
 sliding window, Qwen2 with q/k/v biases, Gemma multi-query with ``head_dim != d_model / n_heads``,
-Phi-3 with a fused qkv, BERT, RoBERTa; issue 38's Gemma 2/3 with post-norms, Qwen3, OLMo-2, Mixtral,
+Phi-3 with a fused qkv, BERT, RoBERTa; the newer families: Gemma 2/3 with post-norms, Qwen3, OLMo-2, Mixtral,
 Phi-1/2, Falcon, Cohere, Starcoder2, StableLM) the directory is booted through ``headlens.load("hf:...")``
 and checked against ``transformers`` alone:
 
@@ -18,7 +18,7 @@ and checked against ``transformers`` alone:
   Exactness of circuits is tests/circuits' (a freezing reference); ``attribute`` is tests/readout/test_dla_families.
 
 A family that refuses a claim by design (``Family.refuses``) is checked to refuse it in one line; a claim a
-family fails today through code another part of issue 38 owns (``Family.known``) is a strict xfail.
+family fails today through a known bug not fixed yet (``Family.known``) is a strict xfail.
 Each model is built once per module and only when a test asks for it (``-k gemma`` builds one).
 """
 

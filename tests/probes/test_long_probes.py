@@ -1,4 +1,4 @@
-"""Issue 13: generated probes fill --seq-len (a byte model asked for 8,192 tokens used to get 95)."""
+"""Long contexts: generated probes fill --seq-len (a byte model asked for 8,192 tokens used to get 95)."""
 
 from __future__ import annotations
 

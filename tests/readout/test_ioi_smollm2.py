@@ -93,7 +93,7 @@ def test_name_movers(smollm2, ioi):
     io, s2 = attn[rows, :, :, probe.positions["IO"]], attn[rows, :, :, probe.positions["S2"]]  # (N, L, H)
     for det, name in got:
         layer, head = (int(x) for x in name[1:].split("H"))
-        if det == "name_mover":  # labelled against the null (issue 35), not a τ: it reads IO, and more than S2
+        if det == "name_mover":  # labelled against the null (a τ tuned on one model did not transfer), not a τ: it reads IO, and more than S2
             uniform = float((1.0 / (probe.positions["END"].float() + 1)).mean())  # END reads END+1 keys
             assert io[:, layer, head].mean() > max(3 * uniform, s2[:, layer, head].mean()), (name, uniform)
     assert s2[:, 23, 3].mean() > 0.4 and io[:, 24, 4].mean() > 0.4  # the two negative ones read S2 and IO

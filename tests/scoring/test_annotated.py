@@ -1,5 +1,5 @@
 """Annotated prompts: spans map to the right tokens under byte, char, WordPiece and BPE tokenizers;
-planted heads get exactly known scores; every bad annotation is one clear line (issue 16)."""
+planted heads get exactly known scores; every bad annotation is one clear line."""
 
 from __future__ import annotations
 

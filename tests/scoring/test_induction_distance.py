@@ -1,4 +1,4 @@
-"""Issue 13: induction by distance, a known answer on the planted induction head and the curve table."""
+"""Induction by distance, a known answer on the planted induction head and the curve table."""
 
 from __future__ import annotations
 

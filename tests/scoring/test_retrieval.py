@@ -1,4 +1,4 @@
-"""Retrieval heads (issue 13): the needle probe, the top-1 engine and the detector on a planted head."""
+"""Retrieval heads: the needle probe, the top-1 engine and the detector on a planted head."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 13 on Hugging Face models: the LSE scan's q/k/scale/mask equal transformers' eager attention.
+"""Long contexts on Hugging Face models: the LSE scan's q/k/scale/mask equal transformers' eager attention.
 
 Every family of the architecture matrix (``tests/hf_families.py``, tiny random weights, nothing
 downloads): GPT-2 (no rotary, fused qkv), GPT-NeoX (partial rotary), GPT-J (interleaved rotary), OPT
@@ -6,7 +6,7 @@ downloads): GPT-2 (no rotary, fused qkv), GPT-NeoX (partial rotary), GPT-J (inte
 Gemma (multi-query, its own scaling), Phi-3 (fused qkv), BERT and RoBERTa (bidirectional, padded).
 Beyond the matrix: Gemma-2 (logit soft-capping) and GPT-OSS (attention sinks), which SDPA cannot do.
 Sparse scans run the HF attention fused (``headlens.models.hf.fused``) on all of them.
-Issue 23: targets given as a predicate over (query, key) score the same as index lists on all of them.
+Targets given as a predicate over (query, key) score the same as index lists on all of them.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Issue 13: sparse targets and the LSE scan agree with the dense reference to 1e-6.
-Issue 23: so do targets given as a predicate over (query, key), evaluated block by block."""
+"""Long contexts: sparse targets and the LSE scan agree with the dense reference to 1e-6.
+So do targets given as a predicate over (query, key), evaluated block by block."""
 
 from __future__ import annotations
 

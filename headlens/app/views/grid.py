@@ -10,7 +10,7 @@ import streamlit as st
 
 from headlens import viz
 from headlens.app import helpers as hd
-from headlens.app.ui import html_download
+from headlens.app.ui import filled_columns, html_download
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -78,9 +78,15 @@ def _draw_grid(ref: str, slot: Any, fig: Any) -> None:
 
 
 def grid_title(color_by: str, detector: str, labelled: int) -> str:
+    """Two short lines (a plotly title does not wrap: one long line was cut at the grid's edge): what the grid
+    shows, then how to read and use it, smaller.
+
+    >>> grid_title("label", "induction", 221)
+    'strongest label per head · 221 labels<br><sup>colour: type, intensity: strength · click a square</sup>'
+    """
     if color_by == "label":
-        return f"strongest label per head (colour: type, intensity: strength) · {labelled} labels · click a square"
-    return f"{detector} {color_by} per head · {labelled} labels (marked) · click a square"
+        return f"strongest label per head · {labelled} labels<br><sup>colour: type, intensity: strength · click a square</sup>"
+    return f"{detector} {color_by} per head · {labelled} labels<br><sup>labelled heads marked · click a square</sup>"
 
 
 def head_overview(ref: str, model: Any, scores: pd.DataFrame, detector: str, color_by: str,
@@ -153,7 +159,7 @@ def head_detail(scores: pd.DataFrame, selected: list[tuple[int, int]]) -> None:
     st.plotly_chart(fig, key="profile", config={"displayModeBar": False})
     with st.expander("Scores of the selected heads (table)"):
         table = rows.assign(head=[hd.format_head(r.layer, r.head) for r in rows.itertuples()])
-        cols = ["head", "detector", "score", "ci_low", "ci_high", "baseline", "lift", "label"]
-        cols += ["rest"] if "rest" in table.columns else []  # attention on the first token, on the row's probe
-        cols += [c for c in ("preference", "preference_ci_low", "preference_ci_high") if c in table.columns]
+        cols = filled_columns(table, ["head", "detector", "score", "ci_low", "ci_high", "baseline", "lift", "label",
+                                      "rest",  # attention on the first token, on the row's probe
+                                      "preference", "preference_ci_low", "preference_ci_high"])
         st.dataframe(table[cols], hide_index=True, key="detail_table")

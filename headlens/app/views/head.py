@@ -17,7 +17,7 @@ import streamlit as st
 
 from headlens.app import cache
 from headlens.app import helpers as hd
-from headlens.app.ui import ScanProgress, attempt, current_placement, md
+from headlens.app.ui import ScanProgress, attempt, current_placement, filled_columns, md
 
 SCORE_COLUMNS = ["detector", "score", "ci_low", "ci_high", "baseline", "lift", "label", "rest",
                  "preference", "preference_ci_low", "preference_ci_high"]
@@ -67,7 +67,7 @@ def scores_section(scores: Any, layer: int, head: int) -> None:
     rows = scores[(scores["layer"] == layer) & (scores["head"] == head)]
     labels = [str(d) for d in rows.loc[rows["label"].fillna(False).astype(bool), "detector"]]
     st.markdown("**Labels:** " + (", ".join(labels) if labels else "none (no detector's score passes its threshold)"))
-    cols = [c for c in SCORE_COLUMNS if c in rows.columns]
+    cols = filled_columns(rows, SCORE_COLUMNS)  # no column that is empty for every row
     st.dataframe(rows[cols].sort_values("score", ascending=False), hide_index=True, key="head_scores",
                  column_config={c: st.column_config.NumberColumn(HEADERS.get(c, c), format="%.4f")
                                 for c in cols if c not in ("detector", "label")})

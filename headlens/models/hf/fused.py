@@ -1,4 +1,4 @@
-"""Sparse scans on bridged Hugging Face models without the ``(B, H, T, T)`` pattern (issue 13).
+"""Sparse scans on bridged Hugging Face models without the ``(B, H, T, T)`` pattern (long contexts).
 
 Why: TransformerBridge builds and softmaxes the full pattern in every attention layer so that it
 can fire ``hook_pattern``. Rotary and fused-qkv families (Llama, Mistral, Qwen2, Gemma, Phi-3,
