@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from headlens.atlas.exemplars import AtlasConfig, Exemplar, Exemplars, exemplar_pass, top_tokens
+from headlens.atlas.exemplars import AtlasConfig, Exemplar, Exemplars, exemplar_pass, sort_key, top_tokens
 from headlens.atlas.reads import OffsetProfile
 
 CHUNK_BATCHES = 8  # batches per resumable chunk: a kill loses at most this much work
@@ -36,7 +36,7 @@ def merge(parts: list[Exemplars], k: int) -> Exemplars:
     first = parts[0]
     top = {}
     for name in first.top:
-        top[name] = [sorted((e for p in parts for e in p.top[name][head]), key=lambda e: -e.score)[:k]
+        top[name] = [sorted((e for p in parts for e in p.top[name][head]), key=sort_key(name, head))[:k]
                      for head in range(len(first.top[name]))]
     profile = OffsetProfile(sum((p.profile.mass for p in parts), torch.zeros_like(first.profile.mass)),
                             sum((p.profile.first for p in parts), torch.zeros_like(first.profile.first)),

@@ -1,0 +1,157 @@
+"""One verdict per head: a head's probe labels, its atlas description and its measured effects on one card.
+
+The scores table (``headlens classify``), the atlas page and the dashboard's head view all say what a head
+does; they read it from one :class:`HeadCard`, built by :func:`head_card`, so they cannot drift apart. A card
+holds:
+
+* the probe labels with their strength (:func:`headlens.scoring.primary.strength`) and CI, strongest first;
+* the atlas' role, its rule's held-out agreement with CI, the share of held-out rows where the rule has
+  targets (*coverage*), its mixture of rules, and the share of the head's effect its description keeps
+  when substituted for the real pattern (read with ``getattr``: an atlas built before those existed has none);
+* DLA and ablation where they were measured (None where not);
+* ``windows``: which text the atlas numbers come from, so two views of one head say why their numbers differ.
+
+Where the probes and the corpus disagree, :meth:`HeadCard.disagreement` says so in one sentence with both
+numbers. Works on the table alone (pandas, no torch) and on any object with a description's fields: this
+package comes before :mod:`headlens.atlas` and never imports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from headlens.scoring.primary import is_resting, strength
+
+RESTING_ROLES = ("resting", "first_token", "sink")  # atlas roles that say the head parks its attention
+
+
+@dataclass(frozen=True)
+class ProbeVerdict:
+    """One detector's verdict on a head: its ``score`` with CI, ``strength`` on the common scale, whether it
+    carries the ``label``, and the ``probe`` text it was measured on (``"repeated segments"``)."""
+
+    detector: str
+    score: float
+    ci: tuple[float, float]
+    strength: float
+    label: bool
+    probe: str | None = None
+
+
+@dataclass(frozen=True)
+class HeadCard:
+    """What every view says about one head (module docstring). Atlas fields are None without an atlas."""
+
+    layer: int
+    head: int
+    labels: tuple[ProbeVerdict, ...] = ()
+    probes: dict[str, ProbeVerdict] = field(default_factory=dict)
+    role: str | None = None
+    rule: str | None = None
+    agreement: float | None = None
+    agreement_ci: tuple[float, float] | None = None
+    candidates: dict[str, float] = field(default_factory=dict)
+    coverage: float | None = None
+    mixture: dict[str, float] = field(default_factory=dict)
+    share_kept: float | None = None
+    share_ci: tuple[float, float] | None = None
+    first: float | None = None
+    off_rest: float | None = None
+    dla: float | None = None
+    ablation: float | None = None
+    ablation_ci: tuple[float, float] | None = None
+    corpus: str = "prose"
+    windows: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"L{self.layer}H{self.head}"
+
+    def behaviour(self) -> ProbeVerdict | None:
+        """The strongest label that says what the head does on text (not a resting one), or None."""
+        return next((v for v in self.labels if not is_resting(v.detector)), None)
+
+    def disagreement(self) -> str | None:
+        """One sentence with both numbers where the probes and the corpus name different roles, else None.
+
+        >>> card = HeadCard(17, 4, labels=(ProbeVerdict("induction", 0.834, (0.817, 0.85), 0.83, True,
+        ...                 "repeated segments"),), role="resting", rule="induction", agreement=0.44, first=0.91,
+        ...                 candidates={"induction": 0.44})
+        >>> print(card.disagreement())
+        The probes and the corpus disagree: induction on repeated segments, 0.83; on prose it rests 91 % of the time (the induction rule agrees at r = 0.44).
+        """
+        if self.role is None:
+            return None
+        said = self.behaviour()
+        if said is not None and not _same(said.detector, self.role):
+            probe = f"{said.detector} on {said.probe or 'its probe'}, {said.score:.2f}"
+            if self.role in RESTING_ROLES and self.first is not None:
+                corpus = f"on {self.corpus} it rests {100 * self.first:.0f} % of the time"
+            elif self.role == "no clear role":
+                corpus = f"on {self.corpus} no rule fits it (the best, '{self.rule}', agrees at r = {self.agreement:.2f})"
+            else:
+                corpus = f"on {self.corpus} it reads as {self.role.replace('_', ' ')} (r = {self.agreement:.2f})"
+            own = self.candidates.get(said.detector)
+            shown = self.role not in RESTING_ROLES and said.detector == self.rule  # already in the sentence
+            tail = f" (the {said.detector} rule agrees at r = {own:.2f})" if own is not None and not shown else ""
+            return f"The probes and the corpus disagree: {probe}; {corpus}{tail}."
+        if said is None and self.role not in (*RESTING_ROLES, "no clear role"):
+            probe = self.probes.get(self.role)
+            if probe is not None and not probe.label:
+                return (f"The probes and the corpus disagree: on {self.corpus} it reads as "
+                        f"{self.role.replace('_', ' ')} (r = {self.agreement:.2f}); the {probe.detector} probe "
+                        f"does not label it ({probe.score:.2f} on {probe.probe or 'its probe'}).")
+        return None
+
+
+def _same(detector: str, role: str) -> bool:
+    """A detector's label and an atlas role name the same behaviour."""
+    return detector == role or (is_resting(detector) and role in RESTING_ROLES)
+
+
+def probe_verdicts(scores: Any, layer: int, head: int) -> dict[str, ProbeVerdict]:
+    """Every detector's verdict on one head of a scores table (``headlens classify``'s tidy table)."""
+    if scores is None or len(scores) == 0:
+        return {}
+    rows = scores[(scores["layer"] == layer) & (scores["head"] == head)]
+    if rows.empty:
+        return {}
+    power = strength(rows)
+    probe_of = {d: name.replace("_", " ") for name, p in scores.attrs.get("probes", {}).items()
+                if isinstance(p, dict) for d in p.get("detectors", ())}
+    out = {}
+    for (_, r), s in zip(rows.iterrows(), power, strict=True):
+        det = str(r["detector"])
+        ci = (float(r["ci_low"]), float(r["ci_high"])) if "ci_low" in r else (float("nan"), float("nan"))
+        out[det] = ProbeVerdict(det, float(r["score"]), ci, float(s), bool(r["label"] is True or r["label"] == 1),
+                                probe_of.get(det))
+    return out
+
+
+def head_card(layer: int, head: int, scores: Any = None, description: Any = None, *, dla: float | None = None,
+              ablation: float | None = None, ablation_ci: tuple[float, float] | None = None, corpus: str = "prose",
+              windows: str = "") -> HeadCard:
+    """The card of one head from a scores table (or None), an atlas description (or None: any object with a
+    :class:`headlens.atlas.describe.Description`'s fields) and what else was measured.
+
+    >>> head_card(0, 1).disagreement() is None
+    True
+    """
+    probes = probe_verdicts(scores, layer, head)
+    labels = tuple(sorted((v for v in probes.values() if v.label),
+                          key=lambda v: (is_resting(v.detector), -(v.strength if v.strength == v.strength else 0))))
+    d = description
+    if d is None:
+        return HeadCard(layer, head, labels, probes, dla=dla, ablation=ablation, ablation_ci=ablation_ci,
+                        corpus=corpus, windows=windows)
+    ev = getattr(d, "evidence", {}) or {}
+    share_ci = getattr(d, "share_ci", None)
+    return HeadCard(
+        layer, head, labels, probes, role=d.role, rule=d.rule, agreement=float(d.agreement),
+        agreement_ci=tuple(d.ci), candidates=dict(getattr(d, "candidates", {}) or {}),
+        coverage=getattr(d, "coverage", None), mixture=dict(getattr(d, "mixture", {}) or {}),
+        share_kept=getattr(d, "share_kept", None), share_ci=tuple(share_ci) if share_ci is not None else None,
+        first=ev.get("first"), off_rest=ev.get("off_rest"), dla=dla,
+        ablation=ablation if ablation is not None else getattr(d, "ablation_delta", None), ablation_ci=ablation_ci,
+        corpus=corpus, windows=windows)
