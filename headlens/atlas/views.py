@@ -157,6 +157,9 @@ def _tok(s: str) -> str:
     return html.escape(s.replace("\n", "⏎"))
 
 
+BAR, OFFSET_WIDTH = 6, 44 + 6 * (MAX_OFFSET + 1) + 190  # a bar's width; the chart's: axis, bars, the numbers
+
+
 def offset_svg(profile: Any, layer: int, head: int) -> str:
     """The head's mean attention per query row by offset ``q - k`` (1 .. MAX_OFFSET, then farther) as bars on
     axes, log-scaled where the largest bar dwarfs the rest; the first token and the query itself as numbers."""
@@ -167,8 +170,8 @@ def offset_svg(profile: Any, layer: int, head: int) -> str:
     log = len(nonzero) > 2 and nonzero[-1] > 20 * nonzero[len(nonzero) // 2]
     top = max(max(bars, default=0.0), 1e-9)
     lo = max(min(nonzero, default=1e-4), top * 1e-4) if log else 0.0
-    w, h, left, bottom, right = 6, 120, 44, 26, 190
-    width = left + len(bars) * w + right
+    w, h, left, bottom = BAR, 120, 44, 26
+    width = OFFSET_WIDTH
 
     def y(v: float) -> float:  # the bar's top, in pixels from the top
         if log:
@@ -189,7 +192,7 @@ def offset_svg(profile: Any, layer: int, head: int) -> str:
         name = f"offset {i + 1}" if i < MAX_OFFSET else f"farther than {MAX_OFFSET}"
         out.append(f"<rect x='{x}' y='{y(v):.1f}' width='{w - 1}' height='{h - y(v):.1f}' "
                    f"fill='{'#9d9d9d' if i == MAX_OFFSET else '#4c78a8'}'><title>{name}: {v:.4f}</title></rect>")
-    for d in (1, 8, 16, 32, 64):
+    for d in (1, 8, 16, 32, 48):
         out.append(f"<text x='{left + (d - 1) * w + w / 2:.1f}' y='{h + 11}' font-size='9' text-anchor='middle'>{d}</text>")
     out.append(f"<text x='{left + MAX_OFFSET * w + w / 2:.1f}' y='{h + 11}' font-size='9' text-anchor='middle'>far</text>")
     out.append(f"<text x='{left + len(bars) * w / 2:.1f}' y='{h + 23}' font-size='10' text-anchor='middle'>"

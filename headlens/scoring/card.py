@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from headlens.scoring.primary import is_resting, strength
+from headlens.scoring.primary import from_weights, is_resting, strength
 
 RESTING_ROLES = ("resting", "first_token", "sink")  # atlas roles that say the head parks its attention
 
@@ -37,6 +37,7 @@ class ProbeVerdict:
     strength: float
     label: bool
     probe: str | None = None
+    weights: bool = False  # scored from the weights (what its OV circuit would write), not from text
 
 
 @dataclass(frozen=True)
@@ -69,8 +70,9 @@ class HeadCard:
         return f"L{self.layer}H{self.head}"
 
     def behaviour(self) -> ProbeVerdict | None:
-        """The strongest label that says what the head does on text (not a resting one), or None."""
-        return next((v for v in self.labels if not is_resting(v.detector)), None)
+        """The strongest label that says what the head does on text (neither a resting one nor one read from
+        its weights), or None."""
+        return next((v for v in self.labels if not is_resting(v.detector) and not v.weights), None)
 
     def disagreement(self) -> str | None:
         """One sentence with both numbers where the probes and the corpus name different roles, else None.
@@ -84,7 +86,9 @@ class HeadCard:
         if self.role is None:
             return None
         said = self.behaviour()
-        if said is not None and not _same(said.detector, self.role):
+        if any(_same(v.detector, self.role) for v in self.labels):
+            return None  # one of its labels is the atlas' role
+        if said is not None:
             probe = f"{said.detector} on {said.probe or 'its probe'}, {said.score:.2f}"
             if self.role in RESTING_ROLES and self.first is not None:
                 corpus = f"on {self.corpus} it rests {100 * self.first:.0f} % of the time"
@@ -117,15 +121,15 @@ def probe_verdicts(scores: Any, layer: int, head: int) -> dict[str, ProbeVerdict
     rows = scores[(scores["layer"] == layer) & (scores["head"] == head)]
     if rows.empty:
         return {}
-    power = strength(rows)
+    power, weights = strength(rows), from_weights(rows)
     probe_of = {d: name.replace("_", " ") for name, p in scores.attrs.get("probes", {}).items()
                 if isinstance(p, dict) for d in p.get("detectors", ())}
     out = {}
-    for (_, r), s in zip(rows.iterrows(), power, strict=True):
+    for (_, r), s, w in zip(rows.iterrows(), power, weights, strict=True):
         det = str(r["detector"])
         ci = (float(r["ci_low"]), float(r["ci_high"])) if "ci_low" in r else (float("nan"), float("nan"))
         out[det] = ProbeVerdict(det, float(r["score"]), ci, float(s), bool(r["label"] is True or r["label"] == 1),
-                                probe_of.get(det))
+                                probe_of.get(det), bool(w))
     return out
 
 
@@ -140,7 +144,8 @@ def head_card(layer: int, head: int, scores: Any = None, description: Any = None
     """
     probes = probe_verdicts(scores, layer, head)
     labels = tuple(sorted((v for v in probes.values() if v.label),
-                          key=lambda v: (is_resting(v.detector), -(v.strength if v.strength == v.strength else 0))))
+                          key=lambda v: (is_resting(v.detector), v.weights,
+                                         -(v.strength if v.strength == v.strength else 0))))
     d = description
     if d is None:
         return HeadCard(layer, head, labels, probes, dla=dla, ablation=ablation, ablation_ci=ablation_ci,

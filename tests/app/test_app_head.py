@@ -94,6 +94,9 @@ def test_zoo_induction_head_page_names_induction_and_every_ranking(monkeypatch):
     assert at.subheader[0].value == "L1H1 of induction-2l: induction"
     assert any("Role: induction." in h.value for h in at.html)
     assert any("repeats corpus" in c.value for c in at.caption)
+    (card,) = [h.value for h in at.html if "<div class='card'>" in h.value]  # the atlas' own card renderer
+    assert "<b>Probes:</b> induction" in card and "induction; its rule" in card and "the corpus disagree" not in card
+    assert "Atlas numbers from the repeats corpus, seed 0: 36 windows of 64 tokens" in card  # which windows
     atlas = cache.get_atlas("induction-2l")
     assert atlas.config.corpus == "repeats"
     for ranking in ("write", "dla_pos"):
