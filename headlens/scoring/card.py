@@ -24,6 +24,7 @@ from typing import Any
 from headlens.scoring.primary import from_weights, is_resting, strength
 
 RESTING_ROLES = ("resting", "first_token", "sink")  # atlas roles that say the head parks its attention
+WEIGHT_ROLES = ("copy_suppression",)  # labels read from the weights that also name an atlas role
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,9 @@ class HeadCard:
 
     def behaviour(self) -> ProbeVerdict | None:
         """The strongest label that says what the head does on text (neither a resting one nor one read from
-        its weights), or None."""
-        return next((v for v in self.labels if not is_resting(v.detector) and not v.weights), None)
+        its weights, unless it names an atlas role), or None."""
+        return next((v for v in self.labels if not is_resting(v.detector)
+                     and (not v.weights or v.detector in WEIGHT_ROLES)), None)
 
     def disagreement(self) -> str | None:
         """One sentence with both numbers where the probes and the corpus name different roles, else None.
@@ -81,17 +83,18 @@ class HeadCard:
         ...                 "repeated segments"),), role="resting", rule="induction", agreement=0.44, first=0.91,
         ...                 candidates={"induction": 0.44})
         >>> print(card.disagreement())
-        The probes and the corpus disagree: induction on repeated segments, 0.83; on prose it rests 91 % of the time (the induction rule agrees at r = 0.44).
+        The probes and the corpus disagree: induction on repeated segments, 0.83; on prose it rests, 91 % of its attention on the first token (the induction rule agrees at r = 0.44).
         """
         if self.role is None:
             return None
         said = self.behaviour()
-        if any(_same(v.detector, self.role) for v in self.labels):
+        if any(v.detector == self.role for v in self.labels):
             return None  # one of its labels is the atlas' role
         if said is not None:
-            probe = f"{said.detector} on {said.probe or 'its probe'}, {said.score:.2f}"
+            on = "from its weights" if said.weights else f"on {said.probe or 'its probe'}"
+            probe = f"{said.detector} {on}, {said.score:.2f}"
             if self.role in RESTING_ROLES and self.first is not None:
-                corpus = f"on {self.corpus} it rests {100 * self.first:.0f} % of the time"
+                corpus = f"on {self.corpus} it rests, {100 * self.first:.0f} % of its attention on the first token"
             elif self.role == "no clear role":
                 corpus = f"on {self.corpus} no rule fits it (the best, '{self.rule}', agrees at r = {self.agreement:.2f})"
             else:
@@ -107,11 +110,6 @@ class HeadCard:
                         f"{self.role.replace('_', ' ')} (r = {self.agreement:.2f}); the {probe.detector} probe "
                         f"does not label it ({probe.score:.2f} on {probe.probe or 'its probe'}).")
         return None
-
-
-def _same(detector: str, role: str) -> bool:
-    """A detector's label and an atlas role name the same behaviour."""
-    return detector == role or (is_resting(detector) and role in RESTING_ROLES)
 
 
 def probe_verdicts(scores: Any, layer: int, head: int) -> dict[str, ProbeVerdict]:

@@ -50,7 +50,7 @@ def test_a_head_the_probes_and_the_corpus_disagree_on_says_so_with_both_numbers(
     card = head_card(1, 1, scores, d)
     said = card.disagreement()
     assert said.startswith("The probes and the corpus disagree: induction on repeated segments, 0.90; on prose it rests")
-    assert f"{100 * d.evidence['first']:.0f} % of the time" in said
+    assert f"it rests, {100 * d.evidence['first']:.0f} % of its attention on the first token" in said
     page = (out / "heads" / "L1H1.html").read_text()
     assert "The probes and the corpus disagree" in page and "induction 0.90 [0.89, 0.91] on repeated segments" in page
     agree = (out / "heads" / "L0H0.html").read_text()  # previous token on both sides: no sentence
@@ -97,3 +97,20 @@ def test_tokens_read_as_words_and_fragments_are_marked():
     assert token_html(" Paris") == "Paris" and "frag" in token_html("usch") and token_html("2") == "2"
     assert [token_class(s) for s in (" the", " Paris", "usch", " 42", ".", "\n")] == [
         "word", "capitalised word", "fragment", "digits", "punctuation", "newline"]
+
+
+def test_cli_shows_the_classify_table_on_each_page_and_refuses_a_bad_one_in_one_line(monkeypatch, capsys, tmp_path):
+    from tests.conftest import run_cli
+
+    code, _, err = run_cli(monkeypatch, capsys, "classify", "--model", "induction-2l", "-o", str(tmp_path / "s.json"))
+    assert code == 0, err
+    out = tmp_path / "site"
+    code, _, err = run_cli(monkeypatch, capsys, "atlas", "--model", "induction-2l", "--out", str(out), "--corpus",
+                           "repeats", "--seq-len", "64", "--n-windows", "16", "--k", "3", "--scores",
+                           str(tmp_path / "s.json"), "--quiet")
+    assert code == 0, err
+    page = (out / "heads" / "L1H1.html").read_text()  # the zoo's induction head: probes and corpus agree
+    assert "<b>Probes:</b> induction 0." in page and "on repeated segments" in page and "disagree:" not in page
+    code, _, err = run_cli(monkeypatch, capsys, "atlas", "--model", "induction-2l", "--out", str(tmp_path / "b"),
+                           "--scores", str(tmp_path / "missing.json"))
+    assert code != 0 and err.count("\n") == 1 and "missing.json" in err
