@@ -9,7 +9,7 @@ docstring) is read once, so no boilerplate line fills a head's exemplars.
 Windows are split once into the pass's share and a held-out share (every ``heldout_every``-th window, at
 most :data:`MAX_HELDOUT` of them spread evenly over the corpus), so a description's rule is scored on text
 its exemplars never saw. The cap: scoring costs a forward per held-out window, and a few hundred windows
-already pin every agreement's bootstrap interval to a few hundredths (docs/atlas.md); the windows past it
+already pin every agreement's bootstrap interval to a few hundredths (benchmarks/README.md); the windows past it
 go to the pass, where more text finds better exemplars.
 """
 
