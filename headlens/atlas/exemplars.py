@@ -242,7 +242,8 @@ class _Batch:
         key = int(self.key[b, layer, h, q]) if q > 1 else 0  # rows 0 and 1 have no off-rest key (write or DLA only)
         score = float(self.best[b, layer, h, q]) if sampled else 0.0
         e = Exemplar(self.rows[b], q, score, self.ids[b][lo:hi], q - lo, key - lo, shown.tolist())
-        self.made.append((e, head, b, q))
+        if not sampled:  # a sampled row shows where the head attends; its write is not read (the pass's cost)
+            self.made.append((e, head, b, q))
         return e
 
     def fill_writes(self) -> None:
@@ -315,7 +316,8 @@ def _write_norms(write: Any, layer: int, z: torch.Tensor, attn: torch.Tensor | N
 def top_tokens(model: Any, top: dict[str, list[list[Exemplar]]], n: int) -> None:
     """Each kept exemplar's most promoted and suppressed tokens, read from its write vector once.
 
-    An exemplar kept under several rankings (same head, window and position: the same write) is read once.
+    An exemplar kept under several rankings (same head, window and position: the same write) is read once. A
+    sampled exemplar keeps no write: it gets the tokens of another ranking's exemplar of its row, else none.
     The ``(rows, V)`` product goes by :data:`COLUMNS` tokens of the folded unembedding at a time, each slice's
     extremes kept: a column of a product does not depend on the other columns computed with it, so the
     values (and their order) are the whole product's, without a ``(D, V)`` copy or a ``(rows, V)`` block.
@@ -324,10 +326,11 @@ def top_tokens(model: Any, top: dict[str, list[list[Exemplar]]], n: int) -> None
     from headlens.readout.ov import folded_unembed
 
     rows: dict[tuple[int, int, int], list[Exemplar]] = {}
-    for heads in top.values():
+    for name, heads in sorted(top.items(), key=lambda kv: kv[0] == SAMPLED):  # the sampled ranking last
         for head, kept in enumerate(heads):
             for e in kept:
-                rows.setdefault((head, e.window, e.position), []).append(e)
+                if name != SAMPLED or (head, e.window, e.position) in rows:  # a sampled row has no write of its own
+                    rows.setdefault((head, e.window, e.position), []).append(e)
     same, chunks, i = list(rows.values()), [], 0
     while i < len(same):
         chunks.append(same[i:i + (CHUNK - 1 if len(same) - i == CHUNK + 1 else CHUNK)])

@@ -147,10 +147,11 @@ def ranking_html(atlas: Any, name: str, kept: list[Any]) -> str:
             cls = "tok" + (" key" if i == e.key else "") + (" query" if i == e.query else "")
             spans.append(f"<span class='{cls}' style='background:rgba(228,87,86,{min(a, 1.0):.3f})' "
                          f"title='attention {a:.3f}'>{_tok(atlas.strings[t])}</span>")
-        ups, downs = tokens_html(e.promoted, atlas.strings), tokens_html(e.suppressed, atlas.strings)
         where = "" if decile is None else f"decile {decile}, "
+        writes = (f"; promotes: {tokens_html(e.promoted, atlas.strings)}; suppresses: "
+                  f"{tokens_html(e.suppressed, atlas.strings)}") if e.promoted or e.suppressed else ""
         lines.append(f"<div class='ex'>{''.join(spans)}</div><div class='meta'>{where}score {e.score:.3f}; window "
-                     f"{e.window if atlas.seen is None else atlas.seen[e.window]}, position {e.position}; promotes: {ups}; suppresses: {downs}</div>")
+                     f"{e.window if atlas.seen is None else atlas.seen[e.window]}, position {e.position}{writes}</div>")
     return f"<h3>{html.escape(RANKING_TITLES.get(name, name))}</h3>{''.join(lines)}"
 
 

@@ -106,6 +106,7 @@ def atlas_sections(model: Any, atlas: Any, layer: int, head: int) -> None:
     """The tested description, what the head reads and writes, and its exemplars under a chosen ranking."""
     from headlens.atlas import site, views
     from headlens.atlas.describe import AGREEMENT
+    from headlens.atlas.exemplars import SAMPLED
 
     d = next(x for x in atlas.descriptions if (x.layer, x.head) == (layer, head))
     ex, flat = atlas.exemplars, layer * atlas.exemplars.n_heads + head
@@ -134,7 +135,8 @@ def atlas_sections(model: Any, atlas: Any, layer: int, head: int) -> None:
     ranking = st.segmented_control("Ranking", list(ex.top), default="attention", required=True, key="head_ranking",
                                    format_func=lambda r: site.RANKING_TITLES.get(r, r))
     kept = ex.top[ranking][flat]
-    st.caption(f"{len(kept)} exemplars, best first: the query underlined, the key it attends to most outlined, "
+    order = ("drawn at random, one shown per decile of its off-rest attention" if ranking == SAMPLED else "best first")
+    st.caption(f"{len(kept)} exemplars, {order}: the query underlined, the key it attends to most outlined, "
                f"each token shaded by the head's attention from the query.")
     st.html(f"<style>{site.EXEMPLAR_STYLE}</style><div class='headlens-exemplars'>"
             f"{site.ranking_html(atlas, ranking, kept)}</div>")
