@@ -97,7 +97,8 @@ def windows_text(atlas: Any) -> str:
     n_seen = len(atlas.seen) if atlas.seen is not None else c.n_windows - n_held
     return (f"Atlas numbers from the {c.corpus} corpus, seed {c.seed}: {n_seen} windows of {c.seq_len} tokens "
             f"read for exemplars ({atlas.exemplars.n_tokens} tokens), {n_held} held-out windows for the agreement. "
-            f"Other settings give other windows, and so other numbers.")
+            f"Other settings give other windows, and so other numbers; `headlens atlas --corpus {c.corpus} "
+            f"--n-windows {c.n_windows} --seq-len {c.seq_len} --k {c.k} --seed {c.seed}` reads these.")
 
 
 def token_html(s: str) -> str:
