@@ -158,7 +158,7 @@ def _tok(s: str) -> str:
     return html.escape(s.replace("\n", "⏎"))
 
 
-BAR, OFFSET_WIDTH = 6, 44 + 6 * (MAX_OFFSET + 1) + 190  # a bar's width; the chart's: axis, bars, the numbers
+BAR, OFFSET_WIDTH = 6, 58 + 6 * (MAX_OFFSET + 1) + 190  # a bar's width; the chart's: axis, bars, the numbers
 
 
 def offset_svg(profile: Any, layer: int, head: int) -> str:
@@ -170,8 +170,9 @@ def offset_svg(profile: Any, layer: int, head: int) -> str:
     nonzero = sorted(v for v in bars if v > 0)
     log = len(nonzero) > 2 and nonzero[-1] > 20 * nonzero[len(nonzero) // 2]
     top = max(max(bars, default=0.0), 1e-9)
-    lo = max(min(nonzero, default=1e-4), top * 1e-4) if log else 0.0
-    w, h, left, bottom = BAR, 120, 44, 26
+    # the decade below the smallest bar shown (at most 4 decades under the largest): every bar has a height
+    lo = 10.0 ** math.floor(math.log10(0.999 * max(min(nonzero, default=1e-4), top * 1e-4))) if log else 0.0
+    w, h, left, bottom = BAR, 120, 58, 26
     width = OFFSET_WIDTH
 
     def y(v: float) -> float:  # the bar's top, in pixels from the top
