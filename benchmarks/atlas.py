@@ -13,7 +13,7 @@ suppression), how many heads get each role, and the best candidate's score among
 Times are CPU seconds of this process (steadier than wall time on a shared machine). Peak memory: two
 child processes, each loading the model and running one thing, their whole resident high-water marks
 (``VmHWM``): the exemplar pass over the same windows, and a plain ``classify`` of the same model, the same
-number of windows, length and batch size. Goals (issue 36): pass <= 1.3x the forwards, peak <= 1.2x
+number of windows, length and batch size. Goals: pass <= 1.3x the forwards, peak <= 1.2x
 the classify. Nothing asserts.
 
 Run: ``flock /tmp/heavy.lock python benchmarks/atlas.py --model smollm2 --n-windows 96 --seq-len 128``.

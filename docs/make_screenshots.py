@@ -10,6 +10,10 @@ installed: its real tokens, grouped-query attention, and the bugs' continuations
 docs/dashboard_head_<model>_<head>.png per ``--head-shots`` entry (a head clicked in the grid, its page opened;
 ``--only-heads`` takes those alone: ``python docs/make_screenshots.py --only-heads --head-shots smollm2:L16H0``).
 
+``--atlas DIR`` shoots an atlas written by ``headlens atlas`` instead, opened from disk: its index
+(docs/atlas_index_<model>.png) and one head's page (``--atlas-head``, docs/atlas_head_<model>.png):
+``headlens atlas --model smollm2 --out atlas/ --scores scores.json && python docs/make_screenshots.py --atlas atlas/``.
+
 Needs chromium (``apt-get install -y chromium``; path from ``$HEADLENS_CHROMIUM``); never downloads a browser.
 """
 
@@ -175,6 +179,15 @@ def coreference_shot(page, url: str, heads: list[str]) -> None:
     page.set_viewport_size({"width": 1500, "height": 1500})
 
 
+def atlas_shots(page, folder: Path, model: str, head: str) -> None:
+    """The atlas' index (grid and scatter) and one head's page, opened from disk as a reader opens them."""
+    page.set_viewport_size({"width": 1100, "height": 1400})
+    page.goto((folder / "index.html").resolve().as_uri())
+    page.screenshot(path=str(DOCS / f"atlas_index_{model}.png"), full_page=True)
+    page.goto((folder / "heads" / f"{head}.html").resolve().as_uri())
+    page.screenshot(path=str(DOCS / f"atlas_head_{model}.png"), clip={"x": 0, "y": 0, "width": 1100, "height": 1700})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="code")
@@ -191,6 +204,9 @@ def main() -> None:
     parser.add_argument("--head-shots", default="induction-2l:L1H1,smollm2:L16H0",
                         help="MODEL:HEAD,...: the Head view of each (dashboard_head_<model>_<head>.png)")
     parser.add_argument("--only-heads", action="store_true", help="only the --head-shots")
+    parser.add_argument("--atlas", default="", help="only shoot this atlas folder (index and --atlas-head's page)")
+    parser.add_argument("--atlas-head", default="L16H0")
+    parser.add_argument("--atlas-model", default="smollm2", help="the model's name in the atlas shots' file names")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -199,6 +215,10 @@ def main() -> None:
         browser = pw.chromium.launch(executable_path=chromium, args=ARGS)
         page = browser.new_page(viewport={"width": 1500, "height": 1500})
         shots = [spec.rsplit(":", 1) for spec in args.head_shots.split(",") if spec]
+        if args.atlas:
+            atlas_shots(page, Path(args.atlas), args.atlas_model, args.atlas_head)
+            browser.close()
+            return
         if args.only_heads:
             for model, head in shots:
                 with serve(model) as url:

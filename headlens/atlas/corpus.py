@@ -2,22 +2,27 @@
 model that reads neither (a zoo model over a few letters), ``repeats``: random tokens of its vocabulary with a
 segment repeated (:func:`headlens.probes.generated.repeated_segments`).
 
+The prose corpus is read as distinct lines (:func:`prose_windows`): windows never overlap, and a line that
+differs from an earlier one only in its numbers (the standard library's generated codec modules share one
+docstring) is read once, so no boilerplate line fills a head's exemplars.
+
 Windows are split once into the pass's share and a held-out share (every ``heldout_every``-th window, at
 most :data:`MAX_HELDOUT` of them spread evenly over the corpus), so a description's rule is scored on text
 its exemplars never saw. The cap: scoring costs a forward per held-out window, and a few hundred windows
-already pin every agreement's bootstrap interval to a few hundredths (docs/atlas.md); the windows past it
+already pin every agreement's bootstrap interval to a few hundredths (benchmarks/README.md); the windows past it
 go to the pass, where more text finds better exemplars.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from headlens.errors import ProbeError
-from headlens.probes.base import Probe
+from headlens.probes.base import Probe, body_budget
 
 BUILT_IN = ("prose", "code", "repeats")
 MAX_HELDOUT = 256  # held-out windows at most (module docstring)
@@ -31,7 +36,6 @@ def corpus_windows(model: Any, corpus: str, n_windows: int, seq_len: int, seed: 
     4
     """
     from headlens.probes.generated import repeated_segments
-    from headlens.probes.prose import prose_windows
     from headlens.probes.text import read_prompts, stdlib_windows, text_prompts
 
     if n_windows < 2:
@@ -51,6 +55,62 @@ def corpus_windows(model: Any, corpus: str, n_windows: int, seq_len: int, seed: 
     if len(probe) < 2:
         raise ProbeError(f"corpus {corpus!r} gives {len(probe)} text; an atlas needs 2 or more (one held out)")
     return probe
+
+
+def distinct_lines(text: str) -> list[str]:
+    """The non-empty lines of ``text``, each once: a line equal to an earlier one once every word holding a digit
+    is masked (``cp1252`` and ``cp437`` alike) is dropped.
+
+    >>> distinct_lines("Codec cp437 from PC/CP437.TXT.\\nCodec cp850 from PC/CP850.TXT.\\n\\nOther.")
+    ['Codec cp437 from PC/CP437.TXT.', 'Other.']
+    """
+    seen: set[str] = set()
+    out = []
+    for line in text.split("\n"):
+        key = _DIGITS.sub("#", line.strip())
+        if key and key not in seen:
+            seen.add(key)
+            out.append(line)
+    return out
+
+
+_DIGITS = re.compile(r"\S*\d\S*")
+
+
+def prose_windows(model: Any, n_windows: int, seq_len: int, gen: torch.Generator) -> Probe:
+    """``n_windows`` windows of the built-in prose (:func:`headlens.probes.prose.prose_corpus`) that share no line:
+    each starts at a randomly drawn line and runs on over the next unread lines until it holds ``seq_len`` tokens
+    (specials included); a start whose run meets a line already read, or the corpus' end, first is skipped."""
+    from headlens.models.vocab import encode_body, vocab
+    from headlens.probes.prose import prose_corpus
+
+    v = vocab(model)
+    budget = body_budget(v, seq_len)
+    lines = distinct_lines(prose_corpus())
+    used = [False] * len(lines)
+    prompts = []
+    for start in torch.randperm(len(lines), generator=gen).tolist():
+        if len(prompts) == n_windows:
+            break
+        end, n = start, 0
+        while n < budget and end < len(lines) and not used[end]:
+            n += len(encode_body(model, lines[end])) + 1  # + 1: the newline
+            end += 1
+        try:
+            body = encode_body(model, "\n".join(lines[start:end]))
+            while len(body) < budget and end < len(lines) and not used[end]:  # lines tokenized alone ran long
+                end += 1
+                body = encode_body(model, "\n".join(lines[start:end]))
+        except ProbeError as err:
+            raise ProbeError(f"the prose corpus is English text, which this model cannot read: {err}") from None
+        if len(body) < budget:
+            continue
+        body = body[:budget]
+        used[start:end] = [True] * (end - start)
+        prompts.append(torch.tensor(v.wrap(body), dtype=torch.long))
+    return Probe("prose", prompts, {}, settings={
+        "seq_len": seq_len, "source": "distinct lines of English prose of the Python standard library's "
+        "documentation, no line in two windows", "n_lines": len(lines)})
 
 
 def split(windows: list[torch.Tensor], heldout_every: int = 4, max_heldout: int = MAX_HELDOUT

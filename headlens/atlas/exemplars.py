@@ -5,7 +5,10 @@ Why it looks like this:
 * **Rankings** (docs/atlas.md): ``attention``, the strongest weight a
   query puts on a key that is neither the first token nor the query itself (its *off-rest* attention);
   ``write``, the norm of the head's write at the query; ``dla_pos`` / ``dla_neg``, its direct logit
-  attribution to the token that actually comes next, both signs.
+  attribution to the token that actually comes next, both signs; ``sample``, query rows drawn uniformly at
+  random (a reservoir: the k rows with the largest :func:`sample_key`, a hash of window, position and head,
+  so chunks and shards merge like any ranking), each scored by its off-rest attention; a page shows them
+  across the deciles of that score (:func:`deciles`), not only the top.
 * **One rule each, called.** The write is :class:`headlens.readout.write.WritePath`'s (the head's whole write
   is minus its change when its ``z`` goes to zero, post-norms included); DLA is
   :func:`headlens.readout.dla.head_columns`, the head columns of :func:`headlens.readout.dla.decompose` by
@@ -33,7 +36,8 @@ import torch
 from headlens.atlas.reads import OffsetProfile
 from headlens.atlas.topk import RunningTopK
 
-RANKINGS = ("attention", "write", "dla_pos", "dla_neg")
+RANKINGS = ("attention", "write", "dla_pos", "dla_neg", "sample")
+SAMPLED = "sample"  # the ranking by a random key: a uniform reservoir of query rows, shown across its deciles
 
 
 @dataclass(frozen=True)
@@ -121,14 +125,16 @@ def exemplar_pass(model: Any, windows: list[torch.Tensor], config: AtlasConfig |
                            config)
         profile.count(batch.valid)
         for name, scores in batch.rankings().items():
-            tops[name].merge(scores, lambda n, j, b=batch: b.exemplar(n, j, config))
+            tops[name].merge(scores, lambda n, j, b=batch, s=name == SAMPLED: b.exemplar(n, j, config, s))
         batch.fill_writes()
         done, n_tokens = done + len(rows), n_tokens + int(batch.valid.sum())
         del batch  # before the next forward: two batches' activations are never alive at once
         if progress is not None:
             progress(done, len(windows))
     top = {name: t.payloads for name, t in tops.items()}
-    for t in tops.values():  # each exemplar's score under its ranking
+    for name, t in tops.items():  # each exemplar's score under its ranking (a sampled one has its own already)
+        if name == SAMPLED:
+            continue
         for row, kept in enumerate(t.payloads):
             for e, score in zip(kept, t.scores[row].tolist(), strict=False):
                 e.score = score
@@ -219,10 +225,14 @@ class _Batch:
             "dla_neg": torch.where(ok, -dla, float("-inf")),
         }
         B, L, H, Q = self.best.shape
+        heads = torch.arange(L * H).reshape(L, H)
+        key = sample_key(torch.tensor(self.rows)[:, None, None, None], q[None, None, None, :], heads[None, :, :, None])
+        scores[SAMPLED] = torch.where(has_off, key, float("-inf"))  # (B, L, H, Q)
         return {k: v.permute(1, 2, 0, 3).reshape(L * H, B * Q) for k, v in scores.items()}  # (L*H, B*Q)
 
-    def exemplar(self, head: int, j: int, config: AtlasConfig) -> Exemplar:
-        """Exemplar ``j`` (``b * T + q``) of flat head ``head`` (``layer * H + h``)."""
+    def exemplar(self, head: int, j: int, config: AtlasConfig, sampled: bool = False) -> Exemplar:
+        """Exemplar ``j`` (``b * T + q``) of flat head ``head`` (``layer * H + h``); ``sampled``: scored by its
+        off-rest attention (its ranking's own score is a random key)."""
         if self.ids is None:  # python lists once per batch, not per exemplar
             self.ids, self.lengths = self.tokens.tolist(), self.valid.sum(1).tolist()
         b, q = divmod(j, len(self.ids[0]))
@@ -230,8 +240,10 @@ class _Batch:
         lo, hi = max(0, q - config.before), min(self.lengths[b], q + 1 + config.after)
         shown = self.band[b, layer, h, q, lo - (q - self.before): hi - (q - self.before)]  # keys lo .. hi - 1
         key = int(self.key[b, layer, h, q]) if q > 1 else 0  # rows 0 and 1 have no off-rest key (write or DLA only)
-        e = Exemplar(self.rows[b], q, 0.0, self.ids[b][lo:hi], q - lo, key - lo, shown.tolist())
-        self.made.append((e, head, b, q))
+        score = float(self.best[b, layer, h, q]) if sampled else 0.0
+        e = Exemplar(self.rows[b], q, score, self.ids[b][lo:hi], q - lo, key - lo, shown.tolist())
+        if not sampled:  # a sampled row shows where the head attends; its write is not read (the pass's cost)
+            self.made.append((e, head, b, q))
         return e
 
     def fill_writes(self) -> None:
@@ -260,6 +272,38 @@ class _Batch:
         self.made.clear()
 
 
+def sample_key(window: Any, position: Any, head: Any) -> torch.Tensor:
+    """A uniform pseudo-random key in [0, 1) per (window, position, head) (broadcast tensors or ints): the same
+    row gets the same key in any batch, chunk or shard, so the k largest keys are a uniform sample of rows."""
+    x = (torch.as_tensor(window, dtype=torch.long) * 1_000_003 + torch.as_tensor(position, dtype=torch.long)) \
+        * 65_537 + torch.as_tensor(head, dtype=torch.long)
+    x = (x ^ (x >> 31)) & 0x7FFFFFFF  # fold the high bits in: 31 bits times the 30-bit constant fits int64
+    for _ in range(3):  # a multiply-xorshift mix
+        x = ((x ^ (x >> 15)) * 0x2C1B3C6D) & 0x7FFFFFFF
+    return x.double() / float(1 << 31)
+
+
+def sort_key(name: str, head: int) -> Callable[[Exemplar], float]:
+    """How a merge orders ``name``'s exemplars of flat head ``head``, best first (:mod:`headlens.atlas.shards`)."""
+    if name == SAMPLED:
+        return lambda e: -float(sample_key(e.window, e.position, head))
+    return lambda e: -e.score
+
+
+def deciles(kept: list[Exemplar], n: int = 10) -> list[tuple[int, Exemplar]]:
+    """``n`` of a sampled ranking's exemplars spread over the deciles of their score, highest first: for decile
+    ``i`` (1 = top tenth) the exemplar at its middle rank. Fewer exemplars than ``n``: each with its own decile.
+
+    >>> ex = [Exemplar(0, p, p / 20, [], 0, 0, []) for p in range(20)]
+    >>> [(i, e.position) for i, e in deciles(ex, 4)]
+    [(2, 17), (4, 12), (7, 7), (9, 2)]
+    """
+    ranked = sorted(kept, key=lambda e: -e.score)
+    m = len(ranked)
+    picks = sorted({int((i + 0.5) * m / n) for i in range(n)}) if m > n else list(range(m))
+    return [(1 + 10 * r // max(m, 1), ranked[r]) for r in picks]
+
+
 def _write_norms(write: Any, layer: int, z: torch.Tensor, attn: torch.Tensor | None, w_o: torch.Tensor
                  ) -> torch.Tensor:
     """``(B, T, H)``: the norm of each head's whole write in ``layer`` (minus its change when its ``z`` goes to
@@ -272,7 +316,8 @@ def _write_norms(write: Any, layer: int, z: torch.Tensor, attn: torch.Tensor | N
 def top_tokens(model: Any, top: dict[str, list[list[Exemplar]]], n: int) -> None:
     """Each kept exemplar's most promoted and suppressed tokens, read from its write vector once.
 
-    An exemplar kept under several rankings (same head, window and position: the same write) is read once.
+    An exemplar kept under several rankings (same head, window and position: the same write) is read once. A
+    sampled exemplar keeps no write: it gets the tokens of another ranking's exemplar of its row, else none.
     The ``(rows, V)`` product goes by :data:`COLUMNS` tokens of the folded unembedding at a time, each slice's
     extremes kept: a column of a product does not depend on the other columns computed with it, so the
     values (and their order) are the whole product's, without a ``(D, V)`` copy or a ``(rows, V)`` block.
@@ -281,10 +326,11 @@ def top_tokens(model: Any, top: dict[str, list[list[Exemplar]]], n: int) -> None
     from headlens.readout.ov import folded_unembed
 
     rows: dict[tuple[int, int, int], list[Exemplar]] = {}
-    for heads in top.values():
+    for name, heads in sorted(top.items(), key=lambda kv: kv[0] == SAMPLED):  # the sampled ranking last
         for head, kept in enumerate(heads):
             for e in kept:
-                rows.setdefault((head, e.window, e.position), []).append(e)
+                if name != SAMPLED or (head, e.window, e.position) in rows:  # a sampled row has no write of its own
+                    rows.setdefault((head, e.window, e.position), []).append(e)
     same, chunks, i = list(rows.values()), [], 0
     while i < len(same):
         chunks.append(same[i:i + (CHUNK - 1 if len(same) - i == CHUNK + 1 else CHUNK)])

@@ -70,12 +70,6 @@ class OffsetProfile:
         return d, float(m[d - 1]) / rest if rest > 0 else 0.0
 
 
-def token_pairs(exemplars: list[Any], strings: list[str], n: int = 5) -> list[tuple[str, str, int]]:
-    """The ``n`` most frequent ``(query token, key token)`` pairs among a head's exemplars, with counts."""
-    pairs = Counter((strings[e.tokens[e.query]], strings[e.tokens[e.key]]) for e in exemplars if e.key >= 0)
-    return [(q, k, c) for (q, k), c in pairs.most_common(n)]
-
-
 def ov_on_keys(model: Any, layer: int, head: int, exemplars: list[Any]) -> dict[str, Any]:
     """What the head writes when it attends to its exemplars' keys (the OV readout, :mod:`headlens.readout.ov`).
 

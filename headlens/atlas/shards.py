@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from headlens.atlas.exemplars import AtlasConfig, Exemplar, Exemplars, exemplar_pass, top_tokens
+from headlens.atlas.exemplars import AtlasConfig, Exemplar, Exemplars, exemplar_pass, sort_key, top_tokens
 from headlens.atlas.reads import OffsetProfile
 
 CHUNK_BATCHES = 8  # batches per resumable chunk: a kill loses at most this much work
@@ -36,7 +36,7 @@ def merge(parts: list[Exemplars], k: int) -> Exemplars:
     first = parts[0]
     top = {}
     for name in first.top:
-        top[name] = [sorted((e for p in parts for e in p.top[name][head]), key=lambda e: -e.score)[:k]
+        top[name] = [sorted((e for p in parts for e in p.top[name][head]), key=sort_key(name, head))[:k]
                      for head in range(len(first.top[name]))]
     profile = OffsetProfile(sum((p.profile.mass for p in parts), torch.zeros_like(first.profile.mass)),
                             sum((p.profile.first for p in parts), torch.zeros_like(first.profile.first)),
@@ -114,7 +114,8 @@ def to_tensors(ex: Exemplars, config: AtlasConfig) -> tuple[dict[str, torch.Tens
         out[f"{name}.score"] = torch.tensor([e.score for e in flat], dtype=torch.float64)
         out[f"{name}.tokens"] = _pad([e.tokens for e in flat], W, -1, torch.long)
         out[f"{name}.attention"] = _pad([e.attention for e in flat], W, float("nan"), torch.float32)
-        out[f"{name}.write"] = torch.stack([e.write for e in flat]).half() if flat else torch.zeros(0)  # (n, D)
+        writes = [e.write for e in flat if e.write is not None]  # a sampled exemplar has none
+        out[f"{name}.write"] = torch.stack(writes).half() if writes and len(writes) == len(flat) else torch.zeros(0)
     return out, {"counts": counts, "shape": [ex.n_layers, ex.n_heads], "rows": ex.profile.rows,
                  "n_tokens": ex.n_tokens}
 
@@ -136,7 +137,7 @@ def from_tensors(t: dict[str, torch.Tensor], facts: dict[str, Any]) -> Exemplars
             ints = {f: int(t[f"{name}.{f}"][i]) for f in FIELDS}
             flat.append(Exemplar(score=float(t[f"{name}.score"][i]), tokens=t[f"{name}.tokens"][i, :n].tolist(),
                                  attention=t[f"{name}.attention"][i, :n].tolist(),
-                                 write=t[f"{name}.write"][i].float(), **ints))
+                                 write=t[f"{name}.write"][i].float() if len(t[f"{name}.write"]) else None, **ints))
         it = iter(flat)
         top[name] = [[next(it) for _ in range(c)] for c in counts]
     L, H = facts["shape"]

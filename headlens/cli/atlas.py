@@ -4,13 +4,13 @@ over :mod:`headlens.atlas`."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from headlens.cli import options as opt
 from headlens.cli.failure import fail
-from headlens.errors import HeadlensError
+from headlens.errors import ConfigError, HeadlensError
 
 
 def register(app: typer.Typer) -> None:
@@ -32,17 +32,21 @@ def register(app: typer.Typer) -> None:
         quiet: opt.Quiet = False,
         resume: opt.Resume = None,
         device: opt.Device = "cpu",
+        scores: Annotated[list[Path] | None, typer.Option(
+            "--scores", help="a scores table of the model (headlens classify -o scores.json), shown on each head's "
+                             "page beside its atlas role; repeat it in the order of --model")] = None,
     ) -> None:
         """Read a corpus once, keep every head's top exemplars, describe each head with a rule tested on held-out
         text, and write an offline HTML atlas (open OUT/index.html from disk)."""
         try:
-            run_atlas(model, out, corpus, n_windows, seq_len, k, batch_size, seed, quiet, device, resume)
+            run_atlas(model, out, corpus, n_windows, seq_len, k, batch_size, seed, quiet, device, resume, scores)
         except HeadlensError as e:
             raise fail(e) from None
 
 
 def run_atlas(model: list[str], out: Path, corpus: str, n_windows: int, seq_len: int, k: int, batch_size: int,
-              seed: int, quiet: bool, device: str, resume: Path | None = None) -> None:
+              seed: int, quiet: bool, device: str, resume: Path | None = None,
+              scores: list[Path] | None = None) -> None:
     """The command body: library calls only, errors left to the caller."""
     if Path(corpus).is_file():  # a corpus file that is not UTF-8, or binary: refused before torch and the model
         from headlens.probes.prompt_file import read_prompts
@@ -66,6 +70,9 @@ def run_atlas(model: list[str], out: Path, corpus: str, n_windows: int, seq_len:
     from headlens.models.loading import load
     from headlens.scoring.distributed import current
 
+    if scores and len(scores) != len(model):
+        raise ConfigError(f"--scores given {len(scores)} times for {len(model)} models; give one per --model, in order")
+    tables = [_scores(p) for p in scores] if scores else None  # read before the pass: a bad file fails at once
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -84,7 +91,7 @@ def run_atlas(model: list[str], out: Path, corpus: str, n_windows: int, seq_len:
         del loaded
     if atlases[0] is None:  # a rank other than 0 under torchrun: rank 0 writes
         return
-    index = atomic_folder(out, lambda tmp: write_sites(atlases, tmp)) / "index.html"  # whole, or the old one kept
+    index = atomic_folder(out, lambda tmp: write_sites(atlases, tmp, tables)) / "index.html"  # whole, or the old one kept
     if not quiet:
         for atlas in atlases:
             roles: dict[str, int] = {}
@@ -92,3 +99,13 @@ def run_atlas(model: list[str], out: Path, corpus: str, n_windows: int, seq_len:
                 roles[d.role] = roles.get(d.role, 0) + 1
             Console(stderr=True).print(f"{atlas.model}: {', '.join(f'{r} {n}' for r, n in sorted(roles.items()))}")
         Console(stderr=True).print(f"wrote {index} (open it from disk)")
+
+
+def _scores(path: Path) -> Any:
+    """The scores table at ``path``, or one line saying why it cannot be read."""
+    from headlens.scoring.table import read_scores
+
+    try:
+        return read_scores(path)
+    except (OSError, ValueError, KeyError) as err:
+        raise ConfigError(f"--scores {str(path)!r} is not a readable headlens scores table ({err})") from None

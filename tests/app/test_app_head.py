@@ -94,6 +94,9 @@ def test_zoo_induction_head_page_names_induction_and_every_ranking(monkeypatch):
     assert at.subheader[0].value == "L1H1 of induction-2l: induction"
     assert any("Role: induction." in h.value for h in at.html)
     assert any("repeats corpus" in c.value for c in at.caption)
+    (card,) = [h.value for h in at.html if "<div class='card'>" in h.value]  # the atlas' own card renderer
+    assert "<b>Probes:</b> induction" in card and "induction; its rule" in card and "the corpus disagree" not in card
+    assert "Atlas numbers from the repeats corpus, seed 0: 36 windows of 64 tokens" in card  # which windows
     atlas = cache.get_atlas("induction-2l")
     assert atlas.config.corpus == "repeats"
     for ranking in ("write", "dla_pos"):
@@ -154,3 +157,23 @@ def test_atlas_store_reads_back_only_under_its_key(monkeypatch, tmp_path):
     with monkeypatch.context() as m:
         m.setattr(score_store, "source_digest", lambda packages: "edited")  # the atlas' source changed
         assert atlas_store.read("induction-2l", placed, config) is None
+
+
+def test_the_dashboard_and_headlens_atlas_give_a_head_the_same_numbers_under_the_same_settings(monkeypatch, capsys,
+                                                                                              tmp_path):
+    """The card's windows line names the command that reads the dashboard's windows: run it, and every head's
+    role, rule and agreement are the dashboard's."""
+    import pandas as pd
+
+    from headlens.atlas.views import windows_text
+    from tests.conftest import run_cli
+
+    monkeypatch.setenv("HEADLENS_CACHE", str(tmp_path / "cache"))
+    atlas = cache.get_atlas("induction-2l")
+    command = re.search(r"`headlens (atlas [^`]*)`", windows_text(atlas)).group(1).split()
+    code, _, err = run_cli(monkeypatch, capsys, *command, "--model", "induction-2l", "--out", str(tmp_path / "a"),
+                           "--quiet")
+    assert code == 0, err
+    table = pd.read_csv(tmp_path / "a" / "descriptions.csv")
+    assert list(zip(table.role, table.rule, table.agreement, strict=True)) == \
+        [(d.role, d.rule, pytest.approx(d.agreement, abs=1e-12)) for d in atlas.descriptions]

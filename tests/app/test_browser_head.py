@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from browser_tools import ARTIFACTS
 
-from headlens.atlas.reads import MAX_OFFSET
+from headlens.atlas.views import OFFSET_WIDTH
 from tests.app.test_browser import dashboard_page, no_exception, wait_idle
 
 pytestmark = pytest.mark.browser
@@ -41,5 +41,6 @@ def test_clicking_a_head_opens_its_page_in_chromium():
         assert page.locator(".headlens-exemplars .ex .key").count() >= 1
         assert page.locator("[data-testid=stMetric]", has_text="lm_loss change, L1H1 zeroed").count() == 1
         profile = page.locator("[data-testid=stImage] img").first  # the offset profile, drawn
-        assert profile.is_visible() and profile.evaluate("e => e.naturalWidth") == 8 * (MAX_OFFSET + 3)
+        assert profile.is_visible() and profile.evaluate("e => e.naturalWidth") == OFFSET_WIDTH
+        assert "Probes: induction" in page.locator(".card").first.inner_text()  # the head card
         page.screenshot(path=str(ARTIFACTS / "dashboard_head.png"), full_page=True)

@@ -106,12 +106,12 @@ def test_cli_writes_the_site_the_parquet_and_the_descriptions(monkeypatch, capsy
                            str(corpus), "--n-windows", "8", "--k", "3", "--quiet")
     assert code == 0, err
     frame = pd.read_parquet(out / "exemplars.parquet")
-    assert set(frame["ranking"]) == {"attention", "write", "dla_pos", "dla_neg"}
+    assert set(frame["ranking"]) == {"attention", "write", "dla_pos", "dla_neg", "sample"}
     assert frame.groupby(["layer", "head", "ranking"]).size().max() == 3
     assert len(pd.read_csv(out / "descriptions.csv")) == 8
     index = (out / "index.html").read_text()
     assert all(f"heads/L{layer}H{h}.html" in index for layer in range(2) for h in range(4))
-    assert (out / "heads" / "L1H3.html").read_text().count("class='ex'") == 12  # 4 rankings x 3
+    assert (out / "heads" / "L1H3.html").read_text().count("class='ex'") == 15  # 4 rankings and the sample x 3
 
 
 def test_cli_bad_corpus_is_one_line(monkeypatch, capsys, tmp_path):

@@ -70,9 +70,10 @@ def test_a_kept_write_holds_its_own_vector_only(family, tmp_path):
         from hf_families import build
         model = headlens.load(f"hf:{build(family, tmp_path / family)}")
     ex = exemplar_pass(model, _windows(10), AtlasConfig(k=4, batch_size=4), read_tokens=False)
-    writes = [e.write for heads in ex.top.values() for kept in heads for e in kept]
+    writes = [e.write for name, heads in ex.top.items() if name != "sample" for kept in heads for e in kept]
     assert writes and all(w is not None and w.shape == (model.cfg.d_model,) for w in writes)
     assert all(w.untyped_storage().nbytes() == w.numel() * w.element_size() for w in writes)
+    assert all(e.write is None for kept in ex.top["sample"] for e in kept)  # a sampled row's write is not read
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="gloo on the loopback interface")

@@ -33,6 +33,7 @@ def head_view(ref: str, model: Any, text: str, scores: Any, selected: list[tuple
     atlas = atlas_of(ref)
     role = next((d.role for d in atlas.descriptions if (d.layer, d.head) == (layer, head)), None) if atlas else None
     st.subheader(f"{name} of {md(model.name)}" + (f": {role.replace('_', ' ')}" if role else ""))
+    card_section(scores, atlas, layer, head)
     scores_section(scores, layer, head)
     if atlas is not None:
         atlas_sections(model, atlas, layer, head)
@@ -57,6 +58,18 @@ def pick_head(ref: str, model: Any, selected: list[tuple[int, int]]) -> tuple[in
     st.session_state[kept] = st.selectbox("Head", options, key=box,
                                           help="the head this page is about: the one you clicked last in the grid")
     return hd.parse_head(st.session_state[kept])
+
+
+def card_section(scores: Any, atlas: Any | None, layer: int, head: int) -> None:
+    """The head's card, drawn by the atlas' own renderer: its probe labels and its atlas role, side by side, with a
+    sentence where they disagree and which windows the atlas numbers come from."""
+    from headlens.atlas import site, views
+    from headlens.scoring.card import head_card
+
+    d = next((x for x in atlas.descriptions if (x.layer, x.head) == (layer, head)), None) if atlas else None
+    card = head_card(layer, head, scores, d, corpus=str(atlas.config.corpus) if atlas else "prose",
+                     windows=views.windows_text(atlas) if atlas else "")
+    st.html(f"<style>{site.STYLE}</style>{views.card_html(card)}")
 
 
 def scores_section(scores: Any, layer: int, head: int) -> None:
@@ -91,8 +104,9 @@ def atlas_of(ref: str) -> Any | None:
 
 def atlas_sections(model: Any, atlas: Any, layer: int, head: int) -> None:
     """The tested description, what the head reads and writes, and its exemplars under a chosen ranking."""
-    from headlens.atlas import site
+    from headlens.atlas import site, views
     from headlens.atlas.describe import AGREEMENT
+    from headlens.atlas.exemplars import SAMPLED
 
     d = next(x for x in atlas.descriptions if (x.layer, x.head) == (layer, head))
     ex, flat = atlas.exemplars, layer * atlas.exemplars.n_heads + head
@@ -106,22 +120,23 @@ def atlas_sections(model: Any, atlas: Any, layer: int, head: int) -> None:
     c3.metric("95% CI", f"[{d.ci[0]:.2f}, {d.ci[1]:.2f}]")
     st.dataframe([{"rule": n, "agreement": v} for n, v in sorted(d.candidates.items(), key=lambda kv: -kv[1])],
                  hide_index=True, key="head_candidates")
-    st.caption(f"{ex.n_tokens} tokens of the {md(atlas.config.corpus)} corpus read for exemplars; every candidate "
-               f"rule scored on {atlas.config.n_windows // 4} held-out windows (`headlens atlas` reads more).")
+    st.caption(md(views.windows_text(atlas)) + " `headlens atlas` reads more.")
     st.markdown("#### What it reads and writes")
-    st.image(site.profile_svg(ex.profile, layer, head),  # an <img>: st.html would strip the SVG
-             caption="Attention by offset (mean per query row; offset 0 ... 64, farther, first token)")
+    st.image(views.offset_svg(ex.profile, layer, head),  # an <img>: st.html would strip the SVG
+             caption="Attention by offset: mean per query row at each offset q - k (1 ... 64, farther); the first "
+                     "token and the query itself as numbers beside it")
     left, right = st.columns(2)
     with left:
         st.caption("Frequent (query, key) token pairs among its attention exemplars")
-        st.html(f"<style>{site.EXEMPLAR_STYLE}</style>{site.pairs_html(atlas, layer, head)}")
+        st.html(f"<style>{site.STYLE}</style>{views.pairs_html(atlas, layer, head)}")
     with right:
         writes_section(model, atlas, d, flat)
     st.markdown("#### Exemplars")
     ranking = st.segmented_control("Ranking", list(ex.top), default="attention", required=True, key="head_ranking",
                                    format_func=lambda r: site.RANKING_TITLES.get(r, r))
     kept = ex.top[ranking][flat]
-    st.caption(f"{len(kept)} exemplars, best first: the query underlined, the key it attends to most outlined, "
+    order = ("drawn at random, one shown per decile of its off-rest attention" if ranking == SAMPLED else "best first")
+    st.caption(f"{len(kept)} exemplars, {order}: the query underlined, the key it attends to most outlined, "
                f"each token shaded by the head's attention from the query.")
     st.html(f"<style>{site.EXEMPLAR_STYLE}</style><div class='headlens-exemplars'>"
             f"{site.ranking_html(atlas, ranking, kept)}</div>")
@@ -144,8 +159,12 @@ def writes_section(model: Any, atlas: Any, d: Any, flat: int) -> None:
         ov = attempt("Could not read its OV circuit", ov_on_keys, model, d.layer, d.head,
                      atlas.exemplars.top["attention"][flat])
     if ov:
-        words = {k: " ".join(md(repr(atlas.strings[t])) for t in ov[k]) for k in ("promoted", "suppressed")}
-        st.markdown(f"Promotes most: {words['promoted'] or '-'}  \nSuppresses most: {words['suppressed'] or '-'}")
+        from headlens.atlas.site import STYLE
+        from headlens.atlas.views import tokens_html
+
+        st.html(f"<style>{STYLE}</style><p>Promotes most: {tokens_html(ov['promoted'], atlas.strings)}<br>"
+                f"Suppresses most: {tokens_html(ov['suppressed'], atlas.strings)}</p><p class='meta'>a word as "
+                f"itself; a piece of a word in grey, marked -</p>")
 
 
 def ablation_metric(model: Any) -> str | None:
