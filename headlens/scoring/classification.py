@@ -34,6 +34,7 @@ from headlens.probes.prose import prose_windows
 from headlens.probes.text import stdlib_windows, text_prompts
 from headlens.readout.ov import forget
 from headlens.readout.ov import unsupported as no_readout
+from headlens.readout.parts import unsupported as no_dla
 from headlens.scoring import defaults
 from headlens.scoring.annotated import (
     PREFERENCE_COLUMNS,
@@ -108,6 +109,8 @@ def select_detectors(model: Any, names: Sequence[str] | str | None, tl_compatibl
             why = f"{d.name} needs a bidirectional model; {getattr(model, 'name', 'this model')!r} is causal"
         elif d.kind == "weights" and (ov := no_readout(model)):
             why = f"{d.name}: {ov}"
+        elif d.gate is not None and (dla := no_dla(model)):  # the gate reads what each head writes (DLA)
+            why = f"{d.name}'s {d.gate.name} gate: {dla}"
         elif d.kind == "top1" and not model.is_causal:
             why = f"{d.name} scores copy steps of a causal model; {getattr(model, 'name', 'this model')!r} " \
                   f"is bidirectional"
@@ -268,6 +271,10 @@ def classify(
     texts, annotated_rows = prompt_rows(prompts)
     builtin, user_types = requested_types(detectors, annotated_rows)
     dets, skipped, explicit = select_detectors(model, builtin, tl_compatible) if builtin != [] else ([], {}, True)
+    if packed := [name for name, why in skipped.items() if "packed" in why]:  # readable weights: decided up front
+        warnings.warn(f"{getattr(model, 'name', 'the model')!r} stores its weights packed "
+                      f"({getattr(model, 'packed_weights', '')}): skipping {', '.join(packed)}, which read weight "
+                      f"matrices; attention scores are real", stacklevel=2)
     taus = thresholds(threshold, user_types, dets)
     by_null = against_null(threshold, dets)
     groups = _probes(model, dets, texts, n_prompts, seq_len, seed, truncate, corpus)
