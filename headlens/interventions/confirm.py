@@ -6,7 +6,7 @@ label names (docs/scores.md and docs/ablate.md):
 
 | label | task metric | why this one |
 |---|---|---|
-| ``induction``, ``previous_token``, ``duplicate_token``, ``copying`` | ``repeated_loss`` | the second copy of ``BOS + r + r`` is predicted by the induction circuit: previous-token heads feed it, induction heads read the earlier copy, copying heads write the attended token, duplicate-token heads mark the repeat |
+| ``induction``, ``previous_token``, ``duplicate_token``, ``ov_copying`` | ``repeated_loss`` | the second copy of ``BOS + r + r`` is predicted by the induction circuit: previous-token heads feed it, induction heads read the earlier copy, ov_copying heads write the attended token, duplicate-token heads mark the repeat |
 | ``bracket_matching``, ``open_bracket`` (and ``_hard``) | ``bracket_accuracy`` | the type of each closing bracket |
 | ``retrieval`` | ``needle_recall`` | the needle copied out of a haystack (Wu et al. 2024) |
 | ``name_mover``, ``negative_name_mover`` | ``logit_diff`` | IO over S at the end of IOI prompts (Wang et al. 2022); a negative name mover writes against it, so ablating it should *raise* it |
@@ -36,7 +36,7 @@ LABEL_METRICS = {
     "induction": "repeated_loss",
     "previous_token": "repeated_loss",
     "duplicate_token": "repeated_loss",
-    "copying": "repeated_loss",
+    "ov_copying": "repeated_loss",
     "bracket_matching": "bracket_accuracy",
     "bracket_matching_hard": "bracket_accuracy",
     "open_bracket": "bracket_accuracy",

@@ -45,6 +45,7 @@ from headlens.scoring.annotated import (
     with_preference,
 )
 from headlens.scoring.annotated import summaries as target_summaries
+from headlens.scoring.derived import with_copy_suppression
 from headlens.scoring.distributed import current, scan_blocks
 from headlens.scoring.engine import DetectorStats, choose_path
 from headlens.scoring.gates import MIN_SHARE, gate_columns, gate_passes, gate_summary, with_gate
@@ -221,8 +222,8 @@ def classify(
         seed: seeds the probes and the bootstrap.
         threshold: κ for the pattern detectors, or ``{detector: κ}``: a head is labelled when the low end of
             its strength's CI, ``(ci_low - chance) / (1 - chance)``, is at least κ (default 0.4; chance is the
-            type's uniform baseline). Weight detectors read it as τ on their score (default their own: copying
-            and copy_suppression 0.05, successor 0.4); gated types (name movers) are labelled against their
+            type's uniform baseline). Weight detectors read it as τ on their score (default their own: ov_copying
+            and ov_suppression 0.05, successor 0.4); gated types (name movers) are labelled against their
             null unless they are given one.
         tl_compatible: reproduce TransformerLens ``detect_head`` ("mul", all rows, per-prompt mean)
             for its three head types instead of headlens' position-conditioned scores.
@@ -371,7 +372,7 @@ def classify(
     forget(model)  # the weight detectors' shared readout and ranks
     columns = list(empty_table().columns) + (list(PREFERENCE_COLUMNS) if preferences else []) + extra
     columns += [c for name in sorted(gated) for c in gate_columns(name)]
-    df = pd.DataFrame(rows, columns=columns) if rows else empty_table()
+    df = with_copy_suppression(pd.DataFrame(rows, columns=columns) if rows else empty_table())  # OV + attention
     if s_small := [d for d, s in summaries.items() if 0 < s.n_prompts < 10]:
         notes.append(f"fewer than 10 prompts with targets for {', '.join(s_small)}: wide intervals")
     for note in notes:

@@ -181,7 +181,7 @@ def test_packed_weights_choose_weight_readers_and_gates_before_the_scan(root: Pa
     assert readers and readers <= set(skipped)
     assert all("packed" in skipped[n] and "\n" not in skipped[n] for n in readers)
     ticks: list[int] = []
-    for name in ("name_mover", "copying"):
+    for name in ("name_mover", "ov_copying"):
         with pytest.raises(HeadlensError, match="packed"):
             headlens.classify(model, detectors=[name], n_prompts=2, seq_len=16,
                               progress=lambda done, total, stage: ticks.append(done))
