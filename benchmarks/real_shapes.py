@@ -14,7 +14,7 @@ For each model and dtype, in one fresh process that holds all three contenders, 
 ``classify`` = ``headlens.classify`` with every default *pattern* detector (generated probes) through
 TransformerBridge; ``bridge fwd`` = the bridge's plain forwards over exactly the token batches the scan
 ran (same probes, collation and batch size), no hooks; ``hf eager`` / ``hf sdpa`` = ``AutoModelForCausalLM``
-forwards over the same batches. The weight-based ``copying``
+forwards over the same batches. The weight-based ``ov_copying``
 detector reads no tokens; it is timed once on its own (its ``W_U W_E`` product grows with the
 vocabulary). Memory: the process's resident size once everything is loaded, and each contender's
 peak *working* memory on top of it (RSS sampled every 5 ms on the CPU, ``max_memory_allocated`` on a GPU).
@@ -127,7 +127,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")
     import headlens
-    from headlens.detectors.copying import scores as copying
+    from headlens.detectors.ov_copying import counts as copying
     from headlens.models.placement import resolve_device, resolve_dtype
     from headlens.scoring.classification import select_detectors
 

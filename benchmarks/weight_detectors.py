@@ -1,10 +1,10 @@
-"""The weight detectors (copying, copy_suppression, successor) on a real LM: wall and CPU seconds, by part.
+"""The weight detectors (ov_copying, ov_suppression, successor) on a real LM: wall and CPU seconds, by part.
 
     python benchmarks/weight_detectors.py                 # SmolLM2-135M: 270 heads, 49,152 tokens
     python benchmarks/weight_detectors.py --model hf:DIR --threads 2
 
 The issue's bound is 10 s on 2 cores for all of them. Parts, in the order ``classify`` meets them, each
-timed cold (the memo that lets copying and copy_suppression share one ranking is cleared first):
+timed cold (the memo that lets ov_copying and ov_suppression share one ranking is cleared first):
 the vocabulary scan (``models.vocab``: which tokens are ordinary; ``classify`` needs it anyway for other
 probes), the folded readout, the exact ranks of 256 sampled tokens, the successor lists, the eigenvalue
 column; then the three through ``headlens.classify`` as a user runs them. No assertions: timings are
@@ -40,7 +40,7 @@ def main() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = headlens.load(args.model)
-    from headlens.detectors import copying, successor
+    from headlens.detectors import ov_copying, successor
     from headlens.models.vocab import vocab
     from headlens.readout.ov import forget, readout
     from headlens.readout.ranks import self_ranks
@@ -52,10 +52,10 @@ def main() -> None:
     r = _timed("ranks of 256 tokens (both cuts)", lambda: self_ranks(model))
     print(f"{'':<34} {r.whole_rows} of {r.top.numel() * r.n} (head, token) pairs needed their whole row")
     _timed("successor lists", lambda: successor.counts(model))
-    _timed("eigen column (W_U W_E, float32)", lambda: copying.eigen_scores(model))
+    _timed("eigen column (W_U W_E, float32)", lambda: ov_copying.eigen_scores(model))
     forget(model)
     _timed("classify, the three detectors", lambda: headlens.classify(
-        model, detectors="copying,copy_suppression,successor"))
+        model, detectors="ov_copying,ov_suppression,successor"))
 
 
 if __name__ == "__main__":

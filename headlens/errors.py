@@ -81,3 +81,24 @@ class MemoryLimitError(HeadlensError):
     """The model will not fit in the memory available (said before any weight is read)."""
 
     exit_code = 10
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning raised by the caller at the first frame outside headlens: the
+    user's notebook cell or script, not ``models/loading.py`` (Python 3.12's ``skip_file_prefixes``, by hand).
+
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     warnings.warn("x", stacklevel=user_stacklevel())
+    >>> caught[0].filename.startswith("<doctest")  # this line, not errors.py
+    True
+    """
+    import os
+    import sys
+
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level

@@ -144,7 +144,7 @@ def planted_circuit_model(sharpness: float = 30.0, n_ctx: int = 32, readout: flo
 
 
 VOCAB_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"  # two ordered lists: the digits, the letters
-VOCAB_HEADS: dict[str, list[tuple[int, int]]] = {"copying": [(0, 0)], "copy_suppression": [(0, 1)],
+VOCAB_HEADS: dict[str, list[tuple[int, int]]] = {"ov_copying": [(0, 0)], "ov_suppression": [(0, 1)],
                                                  "successor": [(0, 2)]}
 
 

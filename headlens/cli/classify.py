@@ -50,7 +50,7 @@ def _confirm_fn() -> Any:
 
 
 def _cells(r: Any) -> list[str]:
-    """score, 95% CI, baseline, lift, positions of one labelled row; a weight-based score (copying: no probe,
+    """score, 95% CI, baseline, lift, positions of one labelled row; a weight-based score (ov_copying: no probe,
     no positions, no baseline) says "weights" instead of a degenerate CI."""
     if int(r.n_positions) == 0 and r.lift != r.lift:
         return [f"{r.score:.3f}", "weights", "-", "-", "-"]

@@ -112,7 +112,7 @@ Seed = Annotated[int, typer.Option("--seed", help="seeds the probes, the bootstr
 Threshold = Annotated[float | None, typer.Option(
     "--threshold", min=0.0, max=1.0, help="kappa: label a head when its strength's CI low end, (ci_low - chance) "
     "/ (1 - chance), is at least this (default 0.4; chance: the type's uniform baseline); the weight detectors keep "
-    "their own tau on the score (copying 0.05); the name movers, unless it is given, need ci_low above their "
+    "their own tau on the score (ov_copying 0.05); the name movers, unless it is given, need ci_low above their "
     "uniform baseline and their gate instead")]
 ScanPath = Annotated[str, typer.Option(
     "--scan-path", help="{scan_paths}: dense reads the attention pattern; sparse reads q, k and each row's "

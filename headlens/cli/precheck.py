@@ -30,13 +30,13 @@ def check_detectors(text: str | None) -> None:
         return
     import sys
 
-    from headlens.zoo.names import DETECTORS, base_name, split_names, unknown_detector
+    from headlens.zoo.names import DETECTORS, RENAMED, base_name, split_names, unknown_detector
 
     registry = sys.modules.get("headlens.detectors")  # detectors registered in this process (register_detector)
     known = list(getattr(registry, "DETECTORS", DETECTORS))
     for name in split_names(text):
         base = base_name(name)
-        if base in known or (":" in name and base == name):
+        if base in known or base in RENAMED or (":" in name and base == name):  # old names map, with a warning
             continue
         if _has_plugins():
             return

@@ -67,26 +67,30 @@ def type_table(df: Any, summaries: list[Any]) -> Any:
 
 
 def legend(summaries: list[Any]) -> str:
-    """The one line under the type table: what each column means (and the marks this table uses)."""
-    parts = ["n: heads with the label", "strength: (score - chance) / (1 - chance), one scale for all types "
-             "(lift, within a type: --all)", "rest: first-token attention"]
+    """The lines under the type table: what each column means, which types are read from the weights, and how
+    each resting type's heads are listed (one line each, so none ends mid-sentence where a terminal wraps)."""
+    parts = ["n: heads with the label; strength: (score - chance) / (1 - chance), one scale for all types "
+             "(lift, within a type: --all); rest: first-token attention"]
     if any(t.preference for t in summaries):
-        parts.append("(pref): preference accuracy")
+        parts[0] += "; (pref): preference accuracy"
     if ov := [t.detector for t in summaries if t.ov and t.n_labelled]:
-        parts.append(f"read from the weights, not text: {', '.join(ov)}")
+        parts.append(f"read from the weights (what the OV circuit would write), not from attention on text: "
+                     f"{', '.join(ov)}")
     parts += [_resting_words(t) for t in summaries if t.resting and t.n_labelled]
-    return "; ".join(parts)
+    return "\n".join(parts)
 
 
 def _resting_words(t: Any) -> str:
-    """How a resting type's heads are listed: those that only rest under it, the others under what else they do."""
-    one = t.n_labelled == 1
+    """How a resting type's heads are listed: those that only rest under it (as many as the table shows), the
+    others under what else they do."""
+    one, shown = t.n_labelled == 1, len(t.heads)
     if t.n_only == 0:
         return (f"{t.detector}: its {t.n_labelled} {'head does' if one else 'heads do'} something else too, "
                 f"listed there")
+    listed = "listed" if shown >= t.n_only else f"the strongest {shown} listed"
     if t.n_only == t.n_labelled:
-        return f"{t.detector}: its {t.n_labelled} {'head only rests' if one else 'heads only rest'} (listed)"
-    return (f"{t.detector}: {t.n_only} of {t.n_labelled} heads only rest (listed), the others are listed under "
+        return f"{t.detector}: its {t.n_labelled} {'head only rests' if one else 'heads only rest'} ({listed})"
+    return (f"{t.detector}: {t.n_only} of {t.n_labelled} heads only rest ({listed}), the others are listed under "
             f"what else they do")
 
 
@@ -128,7 +132,7 @@ def fit_lines(summaries: list[Any], budget: int) -> list[Any]:
 
     >>> import pandas as pd
     >>> from headlens.scoring.summary import TypeSummary
-    >>> types = [TypeSummary(d, 3, pd.DataFrame({"head": range(3)})) for d in ("induction", "copying", "first_token")]
+    >>> types = [TypeSummary(d, 3, pd.DataFrame({"head": range(3)})) for d in ("induction", "ov_copying", "first_token")]
     >>> [len(t.heads) for t in fit_lines(types, 7)]
     [3, 2, 2]
     """
@@ -158,8 +162,10 @@ def print_summary(df: Any, console: Any, out: Path | None = None) -> None:
              f"the {L} x {H} grid does not fit here: --report FILE.html, or headlens dashboard",
              f"full table ({len(df)} rows): {where}; every labelled row: --all"]
     width = max(int(console.width), 1)
-    fixed = 3 + sum(len(textwrap.wrap(n, width)) for n in notes) + (L + 2 if fits else 0)  # title, header, rule
-    summaries = fit_lines(summaries, MAX_LINES - fixed)  # the notes as this terminal wraps them; the grid
+    fixed = 3 + sum(len(textwrap.wrap(line, width)) for n in notes for line in n.splitlines()) + (
+        L + 2 if fits else 0)  # title, header, rule, the notes as this terminal wraps them, the grid
+    summaries = fit_lines(summaries, MAX_LINES - fixed)
+    notes[0] = legend(summaries)  # as many resting heads as are now listed
     console.print(f"[bold]{attrs.get('model', '?')}[/bold]: {L * H} heads ({L} layers x {H}), "
                   f"{attrs.get('scoring', 'headlens')} scores", highlight=False)
     if any(t.n_labelled or t.preference for t in summaries):

@@ -18,7 +18,7 @@ Your own head types join the same registry, three ways:
 From the CLI a ``module:attribute`` reference also works: ``--detectors mypkg.heads:TWO_BACK``.
 
 >>> sorted(DETECTORS)[:3]
-['bracket_matching', 'bracket_matching_hard', 'copy_suppression']
+['bracket_matching', 'bracket_matching_hard', 'coreference']
 >>> get_detector("streaming(w=128)").params
 {'s': 4, 'w': 128}
 """
@@ -31,8 +31,6 @@ from typing import Any
 
 from headlens.detectors import (
     bracket_matching,
-    copy_suppression,
-    copying,
     coreference,
     current_token,
     duplicate_token,
@@ -40,6 +38,8 @@ from headlens.detectors import (
     induction,
     name_mover,
     next_token,
+    ov_copying,
+    ov_suppression,
     previous_token,
     retrieval,
     sink,
@@ -48,7 +48,7 @@ from headlens.detectors import (
 )
 from headlens.detectors.base import Detector
 from headlens.errors import DetectorError
-from headlens.zoo.names import _CALL, ENTRY_POINT_GROUP, split_names, unknown_detector
+from headlens.zoo.names import _CALL, ENTRY_POINT_GROUP, current_name, split_names, unknown_detector
 from headlens.zoo.names import DETECTORS as BUILTIN_NAMES
 
 DETECTORS: dict[str, Detector] = {
@@ -64,8 +64,8 @@ DETECTORS: dict[str, Detector] = {
         bracket_matching.HARD_DETECTOR,
         bracket_matching.OPEN_DETECTOR,
         bracket_matching.OPEN_HARD_DETECTOR,
-        copying.DETECTOR,
-        copy_suppression.DETECTOR,
+        ov_copying.DETECTOR,
+        ov_suppression.DETECTOR,
         successor.DETECTOR,
         coreference.DETECTOR,
         sink.DETECTOR,
@@ -169,6 +169,7 @@ def get_detector(name: str | Detector) -> Detector:
     ``DetectorError`` listing the known ones."""
     if isinstance(name, Detector):
         return name
+    name = current_name(name)
     call = _CALL.match(name)
     base = call.group(1) if call else name
     if base not in DETECTORS:

@@ -13,7 +13,7 @@ keys and the row's log-sum-exp, without ever building the ``(Q, K)`` pattern (``
 
 * ``"index"``: at most one target per row (``M == 1``);
 * ``"mask"``: a set of targets per row (any ``M``);
-* ``"weights"``: no probe at all; a score per head from the model's weights (copying, copy suppression,
+* ``"weights"``: no probe at all; a score per head from the model's weights (ov_copying, ov_suppression,
   successor heads). ``weights_fn`` returns :class:`WeightCounts` (hits over trials per head, with a chance
   rate and a null, from which :mod:`headlens.scoring.weights` forms the score, its interval and the label),
   or a plain ``(n_layers, n_heads)`` score tensor (no interval: labelled on the score alone).

@@ -6,10 +6,11 @@ label names (docs/scores.md and docs/ablate.md):
 
 | label | task metric | why this one |
 |---|---|---|
-| ``induction``, ``previous_token``, ``duplicate_token``, ``copying`` | ``repeated_loss`` | the second copy of ``BOS + r + r`` is predicted by the induction circuit: previous-token heads feed it, induction heads read the earlier copy, copying heads write the attended token, duplicate-token heads mark the repeat |
+| ``induction``, ``previous_token``, ``duplicate_token``, ``ov_copying`` | ``repeated_loss`` | the second copy of ``BOS + r + r`` is predicted by the induction circuit: previous-token heads feed it, induction heads read the earlier copy, ov_copying heads write the attended token, duplicate-token heads mark the repeat |
 | ``bracket_matching``, ``open_bracket`` (and ``_hard``) | ``bracket_accuracy`` | the type of each closing bracket |
 | ``retrieval`` | ``needle_recall`` | the needle copied out of a haystack (Wu et al. 2024) |
-| ``name_mover``, ``negative_name_mover`` | ``logit_diff`` | IO over S at the end of IOI prompts (Wang et al. 2022); a negative name mover writes against it, so ablating it should *raise* it |
+| ``ov_suppression`` | ``repeated_loss`` | a head whose OV writes against the token it attends to would, if it suppressed copies, push down the repeat of ``BOS + r + r``: ablating it should *lower* the loss |
+| ``name_mover``, ``negative_name_mover``, ``copy_suppression`` | ``logit_diff`` | IO over S at the end of IOI prompts (Wang et al. 2022); a negative name mover (and a copy suppression head, one of them) writes against it, so ablating it should *raise* it |
 | every other type (``current_token``, ``coreference``, resting ``first_token`` / ``sink``, your own) | ``lm_loss`` | generic: the next-token loss on real text (prose for a subword tokenizer). A weak test: no type-specific task |
 
 **One group per type.** The type's strongest labelled heads (``top``, by its primary statistic: the
@@ -36,7 +37,7 @@ LABEL_METRICS = {
     "induction": "repeated_loss",
     "previous_token": "repeated_loss",
     "duplicate_token": "repeated_loss",
-    "copying": "repeated_loss",
+    "ov_copying": "repeated_loss",
     "bracket_matching": "bracket_accuracy",
     "bracket_matching_hard": "bracket_accuracy",
     "open_bracket": "bracket_accuracy",
@@ -44,8 +45,11 @@ LABEL_METRICS = {
     "retrieval": "needle_recall",
     "name_mover": "logit_diff",
     "negative_name_mover": "logit_diff",
+    "copy_suppression": "logit_diff",
+    "ov_suppression": "repeated_loss",
 }
-AGAINST = frozenset({"negative_name_mover"})  # heads that work against their task: ablating them should help it
+# heads that work against their task: ablating them should help it
+AGAINST = frozenset({"negative_name_mover", "copy_suppression", "ov_suppression"})
 GENERIC_METRIC = "lm_loss"  # for the types without a task of their own
 
 CONFIRM_COLUMNS = [
@@ -149,6 +153,14 @@ def _measure(model: Any, groups: list[tuple[str, list[tuple[int, int]]]], metric
     keys = ("clean", "delta", "ci_low", "ci_high", "control_delta", "excess_ci_low", "excess_ci_high")
     helps = get_metric(metric).higher_is_worse  # for AGAINST types: ablating them should move it the good way
     return [{**b, **{k: float(r[k]) for k in keys}, "control": r["control"], "error": "",
-             "confirmed": (bool(r["excess_ci_high"] < 0) if helps else bool(r["excess_ci_low"] > 0))
-             if b["detector"] in AGAINST else bool(r["beats_control"])}
+             "confirmed": _helps(r, helps) if b["detector"] in AGAINST else bool(r["beats_control"])}
             for b, (_, r) in zip(base, res.iterrows(), strict=True)]
+
+
+def _helps(r: Any, higher_is_worse: bool) -> bool:
+    """An against-the-task type is confirmed when ablating its heads helps the task, its own CI on the good side
+    of zero, *and* helps beyond the random groups: a control that hits the task's own heads (the induction
+    head among layer 1's four) makes the excess large without the type doing anything."""
+    if higher_is_worse:
+        return bool(r["ci_high"] < 0 and r["excess_ci_high"] < 0)
+    return bool(r["ci_low"] > 0 and r["excess_ci_low"] > 0)

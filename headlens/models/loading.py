@@ -31,6 +31,10 @@ def unknown_reference(ref: str) -> ModelReferenceError:
     """The error for a reference that names nothing, with the closest names it may have meant."""
     from headlens.zoo import available
 
+    path = Path(ref).expanduser()
+    if path.suffix in (".safetensors", ".pt", ".bin", ".json") or "/" in ref or os.sep in ref:  # meant a file
+        return ModelReferenceError(f"no such file {ref!r} (looked for {path.resolve()}); expected a .safetensors "
+                                   f"checkpoint, 'hf:<dir>' or a .gguf file that exists")
     names = [*sorted(available()), "smollm2", "minilm"]
     return ModelReferenceError(f"unknown model reference {ref!r}; expected {describe_references()}"
                                f"{did_you_mean(ref, names)}")
@@ -69,6 +73,24 @@ def check_reference(ref: str | None) -> None:
         raise unknown_reference(ref)
 
 
+def _text_bars_without_widgets() -> None:
+    """In a notebook without ``ipywidgets``, ``tqdm.auto`` (transformers' loading bars) falls back to a text bar
+    and warns "IProgress not found" at its first import; headlens makes that import first, with the text bar
+    chosen quietly (``pip install ipywidgets`` gives the widget bar)."""
+    import sys
+
+    if "ipykernel" not in sys.modules or "tqdm.autonotebook" in sys.modules:
+        return
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="IProgress not found")
+        try:
+            import tqdm.autonotebook  # noqa: F401
+        except ImportError:  # no tqdm: transformers draws no bars either
+            pass
+
+
 def load(ref: Any, device: str = "cpu", dtype: Any = None, trust_remote_code: bool = False, **kwargs: Any) -> Any:
     """Resolve a model reference to a model with the shared headlens surface.
 
@@ -91,6 +113,7 @@ def load(ref: Any, device: str = "cpu", dtype: Any = None, trust_remote_code: bo
     >>> import headlens
     >>> model = headlens.load("induction-2l")  # doctest: +SKIP
     """
+    _text_bars_without_widgets()
     if not isinstance(ref, str | os.PathLike):
         if hasattr(ref, "run_with_hooks") and hasattr(ref, "n_heads"):
             return ref  # already a loaded model

@@ -1,6 +1,6 @@
 """The OV circuit read through the unembedding: what a head writes into the logits when it attends to a token.
 
-One primitive, shared by the vocabulary detectors (``copying``, ``copy_suppression``, ``successor``) and
+One primitive, shared by the vocabulary detectors (``ov_copying``, ``ov_suppression``, ``successor``) and
 the docs' examples. For source tokens ``t`` and a head ``(l, h)``::
 
     e_t     = embed(t) + MLP0(norm(embed(t)))      # the token as the heads see it, block 0's attention left out
@@ -200,7 +200,7 @@ def memo(model: Any, name: str, key: tuple[Any, ...], build: Callable[[], T]) ->
     """``build()``, or its last result for ``model`` and ``key`` while the model's weights are unchanged.
 
     "Unchanged" means the same parameter tensors with no in-place edit since (their version counters):
-    ``copying`` and ``copy_suppression`` read one ranking, every vocabulary detector one readout. An object
+    ``ov_copying`` and ``ov_suppression`` read one ranking, every vocabulary detector one readout. An object
     that takes no weak reference is not cached.
     """
     full = (*key, tuple((p.data_ptr(), p._version) for p in model.parameters()))

@@ -75,18 +75,25 @@ class Parts:
         return [*names, "bias"]
 
 
-def model_parts(model: Any) -> Parts:
-    """The :class:`Parts` of a native GPT or a bridged causal LM; ``ReadoutError`` for what DLA cannot read."""
+def unsupported(model: Any) -> str | None:
+    """Why direct logit attribution cannot be read off ``model`` (one line), or None when it can: asked
+    before a scan, so a classify whose gates need DLA refuses or skips them up front."""
     name = getattr(model, "name", type(model).__name__)
     if getattr(model, "output_kind", "logits") != "logits":
-        raise ReadoutError(f"direct logit attribution reads logits; {name!r} has no output head (it returns hidden "
-                           f"states)")
+        return f"direct logit attribution reads logits; {name!r} has no output head (it returns hidden states)"
     if not model.is_causal:
-        raise ReadoutError(f"direct logit attribution needs a causal LM whose residual stream is a sum of parts; "
-                           f"{name!r} is an encoder (post-norm blocks, a non-linear MLM head)")
+        return (f"direct logit attribution needs a causal LM whose residual stream is a sum of parts; "
+                f"{name!r} is an encoder (post-norm blocks, a non-linear MLM head)")
     if packed := getattr(model, "packed_weights", None):  # headlens.models.hf.external
-        raise ReadoutError(f"direct logit attribution reads W_O and W_U, and {name!r} stores its weights packed "
-                           f"({packed}); load the unquantized model for it")
+        return (f"direct logit attribution reads W_O and W_U, and {name!r} stores its weights packed "
+                f"({packed}); load the unquantized model for it")
+    return None
+
+
+def model_parts(model: Any) -> Parts:
+    """The :class:`Parts` of a native GPT or a bridged causal LM; ``ReadoutError`` for what DLA cannot read."""
+    if why := unsupported(model):
+        raise ReadoutError(why)
     return _bridge_parts(model) if hasattr(model, "bridge") else _native_parts(model)
 
 

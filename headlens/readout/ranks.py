@@ -180,7 +180,7 @@ class SelfRanks:
 def self_ranks(model: Any, n_tokens: int = N_TOKENS, k: int = 5, seed: int = 0) -> SelfRanks:
     """Rank every head's own token, and the null's, over ``n_tokens`` sampled ordinary tokens (module docstring).
 
-    ``copying`` and ``copy_suppression`` read the same ranks: the last result is kept per model object and
+    ``ov_copying`` and ``ov_suppression`` read the same ranks: the last result is kept per model object and
     reused while its weights are unchanged (:func:`headlens.readout.ov.memo`).
     """
     return memo(model, "self_ranks", (n_tokens, k, seed), lambda: _self_ranks(model, n_tokens, k, seed))

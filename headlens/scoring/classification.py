@@ -35,6 +35,7 @@ from headlens.probes.text import stdlib_windows, text_prompts
 from headlens.progress import default_sink, phase, report, reporting
 from headlens.readout.ov import forget
 from headlens.readout.ov import unsupported as no_readout
+from headlens.readout.parts import unsupported as no_dla
 from headlens.scoring import defaults
 from headlens.scoring.annotated import (
     PREFERENCE_COLUMNS,
@@ -45,6 +46,7 @@ from headlens.scoring.annotated import (
     with_preference,
 )
 from headlens.scoring.annotated import summaries as target_summaries
+from headlens.scoring.derived import with_copy_suppression
 from headlens.scoring.distributed import current, scan_blocks
 from headlens.scoring.engine import DetectorStats, choose_path
 from headlens.scoring.gates import MIN_SHARE, gate_columns, gate_passes, gate_summary, with_gate
@@ -109,6 +111,8 @@ def select_detectors(model: Any, names: Sequence[str] | str | None, tl_compatibl
             why = f"{d.name} needs a bidirectional model; {getattr(model, 'name', 'this model')!r} is causal"
         elif d.kind == "weights" and (ov := no_readout(model)):
             why = f"{d.name}: {ov}"
+        elif d.gate is not None and (dla := no_dla(model)):  # the gate reads what each head writes (DLA)
+            why = f"{d.name}'s {d.gate.name} gate: {dla}"
         elif d.kind == "top1" and not model.is_causal:
             why = f"{d.name} scores copy steps of a causal model; {getattr(model, 'name', 'this model')!r} " \
                   f"is bidirectional"
@@ -219,8 +223,8 @@ def classify(
         seed: seeds the probes and the bootstrap.
         threshold: κ for the pattern detectors, or ``{detector: κ}``: a head is labelled when the low end of
             its strength's CI, ``(ci_low - chance) / (1 - chance)``, is at least κ (default 0.4; chance is the
-            type's uniform baseline). Weight detectors read it as τ on their score (default their own: copying
-            and copy_suppression 0.05, successor 0.4); gated types (name movers) are labelled against their
+            type's uniform baseline). Weight detectors read it as τ on their score (default their own: ov_copying
+            and ov_suppression 0.05, successor 0.4); gated types (name movers) are labelled against their
             null unless they are given one.
         tl_compatible: reproduce TransformerLens ``detect_head`` ("mul", all rows, per-prompt mean)
             for its three head types instead of headlens' position-conditioned scores.
@@ -272,6 +276,10 @@ def classify(
     texts, annotated_rows = prompt_rows(prompts)
     builtin, user_types = requested_types(detectors, annotated_rows)
     dets, skipped, explicit = select_detectors(model, builtin, tl_compatible) if builtin != [] else ([], {}, True)
+    if packed := [name for name, why in skipped.items() if "packed" in why]:  # readable weights: decided up front
+        warnings.warn(f"{getattr(model, 'name', 'the model')!r} stores its weights packed "
+                      f"({getattr(model, 'packed_weights', '')}): skipping {', '.join(packed)}, which read weight "
+                      f"matrices; attention scores are real", stacklevel=2)
     taus = thresholds(threshold, user_types, dets)
     by_null = against_null(threshold, dets)
     groups = _probes(model, dets, texts, n_prompts, seq_len, seed, truncate, corpus)
@@ -372,7 +380,7 @@ def classify(
     forget(model)  # the weight detectors' shared readout and ranks
     columns = list(empty_table().columns) + (list(PREFERENCE_COLUMNS) if preferences else []) + extra
     columns += [c for name in sorted(gated) for c in gate_columns(name)]
-    df = pd.DataFrame(rows, columns=columns) if rows else empty_table()
+    df = with_copy_suppression(pd.DataFrame(rows, columns=columns) if rows else empty_table())  # OV + attention
     if s_small := [d for d, s in summaries.items() if 0 < s.n_prompts < 10]:
         notes.append(f"fewer than 10 prompts with targets for {', '.join(s_small)}: wide intervals")
     for note in notes:

@@ -57,7 +57,7 @@ def strength(scores: Any) -> Any:
     The summary, the grid's strongest label and the order of a head's labels use this strength.
 
     >>> import pandas as pd
-    >>> rows = pd.DataFrame({"detector": ["induction", "copying"], "score": [0.926, 0.453],
+    >>> rows = pd.DataFrame({"detector": ["induction", "ov_copying"], "score": [0.926, 0.453],
     ...                      "baseline": [0.0231, 0.0001], "lift": [40.1, 4530.0]})
     >>> [round(float(v), 3) for v in strength(rows)]
     [0.924, 0.453]
@@ -73,7 +73,7 @@ def strength(scores: Any) -> Any:
 
 
 def from_weights(rows: Any) -> Any:
-    """Boolean Series: rows scored from the weights (``copying``, ``copy_suppression``, ``successor``: what the
+    """Boolean Series: rows scored from the weights (``ov_copying``, ``ov_suppression``, ``successor``: what the
     head's OV circuit would write, measured without a prompt, ``n_prompts`` 0), not from what it does on text.
     A hand-made table without ``n_prompts``: the rows without a lift (no probe, no chance level)."""
     import pandas as pd
@@ -89,6 +89,20 @@ def ranked(scores: Any, detector: str) -> Any:
     """``detector``'s rows, best first by its primary statistic (ties: the score)."""
     rows = scores[scores["detector"] == detector]
     return rows.assign(_key=primary(rows)).sort_values(["_key", "score"], ascending=False).drop(columns="_key")
+
+
+# -- task types: a head's behaviour on one task's prompts (IOI, coreference, a needle), listed after the types
+# that read the text's own patterns (previous token, induction, brackets), which every text exercises
+TASK_TYPES = frozenset({"name_mover", "negative_name_mover", "copy_suppression", "coreference", "retrieval"})
+
+
+def is_task(detector: str) -> bool:
+    """Whether ``detector`` is a task type (:data:`TASK_TYPES`).
+
+    >>> is_task("negative_name_mover"), is_task("previous_token")
+    (True, False)
+    """
+    return str(detector).split("(")[0] in TASK_TYPES
 
 
 # -- resting: a state of almost every head, not a type that crowds the others out ---------------------------

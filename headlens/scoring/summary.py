@@ -22,6 +22,7 @@ from headlens.scoring.primary import (
     from_weights,
     has_preference,
     is_resting,
+    is_task,
     ranked,
     strength,
     strongest_rows,
@@ -66,8 +67,9 @@ class TypeSummary:
 
 
 def type_summaries(scores: Any, top: int = TOP) -> list[TypeSummary]:
-    """Every head type of ``scores``: labelled behaviour types first (by their best head's strength, one scale
-    for every type), then weight scores, resting types last, then the types without a label.
+    """Every head type of ``scores``: labelled behaviour types first, the text's own patterns before task types
+    (each by their best head's strength, one scale for every type), then weight scores, resting types last,
+    then the types without a label.
 
     >>> import pandas as pd
     >>> rows = [dict(layer=0, head=h, detector=d, score=s, lift=s / 0.05, label=s > 0.4, n_positions=99)
@@ -103,9 +105,12 @@ def type_summaries(scores: Any, top: int = TOP) -> list[TypeSummary]:
 
 
 def _order(t: TypeSummary) -> tuple[int, float]:
-    """Labelled behaviour types by their best head's strength, then weight scores (by strength too), resting
-    types, rankings without a label (types with distractors), the other types without a label."""
+    """Labelled types that read the text's own patterns (previous token, induction, brackets), then task types
+    (name movers, coreference: :data:`headlens.scoring.primary.TASK_TYPES` and types with distractors), each
+    by their best head's strength; then weight scores (by strength too), resting types, rankings without a
+    label (types with distractors), the other types without a label."""
     if t.n_labelled == 0:  # in the table's order
-        return (3 if t.preference else 4), 0.0
+        return (5 if t.preference else 6), 0.0
     s = t.best_strength
-    return (2 if t.resting else (1 if t.ov or s != s else 0)), -(s if s == s else 0.0)
+    group = 4 if t.resting else 3 if t.ov or s != s else 2 if is_task(t.detector) or t.preference else 1
+    return group, -(s if s == s else 0.0)

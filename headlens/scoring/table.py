@@ -13,7 +13,7 @@ like a score; NaN for weight scores and for probes read by the top-1 engine alon
 shown beside every type instead of as a type of its own (docs/scores.md, "Resting"). Tables written before it
 existed read back with ``rest`` NaN.
 Extra columns may follow the schema's: the weight detectors' :data:`WEIGHT_COLUMNS` (``null``, the
-score of the detector's null for the head; ``eigen``, copying's eigenvalue score; NaN on every other
+score of the detector's null for the head; ``eigen``, ov_copying's eigenvalue score; NaN on every other
 row), and ``headlens classify --confirm`` adds the ablation columns of :mod:`headlens.interventions.confirm`.
 Provenance (headlens version, probe settings, seed, thresholds) lives in ``df.attrs`` and
 travels with the file, written by :mod:`headlens.scoring.output` as for every other table: a
@@ -32,6 +32,7 @@ from headlens.scoring.output import SUFFIXES as SUFFIXES  # re-exported: the tab
 from headlens.scoring.output import check_output, read_frame, write_frame
 from headlens.scoring.output import sidecar_path as sidecar_path
 from headlens.scoring.primary import label_order
+from headlens.zoo.names import RENAMED
 
 if TYPE_CHECKING:  # the table is read where torch is not imported (the dashboard's first paint)
     import torch
@@ -58,7 +59,7 @@ COLUMNS: dict[str, str] = {  # column -> pandas dtype kind: O object/str, i int,
 
 WEIGHT_COLUMNS: dict[str, str] = {  # optional, after COLUMNS, on tables that score a weight detector
     "null": "f",  # the same score under the detector's null, for this head (docs/scores.md)
-    "eigen": "f",  # copying only: Elhage et al.'s positive-eigenvalue fraction of the raw W_E W_V W_O W_U
+    "eigen": "f",  # ov_copying only: Elhage et al.'s positive-eigenvalue fraction of the raw W_E W_V W_O W_U
 }
 
 
@@ -130,11 +131,27 @@ def read_table(path: str | os.PathLike) -> Any:
         df.insert(list(df.columns).index("head") + 1, "kv_head", df["head"])
     if "rest" not in df.columns and "label" in df.columns:  # tables written before the rest column
         df.insert(list(df.columns).index("label") + 1, "rest", float("nan"))
-    attrs = dict(df.attrs)
+    attrs = _renamed(df, dict(df.attrs))
     df = df[list(COLUMNS) + [c for c in df.columns if c not in COLUMNS]]
     df["label"] = df["label"].astype(bool)
     df.attrs.update(attrs)
     return validate(df)
+
+
+def _renamed(df: Any, attrs: dict[str, Any]) -> dict[str, Any]:
+    """A table written before the weight-only types were renamed (``copying`` rows and no ``ov_copying`` ones):
+    its rows and provenance keys under the new names (:data:`headlens.zoo.names.RENAMED`), one warning."""
+    import warnings
+
+    present = set(df["detector"]) if "detector" in df.columns else set()
+    old = {o: n for o, n in RENAMED.items() if o in present and n not in present}
+    if not old:
+        return attrs
+    warnings.warn(f"this scores table predates the renamed weight-only types: read {', '.join(old)} as "
+                  f"{', '.join(old.values())}; write it again to keep the new names", DeprecationWarning, stacklevel=4)
+    df["detector"] = df["detector"].replace(old)
+    return {k: {old.get(n, n): v for n, v in a.items()} if k in ("thresholds", "weights", "skipped")
+            and isinstance(a, dict) else a for k, a in attrs.items()}
 
 
 def write_scores(df: Any, path: str | os.PathLike) -> Path:

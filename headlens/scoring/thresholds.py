@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from headlens.detectors import all_detectors, get_detector
 from headlens.detectors.base import Detector
 from headlens.scoring.stats import DEFAULT_THRESHOLD, default_threshold
+from headlens.zoo.names import current_name
 
 
 def against_null(threshold: float | dict[str, float] | None, dets: Sequence[Detector]) -> set[str]:
@@ -33,6 +34,7 @@ def thresholds(threshold: float | dict[str, float] | None, annotated: Sequence[s
     out = {name: default_threshold(d) for name, d in pool.items()}
     out.update({name: DEFAULT_THRESHOLD for name in annotated})
     if isinstance(threshold, dict):
+        threshold = {current_name(name): tau for name, tau in threshold.items()}  # old names of renamed types
         for name, tau in threshold.items():
             if name not in annotated and name not in pool:
                 get_detector(name)

@@ -1,6 +1,6 @@
 """Weight detectors' statistics: a score per head from counts over sampled tokens, its interval, the label.
 
-A weight detector (``kind == "weights"``: ``copying``, ``copy_suppression``, ``successor``) returns
+A weight detector (``kind == "weights"``: ``ov_copying``, ``ov_suppression``, ``successor``) returns
 :class:`~headlens.detectors.base.WeightCounts`: per head, the trials it passes out of ``trials`` (source
 tokens, list items), the rate of chance and the same count under its null. Here:
 

@@ -40,16 +40,18 @@ def frame_html(df: Any) -> str | None:
 
 
 def scores_html(df: Any) -> str:
-    """The layer x head grid (each head coloured by its strongest label, :mod:`headlens.viz.grid`'s colours),
-    then the labelled heads as the HTML report lists them."""
-    from headlens.scoring.primary import strongest_rows
+    """The layer x head grid (each head coloured by its strongest label on text, :mod:`headlens.viz.grid`'s
+    colours), then the labelled heads as the HTML report lists them; labels read from the weights alone (what a
+    head's OV would write, not what it attends to) in one line after them, never as behaviour."""
+    from headlens.scoring.primary import from_weights, strongest_rows
     from headlens.viz.grid import LABEL_COLORS, UNLABELLED_COLOR, _tint, label_mark
     from headlens.viz.report import _labelled_table
 
     if df.empty:
         return "<p>headlens scores: no rows</p>"
     n_layers, n_heads = int(df["layer"].max()) + 1, int(df["head"].max()) + 1
-    best = {(int(r.layer), int(r.head)): r for r in strongest_rows(df).itertuples()}
+    ov = from_weights(df)
+    best = {(int(r.layer), int(r.head)): r for r in strongest_rows(df[~ov]).itertuples()}
     rows = []
     for layer in range(n_layers):
         cells = []
@@ -67,7 +69,17 @@ def scores_html(df: Any) -> str:
     model = html.escape(str(df["model"].iloc[0]))
     return (f"<div><b>headlens scores</b>: {model}, {len(df)} rows, {labelled[['layer', 'head']].drop_duplicates().shape[0]}"
             f" labelled heads of {n_layers * n_heads}<table><tr><th></th>{header}</tr>{''.join(rows)}</table>"
-            f"{_labelled_table(labelled)}</div>")
+            f"{_labelled_table(labelled[~ov[labelled.index]])}{_weights_line(labelled[ov[labelled.index]])}</div>")
+
+
+def _weights_line(rows: Any) -> str:
+    """The weight-only labels in one line: type, then its heads (strongest first)."""
+    if rows.empty:
+        return ""
+    by_type = {d: ", ".join(f"L{r.layer}H{r.head}" for r in g.sort_values("score", ascending=False).itertuples())
+               for d, g in rows.groupby("detector", sort=False)}
+    return ("<p>Read from the weights (what the OV circuit would write), not from attention on text: "
+            + html.escape("; ".join(f"{d} {heads}" for d, heads in by_type.items())) + "</p>")
 
 
 def edges_html(df: Any, width: int = 520, height: int = 260) -> str:

@@ -36,7 +36,8 @@ LABEL_MARKS = {
     "bracket_matching_hard": "BR!",
     "open_bracket": "OB",
     "open_bracket_hard": "OB!",
-    "copying": "CPY",
+    "ov_copying": "OVC",
+    "ov_suppression": "OVS",
     "copy_suppression": "CSU",
     "successor": "SUC",
     "coreference": "REF",
@@ -65,8 +66,8 @@ LABEL_COLORS = {
     "previous_token": "#1f77b4", "next_token": "#17becf", "current_token": "#7f7f7f", "first_token": "#8c564b",
     "duplicate_token": "#9467bd", "induction": "#d62728", "bracket_matching": "#2ca02c",
     "bracket_matching_hard": "#2ca02c", "open_bracket": "#ff7f0e", "open_bracket_hard": "#ff7f0e",
-    "copying": "#e377c2", "name_mover": "#bcbd22", "negative_name_mover": "#393b79",
-    "copy_suppression": "#8c6d31", "successor": "#637939",
+    "ov_copying": "#e377c2", "name_mover": "#bcbd22", "negative_name_mover": "#393b79",
+    "ov_suppression": "#8c6d31", "copy_suppression": "#843c39", "successor": "#637939",
 }
 UNLABELLED_COLOR = "#d9d9d9"
 

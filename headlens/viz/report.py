@@ -54,25 +54,27 @@ def report_html(model: Any, table: Any, prompt: str | None = None, edges: Any = 
         attribution: an attribution table (``headlens.attribute``): adds who writes its target.
     """
     from headlens.probes.texts import example_text
+    from headlens.scoring.primary import from_weights
     from headlens.scoring.table import labelled_heads
     from headlens.viz.grid import head_grid_figure
     from headlens.viz.vocabulary import vocabulary_section
 
     attrs = dict(table.attrs)
     name = str(attrs.get("model", getattr(model, "name", "model")))
-    grid = head_grid_figure(table, "induction", model.n_layers, model.n_heads, color_by="label",
-                                title=f"{name}: strongest label per head (colour: type, intensity: score)")
+    text = table[~from_weights(table)]  # behaviour on text; the weight-only types have their own section
+    grid = head_grid_figure(text, "induction", model.n_layers, model.n_heads, color_by="label",
+                            title=f"{name}: strongest label per head on text (colour: type, intensity: score)")
     parts = [f"<h1>headlens report: {html.escape(name)}</h1>",
              f"<p>{model.n_layers} layers × {model.n_heads} heads; {int(table['label'].sum())} labels on "
              f"{len(set(zip(table['layer'], table['head'], strict=True)))} heads. Generated "
              f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M UTC} by headlens "
              f"{html.escape(str(attrs.get('headlens_version', '')))}.</p>",
              *[f"<p><b>What runs:</b> {html.escape(str(line))}</p>" for line in attrs.get("substitutions") or []],
-             "<h2>What the heads do</h2>", _summary_table(table),
+             "<h2>What the heads do</h2>", _summary_table(text), _weights_note(table),
              "<h2>Head grid</h2>", grid.to_html(full_html=False, include_plotlyjs=True),
-             "<h2>Labelled heads</h2>", _labelled_table(labelled_heads(table))]
+             "<h2>Labelled heads</h2>", _labelled_table(labelled_heads(text))]
     prompt = prompt if prompt is not None else example_text(model)
-    parts += _patterns(model, table, prompt)
+    parts += _patterns(model, text, prompt)
     parts += vocabulary_section(model, table)
     if edges is not None:
         parts += _circuit(model, table, edges)
@@ -106,11 +108,24 @@ def _summary_table(table: Any) -> str:
                           for r, p in zip(t.heads.itertuples(), powers, strict=True)) or "none that does nothing else"
         count = f"{t.n_labelled}" + (f" ({t.n_only} rest and do nothing else)" if t.resting else "")
         body.append(f"<tr><td>{html.escape(t.detector)}</td><td>{count}</td><td>{html.escape(heads)}</td></tr>")
-    return ("<p>Behaviour types first, weight scores after them, resting last. strength = (score - chance) / (1 - "
+    return ("<p>What heads do on text: the text's own patterns first, task types after them, resting last. strength = (score - chance) / (1 - "
             "chance), one scale for every type (0 at chance, 1 perfect); rest = the head's attention on the first "
             "token, on the probe its row was scored on; resting labels "
             "(first_token, sink) list only the heads that do nothing else.</p><table><tr><th>type</th><th>labels</th>"
             f"<th>strongest heads</th></tr>{''.join(body)}</table>")
+
+
+def _weights_note(table: Any) -> str:
+    """One line: the types read from the weights alone, and where their heads are (not among the behaviour)."""
+    from headlens.scoring.primary import from_weights
+
+    rows = table[from_weights(table) & table["label"].fillna(False).astype(bool)]
+    if rows.empty:
+        return ""
+    counts = ", ".join(f"{d} {n}" for d, n in rows["detector"].value_counts(sort=False).items())
+    return (f"<p>Read from the weights, not from attention on text ({html.escape(counts)} heads): what a head's OV "
+            "circuit would write if it attended to a token, whatever it attends to. Listed under Vocabulary heads, "
+            "not in the grid or the tables of behaviour above.</p>")
 
 
 def _labelled_table(rows: Any) -> str:

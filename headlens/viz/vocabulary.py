@@ -1,7 +1,7 @@
 """The report's vocabulary section: what each labelled vocabulary head writes, read off its weights.
 
-For the heads labelled ``copying``, ``copy_suppression`` or ``successor`` (docs/scores.md): score, interval
-and null, and what the head writes for a few example tokens (its top 5 for copying and successor heads,
+For the heads labelled ``ov_copying``, ``ov_suppression`` or ``successor`` (docs/scores.md): score, interval
+and null, and what the head writes for a few example tokens (its top 5 for ov_copying and successor heads,
 its bottom 5 for suppression heads; :func:`headlens.readout.ov.head_logits`); then the null over all
 heads, and each ordered list's succession score for the strongest successor candidates, so a reader sees
 what a head does to "Monday" and whether any head is a successor head at all.
@@ -16,7 +16,7 @@ import torch
 
 from headlens.viz.patterns import display_token
 
-VOCAB_TYPES = ("copying", "copy_suppression", "successor")
+VOCAB_TYPES = ("ov_copying", "ov_suppression", "successor")
 N_EXAMPLES = 3  # example tokens per labelled head
 N_CANDIDATES = 5  # successor heads shown with their per-list scores, labelled or not
 
@@ -74,7 +74,7 @@ def vocabulary_section(model: Any, table: Any) -> list[str]:
         body = "".join(
             f"<tr><td>L{r.layer}H{r.head}</td><td>{r.detector}</td><td>{r.score:.3f}</td>"
             f"<td>[{r.ci_low:.3f}, {r.ci_high:.3f}]</td><td>{getattr(r, 'null', float('nan')):.3f}</td>"
-            f"<td style='text-align:left'>{_writes(model, r.layer, r.head, ids, r.detector != 'copy_suppression')}"
+            f"<td style='text-align:left'>{_writes(model, r.layer, r.head, ids, r.detector != 'ov_suppression')}"
             f"</td></tr>" for r in rows.itertuples())
         parts.append(f"<table><tr>{head}</tr>{body}</table>")
     if "successor" in scored and "per_list" in weights.get("successor", {}):

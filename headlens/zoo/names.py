@@ -14,9 +14,12 @@ from collections.abc import Iterable
 from headlens.errors import DetectorError, did_you_mean
 
 DETECTORS = ("previous_token", "next_token", "current_token", "first_token", "duplicate_token", "induction",
-             "bracket_matching", "bracket_matching_hard", "open_bracket", "open_bracket_hard", "copying",
-             "copy_suppression", "successor", "coreference", "sink", "streaming", "retrieval", "name_mover",
+             "bracket_matching", "bracket_matching_hard", "open_bracket", "open_bracket_hard", "ov_copying",
+             "ov_suppression", "successor", "coreference", "sink", "streaming", "retrieval", "name_mover",
              "negative_name_mover")  # the built-in detectors, in the registry's order
+# old names of renamed detectors, read for one release (``--detectors``, saved score tables): the weight-only
+# types are named for what they measure, the OV circuit; copy suppression proper needs the attention claim too
+RENAMED = {"copying": "ov_copying", "copy_suppression": "ov_suppression"}
 METHODS = ("zero", "mean", "resample", "uniform")  # how a head is ablated (headlens.interventions.ablation)
 CONTROLS = ("layer", "model", "auto")  # where random control heads are drawn (headlens.interventions.controls)
 METRICS = ("repeated_loss", "first_half_loss", "bracket_accuracy", "lm_loss", "kl", "needle_recall",
@@ -44,6 +47,25 @@ def base_name(name: str) -> str:
     """
     call = _CALL.match(name)
     return call.group(1) if call else name
+
+
+def current_name(name: str) -> str:
+    """``name`` under its current spelling: an old name of a renamed detector (:data:`RENAMED`) warns in one
+    line (``DeprecationWarning``) and maps to the new one; any other name passes through.
+
+    >>> import warnings
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("ignore")
+    ...     current_name("copying"), current_name("streaming(w=8)")
+    ('ov_copying', 'streaming(w=8)')
+    """
+    if name not in RENAMED:
+        return name
+    import warnings
+
+    warnings.warn(f"detector {name!r} is now {RENAMED[name]!r} (a score of the weights alone); the old name "
+                  f"goes in the next release", DeprecationWarning, stacklevel=3)
+    return RENAMED[name]
 
 
 def unknown_detector(name: str, known: Iterable[str]) -> DetectorError:

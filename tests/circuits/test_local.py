@@ -100,4 +100,4 @@ def test_refusals_are_one_line():
     with pytest.raises(CircuitError, match="give --receivers"):
         circuit(model, metric="receiver:induction", n_prompts=2)
     with pytest.raises(CircuitError, match="no predicate target"):
-        circuit(model, receivers="L1H0", metric="receiver:copying", n_prompts=2)
+        circuit(model, receivers="L1H0", metric="receiver:ov_copying", n_prompts=2)

@@ -29,7 +29,7 @@ def test_planted_circuit_exports_as_an_eap_ig_graph(tmp_path):
         assert graph["edges"][NAMES[edge]]["in_graph"] and graph["edges"][NAMES[edge]]["score"] > 0.5
     assert not graph["edges"][NAMES["L0H2", "L1H0", "v"]]["in_graph"]
     assert ("L0H2", "L1H0", "v") in PLANTED_ZERO_EDGES
-    assert {n for n, kept in graph["nodes"].items() if kept} == {"input", "a0.h0", "a1.h0"}
+    assert {n for n, node in graph["nodes"].items() if node["in_graph"]} == {"input", "a0.h0", "a1.h0", "logits"}
 
 
 def test_logit_and_mlp_names_and_positions_refused():

@@ -107,16 +107,16 @@ def test_the_dashboard_scans_with_the_cli_defaults_and_ships_them():
 
 # -- readable output ----------------------------------------------------------------------------
 def test_weight_rows_say_weights_and_unasked_skips_are_silent():
-    df = _table(_rows("copying", {(0, 0): 0.97}, weights=True))
+    df = _table(_rows("ov_copying", {(0, 0): 0.97}, weights=True))
     out = _printed(df)
-    row = next(line for line in out.splitlines() if "copying" in line)
+    row = next(line for line in out.splitlines() if "ov_copying" in line)
     cells = [c.strip() for c in row.split("│")[1:-1]]  # head, kv_head, detector, strength, score, CI, baseline, lift,
     # positions, rest: no baseline, no strength; not [0.970, 0.970] and 0 positions
     assert cells[3:] == ["-", "0.970", "weights", "-", "-", "-", "-"], cells
     assert "skipped streaming" not in out
-    assert "skipped streaming" in _printed(df, ["copying", "streaming"])  # asked for: told why not
-    summary = next(line for line in _summary(df).splitlines() if "copying" in line).split()
-    assert summary == ["copying", "CPY", "1", "L0H0", "-", "0.970", "weights", "-"], summary  # no baseline: no
+    assert "skipped streaming" in _printed(df, ["ov_copying", "streaming"])  # asked for: told why not
+    summary = next(line for line in _summary(df).splitlines() if "ov_copying" in line).split()
+    assert summary == ["ov_copying", "OVC", "1", "L0H0", "-", "0.970", "weights", "-"], summary  # no baseline: no
     # strength; CI, rest
 
 
@@ -223,7 +223,7 @@ def test_version_and_detectors():
     assert [d["name"] for d in listed] == list(all_detectors())
     by_name = {d["name"]: d for d in listed}
     assert by_name["induction"]["probe"] == "repeated_segments" and by_name["induction"]["threshold"] == "0.4"
-    assert by_name["copying"]["kind"] == "weights" and by_name["copying"]["threshold"] == "0.05"
+    assert by_name["ov_copying"]["kind"] == "weights" and by_name["ov_copying"]["threshold"] == "0.05"
     table = runner.invoke(app, ["detectors"], env={"COLUMNS": "300"}).stdout
     assert "previous_token" in table and "1st" in table
 

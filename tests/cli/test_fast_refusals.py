@@ -85,8 +85,8 @@ def test_the_library_suggests_too():
     from headlens.errors import DetectorError, ModelReferenceError
     from headlens.models.loading import load
 
-    with pytest.raises(DetectorError, match="did you mean 'copy_suppression'"):
-        get_detector("copy_supression")
+    with pytest.raises(DetectorError, match="did you mean 'ov_suppression'"):
+        get_detector("ov_supression")
     with pytest.raises(ModelReferenceError, match="did you mean 'llama-induction'"):
         load("llama_induction")
     assert did_you_mean("Induction-2L", ["induction-2l", "dyck"]) == "; did you mean 'induction-2l'?"

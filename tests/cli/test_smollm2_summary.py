@@ -17,7 +17,7 @@ from rich.console import Console
 import headlens
 
 SEG = 20  # census repeats: BOS + r + r, |r| = 20
-DEFAULT_BUT_BRACKETS = ("previous_token,current_token,first_token,duplicate_token,induction,copying,coreference,"
+DEFAULT_BUT_BRACKETS = ("previous_token,current_token,first_token,duplicate_token,induction,ov_copying,coreference,"
                         "name_mover,negative_name_mover")
 
 

@@ -49,6 +49,7 @@ MISTAKES = [
     # classify
     ("classify: unknown model", ["classify", "-m", "no-such-model"], 4, "unknown model reference"),
     ("classify: zoo name typo", ["classify", "-m", "inductoin-2l"], 4, "inductoin-2l"),
+    ("classify: checkpoint missing", ["classify", "-m", "missing.safetensors"], 4, "no such file 'missing.safetensors'"),
     ("classify: detector typo", ["classify", "-m", M, "-d", "inductoin"], 6, "unknown detector 'inductoin'"),
     ("classify: detector setting typo", ["classify", "-m", M, "-d", "streaming(x=3)"], 6, "streaming"),
     ("classify: spreadsheet suffix", ["classify", "-m", M, "-o", "scores.xlsx"], 7, "unknown output suffix"),

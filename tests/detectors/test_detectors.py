@@ -7,7 +7,7 @@ import torch
 
 from headlens.detectors import DETECTORS, get_detector
 from headlens.detectors.base import targets_to_mask
-from headlens.detectors.copying import eigen_scores
+from headlens.detectors.ov_copying import eigen_scores
 from headlens.errors import DetectorError
 from headlens.probes.base import ProbeBatch, bracket_annotations
 from headlens.probes.generated import brackets, random_tokens, repeated_segments
@@ -33,7 +33,7 @@ def _pooled(stats):
 def test_registry_has_every_head_type_of_head_scores():
     assert set(DETECTORS) >= {"previous_token", "next_token", "current_token", "first_token", "duplicate_token",
                               "induction", "bracket_matching", "bracket_matching_hard", "open_bracket",
-                              "open_bracket_hard", "copying", "copy_suppression", "successor"}
+                              "open_bracket_hard", "ov_copying", "ov_suppression", "successor"}
     with pytest.raises(DetectorError, match="unknown detector 'prev'"):
         get_detector("prev")
 

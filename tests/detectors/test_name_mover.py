@@ -98,3 +98,22 @@ def test_listed(monkeypatch, capsys):
     found = {r["name"]: r for r in rows()}
     assert found["name_mover"]["mark"] == "NM" and found["name_mover"]["probe"] == "ioi"
     assert "dla's CI below 0" in found["negative_name_mover"]["description"]
+
+
+def test_copy_suppression_needs_the_attention_and_the_ov_claim(planted, one_order):
+    """``copy_suppression`` (headlens.scoring.derived) is the negative name movers that ``ov_suppression``
+    labels too: each row is the negative name mover's, with the label of both claims."""
+    df = headlens.classify(planted, detectors=[*DETS, "ov_suppression", "ov_copying"], n_prompts=16, n_boot=200)
+    labelled = _labelled(df)
+    ov = {h for d, h in labelled if d == "ov_suppression"}
+    negative = {h for d, h in labelled if d == "negative_name_mover"}
+    assert ov and negative  # both claims occur on the plant
+    assert {h for d, h in labelled if d == "copy_suppression"} == ov & negative
+    nnm, cs = (df[df.detector == d].reset_index(drop=True) for d in ("negative_name_mover", "copy_suppression"))
+    assert cs[["layer", "head", "score", "ci_low", "dla"]].equals(nnm[["layer", "head", "score", "ci_low", "dla"]])
+    assert "copy_suppression_rule" in df.attrs
+    from headlens.scoring.derived import with_copy_suppression
+
+    one = df[df.detector != "copy_suppression"].copy()  # the OV claim withdrawn from one head: its label goes
+    one.loc[(one.detector == "ov_suppression") & (one.layer == 1) & (one["head"] == 2), "label"] = False
+    assert {h for d, h in _labelled(with_copy_suppression(one)) if d == "copy_suppression"} == ov & negative - {"L1H2"}

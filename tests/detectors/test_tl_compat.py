@@ -60,7 +60,7 @@ def test_matches_detect_head_on_an_exported_native_model(tmp_path):
     export_hf(native, tmp_path / "hf")
     bridged = headlens.load(f"hf:{tmp_path / 'hf'}")
     assert torch.equal(bridged.to_tokens(TEXTS[0]), native.to_tokens(TEXTS[0]))
-    from headlens.detectors.copying import eigen_scores
+    from headlens.detectors.ov_copying import eigen_scores
 
     torch.testing.assert_close(eigen_scores(bridged), eigen_scores(native), atol=1e-5, rtol=0)  # via TL
     ref = _detect_head_on(bridged)

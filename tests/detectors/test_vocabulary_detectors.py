@@ -1,4 +1,4 @@
-"""copying, copy_suppression and successor: planted heads, exact ranks, GQA, post-attention norms, the null.
+"""ov_copying, ov_suppression and successor: planted heads, exact ranks, GQA, post-attention norms, the null.
 
 Planted heads are set by hand (``headlens.testing.vocabulary_model``, and tiny Hugging Face models whose
 heads get a projection as their OV); the detectors must label exactly those. The rank engine's screens
@@ -17,7 +17,7 @@ from headlens.readout.ov import OVReadout
 from headlens.readout.ranks import SCREENS, rank_hits
 from headlens.testing import VOCAB_HEADS, vocabulary_model
 
-VOCAB = "copying,copy_suppression,successor"
+VOCAB = "ov_copying,ov_suppression,successor"
 
 
 def _labels(df) -> set[tuple[int, int, str]]:
@@ -57,7 +57,7 @@ def test_rank_hits_equal_a_brute_force_ranking():
 def test_planted_vocabulary_heads_are_labelled_and_nothing_else():
     df = headlens.classify(vocabulary_model(), detectors=VOCAB)
     assert _labels(df) == _planted(VOCAB_HEADS)
-    row = df[(df.detector == "copying") & (df["head"] == 0)].iloc[0]
+    row = df[(df.detector == "ov_copying") & (df["head"] == 0)].iloc[0]
     assert row.score == 1.0 and row.ci_low > 0.9 and row.null == 0.0 and row.eigen == pytest.approx(1.0)
     assert row.baseline == pytest.approx(5 / 37) and row.n_positions == 36  # every ordinary token, chance k / V
     succ = df.attrs["weights"]["successor"]
@@ -69,9 +69,9 @@ def test_raw_eigenvalues_copy_but_the_normed_ov_suppresses():
     """The final LayerNorm's scale is -1: W_E W_V W_O W_U is the identity for L0H0 (eigenvalue score 1, the
     old label), but what reaches the logits is minus the identity, and the labels follow what reaches them."""
     df = headlens.classify(vocabulary_model(flip_final_norm=True), detectors=VOCAB)
-    eigen = df[df.detector == "copying"].set_index("head").eigen
+    eigen = df[df.detector == "ov_copying"].set_index("head").eigen
     assert eigen[0] == pytest.approx(1.0) and eigen[1] == pytest.approx(-1.0)
-    assert {(h, d) for _, h, d in _labels(df)} == {(0, "copy_suppression"), (1, "copying")}
+    assert {(h, d) for _, h, d in _labels(df)} == {(0, "ov_suppression"), (1, "ov_copying")}
 
 
 def test_successor_needs_the_successor_not_a_neighbour():
@@ -119,10 +119,10 @@ def test_grouped_query_heads_copy_with_their_own_w_o(family, tmp_path):
         path = tmp_path / f"{family}-{flip}"
         _plant(family, flip).save_pretrained(path)
         save_tokenizer(path)
-        df = headlens.classify(f"hf:{path}", detectors="copying,copy_suppression")
-        want = {(0, 1, "copy_suppression" if flip else "copying"), (0, 3, "copying" if flip else "copy_suppression")}
+        df = headlens.classify(f"hf:{path}", detectors="ov_copying,ov_suppression")
+        want = {(0, 1, "ov_suppression" if flip else "ov_copying"), (0, 3, "ov_copying" if flip else "ov_suppression")}
         assert _labels(df) == want, (family, flip)
-        null = df.attrs["weights"]["copying"]["null_score"]
+        null = df.attrs["weights"]["ov_copying"]["null_score"]
         assert null["ci"][0] <= 5 / 300 <= null["ci"][1]  # the shuffled null sits at chance, k / V
 
 

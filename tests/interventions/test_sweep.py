@@ -218,3 +218,17 @@ def test_fast_sweep_equals_naive_on_tracr_shapes(method):
     fast, naive = sweep(model, fast=True, **kw), sweep(model, fast=False, **kw)
     pd.testing.assert_frame_equal(fast, naive, check_exact=False, rtol=1e-5, atol=1e-6)
     assert fast.delta.abs().max() > 1e-3  # the ablations do something
+
+
+def test_the_toys_ov_suppression_heads_are_not_confirmed_as_suppressors():
+    """induction-2l's layer-1 heads that the weights label ov_suppression, ablated together on the repeat: the
+    loss does not fall (+0.01 nats), although the random layer-1 groups, which hit the induction head, cost far
+    more; an against-the-task type needs its own effect on the helpful side, not only a large excess."""
+    import headlens
+
+    model = headlens.load("induction-2l")
+    table = pd.DataFrame({"layer": [1, 1, 1], "head": [0, 2, 3], "detector": ["ov_suppression"] * 3,
+                          "label": [True] * 3, "score": [0.9, 1.0, 1.0]})
+    (res,) = confirm_mod.confirm(model, table, n_prompts=16).attrs["confirmation"]
+    assert res["metric"] == "repeated_loss" and res["ci_low"] > 0 and res["delta"] < 0.05
+    assert res["control_delta"] > 1 and not res["confirmed"]

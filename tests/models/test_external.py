@@ -109,14 +109,26 @@ class Linear4bit(torch.nn.Linear):
     """Named like bitsandbytes' packed 4-bit layer; computes as a plain Linear (activations stay real)."""
 
 
+def _packed_llama(folder: Path) -> tuple[Path, Any]:
+    """A tiny llama object with one layer renamed as bitsandbytes' packed one."""
+    path = build("llama", folder)
+    hf = _user_model(path, "llama")
+    hf.model.layers[0].mlp.down_proj.__class__ = Linear4bit
+    return path, hf
+
+
+def _quiet_load(hf: Any, name: str) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return headlens.load(hf, name=name)
+
+
 def test_packed_weights_run_activations_and_refuse_weight_readers(root: Path) -> None:
     from headlens.circuits.composition import head_weights
     from headlens.readout.ov import raw_weights
     from headlens.readout.parts import model_parts
 
-    path = build("llama", root / "llama_packed")
-    hf = _user_model(path, "llama")
-    hf.model.layers[0].mlp.down_proj.__class__ = Linear4bit
+    path, hf = _packed_llama(root / "llama_packed")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = headlens.load(hf, name="packed")
@@ -138,3 +150,39 @@ def test_packed_weights_run_activations_and_refuse_weight_readers(root: Path) ->
         assert "\n" not in line and "packed" in line and "Linear4bit" in line
     with pytest.raises(ConfigError, match="bfloat16"):
         headlens.load(hf, dtype="bfloat16")
+
+
+def test_float_weights_are_not_packed_whatever_the_config_says(root: Path) -> None:
+    """transformers dequantizes a GGUF file to float and leaves ``config.quantization_config`` set: the
+    tensors decide, so the weight readers and the name movers' DLA gate run."""
+    from headlens.readout.parts import model_parts
+    from headlens.scoring.classification import select_detectors
+
+    path = build("llama", root / "llama_gguf_like")
+    hf = _user_model(path, "llama")
+    hf.config.quantization_config = {"quant_method": "gguf"}
+    model = _quiet_load(hf, "dequantized")
+    assert model.packed_weights is None and "quantization" not in model.source
+    model_parts(model)  # DLA reads the weights
+    _, skipped, _ = select_detectors(model, None)
+    assert not [name for name, why in skipped.items() if "packed" in why]
+
+
+def test_packed_weights_choose_weight_readers_and_gates_before_the_scan(root: Path) -> None:
+    """A really packed model: the default run skips every detector that reads weights, the name movers'
+    DLA gate included, each in one line, before the scan; naming one is refused before any work."""
+    from headlens.detectors import all_detectors
+    from headlens.scoring.classification import select_detectors
+
+    model = _quiet_load(_packed_llama(root / "llama_packed_gates")[1], "packed")
+    _, skipped, _ = select_detectors(model, None)
+
+    readers = {d.name for d in all_detectors().values() if d.default and (d.kind == "weights" or d.gate)}
+    assert readers and readers <= set(skipped)
+    assert all("packed" in skipped[n] and "\n" not in skipped[n] for n in readers)
+    ticks: list[int] = []
+    for name in ("name_mover", "ov_copying"):
+        with pytest.raises(HeadlensError, match="packed"):
+            headlens.classify(model, detectors=[name], n_prompts=2, seq_len=16,
+                              progress=lambda done, total, stage: ticks.append(done))
+    assert ticks == []  # refused before the scan

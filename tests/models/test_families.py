@@ -198,7 +198,7 @@ def test_classify_and_sweep(built, family):
     ran = set(df.detector)
     assert ran == {d.name for d in dets} - set(df.attrs["skipped"]), (ran, df.attrs["skipped"])
     assert len(df) == len(ran) * N_LAYERS * N_HEADS and df.score.notna().all()
-    assert {"previous_token", "first_token"} <= ran and ("copying" in ran) is fam.causal  # no OV readout in MLMs
+    assert {"previous_token", "first_token"} <= ran and ("ov_copying" in ran) is fam.causal  # no OV readout in MLMs
     assert ("next_token" in ran) is (not fam.causal) and "bracket_matching" in ran
     group = N_HEADS // fam.n_kv_heads
     if "kv_head" in df.columns:

@@ -44,7 +44,7 @@ def test_kv_heads_follow_repeat_kv_order():
 def test_table_has_one_row_per_query_head_with_its_kv_group(model):
     assert (model.n_heads, n_kv_heads(model)) == (4, 2)
     table = headlens.classify(model, n_prompts=10, seq_len=24, n_boot=50)
-    assert list(table.columns)[:len(COLUMNS)] == list(COLUMNS) and "copying" in set(table.detector)
+    assert list(table.columns)[:len(COLUMNS)] == list(COLUMNS) and "ov_copying" in set(table.detector)
     assert table.attrs["n_kv_heads"] == 2
     for _, rows in table.groupby("detector"):
         assert rows[["layer", "head", "kv_head"]].values.tolist() == [
@@ -57,7 +57,7 @@ def test_native_models_have_kv_head_equal_to_head(tiny_gpt):
 
 
 def test_eigenvalue_score_uses_each_query_heads_w_o_with_its_groups_w_v(model, hf):
-    from headlens.detectors.copying import eigen_scores as scores
+    from headlens.detectors.ov_copying import eigen_scores as scores
 
     W_E = hf.model.embed_tokens.weight.double()  # (V, D)
     W_U = hf.lm_head.weight.double().T  # (D, V)

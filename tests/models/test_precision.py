@@ -2,7 +2,7 @@
 stays within ``BF16_TOLERANCE`` of float32: the bound docs/models.md states, checked on every family of
 ``hf_families.FAMILIES`` and on the planted and zoo models below (measured maxima: 0.0003 to 0.0011
 on the random family models, 0.0010 on induction-2l, 0.0020 on the planted Qwen2). The weight scores
-(``copying``, ``copy_suppression``, ``successor``) count tokens whose rank passes a cut: bfloat16 weights
+(``ov_copying``, ``ov_suppression``, ``successor``) count tokens whose rank passes a cut: bfloat16 weights
 move a token or two across it: at most ``WEIGHT_BF16_TRIALS`` trials per head (3 of 256 tokens).
 
 Random weights label nothing, so the GQA model here is a tiny Qwen2 (4 query heads over 2 key/value
@@ -26,7 +26,7 @@ from headlens.zoo import ZOO
 
 BF16_TOLERANCE = 0.0025  # docs/models.md: "bfloat16 scores differ from float32 by <= 0.0025"
 WEIGHT_BF16_TRIALS = 3  # docs/models.md: the weight scores count trials (tokens, list items); 3 may cross the cut
-WEIGHTS = ("copying", "copy_suppression", "successor")
+WEIGHTS = ("ov_copying", "ov_suppression", "successor")
 PLANTED = {(0, 0, "previous_token"), (0, 2, "current_token")}
 DETECTORS = ["previous_token", "current_token", "first_token", "duplicate_token", "induction"]
 

@@ -2,8 +2,8 @@
 
 Truth is behaviour in plain transformers (``tests/vocab_reference.py``): where a head attends to a token
 of a repeated segment, does its direct effect raise that token above the rest of the vocabulary? The
-heads labelled ``copying`` must (their median percentile near 1, most of them above the controls), the
-``copy_suppression`` heads must push it down (near 0), and the heads of the same layers whose weights copy
+heads labelled ``ov_copying`` must (their median percentile near 1, most of them above the controls), the
+``ov_suppression`` heads must push it down (near 0), and the heads of the same layers whose weights copy
 nothing must do neither. Sets and
 effects with controls, not third decimals (the model is a quantized file).
 """
@@ -23,22 +23,22 @@ def _heads(df, det: str) -> set[tuple[int, int]]:
 
 
 def test_smollm2_copying_and_suppression_heads_do_what_their_weights_say(smollm2):
-    df = headlens.classify(smollm2, detectors="copying,copy_suppression,successor")
-    copy, supp = _heads(df, "copying"), _heads(df, "copy_suppression")
+    df = headlens.classify(smollm2, detectors="ov_copying,ov_suppression,successor")
+    copy, supp = _heads(df, "ov_copying"), _heads(df, "ov_suppression")
     assert {(23, 2), (23, 0), (23, 1)} <= copy and 4 <= len(copy) <= 15 and {(23, 3), (24, 4)} <= supp
     assert not copy & supp and not _heads(df, "successor")  # SmolLM2 has no successor head by the rule
     chance = 5 / smollm2.cfg.d_vocab
-    for det in ("copying", "copy_suppression"):  # the shuffled null is chance: 5 of 49,152
+    for det in ("ov_copying", "ov_suppression"):  # the shuffled null is chance: 5 of 49,152
         lo, hi = df.attrs["weights"][det]["null_score"]["ci"]
         assert lo < 3 * chance and hi > chance / 3, (det, lo, hi)
-    cp = df[df.detector == "copying"]
+    cp = df[df.detector == "ov_copying"]
     assert int((cp.eigen >= 0.9).sum()) >= 3 * len(copy)  # the raw eigenvalue rule labelled far more heads
     assert (cp[cp.label].ci_low > cp[cp.label].null).all()
 
     layers = {layer for layer, _ in copy | supp}
     scores = df.pivot_table(index=["layer", "head"], columns="detector", values="score")
     controls = {h for h in scores.index if h[0] in layers and h not in copy | supp
-                and scores.loc[h, "copying"] <= 0.01 and scores.loc[h, "copy_suppression"] <= 0.01}
+                and scores.loc[h, "ov_copying"] <= 0.01 and scores.loc[h, "ov_suppression"] <= 0.01}
     assert len(controls) >= 5
     folder = smollm2.source["cache"]
     torch.set_num_threads(min(2, torch.get_num_threads()))

@@ -39,7 +39,7 @@ def test_planted_heads_are_labelled_and_nothing_else(planted_table):
 
 def test_uniform_heads_sit_at_their_baseline(planted_table):
     df = planted_table[(planted_table.layer == 0) & (planted_table["head"] == 2)]
-    df = df[~df.detector.isin(["copying", "copy_suppression", "successor"])]  # weights: no attention baseline
+    df = df[~df.detector.isin(["ov_copying", "ov_suppression", "successor"])]  # weights: no attention baseline
     assert ((df.score - df.baseline).abs() < 1e-5).all()
     assert ((df.lift - 1).abs() < 1e-4).all()
 
@@ -90,7 +90,7 @@ def test_user_prompts_score_every_detector_with_targets():
     model = make_gpt(seed=1)
     texts = ["f(x[1]) + f(x[2])", "abc abc abc", "if (a) { b[c] }"] * 4
     df = headlens.classify(model, prompts=texts, n_boot=100)
-    assert {"previous_token", "induction", "duplicate_token", "bracket_matching", "copying"} <= set(df.detector)
+    assert {"previous_token", "induction", "duplicate_token", "bracket_matching", "ov_copying"} <= set(df.detector)
     assert set(df.attrs["skipped"]) == {"next_token", "coreference", "streaming",  # causal; byte tokens; no targets
                                         "name_mover", "negative_name_mover"}  # byte tokens: no single-token names
     # targets counted by hand on the byte-level text (x4 copies): closers, and closers with a closed group

@@ -89,11 +89,11 @@ def test_every_view_draws_the_same_strongest_label(resting_table):
 def test_resting_comes_last_even_with_the_larger_lift():
     rows = pd.DataFrame({
         "layer": [0, 0, 0, 1], "head": [0, 0, 1, 0],
-        "detector": ["first_token", "induction", "sink(s=8)", "copying"],
+        "detector": ["first_token", "induction", "sink(s=8)", "ov_copying"],
         "score": [0.95, 0.45, 0.9, 0.97], "lift": [20.0, 9.0, 30.0, float("nan")], "label": True,
     })
-    assert label_order(rows)["detector"].tolist() == ["induction", "copying", "sink(s=8)", "first_token"]
-    assert head_labels(rows) == {(0, 0): ["induction", "first_token"], (0, 1): ["sink(s=8)"], (1, 0): ["copying"]}
+    assert label_order(rows)["detector"].tolist() == ["induction", "ov_copying", "sink(s=8)", "first_token"]
+    assert head_labels(rows) == {(0, 0): ["induction", "first_token"], (0, 1): ["sink(s=8)"], (1, 0): ["ov_copying"]}
     only_resting = labelled_heads(rows.assign(label=[True, False, True, False]))
     assert only_resting["detector"].tolist() == ["sink(s=8)", "first_token"]  # among resting labels: by lift
 

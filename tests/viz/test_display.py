@@ -58,3 +58,21 @@ def test_model_card_and_no_ipython_outside_notebooks(shell):
                                                 "float32 on cpu</code>"
     code = "import sys, headlens; print('IPython' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_weight_only_labels_are_not_shown_as_behaviour():
+    """In Jupyter a table's grid and labelled heads are what heads do on text; a label read from the weights
+    (ov_copying, ov_suppression) is one line after them, never a square of the grid."""
+    import warnings
+
+    import headlens
+    from headlens.testing import vocabulary_model
+    from headlens.viz.display import scores_html
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        table = headlens.classify(vocabulary_model(), detectors="ov_copying,ov_suppression,previous_token")
+    page = scores_html(table)
+    grid, after = page.split("</table>", 1)
+    assert "OVC" not in grid and "OVS" not in grid and "<td>ov_copying</td>" not in after
+    assert "not from attention on text: ov_copying L0H0; ov_suppression L0H1" in after

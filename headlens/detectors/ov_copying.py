@@ -1,4 +1,7 @@
-"""copying (weight-based, Wang et al. 2022's copy score): the head writes the token it attends to.
+"""ov_copying (weight-based, Wang et al. 2022's copy score): the head's OV circuit writes the token it attends to.
+
+A statement about the weights, not the attention: whether the head attends to tokens worth copying is the
+pattern detectors' to say (induction, name movers).
 
 score = the share of sampled source tokens ``t`` whose own token is among the top 5 of the whole
 vocabulary in what the head writes when it attends to ``t``: the effective embedding of ``t`` (after
@@ -43,6 +46,6 @@ def counts(model: Any) -> WeightCounts:
     return WeightCounts(r.top, r.n, r.k / r.d_vocab, r.null_top, {"eigen": eigen_scores(model)}, r.provenance())
 
 
-DETECTOR = Detector("copying", "weights", None, None,
+DETECTOR = Detector("ov_copying", "weights", None, None,
                     "writes the token it attends to: own token in the OV's top 5 of the vocabulary",
                     weights_fn=counts, threshold=THRESHOLD)
