@@ -284,8 +284,8 @@ def _text(d: Description, rule: Detector) -> str:
     if d.role == "resting" and score >= AGREEMENT and not d.conditional:
         return f"Rests on the first token: {rest}. {sim}.{writes} Role: resting."
     if d.role == "resting":
-        return (f"Rests on the first token: {rest} (under the {REST:.2f} that resting allows). Its best description, "
-                f"{d.mixture_text()}, agrees at {r}, below the {AGREEMENT:.2f} a rule needs.")
+        return (f"Rests on the first token: {rest} (under the {REST:.2f} that resting allows). Simulated as "
+                f"{d.mixture_text()}, its best description, it agrees at {r}, below the {AGREEMENT:.2f} a rule needs.")
     if d.role == "no clear role":
         return (f"No clear role: it puts {ev['off_rest']:.2f} of its attention off the first token and itself, "
                 f"but its best description explains it poorly. {sim}, below the {AGREEMENT:.2f} a role needs."
@@ -295,7 +295,8 @@ def _text(d: Description, rule: Detector) -> str:
         return (f"{desc} where it can: on the {d.coverage:.0%} of held-out query rows where the rule '{rule.name}' "
                 f"has a target, {ev['cond_mass']:.2f} of its attention goes to one "
                 f"({ev['cond_mass'] / max(ev['cond_chance'], 1e-9):.0f}x chance), and its predicted attention agrees "
-                f"with the real one on those rows at {r}; elsewhere {rest}.{writes} Role: "
+                f"with the real one on those rows at {r} (simulated as {d.mixture_text()}, the first token where the "
+                f"rule has no target); elsewhere {rest}.{writes} Role: "
                 f"{d.role.replace('_', ' ')}.")
     lift = ev["mass"] / ev["chance"] if ev["chance"] > 0 else float("inf")
     return (f"{desc} ({ev['mass']:.2f} of its attention [{ev['mass_lo']:.2f}, {ev['mass_hi']:.2f}] where the rule "
