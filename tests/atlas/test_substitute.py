@@ -167,3 +167,24 @@ def test_word_and_delimiter_rules_mark_the_keys_they_name():
     assert keys("first_token", 5) == [0] and keys("self", 5) == [5] and keys("position_1", 5) == [1]
     decay = rule_targets(rules["decay_1"], batch, T)[0, 4]  # halves each token back, from the query itself
     assert decay[1:5].tolist() == [0.125, 0.25, 0.5, 1.0] and decay[0] == 0
+
+
+def test_every_phase_of_an_atlas_reports_its_progress():
+    """The CLI's bar hears each phase begin and counts within it, to its total (never silent for a phase)."""
+    import headlens
+    from headlens.atlas.build import build_atlas
+
+    heard: list[tuple[str, int, int]] = []
+    phase = ["?"]
+
+    def stage(name):
+        phase[0] = name
+        heard.append((name, 0, 0))
+
+    build_atlas(headlens.load("induction-2l"), AtlasConfig(corpus="repeats", n_windows=16, seq_len=32, k=2),
+                progress=lambda d, t: heard.append((phase[0], d, t)), stage=stage, subst_windows=2)
+    names = ["reading the corpus", "describing the heads", "substituting the descriptions"]
+    assert [n for n, d, t in heard if d == t == 0] == names
+    for name in names:  # each phase counts up to its own total
+        counts = [(d, t) for n, d, t in heard if n == name and t]
+        assert counts and counts[-1][0] == counts[-1][1] and [d for d, _ in counts] == sorted(d for d, _ in counts)
