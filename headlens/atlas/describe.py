@@ -173,7 +173,8 @@ def describe(model: Any, exemplars: Any, heldout: list[torch.Tensor], batch_size
             role = role_of(main, score, ev)
             d = Description(layer, h, role, main, score, ci, "", {n: float(single[at][j]) for j, n in enumerate(names)},
                             ev, w, float(mix_cover[at]))
-            if role not in ("copy_suppression", "resting", "no clear role") and role != ROLE.get(main, main):
+            by_mixture = score >= AGREEMENT and main != SINK and ev["main_weight"] >= MIN_WEIGHT
+            if role not in ("copy_suppression", "resting", "no clear role") and not by_mixture:
                 cr = names[ci_]  # named conditionally: that rule where it has targets, the first token elsewhere
                 pair = pairs(ci_)[at]
                 mixture = {names[j]: float(pair[j]) for j in range(R) if float(pair[j]) > 0} or {cr: 1.0}

@@ -188,3 +188,16 @@ def test_every_phase_of_an_atlas_reports_its_progress():
     for name in names:  # each phase counts up to its own total
         counts = [(d, t) for n, d, t in heard if n == name and t]
         assert counts and counts[-1][0] == counts[-1][1] and [d for d, _ in counts] == sorted(d for d, _ in counts)
+
+
+def test_a_conditional_description_says_how_often_its_rule_applies():
+    from headlens.atlas.describe import Description, _text
+
+    ev = {"off_rest": 0.1, "first": 0.88, "first_lo": 0.86, "first_hi": 0.9, "off_lo": 0.09, "off_hi": 0.11,
+          "copies": 0.9, "suppresses": 0.0, "n_keys": 20, "cond_mass": 0.41, "cond_chance": 0.02}
+    d = Description(17, 4, "induction", "induction_longest", 0.62, (0.58, 0.66), "", evidence=ev,
+                    mixture={"induction_longest": 0.45, "first_token": 0.55}, coverage=0.09, conditional=True)
+    text = _text(d, candidate_rules()["induction_longest"])
+    assert "on the 9% of held-out query rows where the rule 'induction_longest' has a target" in text
+    assert "r = 0.62 [0.58, 0.66]" in text and "induction_longest 0.45 + first_token 0.55" in text
+    assert "0.88 of its attention" in text and text.endswith("Role: induction.")
