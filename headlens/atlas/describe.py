@@ -297,7 +297,7 @@ def _text(d: Description, rule: Detector) -> str:
                 f"has a target, {ev['cond_mass']:.2f} of its attention goes to one "
                 f"({ev['cond_mass'] / max(ev['cond_chance'], 1e-9):.0f}x chance), and its predicted attention agrees "
                 f"with the real one on those rows at {r} (simulated as {d.mixture_text()}, the first token where the "
-                f"rule has no target); elsewhere {rest}.{writes} Role: "
+                f"rule has no target); over all its rows, {rest}.{writes} Role: "
                 f"{d.role.replace('_', ' ')}.")
     lift = ev["mass"] / ev["chance"] if ev["chance"] > 0 else float("inf")
     return (f"{desc} ({ev['mass']:.2f} of its attention [{ev['mass_lo']:.2f}, {ev['mass_hi']:.2f}] where the rule "

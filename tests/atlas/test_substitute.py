@@ -199,5 +199,5 @@ def test_a_conditional_description_says_how_often_its_rule_applies():
                     mixture={"induction_longest": 0.45, "first_token": 0.55}, coverage=0.09, conditional=True)
     text = _text(d, candidate_rules()["induction_longest"])
     assert "on the 9% of held-out query rows where the rule 'induction_longest' has a target" in text
-    assert "r = 0.62 [0.58, 0.66]" in text and "induction_longest 0.45 + first_token 0.55" in text
+    assert "r = 0.62 [0.58, 0.66]" in text and "first_token 0.55 + induction_longest 0.45" in text
     assert "0.88 of its attention" in text and text.endswith("Role: induction.")
