@@ -85,6 +85,11 @@ class Description:
     ablation_delta: float | None = None
     subst_windows: int = 0
 
+    def __post_init__(self) -> None:  # read back from JSON, the intervals are lists
+        object.__setattr__(self, "ci", tuple(self.ci))
+        if self.share_ci is not None:
+            object.__setattr__(self, "share_ci", tuple(self.share_ci))
+
     @property
     def described(self) -> bool:
         """True when the head carries a tested description (any role but "no clear role")."""
