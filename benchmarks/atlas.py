@@ -6,10 +6,15 @@ Side by side on one model and one set of corpus windows:
 2. the exemplar pass (:func:`headlens.atlas.shards.sharded_pass`, as ``headlens atlas`` runs it) over the
    same windows: patterns, DLA to the next token and every head's write, the running top-k merge, and the
    promoted/suppressed tokens of the surviving exemplars;
-3. the held-out descriptions and the site (:func:`headlens.atlas.site.write_site`), timed apart.
+3. the descriptions (mixtures fit on pass windows, scored on the held-out ones), the substitution test
+   (:mod:`headlens.atlas.substitute`) and the site (:func:`headlens.atlas.site.write_site`), timed apart,
+   as :func:`headlens.atlas.build.build_atlas` runs them (its ``stage`` callback marks each phase); the
+   whole against plain forwards over every window the atlas reads (pass and held out).
 
-Then the roles of the known heads (SmolLM2: L18H6 induction, L16H0 previous token, L23H3 copy
-suppression), how many heads get each role, and the best candidate's score among "no clear role" heads.
+Then the roles of the known heads (SmolLM2: L18H6 and L17H4 induction, L16H0 previous token,
+L23H3 and L24H4 copy suppression), how many heads get each role and carry a tested description, the loss with
+every described head substituted at once against the clean loss, and the median share kept over the heads
+whose mean ablation moves the loss by more than its own bootstrap interval.
 Times are CPU seconds of this process (steadier than wall time on a shared machine). Peak memory: two
 child processes, each loading the model and running one thing, their whole resident high-water marks
 (``VmHWM``): the exemplar pass over the same windows, and a plain ``classify`` of the same model, the same
@@ -37,7 +42,7 @@ import time
 import torch
 
 import headlens
-from headlens.atlas.build import Atlas
+from headlens.atlas.build import build_atlas
 from headlens.atlas.corpus import MAX_HELDOUT, corpus_windows, split
 from headlens.atlas.describe import describe
 from headlens.atlas.exemplars import AtlasConfig
@@ -45,7 +50,8 @@ from headlens.atlas.shards import sharded_pass
 from headlens.atlas.site import write_site
 from headlens.models.token_text import readable_tokens
 
-NAMED = {"smollm2": {(18, 6): "induction", (16, 0): "previous_token", (23, 3): "copy suppression"}}
+NAMED = {"smollm2": {(18, 6): "induction", (17, 4): "induction", (16, 0): "previous_token",
+                     (23, 3): "copy suppression", (24, 4): "copy suppression"}}
 
 
 def _plain(model, windows, batch_size):
@@ -88,6 +94,11 @@ def _child(args: argparse.Namespace) -> None:
 
 
 def _describe_only(args: argparse.Namespace) -> None:
+    from headlens.atlas.build import FIT_WINDOWS
+    from headlens.atlas.describe import _classes
+    from headlens.atlas.rules import candidate_rules
+    from headlens.atlas.substitute import substitute
+
     torch.set_num_threads(1)
     model = headlens.load(args.model)
     config = AtlasConfig(corpus=args.corpus, n_windows=args.n_windows, seq_len=args.seq_len,
@@ -96,16 +107,25 @@ def _describe_only(args: argparse.Namespace) -> None:
     seen, held = split(windows, max_heldout=args.max_heldout)
     held = held[: args.heldout]
     ex = sharded_pass(model, seen[: args.pass_windows], config)
+    strings = readable_tokens(model, torch.arange(int(model.cfg.d_vocab)))
+    n_fit = min(len(seen), FIT_WINDOWS)
+    fit = [seen[(j * len(seen)) // n_fit] for j in range(n_fit)]
     t = time.process_time()
-    descriptions = describe(model, ex, held, config.batch_size)
+    descriptions = describe(model, ex, held, config.batch_size, fit, strings)
     described = time.process_time() - t
     print(f"{args.model}: descriptions of {len(descriptions)} heads on {len(held)} held-out windows "
-          f"({sum(len(w) for w in held)} tokens; {len(seen)} pass windows, exemplars from the first "
-          f"{args.pass_windows}), 1 thread: {described:.1f} s ({described / len(held):.3f} s a window)")
-    _report(args.model, descriptions)
+          f"({sum(len(w) for w in held)} tokens; fit on {n_fit} of {len(seen)} pass windows, exemplars from the "
+          f"first {args.pass_windows}), 1 thread: {described:.1f} s ({described / (len(held) + n_fit):.3f} s a window)")
+    sub = None
+    if args.subst_windows:
+        t = time.process_time()
+        descriptions, sub = substitute(model, descriptions, held, candidate_rules(), _classes(model, strings),
+                                       args.subst_windows)
+        print(f"substitution on {args.subst_windows} held-out windows: {time.process_time() - t:.1f} s")
+    _report(args.model, descriptions, sub)
 
 
-def _report(name: str, descriptions: list) -> None:
+def _report(name: str, descriptions: list, sub=None) -> None:
     by = {(d.layer, d.head): d for d in descriptions}
     for at, expected in NAMED.get(name, {}).items():
         d = by[at]
@@ -117,10 +137,33 @@ def _report(name: str, descriptions: list) -> None:
               f"[{ev['ov_lo']:.2f}, {ev['ov_hi']:.2f}] (label {ev['ov_label']:.0f}); at exemplar keys suppresses "
               f"{ev['suppresses']:.2f}, copies {ev['copies']:.2f} of {int(ev['n_keys'])}; candidates "
               + " ".join(f"{k} {v:.3f}" for k, v in sorted(d.candidates.items(), key=lambda kv: -kv[1])))
+        if d.share_kept is not None:
+            print(f"    share kept {d.share_kept:.2f} [{d.share_ci[0]:.2f}, {d.share_ci[1]:.2f}], mean ablation "
+                  f"{d.ablation_delta:+.4f} [{ev['abl_lo']:+.4f}, {ev['abl_hi']:+.4f}]")
     roles: dict[str, int] = {}
     for d in descriptions:
         roles[d.role] = roles.get(d.role, 0) + 1
     print("roles:", ", ".join(f"{r} {n}" for r, n in sorted(roles.items())))
+    tested = [d for d in descriptions if d.described]
+    print(f"tested descriptions: {len(tested)} of {len(descriptions)} heads ({len(tested) / len(descriptions):.1%}): "
+          f"{sum(d.agreement >= 0.5 for d in tested)} at agreement >= 0.5, "
+          f"{sum(d.agreement < 0.5 and d.role == 'resting' for d in tested)} resting by their own statistic, "
+          f"{sum(d.role == 'copy_suppression' and d.agreement < 0.5 for d in tested)} copy suppression by its two "
+          f"claims; {sum(d.conditional for d in tested)} conditional; "
+          f"{sum(len(d.mixture) > 1 for d in tested)} mixtures of 2-3 rules")
+    if sub is not None:
+        print(f"all {sub.n_heads} described heads substituted at once, {sub.windows} held-out windows: loss "
+              f"{sub.all_heads:.4f} [{sub.all_ci[0]:.4f}, {sub.all_ci[1]:.4f}] against {sub.clean:.4f} clean "
+              f"({100 * (sub.all_heads - sub.clean) / sub.clean:+.1f} %)")
+        print("per layer (heads, change %): " + " ".join(
+            f"L{la}({n}, {100 * (v - sub.clean) / sub.clean:+.1f})" for la, (n, v) in sorted(sub.per_layer.items())))
+        moved = [d for d in tested if d.share_kept is not None
+                 and (d.evidence["abl_lo"] > 0 or d.evidence["abl_hi"] < 0)]
+        shares = torch.tensor([d.share_kept for d in moved], dtype=torch.float64)
+        if len(moved):
+            print(f"share kept over the {len(moved)} heads whose mean ablation moves the loss beyond its CI: median "
+                  f"{float(shares.median()):.3f}, quartiles {float(shares.quantile(0.25)):.3f} "
+                  f"{float(shares.quantile(0.75)):.3f}; >= 0.8 for {int((shares >= 0.8).sum())}")
     unclear = [d for d in descriptions if d.role == "no clear role"]
     if unclear:
         best = max(unclear, key=lambda d: d.agreement)
@@ -144,6 +187,8 @@ def main() -> None:
     ap.add_argument("--pass-windows", type=int, default=16, help="with --describe-only: windows for the exemplars")
     ap.add_argument("--heldout", type=int, default=None, help="with --describe-only: the first N held-out windows")
     ap.add_argument("--max-heldout", type=int, default=MAX_HELDOUT, help="with --describe-only: the split's cap")
+    ap.add_argument("--subst-windows", type=int, default=8, help="held-out windows of the substitution test")
+    ap.add_argument("--no-peak", action="store_true", help="skip the two child processes' peak memory")
     ap.add_argument("--child", choices=("pass", "classify"), default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -161,24 +206,31 @@ def main() -> None:
     _plain(model, seen, config.batch_size)
     plain = time.process_time() - t
     t = time.process_time()
-    ex = sharded_pass(model, seen, config)
-    passed = time.process_time() - t
-    t = time.process_time()
-    descriptions = describe(model, ex, held, config.batch_size)
-    described = time.process_time() - t
-    strings = readable_tokens(model, torch.arange(int(model.cfg.d_vocab)))
-    atlas = Atlas(args.model, strings, ex, descriptions, config)
+    _plain(model, held, config.batch_size)
+    plain_all = plain + time.process_time() - t
+    marks: list[tuple[str, float]] = []
+    t0 = time.process_time()
+    atlas = build_atlas(model, config, windows=windows, stage=lambda name: marks.append((name, time.process_time())),
+                        subst_windows=args.subst_windows)
+    marks.append(("end", time.process_time()))
+    took = {name: marks[i + 1][1] - at for i, (name, at) in enumerate(marks[:-1])}
     t = time.process_time()
     write_site(atlas, args.out or tempfile.mkdtemp())
     site = time.process_time() - t
+    total = time.process_time() - t0
+    passed = took["reading the corpus"]
     print(f"{args.model}: {n_tokens} tokens in {len(seen)} windows (+{len(held)} held out), 1 thread")
-    print(f"plain forwards {plain:.1f} s; exemplar pass {passed:.1f} s ({passed / plain:.2f}x); "
-          f"descriptions {described:.1f} s; site {site:.1f} s")
+    print(f"plain forwards {plain:.1f} s ({plain_all:.1f} s with the held-out windows); exemplar pass {passed:.1f} s "
+          f"({passed / plain:.2f}x); descriptions {took.get('describing the heads', 0):.1f} s; substitution "
+          f"{took.get('substituting the descriptions', 0):.1f} s; site {site:.1f} s; end to end {total:.1f} s "
+          f"({total / plain_all:.2f}x the plain forwards over every window it reads)")
+    if args.no_peak:
+        return _report(args.model, atlas.descriptions, atlas.substitution)
     peak_pass, classify = _child_peak(args, "pass"), _child_peak(args, "classify")
     print(f"peak RSS (each alone in a child process, model loaded): the exemplar pass {peak_pass / 2**30:.2f} GiB, "
           f"a plain classify of {len(seen)} windows x {args.seq_len} tokens (batch {args.batch_size}) "
           f"{classify / 2**30:.2f} GiB ({peak_pass / classify:.2f}x)")
-    _report(args.model, atlas.descriptions)
+    _report(args.model, atlas.descriptions, atlas.substitution)
 
 
 if __name__ == "__main__":

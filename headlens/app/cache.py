@@ -399,9 +399,9 @@ def get_atlas(ref: str, placement: Placement = DEFAULT_PLACEMENT, progress: Any 
 
         with exclusive(get_model(ref, placement)) as model:
             try:
-                atlas = build_atlas(model, atlas_store.CONFIGS[0], progress=heard)
+                atlas = build_atlas(model, atlas_store.CONFIGS[0], progress=heard, subst_windows=0)  # the substitution: headlens atlas
             except ProbeError:  # its tokenizer cannot read English prose
-                atlas = build_atlas(model, atlas_store.CONFIGS[1], progress=heard)
+                atlas = build_atlas(model, atlas_store.CONFIGS[1], progress=heard, subst_windows=0)
         atlas_store.write(ref, atlas, placement)
         return atlas
     finally:

@@ -1,7 +1,9 @@
 """One atlas of one model: corpus -> exemplar pass -> held-out descriptions -> a table of exemplars.
 
 Orchestration only: the pass is :mod:`headlens.atlas.exemplars`, the descriptions
-:mod:`headlens.atlas.describe`, the site :mod:`headlens.atlas.site`.
+:mod:`headlens.atlas.describe` (mixtures fit on :data:`FIT_WINDOWS` pass windows at most, spread evenly,
+scored on the held-out ones), the substitution test :mod:`headlens.atlas.substitute`, the site
+:mod:`headlens.atlas.site`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from headlens.atlas.corpus import corpus_windows, heldout_rows, split
 from headlens.atlas.describe import Description, describe
 from headlens.atlas.exemplars import AtlasConfig, Exemplars
 from headlens.atlas.shards import sharded_pass
+from headlens.atlas.substitute import SUBST_WINDOWS, Substitution
+
+FIT_WINDOWS = 64  # pass windows the descriptions' mixtures are fit on (at most; spread evenly over the pass)
 
 
 @dataclass
@@ -30,6 +35,28 @@ class Atlas:
     descriptions: list[Description]
     config: AtlasConfig
     seen: list[int] | None = None
+    substitution: Substitution | None = None
+
+    def descriptions_frame(self) -> Any:
+        """One row per head (``descriptions.csv``): ``model, layer, head, role, rule, agreement, ci_low, ci_high,
+        mixture, coverage, share_kept, share_low, share_high, ablation_delta, subst_windows, description``."""
+        import pandas as pd
+
+        nan = float("nan")
+        return pd.DataFrame([{"model": self.model, "layer": d.layer, "head": d.head, "role": d.role, "rule": d.rule,
+                              "agreement": d.agreement, "ci_low": d.ci[0], "ci_high": d.ci[1],
+                              "mixture": d.mixture_text(), "coverage": d.coverage,
+                              "share_kept": nan if d.share_kept is None else d.share_kept,
+                              "share_low": nan if d.share_ci is None else d.share_ci[0],
+                              "share_high": nan if d.share_ci is None else d.share_ci[1],
+                              "ablation_delta": nan if d.ablation_delta is None else d.ablation_delta,
+                              "subst_windows": d.subst_windows, "description": d.text}
+                             for d in self.descriptions])
+
+    def substitution_frame(self) -> Any:
+        """``substitution.csv``: the loss with every described head substituted at once, then per layer
+        (:meth:`headlens.atlas.substitute.Substitution.frame`); None when the test did not run."""
+        return None if self.substitution is None else self.substitution.frame(self.model)
 
     def frame(self) -> Any:
         """The exemplars as one tidy pandas table (one row per head x ranking x rank), for Parquet."""
@@ -51,13 +78,17 @@ class Atlas:
 
 
 def build_atlas(model: Any, config: AtlasConfig | None = None, windows: list[torch.Tensor] | None = None,
-                progress: Callable[[int, int], None] | None = None, resume: Any = None) -> Atlas | None:
+                progress: Callable[[int, int], None] | None = None, resume: Any = None,
+                stage: Callable[[str], None] | None = None, subst_windows: int = SUBST_WINDOWS) -> Atlas | None:
     """The exemplars and descriptions of every head of ``model`` over ``config.corpus`` (or ``windows``: 1-D
     token tensors, specials included; a quarter of them, at most 256, are held out to score the descriptions).
 
     Under ``torchrun`` the pass is shared out by rank (:mod:`headlens.atlas.shards`); rank 0 describes the heads
     and returns the atlas, the other ranks return None. ``resume``: a folder where each chunk of the pass is
-    saved as it is done; a rerun with the same model, corpus and settings loads those chunks.
+    saved as it is done; a rerun with the same model, corpus and settings loads those chunks. ``stage(name)``
+    is told when each phase begins (``"reading the corpus"``, ``"describing the heads"``, ``"substituting the
+    descriptions"``); ``progress(done, total)`` counts within each. ``subst_windows``: held-out windows the
+    substitution test runs on (0: none).
 
     >>> import headlens
     >>> build_atlas(headlens.load("smollm2"), AtlasConfig(n_windows=32)).descriptions[0].role  # doctest: +SKIP
@@ -68,12 +99,26 @@ def build_atlas(model: Any, config: AtlasConfig | None = None, windows: list[tor
     config = config or AtlasConfig()
     if windows is None:
         windows = corpus_windows(model, config.corpus, config.n_windows, config.seq_len, config.seed).prompts
+    from headlens.atlas.describe import _classes
+    from headlens.atlas.rules import candidate_rules
+    from headlens.atlas.substitute import substitute
+
+    tell = stage or (lambda name: None)
     seen, held = split(windows)
+    tell("reading the corpus")
     exemplars = sharded_pass(model, seen, config, progress, resume)
     if exemplars is None:
         return None
-    descriptions = describe(model, exemplars, held, config.batch_size)
     strings = readable_tokens(model, torch.arange(int(model.cfg.d_vocab)))
-    held = set(heldout_rows(len(windows)))
+    n_fit = min(len(seen), FIT_WINDOWS)
+    fit = [seen[(j * len(seen)) // n_fit] for j in range(n_fit)]
+    tell("describing the heads")
+    descriptions = describe(model, exemplars, held, config.batch_size, fit, strings, progress)
+    substitution = None
+    if subst_windows > 0 and getattr(model, "is_causal", True):
+        tell("substituting the descriptions")
+        descriptions, substitution = substitute(model, descriptions, held, candidate_rules(),
+                                                _classes(model, strings), subst_windows, progress)
+    held_rows = set(heldout_rows(len(windows)))
     return Atlas(str(getattr(model, "name", type(model).__name__)), strings, exemplars, descriptions, config,
-                 [i for i in range(len(windows)) if i not in held])
+                 [i for i in range(len(windows)) if i not in held_rows], substitution)

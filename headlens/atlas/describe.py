@@ -1,52 +1,72 @@
-"""A head's description from measured evidence, its rule scored on held-out text (docs/atlas.md).
+"""A head's description from measured evidence: a mixture of rules fit on the pass, scored on held-out text.
 
 Why it looks like this:
 
-* **A description is a prediction.** Each candidate rule (:mod:`headlens.atlas.rules`: previous token,
-  induction and its longest-match variant, duplicate token, the offsets 2 and 3, a key the model predicts)
-  is simulated on held-out windows: its predicted off-rest attention spreads each query row's mass evenly
-  over the rule's targets (nothing where it has none). The agreement is the Pearson correlation of
-  predicted and real off-rest attention over every (query, key) cell of those windows, keys neither the
-  first token nor the query itself, with a bootstrap CI over windows (sums per window, resampled;
-  :mod:`headlens.atlas.heldout` streams them).
-* **A rule at or above** :data:`AGREEMENT` names the role, even of a head that rests most of the time (an
-  induction head on text with few repeats). Below it, a head whose off-rest attention averages under
-  :data:`REST` per row "rests on the first token", any other gets "no clear role"; both with the best
-  candidate and its score.
+* **A description is a prediction of the whole attention row.** Each candidate rule
+  (:mod:`headlens.atlas.rules`: the first token, the query itself, previous token, offsets, recent windows,
+  delimiters, the start of the word, same-class tokens, duplicate and induction variants, an absolute
+  position, a key the model predicts) spreads each query row's mass over its targets and, in a row where
+  it has none, puts it on the first token (where a head with nothing to do rests). A description is a
+  non-negative mixture of at most three of them (:mod:`headlens.atlas.mixture`), fit on windows of the pass
+  and scored on the held-out ones: the **agreement** is the Pearson correlation of predicted and real
+  attention over every causal (query, key) cell of those windows, first token and self included, with a
+  bootstrap CI over windows. So a head that rests on the first token is described by the rule
+  ``first_token``, not by an exception, and one that does induction where a repeat exists and rests
+  elsewhere by ``induction`` alone (the agreement was once taken over off-rest cells only, which left such
+  heads "resting").
+* **The role** is the heaviest rule of a mixture that agrees at :data:`AGREEMENT` or more, when it holds
+  :data:`MIN_WEIGHT` of the mixture and is not the first token; then copy suppression's two claims (below);
+  a mixture led by the first token that agrees is **resting** (a tested description: its rule agrees),
+  unless a rule names the role **conditionally**: scored only on the rows where it has
+  targets (chosen on the fit windows, at least :data:`MIN_COVERAGE` of the rows), its agreement there at
+  :data:`AGREEMENT` or more; the sentence gives how often that is (its coverage). Below all of these, a head
+  whose off-rest attention averages under :data:`REST` per row rests by its own statistic (the mass it puts
+  off the first token and itself, with its CI); any other gets "no clear role".
 * **Copy suppression from joint evidence** (McDougall et al. 2023: a head that attends to an earlier copy of
   a token the model is about to predict and pushes that token down). Such a head attends to predicted
-  tokens only when one occurs earlier and rests otherwise, so the ``predicted_token`` rule rarely explains
-  its whole pattern. Two measured claims name it instead, each of which alone would not: in rows where a
-  predicted token (the model's own top 5 at the query) occurs earlier, the share of the head's off-rest
-  attention that lands on one is above the share an even spread over the row's off-rest keys would give,
-  by its whole bootstrap interval on held-out text; and the weight-based ``copy_suppression`` detector
-  labels it (its OV circuit ranks a sampled token in the vocabulary's bottom 5 for itself often enough,
-  :mod:`headlens.scoring.weights`). A head that copies instead (an induction head also attends to what is
-  predicted: it causes the prediction) fails the second.
+  tokens only when one occurs earlier, so no rule predicts its whole pattern. Two measured claims name it,
+  each of which alone would not: in rows where a predicted token (the model's own top 5 at the query)
+  occurs earlier, the share of the head's off-rest attention that lands on one is above the share an even
+  spread over the row's off-rest keys would give, by its whole bootstrap interval on held-out text; and the
+  weight-based detector :data:`WEIGHT_CS` labels it (its OV circuit ranks a sampled token in the
+  vocabulary's bottom 5 for itself often enough, :mod:`headlens.scoring.weights`). A head that copies
+  instead (an induction head also attends to what is predicted: it causes the prediction) fails the second.
+  Its page then states the two claims, never a rule's numbers with the role's name.
 * No language model writes or judges the text: each sentence is a template filled with a number measured
-  here.
+  here, and no template names a role its own numbers argue against (``tests/atlas``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from headlens.atlas.rules import LATE, ROLE, candidate_rules, late_rules
+from headlens.atlas.mixture import conditional_sums, corr, coverage, fit_mixtures, mixture_sums
+from headlens.atlas.rules import LATE, ROLE, SINK, candidate_rules, late_rules
 from headlens.detectors.base import Detector
 
-AGREEMENT = 0.5  # a rule must correlate this well with the head's real off-rest attention to name its role
+AGREEMENT = 0.5  # a description must correlate this well with the head's real attention to name its role
 REST = 0.25  # mean off-rest attention per query row below which a head is said to rest
+MIN_WEIGHT = 0.25  # the heaviest rule of a mixture names the role when it holds this share of it
+MIN_COVERAGE = 0.05  # a conditional role needs targets in this share of the query rows
 CS_RULE = "predicted_token"  # the pattern of copy suppression
+WEIGHT_CS = "ov_suppression"  # the weight-based detector whose label is copy suppression's second claim
 COPY_SHARE = 0.5  # "writes the token it attends to" when its OV promotes it for this share of exemplar keys
 
 
 @dataclass(frozen=True)
 class Description:
-    """A head's tested description: ``role`` (a rule's name, ``"resting"`` or ``"no clear role"``), the best
-    ``rule`` and its held-out ``agreement`` with CI, every candidate's agreement, and the paragraph ``text``."""
+    """A head's tested description: ``role`` (a rule's role, ``"resting"``, ``"copy_suppression"`` or ``"no
+    clear role"``), its main ``rule`` and its held-out ``agreement`` with CI, the ``mixture`` it is simulated
+    from (rule -> weight, summing to 1; one rule is ``{rule: 1.0}``), its ``coverage`` (the share of held-out
+    query rows where the mixture's rules other than the first token have targets), every single rule's
+    agreement (``candidates``), the measured ``evidence`` and the paragraph ``text``. The substitution test
+    (:mod:`headlens.atlas.substitute`) fills ``share_kept`` (the share of the head's mean-ablation effect on
+    the loss its description keeps) with ``share_ci``, ``ablation_delta`` (the loss change of its mean
+    ablation) and ``subst_windows`` (the held-out windows it ran on); None and 0 where it did not run."""
 
     layer: int
     head: int
@@ -57,14 +77,27 @@ class Description:
     text: str
     candidates: dict[str, float] = field(default_factory=dict)
     evidence: dict[str, float] = field(default_factory=dict)
+    mixture: dict[str, float] = field(default_factory=dict)
+    coverage: float = 1.0
+    conditional: bool = False
+    share_kept: float | None = None
+    share_ci: tuple[float, float] | None = None
+    ablation_delta: float | None = None
+    subst_windows: int = 0
 
+    def __post_init__(self) -> None:  # read back from JSON, the intervals are lists
+        object.__setattr__(self, "ci", tuple(self.ci))
+        if self.share_ci is not None:
+            object.__setattr__(self, "share_ci", tuple(self.share_ci))
 
-def _corr(s: torch.Tensor) -> torch.Tensor:
-    """Pearson correlation from sums ``(..., 6)`` = (n, sx, sy, sxx, syy, sxy)."""
-    n, sx, sy, sxx, syy, sxy = s.unbind(-1)
-    cov = sxy - sx * sy / n
-    var = (sxx - sx * sx / n) * (syy - sy * sy / n)
-    return torch.where(var > 0, cov / var.clamp(min=1e-300).sqrt(), torch.zeros_like(cov))
+    @property
+    def described(self) -> bool:
+        """True when the head carries a tested description (any role but "no clear role")."""
+        return self.role != "no clear role"
+
+    def mixture_text(self) -> str:
+        """``"previous_token 0.70 + first_token 0.30"``."""
+        return " + ".join(f"{r} {w:.2f}" for r, w in sorted(self.mixture.items(), key=lambda kv: -kv[1]))
 
 
 def _with_ci(per_window: torch.Tensor, stat: Any, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -72,54 +105,120 @@ def _with_ci(per_window: torch.Tensor, stat: Any, seed: int = 0) -> tuple[torch.
     from headlens.scoring.stats import bootstrap_weights
 
     w = bootstrap_weights(per_window.shape[0], 400, seed)  # (n_boot, W)
-    boot = stat(torch.einsum("bw,w...->b...", w, per_window))  # (n_boot, L, H)
+    boot = stat(torch.einsum("bw,w...->b...", w, per_window))  # (n_boot, L, H, ...)
     return stat(per_window.sum(0)), boot.quantile(0.025, 0), boot.quantile(0.975, 0)
 
 
-def describe(model: Any, exemplars: Any, heldout: list[torch.Tensor], batch_size: int = 8) -> list[Description]:
-    """Every head's :class:`Description`, layer by layer: its rules scored on the ``heldout`` windows, its writes
-    read at its exemplars' keys (:func:`headlens.atlas.reads.ov_on_heads`)."""
+def describe(model: Any, exemplars: Any, heldout: list[torch.Tensor], batch_size: int = 8,
+             fit: list[torch.Tensor] | None = None, strings: list[str] | None = None,
+             progress: Callable[[int, int], None] | None = None) -> list[Description]:
+    """Every head's :class:`Description`, layer by layer: mixtures fit on the ``fit`` windows (the pass's; the
+    held-out ones when None), scored on the ``heldout`` windows, its writes read at its exemplars' keys
+    (:func:`headlens.atlas.reads.ov_on_heads`). ``strings``: each token's text (token classes; read from the
+    model when None); ``progress(done, total)`` in windows read."""
     from headlens.atlas.heldout import heldout_stats
     from headlens.atlas.reads import ov_on_heads
 
     rules = candidate_rules()
     early = {name: rule for name, rule in rules.items() if name not in LATE}
-    stats = heldout_stats(model, heldout, early, late_rules(rules), batch_size)
-    agree = {name: _with_ci(stats[f"corr:{name}"], _corr) for name in rules}  # each (L, H) x 3
-    mass = {name: _with_ci(stats[f"mass:{name}"], lambda s: s[..., 0] / s[..., 1].clamp(min=1)) for name in rules}
-    chance = {name: stats[f"mass:{name}"][..., 2].sum(0) / stats[f"mass:{name}"][..., 1].sum(0).clamp(min=1)
-              for name in rules}
+    classes = _classes(model, strings)
+    fit = fit or heldout
+    total = len(fit) + len(heldout)
+    step = (lambda off: (lambda d, t: progress(off + d, total))) if progress else (lambda off: None)
+    fitted = heldout_stats(model, fit, early, late_rules(rules), batch_size, classes, step(0))
+    stats = heldout_stats(model, heldout, early, late_rules(rules), batch_size, classes, step(len(fit)))
+    names = stats["names"]
+    R = len(names)
+    weights = fit_mixtures(fitted, allowed=fitted["has"].sum(0) > 0)  # (L, H, R)
+    mix = _with_ci(mixture_sums(stats, weights), corr)  # each (L, H)
+    single = _single(stats)  # (L, H, R)
+    cond_fit = corr(conditional_sums(fitted).sum(0))  # (L, H, R)
+    cover_fit = fitted["has"].sum(0) / fitted["rest"][:, 0, 0, 2].sum().clamp(min=1)  # (R,)
+    cond_fit[..., (cover_fit < MIN_COVERAGE) | torch.tensor([n in (SINK, "self") for n in names])] = -1.0
+    cond_pick = cond_fit.argmax(-1)  # (L, H): each head's conditional rule, chosen on the fit windows
+    cond = _with_ci(conditional_sums(stats), corr)  # each (L, H, R)
+    sink = names.index(SINK)
+    memo: dict[int, torch.Tensor] = {}
+
+    def pairs(j: int) -> torch.Tensor:  # (L, H, R): each head's mixture of rule j and the first token
+        if j not in memo:
+            memo[j] = fit_mixtures(fitted, allowed=torch.isin(torch.arange(R), torch.tensor([j, sink])))
+        return memo[j]
+
+    cover = stats["has"].sum(0) / stats["rest"][:, 0, 0, 2].sum().clamp(min=1)  # (R,)
+    mix_cover = coverage(stats, weights, names.index(SINK))
+    share = _with_ci(torch.cat([stats["on"], stats["has"][:, None, None].expand_as(stats["on"])], -1),
+                     lambda s: s[..., :R] / s[..., R:].clamp(min=1))
+    chance = stats["chance"].sum(0) / stats["has"].sum(0).clamp(min=1)  # (R,)
     off = _with_ci(stats["rest"], lambda s: s[..., 0] / s[..., 2].clamp(min=1))
     first = _with_ci(stats["rest"], lambda s: s[..., 1] / s[..., 2].clamp(min=1))
-    cs = _copy_suppression(model, stats[f"mass:{CS_RULE}"], tuple(off[0].shape))
+    cs = _copy_suppression(model, stats["cs"], tuple(off[0].shape))
     H = exemplars.n_heads
     ovs = ov_on_heads(model, {divmod(i, H): kept for i, kept in enumerate(exemplars.top["attention"])})
     out = []
     for layer in range(exemplars.n_layers):
         for h in range(exemplars.n_heads):
             at = (layer, h)
-            scores = {name: float(agree[name][0][at]) for name in rules}
-            best = max(scores, key=scores.get)
+            w = {names[i]: float(weights[at][i]) for i in range(R) if float(weights[at][i]) > 0}
+            content = {r: v for r, v in w.items() if r != SINK}
+            main = max(content, key=content.get) if content else SINK
+            i = names.index(main)
+            ci_ = int(cond_pick[at])
             ov = ovs[at]
-            ev = {"off_rest": float(off[0][at]), "first": float(first[0][at]), "mass": float(mass[best][0][at]),
-                  "mass_lo": float(mass[best][1][at]), "mass_hi": float(mass[best][2][at]),
-                  "chance": float(chance[best][at]), "copies": ov["copies"], "suppresses": ov["suppresses"],
-                  "n_keys": ov["n"], "off_lo": float(off[1][at]), "off_hi": float(off[2][at]),
-                  "first_lo": float(first[1][at]), "first_hi": float(first[2][at]),
+            ev = {"off_rest": float(off[0][at]), "first": float(first[0][at]), "mass": float(share[0][at][i]),
+                  "mass_lo": float(share[1][at][i]), "mass_hi": float(share[2][at][i]), "chance": float(chance[i]),
+                  "copies": ov["copies"], "suppresses": ov["suppresses"], "n_keys": ov["n"],
+                  "off_lo": float(off[1][at]), "off_hi": float(off[2][at]), "first_lo": float(first[1][at]),
+                  "first_hi": float(first[2][at]), "main_weight": w.get(main, 0.0), "rule_coverage": float(cover[i]),
+                  "cond_rule": ci_, "cond_r": float(cond[0][at][ci_]), "cond_lo": float(cond[1][at][ci_]),
+                  "cond_hi": float(cond[2][at][ci_]), "cond_coverage": float(cover[ci_]),
+                  "cond_mass": float(share[0][at][ci_]), "cond_chance": float(chance[ci_]),
                   **{key: float(v[at]) for key, v in cs.items()}}
-            ci = (float(agree[best][1][at]), float(agree[best][2][at]))
-            role = role_of(best, scores[best], ev)
-            text = _text(role, rules[best], scores[best], ci, ev)
-            out.append(Description(layer, h, role, best, scores[best], ci, text, scores, ev))
+            score, ci = float(mix[0][at]), (float(mix[1][at]), float(mix[2][at]))
+            role = role_of(main, score, ev)
+            d = Description(layer, h, role, main, score, ci, "", {n: float(single[at][j]) for j, n in enumerate(names)},
+                            ev, w, float(mix_cover[at]))
+            by_mixture = score >= AGREEMENT and main != SINK and ev["main_weight"] >= MIN_WEIGHT
+            if role not in ("copy_suppression", "resting", "no clear role") and not by_mixture:
+                cr = names[ci_]  # named conditionally: that rule where it has targets, the first token elsewhere
+                pair = pairs(ci_)[at]
+                mixture = {names[j]: float(pair[j]) for j in range(R) if float(pair[j]) > 0} or {cr: 1.0}
+                d = Description(layer, h, role, cr, ev["cond_r"], (ev["cond_lo"], ev["cond_hi"]), "", d.candidates,
+                                ev, mixture, ev["cond_coverage"], True)
+            out.append(_with_text(d, rules))
     return out
+
+
+def _single(stats: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``(L, H, R)``: each single rule's agreement (with its first-token fallback) on the windows of ``stats``."""
+    s = stats["own"].sum(0)  # (L, H, 3)
+    grid = stats["sxy"].shape[1:]
+    n, sx, sxx = (v[..., None].expand(grid) for v in s.unbind(-1))
+    sy = stats["sy"].sum(0).expand(grid)
+    syy = stats["gram"].sum(0).diagonal().expand(grid)
+    return corr(torch.stack([n, sx, sy, sxx, syy, stats["sxy"].sum(0)], -1))
+
+
+def _classes(model: Any, strings: list[str] | None) -> dict[str, torch.Tensor]:
+    """The vocabulary's token classes (:func:`headlens.atlas.rules.token_classes`) from its strings."""
+    from headlens.atlas.rules import token_classes
+    from headlens.models.token_text import readable_tokens
+
+    ids = torch.arange(int(model.cfg.d_vocab))
+    strings = strings if strings is not None else readable_tokens(model, ids)
+    try:
+        raw = [str(s) for s in model.to_str_tokens(ids)]
+    except Exception:
+        raw = strings
+    return token_classes(strings, raw if len(raw) == len(strings) else strings)
 
 
 def _copy_suppression(model: Any, sums: torch.Tensor, shape: tuple[int, int]) -> dict[str, torch.Tensor]:
     """Copy suppression's two claims per head, each ``(L, H)``: ``pred_share`` (with ``pred_lo``, ``pred_hi``),
     the share of its off-rest attention in rows with a predicted token that lands on one, and ``pred_null``,
     that share were each row's off-rest attention spread evenly over its off-rest keys (from ``sums``, the
-    held-out ``mass:predicted_token``); ``ov_score`` (``ov_lo``, ``ov_hi``), the share of sampled tokens its
-    OV circuit ranks in the vocabulary's bottom 5 for themselves, and ``ov_label``, the ``copy_suppression``
+    held-out ``cs`` sums); ``ov_score`` (``ov_lo``, ``ov_hi``), the share of sampled tokens its
+    OV circuit ranks in the vocabulary's bottom 5 for themselves, and ``ov_label``, the :data:`WEIGHT_CS`
     detector's label (:mod:`headlens.scoring.weights`; NaN where the readout does not apply)."""
     from headlens.detectors import get_detector
     from headlens.errors import HeadlensError
@@ -128,7 +227,7 @@ def _copy_suppression(model: Any, sums: torch.Tensor, shape: tuple[int, int]) ->
     share, lo, hi = _with_ci(sums, lambda s: s[..., 0] / s[..., 3].clamp(min=1e-300))
     out = {"pred_share": share, "pred_lo": lo, "pred_hi": hi,
            "pred_null": sums[..., 4].sum(0) / sums[..., 3].sum(0).clamp(min=1e-300)}
-    detector = get_detector("copy_suppression")
+    detector = get_detector(WEIGHT_CS)
     try:
         w = summarize_weights(detector.weights_fn(model), detector.threshold)
     except HeadlensError:  # an encoder, a packed model: no OV readout
@@ -137,50 +236,78 @@ def _copy_suppression(model: Any, sums: torch.Tensor, shape: tuple[int, int]) ->
             "ov_hi": w.summary.ci_high.reshape(shape), "ov_label": w.labels.double().reshape(shape)}
 
 
-def role_of(best: str, score: float, ev: dict[str, float]) -> str:
-    """The role a head's evidence names (module docstring): its best rule's when that agrees well enough (even
-    for a head that mostly rests: an induction head on text with few repeats); copy suppression when it
-    attends to predicted tokens above chance and writes against what it attends to; else resting or none.
+def role_of(main: str, score: float, ev: dict[str, float]) -> str:
+    """The role a head's evidence names (module docstring): its mixture's heaviest rule when the mixture agrees
+    and that rule (not the first token) holds :data:`MIN_WEIGHT` of it; else copy suppression from its two
+    claims; else a rule that agrees on the rows where it has targets, often enough; else resting (a mixture
+    led by the first token that agrees, or by its own statistic), or none.
 
-    >>> ev = {"ov_label": 1.0, "pred_lo": 0.2, "pred_null": 0.05, "off_rest": 0.4}
+    >>> ev = {"ov_label": 1.0, "pred_lo": 0.2, "pred_null": 0.05, "off_rest": 0.4, "main_weight": 0.8,
+    ...       "cond_r": 0.2, "cond_coverage": 0.5, "cond_rule": 0}
     >>> role_of("previous_token", 0.3, ev), role_of("induction_longest", 0.7, ev)
     ('copy_suppression', 'induction')
+    >>> role_of("first_token", 0.9, {**ev, "ov_label": 0.0, "cond_r": 0.6, "cond_rule": 5})  # where it can
+    'induction'
+    >>> role_of("first_token", 0.9, {**ev, "ov_label": 0.0})  # led by the first token: a tested rest
+    'resting'
     """
-    suppresses = ev["ov_label"] == 1.0  # NaN (no OV readout) is not a label
-    if score >= AGREEMENT:
-        return "copy_suppression" if best == CS_RULE and suppresses else ROLE.get(best, best)
-    if suppresses and ev["pred_lo"] > ev["pred_null"]:
+    if score >= AGREEMENT and main != SINK and ev["main_weight"] >= MIN_WEIGHT:
+        return "copy_suppression" if main == CS_RULE and ev["ov_label"] == 1.0 else ROLE.get(main, main)
+    if ev["ov_label"] == 1.0 and ev["pred_lo"] > ev["pred_null"]:  # NaN (no OV readout) is not a label
         return "copy_suppression"
-    return "resting" if ev["off_rest"] < REST else "no clear role"
+    if ev["cond_r"] >= AGREEMENT and ev["cond_coverage"] >= MIN_COVERAGE:  # does it where it can, rests elsewhere
+        return ROLE.get(_NAMES[int(ev["cond_rule"])], _NAMES[int(ev["cond_rule"])])
+    return "resting" if score >= AGREEMENT or ev["off_rest"] < REST else "no clear role"
 
 
-def _text(role: str, rule: Detector, score: float, ci: tuple[float, float], ev: dict[str, float]) -> str:
+_NAMES = [n for n in candidate_rules() if n not in LATE] + list(LATE)  # heldout_stats' rule order
+
+
+def _with_text(d: Description, rules: dict[str, Detector]) -> Description:
+    from dataclasses import replace
+
+    return replace(d, text=_text(d, rules[d.rule]))
+
+
+def _text(d: Description, rule: Detector) -> str:
     """The paragraph: one measured claim per sentence, each with its number (and CI)."""
-    tested = (f"Simulated from the rule '{rule.name}' on held-out text, its predicted attention agrees with "
-              f"the real one at r = {score:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]")
-    if role == "resting":
-        return (f"Rests on the first token: {ev['first']:.2f} of its attention per query row "
-                f"[{ev['first_lo']:.2f}, {ev['first_hi']:.2f}] goes there on held-out text, and only "
-                f"{ev['off_rest']:.2f} [{ev['off_lo']:.2f}, {ev['off_hi']:.2f}] to keys other than the first token "
-                f"and itself. Its best candidate rule is '{rule.name}': r = {score:.2f} [{ci[0]:.2f}, {ci[1]:.2f}].")
+    ev, score, ci = d.evidence, d.agreement, d.ci
+    r = f"r = {score:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]"
+    sim = (f"Simulated as {d.mixture_text()} (fit on the pass's windows), its predicted attention agrees with "
+           f"the real one at {r} on held-out text (every cell of each row, first token and self included)")
+    rest = (f"{ev['first']:.2f} of its attention per query row [{ev['first_lo']:.2f}, {ev['first_hi']:.2f}] goes to "
+            f"the first token on held-out text, and {ev['off_rest']:.2f} [{ev['off_lo']:.2f}, {ev['off_hi']:.2f}] to "
+            f"keys other than the first token and itself")
     writes = _writes_text(ev)
-    if role == "copy_suppression" and rule.name != CS_RULE:
+    if d.role == "copy_suppression":
         return (f"Attends to earlier copies of tokens the model predicts next: in rows where one occurs, "
                 f"{ev['pred_share']:.2f} [{ev['pred_lo']:.2f}, {ev['pred_hi']:.2f}] of the attention it puts off "
                 f"the first token and itself lands on them, against {ev['pred_null']:.2f} were it spread evenly. "
                 f"Its OV circuit pushes a token it attends to down: {ev['ov_score']:.2f} [{ev['ov_lo']:.2f}, "
                 f"{ev['ov_hi']:.2f}] of sampled tokens rank in the bottom 5 of the vocabulary for themselves "
-                f"(the copy_suppression detector's label).{writes} Both are copy suppression's (McDougall et al. "
-                f"2023), though no rule predicts its whole pattern: the best, '{rule.name}', agrees at r = "
-                f"{score:.2f} [{ci[0]:.2f}, {ci[1]:.2f}] on held-out text. Role: copy suppression.")
-    if role == "no clear role":
+                f"(the {WEIGHT_CS} detector's label).{writes} Both are copy suppression's (McDougall et al. "
+                f"2023), though no rule predicts when it fires. {sim}. Role: copy suppression.")
+    if d.role == "resting" and score >= AGREEMENT and not d.conditional:
+        return f"Rests on the first token: {rest}. {sim}.{writes} Role: resting."
+    if d.role == "resting":
+        return (f"Rests on the first token: {rest} (under the {REST:.2f} that resting allows). Simulated as "
+                f"{d.mixture_text()}, its best description, it agrees at {r}, below the {AGREEMENT:.2f} a rule needs.")
+    if d.role == "no clear role":
         return (f"No clear role: it puts {ev['off_rest']:.2f} of its attention off the first token and itself, "
-                f"but its best candidate rule, '{rule.name}' ({rule.description}), explains it poorly. {tested}, "
-                f"below the {AGREEMENT:.2f} a role needs.{writes}")
+                f"but its best description explains it poorly. {sim}, below the {AGREEMENT:.2f} a role needs."
+                f"{writes}")
+    desc = f"{rule.description[0].upper()}{rule.description[1:]}"
+    if d.conditional:
+        return (f"{desc} where it can: on the {d.coverage:.0%} of held-out query rows where the rule '{rule.name}' "
+                f"has a target, {ev['cond_mass']:.2f} of its attention goes to one "
+                f"({ev['cond_mass'] / max(ev['cond_chance'], 1e-9):.0f}x chance), and its predicted attention agrees "
+                f"with the real one on those rows at {r} (simulated as {d.mixture_text()}, the first token where the "
+                f"rule has no target); over all its rows, {rest}.{writes} Role: "
+                f"{d.role.replace('_', ' ')}.")
     lift = ev["mass"] / ev["chance"] if ev["chance"] > 0 else float("inf")
-    return (f"{rule.description[0].upper()}{rule.description[1:]} ({ev['mass']:.2f} of its attention "
-            f"[{ev['mass_lo']:.2f}, {ev['mass_hi']:.2f}] where the rule has a target, {lift:.0f}x chance). "
-            f"{tested}.{writes} Role: {role.replace('_', ' ')}.")
+    return (f"{desc} ({ev['mass']:.2f} of its attention [{ev['mass_lo']:.2f}, {ev['mass_hi']:.2f}] where the rule "
+            f"has a target, {d.coverage:.0%} of query rows, {lift:.0f}x chance). {sim}.{writes} "
+            f"Role: {d.role.replace('_', ' ')}.")
 
 
 def _writes_text(ev: dict[str, float]) -> str:

@@ -1,22 +1,26 @@
-"""The sums a description's score needs, streamed over held-out windows: each layer's pattern reduced in its hook.
+"""The sums a description's score needs, streamed over windows: each layer's pattern reduced in its hook.
 
 Why it looks like this:
 
-* **Sums, not patterns.** A rule's agreement is a Pearson correlation of real and predicted off-rest
-  attention over every (query, key) cell (:mod:`headlens.atlas.describe`), so per window and head it needs
-  only ``(n, sx, sy, sxx, syy, sxy)``, and its attention on target only the mass on the rule's targets.
-  ``sx, sxx`` are the pattern's own; ``n, sy, syy`` and the chance mass do not depend on the head (one per
-  window); ``sxy`` and the mass on target are one batched product of the layer's pattern ``(B, H, Q*K)``
-  with every rule's prediction and targets ``(B, Q*K, 2R)``. Nothing ``(B, L, H, Q, K)`` is ever stacked.
-  Each row's off-rest attention ``(B, H, Q)`` is kept too: against each rule's rows with a target, it
-  gives the share of off-rest attention on the targets and what an even spread would put there (copy
-  suppression's first claim, :mod:`headlens.atlas.describe`).
-* **Rules known before the forward are summed in the hook** (the token rules and the offsets read the tokens
-  only). A rule whose targets need the forward itself (``predicted_token``: the model's own top
-  predictions, known after the last layer) keeps each layer's off-rest pattern in float32 until they are
-  known (``(B, H, Q, K)`` per layer, a batch's worth), then takes the same product.
-* **Float64 sums** of the float32 pattern: the same values as summing the whole stack in float64, up to the
-  order of the additions.
+* **Whole rows, first token and self included.** A description predicts a head's whole attention row
+  (:mod:`headlens.atlas.describe`): each rule spreads a row's mass over its targets (evenly, or by its
+  weights for a decay) and, in a row where it has none, puts it on the first token, where a head with
+  nothing to do rests. So a head that rests on the first token is described by the rule ``first_token``,
+  and one that does induction where a repeat exists and rests elsewhere by ``induction`` alone.
+* **Sums, not patterns.** Agreement is a Pearson correlation over every causal (query, key) cell, and a
+  mixture of rules is linear in the rules' predictions, so per window and head it needs only ``n, sx, sxx``
+  and, per rule, ``sxy``; per window (not per head) ``sy`` and the rules' Gram matrix ``G[r, s] = sum y_r
+  y_s``. A mixture ``w`` then has ``sy = w . sy``, ``syy = w' G w``, ``sxy = w . sxy``: fit and scored from
+  sums, with a bootstrap over windows. ``sxy`` is split into the rows where a rule has targets (one batched
+  product ``(B, H, Q*K) x (B, Q*K, 2R)``, with each rule's mass on target) and the first-token cell of the
+  rows where it has none (a product of ``(B, H, Q)`` rows). The rows with targets also give a rule's
+  *conditional* agreement (scored on those rows alone) and its coverage.
+* **Rules known before the forward are summed in the hook** (they read the tokens only). A rule whose
+  targets need the forward itself (``predicted_token``: the model's own top predictions, known after the
+  last layer) keeps each layer's pattern in float32 until they are known (a batch's worth), then takes the
+  same products.
+* **Float32 products, float64 sums**: each window's ``Q*K`` cells are summed in float32 by the batched
+  product (relative error about 1e-6, under the bootstrap's), everything after in float64.
 """
 
 from __future__ import annotations
@@ -26,53 +30,65 @@ from typing import Any
 
 import torch
 
-from headlens.detectors.base import Detector, predicate_mask
+from headlens.atlas.rules import CLASSES, annotate, rule_targets
+from headlens.detectors.base import Detector
 from headlens.probes.base import ProbeBatch
 
 Late = Callable[[Any, ProbeBatch, torch.Tensor], dict[str, torch.Tensor]]  # (logits, batch, cells) -> rule targets
+CS_SUMS = "predicted_token"  # the rule whose off-rest mass copy suppression's first claim reads
 
 
 def heldout_stats(model: Any, windows: list[torch.Tensor], rules: dict[str, Detector], late: Late | None = None,
-                  batch_size: int = 8) -> dict[str, torch.Tensor]:
-    """Per held-out window and head, the sums the descriptions need (each ``(W, L, H, ...)`` float64):
-    ``rest`` (off-rest mass, first-token mass, query rows) and per rule ``corr:<name>`` (n, sx, sy, sxx, syy,
-    sxy of real vs predicted off-rest attention) and ``mass:<name>`` (mass on targets, rows with a target,
-    chance mass).
+                  batch_size: int = 8, classes: dict[str, torch.Tensor] | None = None,
+                  progress: Callable[[int, int], None] | None = None) -> dict[str, torch.Tensor]:
+    """Per window the sums the descriptions need (``W`` first; rules in ``names`` order, early rules then late):
+
+    per head ``(W, L, H, ...)``: ``rest`` (off-rest mass, first-token mass, query rows), ``own`` (n, sx, sxx over
+    every causal cell), ``sxy`` ``(.., R)`` (each rule's prediction, first-token fallback included), ``csx``,
+    ``csxx``, ``csxy`` ``(.., R)`` (the same on the rows where the rule has targets, without fallback), ``on``
+    ``(.., R)`` (mass on the rule's targets), ``cs`` ``(.., 5)`` (copy suppression's first claim); per window:
+    ``sy`` ``(W, R)``, ``gram`` ``(W, R, R)``, ``cn, cy, cyy`` ``(W, R)`` (cells, sum y, sum y^2 on the rows with
+    targets), ``has`` ``(W, R)`` (query rows with a target), ``chance`` ``(W, R)`` (a uniform row's mass on the
+    targets), ``hasrow`` ``(W, T, R)`` bool. ``names``: the rule order, as a list.
 
     ``rules``: the rules whose predicate reads the window alone; ``late(logits, batch, cells)``: rule name ->
-    targets ``(B, Q, K)`` of the rules that need the model's logits ``(B, T, V)`` on the window.
+    targets ``(B, Q, K)`` of the rules that need the model's logits ``(B, T, V)`` on the window. ``classes``:
+    the vocabulary's token classes (:func:`headlens.atlas.rules.token_classes`) the rules read.
     """
     from headlens.models.vocab import vocab
 
     special, L = vocab(model).special, model.cfg.n_layers
     out: dict[str, list[torch.Tensor]] = {}
+    names: list[str] = []
     for start in range(0, len(windows), batch_size):
-        batch = _batch(windows[start:start + batch_size], special)
-        for key, value in _batch_sums(model, batch, rules, late, L).items():
+        batch = _batch(windows[start:start + batch_size], special, classes)
+        sums, names = _batch_sums(model, batch, rules, late, L)
+        for key, value in sums.items():
             out.setdefault(key, []).append(value)
-    return {key: torch.cat(vals) for key, vals in out.items()}
+        if progress is not None:
+            progress(min(start + batch_size, len(windows)), len(windows))
+    T = max(int(v.shape[1]) for v in out["hasrow"])
+    out["hasrow"] = [torch.nn.functional.pad(v, (0, 0, 0, T - v.shape[1])) for v in out["hasrow"]]
+    return {**{key: torch.cat(vals) for key, vals in out.items()}, "names": names}
 
 
 def _batch_sums(model: Any, batch: ProbeBatch, rules: dict[str, Detector], late: Late | None, L: int
-                ) -> dict[str, torch.Tensor]:
-    """One batch's sums ``(B, L, H, ...)``: the early rules summed in each layer's hook, the late ones after."""
+                ) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """One batch's sums: the early rules summed in each layer's hook, the late ones after."""
     T = batch.tokens.shape[1]
     q, k = torch.arange(T)[:, None], torch.arange(T)[None, :]
-    cells = (k >= 1) & (k < q) & batch.valid[:, None, :] & batch.query_ok[:, :, None]  # (B, Q, K) off-rest
-    early = {name: predicate_mask(rule.predicate, batch, 0, T, 0, T) & cells for name, rule in rules.items()}
-    targets = _targets(early)  # (B, Q*K, 2R)
+    cells = (k <= q) & batch.valid[:, None, :] & batch.query_ok[:, :, None]  # (B, Q, K): whole causal rows
+    early = {name: rule_targets(rule, batch, T) * cells for name, rule in rules.items()}  # (B, Q, K) weights
+    targets = _targets(early).float()  # (B, Q*K, 2R): float32 products, summed per window in float64
     per_layer: list[dict[str, torch.Tensor]] = [{} for _ in range(L)]
     kept: list[torch.Tensor] = [torch.empty(0)] * L  # per layer (B, H, Q, K) float32, for the late rules
 
     def fold(layer: int) -> Any:
         def reduce(pattern: torch.Tensor, hook: Any) -> None:  # (B, H, Q, K)
-            p = pattern.detach().cpu()
-            x = p * cells[:, None]  # (B, H, Q, K) float32: real off-rest attention
-            first = (p[..., 0].double() * batch.query_ok[:, None]).sum(-1)  # (B, H)
-            x64 = x.double()
-            per_layer[layer]["own"] = torch.stack([x64.sum((-2, -1)), (x64 * x64).sum((-2, -1)), first], -1)
-            per_layer[layer]["rows"] = x64.sum(-1)  # (B, H, Q): each row's off-rest attention
-            per_layer[layer]["prod"] = _products(x64, targets)  # (B, H, 2R): sxy per rule, then mass on target
+            x = pattern.detach().cpu().float() * cells[:, None]  # (B, H, Q, K) float32: the real rows
+            diag = x.diagonal(dim1=-2, dim2=-1)  # (B, H, Q): attention on the query itself
+            per_layer[layer]["rows"] = torch.stack([x.sum(-1), (x * x).sum(-1), x[..., 0], diag], -1).double()
+            per_layer[layer]["prod"] = _products(x, targets)  # (B, H, 2R): sum x.y, then mass on target
             if late is not None:
                 kept[layer] = x
         return reduce
@@ -80,69 +96,85 @@ def _batch_sums(model: Any, batch: ProbeBatch, rules: dict[str, Detector], late:
     names = [f"blocks.{layer}.attn.hook_pattern" for layer in range(L)]
     with torch.no_grad(), model.hooks([(name, fold(layer)) for layer, name in enumerate(names)]):
         logits = model(batch.tokens.to(model.device))  # (B, T, V): windows are right-padded; pads are never a query
-    own = torch.stack([s["own"] for s in per_layer], 1)  # (B, L, H, 3): sx, sxx, first-token mass
-    rows = torch.stack([s["rows"] for s in per_layer], 1)  # (B, L, H, Q)
-    prod = torch.stack([s["prod"] for s in per_layer], 1)  # (B, L, H, 2R): sxy per rule, then mass on target
-    sxy, on = prod.chunk(2, -1) if early else (own[..., :0], own[..., :0])  # (B, L, H, R) each
+    rows = torch.stack([s["rows"] for s in per_layer], 1)  # (B, L, H, Q, 4): sum, sum of squares, first, self
+    prod = torch.stack([s["prod"] for s in per_layer], 1)  # (B, L, H, 2R)
     hits = dict(early)
     if late is not None:
-        extra = late(logits, batch, cells)  # rule -> (B, Q, K)
+        extra = {n: t.double() for n, t in late(logits, batch, cells).items()}  # rule -> (B, Q, K)
         del logits
         more = _targets(extra)  # (B, Q*K, 2R')
-        prod = torch.stack([_products(kept[layer].double(), more) for layer in range(L)], 1)  # (B, L, H, 2R')
-        sxy, on = (torch.cat([a, b], -1) for a, b in zip((sxy, on), prod.chunk(2, -1), strict=True))
+        if more.numel():
+            lp = torch.stack([_products(kept[layer], more.float()) for layer in range(L)], 1)  # (B, L, H, 2R')
+            a, b = prod.chunk(2, -1)
+            c, d = lp.chunk(2, -1)
+            prod = torch.cat([a, c, b, d], -1)
         hits.update(extra)
-    return _assemble(batch, cells, hits, own, sxy, on, rows)
+    return _assemble(batch, cells, hits, rows, prod), list(hits)
 
 
 def _targets(hits: dict[str, torch.Tensor]) -> torch.Tensor:
-    """``(B, Q*K, 2R)`` float64: per rule its prediction ``y`` (each row's mass spread evenly over its targets),
-    then per rule its targets as 0/1."""
+    """``(B, Q*K, 2R)`` float64: per rule its prediction ``y`` on the rows where it has targets (each row's mass
+    spread over them by their weights), then per rule its targets as 0/1."""
     if not hits:
         return torch.zeros(0)
-    hit = torch.stack(list(hits.values()), -1).double()  # (B, Q, K, R)
-    y = hit / hit.sum(-2, keepdim=True).clamp(min=1)  # (B, Q, K, R): the rule's predicted off-rest attention
-    B, Q, K, R = hit.shape
-    return torch.cat([y, hit], -1).reshape(B, Q * K, 2 * R)  # (B, Q*K, 2R)
+    w = torch.stack(list(hits.values()), -1).double()  # (B, Q, K, R)
+    y = w / w.sum(-2, keepdim=True).clamp(min=1e-300)  # (B, Q, K, R): the rule's predicted attention
+    B, Q, K, R = w.shape
+    return torch.cat([y, (w > 0).double()], -1).reshape(B, Q * K, 2 * R)  # (B, Q*K, 2R)
 
 
 def _products(x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """``(B, H, 2R)``: the off-rest pattern ``x`` ``(B, H, Q, K)`` float64 summed against each column of ``targets``."""
+    """``(B, H, 2R)``: the pattern ``x`` ``(B, H, Q, K)`` float64 summed against each column of ``targets``."""
     if targets.numel() == 0:
         return x.new_zeros(*x.shape[:2], 0)
     B, H, Q, K = x.shape
-    return torch.bmm(x.reshape(B, H, Q * K), targets)  # (B, H, Q*K) @ (B, Q*K, 2R)
+    return torch.bmm(x.reshape(B, H, Q * K), targets).double()  # (B, H, Q*K) @ (B, Q*K, 2R)
 
 
-def _assemble(batch: ProbeBatch, cells: torch.Tensor, hits: dict[str, torch.Tensor], own: torch.Tensor,
-              sxy: torch.Tensor, on: torch.Tensor, rows: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The per-window sums (each ``(B, L, H, ...)``) from the heads' own sums ``own`` ``(B, L, H, 3)``, each
-    rule's ``sxy`` and mass on target ``on`` ``(B, L, H, R)`` (rules in ``hits`` order), each row's off-rest
-    attention ``rows`` ``(B, L, H, Q)`` and the head-independent sums of each rule's targets ``hits[name]``
-    ``(B, Q, K)``. ``mass:<name>`` also holds the off-rest attention of the rows with a target, and what
-    share of it would land on the targets if each row's were spread evenly over its off-rest keys."""
-    B, L, H, _ = own.shape
+def _assemble(batch: ProbeBatch, cells: torch.Tensor, hits: dict[str, torch.Tensor], rows: torch.Tensor,
+              prod: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The per-window sums (see :func:`heldout_stats`) from each query row's sums ``rows`` ``(B, L, H, Q, 4)``
+    (mass, sum of squares, first-token and self attention), each rule's ``sum x.y`` and mass on target
+    ``prod`` ``(B, L, H, 2R)`` and the head-independent targets ``hits[name]`` ``(B, Q, K)`` weights."""
+    B, L, H, Q, _ = rows.shape
     grid = (B, L, H)
-    per_window = lambda v: v.double()[:, None, None].expand(grid)  # noqa: E731  (B,) -> (B, L, H)
-    sx, sxx, first = own.unbind(-1)  # (B, L, H) each
-    n = per_window(cells.sum((-2, -1)))
-    out = {"rest": torch.stack([sx, first, per_window(batch.query_ok.sum(-1))], -1)}
-    q = torch.arange(cells.shape[-1])
-    n_off = cells.sum(-1).clamp(min=1)  # (B, Q): off-rest keys per row
-    for i, (name, hit) in enumerate(hits.items()):
-        n_t = hit.sum(-1)  # (B, Q): targets per row
-        y = hit.double() / n_t[..., None].clamp(min=1)  # (B, Q, K): the rule's prediction
-        has = (n_t > 0).double()  # (B, Q)
-        chance = (n_t / (q + 1)).double() * has  # (B, Q): a uniform row's mass on the targets
-        out[f"corr:{name}"] = torch.stack([n, sx, per_window(y.sum((-2, -1))), sxx,
-                                           per_window((y * y).sum((-2, -1))), sxy[..., i]], -1)
-        even = torch.einsum("blhq,bq->blh", rows, n_t / n_off.double())  # off-rest attention spread evenly: its mass on target
-        out[f"mass:{name}"] = torch.stack([on[..., i], per_window(has.sum(-1)), per_window(chance.sum(-1)),
-                                           torch.einsum("blhq,bq->blh", rows, has), even], -1)
+    okq = batch.query_ok.double()  # (B, Q)
+    w = torch.stack(list(hits.values()), -1)  # (B, Q, K, R)
+    n_t = (w > 0).sum(-2)  # (B, Q, R): targets per row
+    has = (n_t > 0) & batch.query_ok[..., None]  # (B, Q, R)
+    hasd = has.double()
+    y = w / w.sum(-2, keepdim=True).clamp(min=1e-300)  # (B, Q, K, R): prediction on rows with targets
+    fall = (1 - hasd) * okq[..., None]  # (B, Q, R): rows where the rule falls back on the first token
+    yt = y.clone()
+    yt[:, :, 0] += fall  # (B, Q, K, R): the whole prediction
+    n_cells = cells.sum((-2, -1)).double()  # (B,)
+    mass, sq, first, own = rows.unbind(-1)  # (B, L, H, Q) each
+    sxy_c, on = prod.chunk(2, -1)  # (B, L, H, R) each
+    per_cell = cells.sum(-1).double()  # (B, Q): cells per row
+    q = torch.arange(Q)
+    chance = (n_t.double() / (q[None, :, None] + 1)) * hasd  # (B, Q, R): a uniform row's mass on targets
+    off = mass - first - own  # (B, L, H, Q): attention off the first token and the query itself
+    out = {"rest": torch.stack([off.sum(-1), (first * okq[:, None, None]).sum(-1),
+                                okq.sum(-1)[:, None, None].expand(grid)], -1),
+           "own": torch.stack([n_cells[:, None, None].expand(grid), mass.sum(-1), sq.sum(-1)], -1),
+           "sxy": sxy_c + torch.einsum("blhq,bqr->blhr", first, fall),
+           "csx": torch.einsum("blhq,bqr->blhr", mass, hasd), "csxx": torch.einsum("blhq,bqr->blhr", sq, hasd),
+           "csxy": sxy_c, "on": on,
+           "sy": yt.sum((1, 2)), "gram": torch.einsum("bqkr,bqks->brs", yt, yt),
+           "cn": torch.einsum("bq,bqr->br", per_cell, hasd), "cy": y.sum((1, 2)), "cyy": (y * y).sum((1, 2)),
+           "has": hasd.sum(1), "chance": chance.sum(1), "hasrow": has}
+    if CS_SUMS in hits:  # copy suppression's first claim, on off-rest attention (docs/atlas.md)
+        i = list(hits).index(CS_SUMS)
+        n_off = (cells.sum(-1) - 2).clamp(min=1).double()  # (B, Q): off-rest keys per row
+        even = torch.einsum("blhq,bq->blh", off, n_t[..., i] / n_off * hasd[..., i])
+        out["cs"] = torch.stack([on[..., i], hasd[..., i].sum(-1)[:, None, None].expand(grid),
+                                 chance[..., i].sum(-1)[:, None, None].expand(grid),
+                                 torch.einsum("blhq,bq->blh", off, hasd[..., i]), even], -1)
     return out
 
 
-def _batch(seqs: list[torch.Tensor], special: frozenset[int]) -> ProbeBatch:
+def _batch(seqs: list[torch.Tensor], special: frozenset[int], classes: dict[str, torch.Tensor] | None = None
+           ) -> ProbeBatch:
     lengths = torch.tensor([len(s) for s in seqs])
     T = int(lengths.max())
     tokens = torch.zeros(len(seqs), T, dtype=torch.long)
@@ -150,4 +182,8 @@ def _batch(seqs: list[torch.Tensor], special: frozenset[int]) -> ProbeBatch:
         tokens[b, : len(s)] = s
     valid = torch.arange(T)[None, :] < lengths[:, None]  # (B, T)
     spec = torch.isin(tokens, torch.tensor(sorted(special), dtype=torch.long)) | ~valid
-    return ProbeBatch(tokens, lengths, valid, spec, True)
+    batch = ProbeBatch(tokens, lengths, valid, spec, True)
+    if classes is None:  # no token strings: every class is empty
+        classes = {c: torch.zeros(int(tokens.max()) + 1, dtype=torch.bool) for c in CLASSES}
+    annotate(batch, classes)
+    return batch

@@ -4,6 +4,15 @@ Why it looks like this:
 
 * **Causal pattern detectors** with a predicate (previous token, induction, duplicate token) are taken from
   the registry as they are; the fixed offsets 2 and 3 are one lambda each.
+* **What real heads do that those miss** (:func:`candidate_rules`): the first token (the sink) and the
+  query's own token; recent windows (a band of the last 4 or 16 tokens, and two decays whose weight halves
+  every 1 or 8 tokens back: the only rules whose targets are *weighted*, :data:`WEIGHTED`); delimiters
+  (the last newline, sentence end and comma before the query, the opening bracket of the innermost pair
+  still open); the start of the current word at a subword continuation; earlier tokens of the query's own
+  class (digits, capitalised words, identifiers); the latest earlier copy and the token after it; and
+  an absolute position (the first token after the start). Token classes are read from the model's own
+  token strings (:func:`token_classes`: a leading space, byte-level BPE's ``Ġ`` or sentencepiece's ``▁``
+  starts a word; BERT's ``##`` continues one) and reach the predicates as ``cls:<class>`` annotations.
 * **``induction_longest``**: induction's targets narrowed to the copies whose preceding text matches the
   text before the query longest (all of them when tied). Induction heads match prefixes (Olsson et al.
   2022) and weigh a longer match more, while ``induction`` spreads a row's mass evenly over every earlier
@@ -27,25 +36,142 @@ RULES = ("previous_token", "induction", "duplicate_token")  # registered causal 
 OFFSETS = (2, 3)  # fixed offsets tried as rules (offset 1 is previous_token)
 N_PREDICTED = 5  # "a token the model predicts": among the model's own top N_PREDICTED next tokens at the query
 SMALL_VOCAB = 5000  # below this, top 1 only: a top 5 of a few dozen tokens covers much of any window
-ROLE = {"induction_longest": "induction"}  # a rule's role, where it is not the rule's own name
+ROLE = {"induction_longest": "induction", "induction_last": "induction", "duplicate_last": "duplicate_token",
+        "first_token": "resting"}  # a rule's role, where it is not the rule's own name
 LATE = ("predicted_token",)  # rules whose targets need the forward's own logits (the others read the tokens)
+SINK = "first_token"  # the rule every other one falls back to in a row where it has no target
+BANDS = (4, 16)  # recent windows: the last n tokens, the query's own included
+HALF_LIVES = (1, 8)  # recent decays: a key's weight halves every h tokens back
+CLASSES = ("newline", "sentence_end", "comma", "open", "close", "word_start", "digit", "capital", "identifier")
+SAME_CLASS = ("digit", "capital", "identifier")  # "earlier tokens of the query's own class"
+DELIMITERS = {"last_newline": ("newline", "the last newline"), "sentence_end": ("sentence_end", "the end of the "
+              "last sentence"), "last_comma": ("comma", "the last comma")}
+WEIGHTED = tuple(f"decay_{h}" for h in HALF_LIVES)  # rules whose predicate gives weights, not a 0/1 mask
 
 
 def candidate_rules() -> dict[str, Detector]:
-    """name -> detector: the rules a description may name."""
+    """name -> detector: the rules a description may name (module docstring)."""
     from headlens.detectors import get_detector
 
-    rules = {name: get_detector(name) for name in RULES}
-    rules["induction_longest"] = Detector("induction_longest", "mask", None, None, "attends to the token after "
-                                          "the earlier copy of the current token whose preceding text matches "
-                                          "longest", predicate=longest_match)
+    def rule(name: str, text: str, pred: Any) -> None:
+        rules[name] = Detector(name, "mask", None, None, text, predicate=pred)
+
+    rules: dict[str, Detector] = {}
+    rule(SINK, "attends to the first token (the sink)", lambda b, q, k: k == 0)
+    rule("self", "attends to the current token itself", lambda b, q, k: k == q)
+    rules.update({name: get_detector(name) for name in RULES})
+    rule("induction_longest", "attends to the token after the earlier copy of the current token whose preceding "
+         "text matches longest", longest_match)
+    rule("induction_last", "attends to the token after the latest earlier copy of the current token", _latest(
+        lambda b, q, k: _registered("induction")(b, q, k)))
+    rule("duplicate_last", "attends to the latest earlier copy of the current token", _latest(
+        lambda b, q, k: _registered("duplicate_token")(b, q, k) & (k < q)))
     for d in OFFSETS:
-        rules[f"offset_{d}"] = Detector(f"offset_{d}", "mask", None, None, f"attends {d} tokens back",
-                                        predicate=lambda batch, q, k, d=d: k == q - d)
-    rules["predicted_token"] = Detector("predicted_token", "mask", None, None, "attends to an earlier copy of a "
-                                        f"token the model predicts next (its top {N_PREDICTED})",
-                                        predicate=predicted)
+        rule(f"offset_{d}", f"attends {d} tokens back", lambda b, q, k, d=d: k == q - d)
+    for n in BANDS:
+        rule(f"recent_{n}", f"attends evenly to the last {n} tokens", lambda b, q, k, n=n: (k > q - n) & (k >= 1))
+    rule("uniform", "attends evenly to every token so far", lambda b, q, k: k <= q)
+    for h in HALF_LIVES:
+        rule(f"decay_{h}", f"attends to recent tokens, a key's weight halving every {h} token{'s' * (h > 1)} back",
+             lambda b, q, k, h=h: torch.where((k >= 1) & (k <= q), 0.5 ** ((q - k).clamp(min=0) / h), 0.0))
+    for name, (cls, text) in DELIMITERS.items():
+        rule(name, f"attends to {text} before it", lambda b, q, k, c=cls: k == _last_before(b, c)[:, q])
+    rule("open_bracket", "attends to the opening bracket of the innermost pair still open",
+         lambda b, q, k: k == b.annotations["open_at"][:, q])
+    rule("word_start", "attends to the start of the current word (at a subword continuation)",
+         lambda b, q, k: (k == _last_before(b, "word_start")[:, q]) & ~b.annotations["cls:word_start"][:, q].bool())
+    for cls in SAME_CLASS:
+        rule(f"same_{cls}", f"attends to earlier {_CLASS_TEXT[cls]} when the current token is one", lambda b, q, k, c=cls:
+             b.annotations[f"cls:{c}"][:, q].bool() & b.annotations[f"cls:{c}"][:, k].bool() & (k < q))
+    rule("position_1", "attends to the first token after the start", lambda b, q, k: k == 1)
+    rule("predicted_token", f"attends to an earlier copy of a token the model predicts next (its top {N_PREDICTED})",
+         predicted)
     return rules
+
+
+_CLASS_TEXT = {"digit": "digits", "capital": "capitalised words", "identifier": "identifier-like tokens"}
+
+
+def _registered(name: str) -> Any:
+    from headlens.detectors import get_detector
+
+    return get_detector(name).predicate
+
+
+def _latest(pred: Any) -> Any:
+    """A predicate narrowed to the latest (largest k) of each row's targets."""
+    def latest(batch: ProbeBatch, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        hit = pred(batch, q, k)  # (B, C, K)
+        idx = torch.where(hit, k, -1).amax(-1, keepdim=True)  # (B, C, 1)
+        return hit & (k == idx)
+    return latest
+
+
+def _last_before(batch: ProbeBatch, cls: str) -> torch.Tensor:
+    """``(B, T)``: per position q, the latest k < q whose token is of class ``cls`` (-1 where none)."""
+    on = batch.annotations[f"cls:{cls}"].bool() & ~batch.special  # (B, T)
+    T = on.shape[1]
+    idx = torch.where(on, torch.arange(T), -1).cummax(1).values  # (B, T): latest at or before
+    return torch.cat([torch.full_like(idx[:, :1], -1), idx[:, :-1]], 1)
+
+
+def token_classes(strings: list[str], raw: list[str] | None = None) -> dict[str, torch.Tensor]:
+    """class -> ``(V,)`` bool over the vocabulary, from each token's text (``strings``: a leading space marks a
+    word start) and its raw vocabulary string (``raw``: ``Ġ``/``▁`` start a word; in a vocabulary with ``##``
+    pieces, every token but those starts one).
+
+    >>> c = token_classes([" The", "cat", ".", "\\n", " 42", "(", "x_1"], ["ĠThe", "cat", ".", "Ċ", "Ġ42", "(", "x_1"])
+    >>> [s for s, on in zip(" The cat . nl 42 ( x_1".split(), c["word_start"]) if on]
+    ['The', '.', 'nl', '42', '(']
+    >>> c["capital"].tolist()[:2], c["digit"].tolist()[4], c["identifier"].tolist()[6], c["open"].tolist()[5]
+    ([True, False], True, True, True)
+    """
+    raw = raw or strings
+    wordpiece = any(r.startswith("##") for r in raw)
+    out: dict[str, list[bool]] = {c: [] for c in CLASSES}
+    for s, r in zip(strings, raw, strict=True):
+        t = s.strip()
+        flags = {"newline": "\n" in s or r in ("Ċ", "<0x0A>"), "sentence_end": t[-1:] in (".", "!", "?") and len(t) <= 2,
+                 "comma": t in (",", ";"), "open": t[-1:] in "([{" and t != "", "close": t[:1] in ")]}" and t != "",
+                 "word_start": (not r.startswith("##")) if wordpiece else (s[:1].isspace() or r[:1] in "Ġ▁Ċ"
+                                                                           or not t[:1].isalnum()),
+                 "digit": t.isdigit(), "capital": t[:1].isupper() and t.isalpha(),
+                 "identifier": t.replace("_", "a").isalnum() and not t.isdigit() and not t[:1].isdigit()}
+        for c in CLASSES:
+            out[c].append(bool(flags[c]))
+    return {c: torch.tensor(v, dtype=torch.bool) for c, v in out.items()}
+
+
+def annotate(batch: ProbeBatch, classes: dict[str, torch.Tensor]) -> None:
+    """Put each position's token classes (``cls:<class>``, ``(B, T)``) and the innermost open bracket before it
+    (``open_at``, -1 where none) on ``batch``."""
+    x = batch.tokens.clamp(min=0)
+    for c, table in classes.items():
+        batch.annotations[f"cls:{c}"] = (table[x.clamp(max=len(table) - 1)] & (x < len(table))).long()
+    opens = batch.annotations.get("cls:open", torch.zeros_like(x)).tolist()
+    closes = batch.annotations.get("cls:close", torch.zeros_like(x)).tolist()
+    at = []
+    for o_row, c_row in zip(opens, closes, strict=True):
+        stack: list[int] = []
+        row = []
+        for i, (o, c) in enumerate(zip(o_row, c_row, strict=True)):
+            row.append(stack[-1] if stack else -1)  # what is open before position i
+            if c and stack:
+                stack.pop()
+            if o:
+                stack.append(i)
+        at.append(row)
+    batch.annotations["open_at"] = torch.tensor(at, dtype=torch.long).reshape(x.shape)
+
+
+def rule_targets(rule: Detector, batch: ProbeBatch, T: int) -> torch.Tensor:
+    """``(B, Q, K)`` float64: the rule's weight on each key (0/1 for all but :data:`WEIGHTED`), limited like
+    :func:`~headlens.detectors.base.predicate_mask` (real keys, countable rows, ``k <= q``)."""
+    hit = predicate_mask(rule.predicate, batch, 0, T, 0, T)  # (B, Q, K) bool
+    if rule.name not in WEIGHTED:
+        return hit.double()
+    q, k = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    return torch.as_tensor(rule.predicate(batch, q, k), dtype=torch.float64) * hit
 
 
 def longest_match(batch: ProbeBatch, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -80,7 +206,7 @@ def predicted(batch: ProbeBatch, q: torch.Tensor, k: torch.Tensor) -> torch.Tens
     hit = torch.zeros(x.shape[0], q.shape[0], k.shape[1], dtype=torch.bool)
     for i in range(N_PREDICTED):
         hit |= x == batch.annotations[f"pred{i}"][:, q]  # (B, C, K)
-    return hit & (k <= q - 1)
+    return hit & (k <= q - 1) & (k >= 1)
 
 
 def late_rules(rules: dict[str, Detector]) -> Any:

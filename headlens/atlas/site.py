@@ -49,17 +49,15 @@ def write_site(atlas: Any, out: str | Path, scores: Any = None) -> Path:
     frame = atlas.frame()
     frame.to_parquet(root / "exemplars.parquet", index=False)
     _descriptions_frame(atlas).to_csv(root / "descriptions.csv", index=False)
+    if getattr(atlas, "substitution", None) is not None:
+        atlas.substitution_frame().to_csv(root / "substitution.csv", index=False)
     for d in atlas.descriptions:
         write_text(root / "heads" / f"L{d.layer}H{d.head}.html", _head_page(atlas, d, scores))
     return write_text(root / "index.html", _index(atlas))
 
 
 def _descriptions_frame(atlas: Any) -> Any:
-    import pandas as pd
-
-    return pd.DataFrame([{"model": atlas.model, "layer": d.layer, "head": d.head, "role": d.role, "rule": d.rule,
-                          "agreement": d.agreement, "ci_low": d.ci[0], "ci_high": d.ci[1], "description": d.text}
-                         for d in atlas.descriptions])
+    return atlas.descriptions_frame()  # the columns live with the Atlas (headlens.atlas.build)
 
 
 def _page(title: str, body: str) -> str:

@@ -35,32 +35,28 @@ def register(app: typer.Typer) -> None:
         scores: Annotated[list[Path] | None, typer.Option(
             "--scores", help="a scores table of the model (headlens classify -o scores.json), shown on each head's "
                              "page beside its atlas role; repeat it in the order of --model")] = None,
+        subst_windows: Annotated[int, typer.Option("--subst-windows", min=0, help="held-out windows the substitution "
+                                                   "test runs each described head on (0: no test; each window costs "
+                                                   "about 1.2 forwards per head)")] = 8,
     ) -> None:
         """Read a corpus once, keep every head's top exemplars, describe each head with a rule tested on held-out
         text, and write an offline HTML atlas (open OUT/index.html from disk)."""
         try:
-            run_atlas(model, out, corpus, n_windows, seq_len, k, batch_size, seed, quiet, device, resume, scores)
+            run_atlas(model, out, corpus, n_windows, seq_len, k, batch_size, seed, quiet, device, resume, scores,
+                      subst_windows)
         except HeadlensError as e:
             raise fail(e) from None
 
 
 def run_atlas(model: list[str], out: Path, corpus: str, n_windows: int, seq_len: int, k: int, batch_size: int,
               seed: int, quiet: bool, device: str, resume: Path | None = None,
-              scores: list[Path] | None = None) -> None:
+              scores: list[Path] | None = None, subst_windows: int = 8) -> None:
     """The command body: library calls only, errors left to the caller."""
     if Path(corpus).is_file():  # a corpus file that is not UTF-8, or binary: refused before torch and the model
         from headlens.probes.prompt_file import read_prompts
 
         read_prompts(Path(corpus))
     from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
     from headlens.atlas.build import build_atlas
     from headlens.atlas.exemplars import AtlasConfig
     from headlens.atlas.site import write_sites
@@ -80,24 +76,35 @@ def run_atlas(model: list[str], out: Path, corpus: str, n_windows: int, seq_len:
     check_writable(out / "index.html", (".html",), what="the atlas")
     config = AtlasConfig(corpus=corpus, n_windows=n_windows, seq_len=seq_len, k=k, batch_size=batch_size, seed=seed)
     rank = current()
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("left"), TimeRemainingColumn())
     atlases = []
     for i, ref in enumerate(model):
         loaded = load(ref, device=rank.device(device))
-        with progress(f"atlas of {ref}: reading the corpus", quiet=quiet or not rank.is_main, columns=columns) as bar:
+        with progress(f"atlas of {ref}: reading the corpus", quiet=quiet or not rank.is_main) as bar:
             atlases.append(build_atlas(loaded, config, progress=lambda d, t: bar.update(d, t),
-                                       resume=resume if resume is None or len(model) == 1 else resume / str(i)))
+                                       resume=resume if resume is None or len(model) == 1 else resume / str(i),
+                                       stage=lambda name, ref=ref: bar.update(0, None, description=f"atlas of {ref}: "
+                                                                                                  f"{name}"),
+                                       subst_windows=subst_windows))
         del loaded
     if atlases[0] is None:  # a rank other than 0 under torchrun: rank 0 writes
         return
-    index = atomic_folder(out, lambda tmp: write_sites(atlases, tmp, tables)) / "index.html"  # whole, or the old one kept
+    with progress("atlas: writing the site", total=len(atlases), quiet=quiet) as bar:
+        bar.update(0, len(atlases))
+        index = atomic_folder(out, lambda tmp: write_sites(atlases, tmp, tables)) / "index.html"  # whole, or the old one kept
+        bar.update(len(atlases), len(atlases))
     if not quiet:
         for atlas in atlases:
             roles: dict[str, int] = {}
             for d in atlas.descriptions:
                 roles[d.role] = roles.get(d.role, 0) + 1
             Console(stderr=True).print(f"{atlas.model}: {', '.join(f'{r} {n}' for r, n in sorted(roles.items()))}")
+            described = sum(d.described for d in atlas.descriptions)
+            sub = atlas.substitution
+            line = f"{atlas.model}: {described} of {len(atlas.descriptions)} heads carry a tested description"
+            if sub is not None:
+                line += (f"; all {sub.n_heads} substituted at once: loss {sub.all_heads:.3f} against {sub.clean:.3f} "
+                         f"clean ({100 * (sub.all_heads - sub.clean) / sub.clean:+.1f} %, {sub.windows} held-out windows)")
+            Console(stderr=True).print(line)
         Console(stderr=True).print(f"wrote {index} (open it from disk)")
 
 

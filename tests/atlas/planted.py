@@ -11,6 +11,8 @@ win by a wide margin.
   predecessor is the current token); a weaker score on the first token is where it rests when nothing
   matches. It writes the token it attends to into the token subspace, which the unembedding reads.
 * L1H1 resting: every query matches position 0's key only.
+* L1H2 (``planted_gpt(mixture=True)`` only) a mixture: the previous token and the first token score alike, so
+  it puts half its attention on each; it writes the token it attends to, like L1H0, louder.
 """
 
 from __future__ import annotations
@@ -25,14 +27,15 @@ ALPHABET = "abcdefghijkl"
 N_CTX = 32
 D_HEAD = 32
 S = 12.0  # query and key scale: a match scores S * S / sqrt(d_head), about 25
+MIXTURE_WRITE = 4.0  # L1H2's write scale: enough that removing it moves the loss
 REST = 7.0  # the induction head's score scale on the first token: about 9, well under a match
 
 
-def planted_gpt() -> GPT:
+def planted_gpt(mixture: bool = False) -> GPT:
     tok = Tokenizer.char_level(ALPHABET)
     V, T = tok.d_vocab, N_CTX  # V includes BOS (the last id)
     D = 2 * V + T
-    cfg = ModelConfig(n_layers=2, n_heads=2, d_model=D, n_ctx=T, d_vocab=V, d_head=D_HEAD, attn_only=True,
+    cfg = ModelConfig(n_layers=2, n_heads=3 if mixture else 2, d_model=D, n_ctx=T, d_vocab=V, d_head=D_HEAD, attn_only=True,
                       normalization="none", positional_embedding="learned")
     model = GPT(cfg, tokenizer=tok)
     prev = V + T  # start of the previous-token subspace
@@ -62,6 +65,17 @@ def planted_gpt() -> GPT:
         for i in range(T):  # L1H1: every query to position 0
             q1[1][V + i, 0] = S
         k1[1][V + 0, 0] = S
+        if mixture:  # L1H2: query i matches key i - 1 (dimension i - 1) and the first token (dimension T - 1)
+            q2, k2 = _block(model, 1, 0)[2], _block(model, 1, 1)[2]
+            v2, o2 = _block(model, 1, 2)[2], _out(model, 1)[2]
+            for i in range(1, T):
+                q2[V + i, i - 1] = S
+                q2[V + i, T - 1] = S
+                k2[V + i - 1, i - 1] = S
+            k2[V + 0, T - 1] = S
+            for t in range(V):
+                v2[t, t] = 1.0
+                o2[t, t] = MIXTURE_WRITE
     return model.eval()
 
 

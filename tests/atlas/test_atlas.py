@@ -22,14 +22,17 @@ def planted_atlas():
 def test_planted_heads_get_the_role_they_were_built_with(planted_atlas):
     roles = {(d.layer, d.head): d for d in planted_atlas.descriptions}
     assert {at: d.role for at, d in roles.items()} == {
-        (0, 0): "previous_token", (0, 1): "no clear role", (1, 0): "induction", (1, 1): "resting"}
+        (0, 0): "previous_token", (0, 1): "uniform", (1, 0): "induction", (1, 1): "resting"}
     assert roles[(0, 0)].agreement > 0.95 and roles[(1, 0)].agreement > 0.95
     assert roles[(1, 0)].ci[0] > 0.9  # the rule's held-out agreement, with its interval
     assert "writes the token it attends to" in roles[(1, 0)].text  # its OV copies into the logits
     assert "writes" not in roles[(0, 0)].text  # it writes into a subspace the unembedding does not read
-    blank = roles[(0, 1)]  # uniform attention: the best candidate is named with its score, not taken
-    assert blank.agreement < 0.5 and f"r = {blank.agreement:.2f}" in blank.text and blank.rule in blank.text
-    assert roles[(1, 1)].text.startswith("Rests on the first token: 1.00")
+    flat = roles[(0, 1)]  # zero W_Q and W_K: even attention over every key so far is what it does
+    assert flat.mixture == {"uniform": 1.0} and flat.agreement > 0.99
+    rest = roles[(1, 1)]  # described by the rule first_token, not by an exception
+    assert rest.text.startswith("Rests on the first token: 1.00") and rest.mixture == {"first_token": 1.0}
+    assert rest.agreement > 0.99 and f"r = {rest.agreement:.2f}" in rest.text
+    assert 0.5 < roles[(1, 0)].coverage < 0.95  # induction has a target on the repeated part only
 
 
 def test_planted_exemplars_mark_the_key_the_rule_predicts(planted_atlas):
@@ -108,7 +111,14 @@ def test_cli_writes_the_site_the_parquet_and_the_descriptions(monkeypatch, capsy
     frame = pd.read_parquet(out / "exemplars.parquet")
     assert set(frame["ranking"]) == {"attention", "write", "dla_pos", "dla_neg", "sample"}
     assert frame.groupby(["layer", "head", "ranking"]).size().max() == 3
-    assert len(pd.read_csv(out / "descriptions.csv")) == 8
+    table = pd.read_csv(out / "descriptions.csv")
+    assert len(table) == 8
+    assert list(table.columns) == ["model", "layer", "head", "role", "rule", "agreement", "ci_low", "ci_high",
+                                   "mixture", "coverage", "share_kept", "share_low", "share_high", "ablation_delta",
+                                   "subst_windows", "description"]
+    assert (table.subst_windows[table.role != "no clear role"] > 0).all()
+    line = pd.read_csv(out / "substitution.csv")
+    assert list(line.scope) == ["all"] + ["layer"] * (len(line) - 1) and line.windows.iloc[0] > 0
     index = (out / "index.html").read_text()
     assert all(f"heads/L{layer}H{h}.html" in index for layer in range(2) for h in range(4))
     assert (out / "heads" / "L1H3.html").read_text().count("class='ex'") == 15  # 4 rankings and the sample x 3
@@ -123,7 +133,8 @@ def test_cli_bad_corpus_is_one_line(monkeypatch, capsys, tmp_path):
 @pytest.mark.parametrize("family", ["qwen2", "gemma3"])
 def test_a_bridged_family_gets_its_planted_previous_token_head(family, tmp_path):
     """GQA (Qwen2) and post-attention norms (Gemma 3): the bridge path reads patterns, writes and DLA; the
-    planted offset-1 head is named, the random heads are not given a role they do not have."""
+    planted offset-1 head is named, the random heads are not given a role they do not have (even attention
+    over the keys so far, ``uniform``, or over its sliding window, is what a random head does)."""
     import transformers
     from hf_families import FAMILIES, JOINING, build, plant_offset_heads, save_tokenizer
 
@@ -138,8 +149,9 @@ def test_a_bridged_family_gets_its_planted_previous_token_head(family, tmp_path)
     save_tokenizer(path)
     atlas = build_atlas(headlens.load(f"hf:{path}"), AtlasConfig(n_windows=8, seq_len=48, k=3, batch_size=4))
     roles = {(d.layer, d.head): d.role for d in atlas.descriptions}
-    named = {at for at, role in roles.items() if role not in ("no clear role", "resting")}
-    assert named == ({(0, 0)} if family == "qwen2" else set())
+    even = ("no clear role", "resting", "uniform", "recent_16")  # Gemma 3's layer 0 attends in a sliding window
+    named = {at for at, role in roles.items() if role not in even}
+    assert named == ({(0, 0)} if family == "qwen2" else set())  # random heads attend about evenly: no more
     assert all(len(kept) == 3 for heads in atlas.exemplars.top.values() for kept in heads)
 
 

@@ -68,7 +68,8 @@ def test_the_smollm2_atlas_opens_from_disk_in_chromium(smollm2, tmp_path):
     click opens the head's page with its tested description and marked exemplars; the index's scatter holds every
     head too, and a click on a point opens that head's page (inline SVG links: no script)."""
     chromium()  # skip (or fail in CI) before building anything
-    atlas = build_atlas(smollm2, AtlasConfig(corpus="prose", n_windows=16, seq_len=64, k=3, batch_size=8))
+    atlas = build_atlas(smollm2, AtlasConfig(corpus="prose", n_windows=16, seq_len=64, k=3, batch_size=8),
+                        subst_windows=0)  # the pages, not the substitution test (tests/atlas/test_substitute.py)
     index = write_site(atlas, tmp_path / "atlas")
     by = {(d.layer, d.head): d for d in atlas.descriptions}
     with _opened(index, "atlas_smollm2_L16H0.png") as page:

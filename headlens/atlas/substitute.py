@@ -1,0 +1,239 @@
+"""The substitution test: put a head's description back into the model and see how much of its effect it keeps.
+
+Why it looks like this:
+
+* **What is replaced.** A head's attention pattern becomes its description's simulated pattern (the mixture
+  of its rules, :mod:`headlens.atlas.mixture`, each row summing to 1; the first token's row and padding
+  stay as they are), its values and output projection as they are: at ``hook_z`` the head's output becomes
+  ``pattern @ v`` with ``v`` from the same forward's ``hook_v`` (a grouped-query head reads its key/value
+  group). ``hook_z`` and not ``hook_pattern``: a bridged model fires ``hook_pattern`` after it has used the
+  pattern.
+* **Against what.** The head's mean ablation (:class:`headlens.interventions.ablation.Replacement`, method
+  ``mean``: its ``z`` averaged over the same windows at each position). The share of the head's effect the
+  description keeps is ``1 - (L_subst - L_clean) / (L_mean - L_clean)`` over the next-token loss of the
+  windows, pooled, with a 95 % bootstrap interval over windows: 1 when putting the description back costs
+  nothing, 0 when it is no better than removing the head, negative when it is worse.
+* **Cheap: receiver-local resumption.** On a bridged model (:func:`headlens.circuits.resume.resumable`) one
+  clean forward records what every block was called with (:class:`headlens.circuits.resume.CleanRun`), and
+  each head runs from its own layer on, both variants (substituted, mean-ablated) as two copies of the batch.
+  Other backends run whole forwards (they are small).
+* **Also together.** Every described head substituted at once (the whole-model line: the loss of the model
+  whose described heads all run on their descriptions) and each layer's described heads at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+SUBST_WINDOWS = 8  # held-out windows the substitution runs on (a subsample, evenly spread)
+NO_EFFECT = 1e-6  # a mean ablation that moves no window's loss by more than this has no share to keep
+
+
+@dataclass
+class Substitution:
+    """The whole-model line: clean loss, the loss with every described head substituted (``all_heads``, with
+    its bootstrap interval ``all_ci``) and per layer (layer -> (heads substituted, loss)), on ``windows``."""
+
+    clean: float
+    all_heads: float
+    all_ci: tuple[float, float]
+    n_heads: int
+    windows: int
+    per_layer: dict[int, tuple[int, float]] = field(default_factory=dict)
+
+    def frame(self, model: str) -> Any:
+        """One row for the whole model, then one per layer: ``model, scope, layer, heads, clean_loss, loss,
+        change, change_pct, windows``."""
+        import pandas as pd
+
+        rows = [("all", -1, self.n_heads, self.all_heads)] + [("layer", la, n, v) for la, (n, v) in
+                                                             sorted(self.per_layer.items())]
+        return pd.DataFrame([{"model": model, "scope": s, "layer": la, "heads": n, "clean_loss": self.clean,
+                              "loss": v, "change": v - self.clean, "change_pct": 100 * (v - self.clean) / self.clean,
+                              "windows": self.windows} for s, la, n, v in rows])
+
+
+def simulated_patterns(descriptions: Sequence[Any], targets: dict[str, torch.Tensor], query_ok: torch.Tensor
+                       ) -> dict[tuple[int, int], torch.Tensor]:
+    """``(layer, head) -> (B, Q, K)`` float32: each description's mixture of its rules' whole predictions
+    (``targets[rule]``: ``(B, Q, K)`` weights, first-token fallback in rows without one), rows summing to 1
+    at the ``query_ok`` rows ``(B, Q)`` (elsewhere zero: the real row stays)."""
+    out = {}
+    for d in descriptions:
+        p = sum(w * targets[r] for r, w in d.mixture.items())  # (B, Q, K)
+        out[(d.layer, d.head)] = (p / p.sum(-1, keepdim=True).clamp(min=1e-12) * query_ok[..., None]).float()
+    return out
+
+
+def rule_predictions(batch: Any, hits: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Each rule's whole-row prediction ``(B, Q, K)`` from its target weights: spread by weight over its targets,
+    on the first token in a countable row where it has none."""
+    out = {}
+    for name, w in hits.items():
+        total = w.sum(-1, keepdim=True)  # (B, Q, 1)
+        y = w / total.clamp(min=1e-300)
+        y[..., 0] += ((total[..., 0] == 0) & batch.query_ok).double()
+        out[name] = y
+    return out
+
+
+def _swap(heads: dict[int, list[tuple[int, int, Any]]], store: dict[int, torch.Tensor]) -> list[tuple[str, Any]]:
+    """Hooks that keep each layer's ``hook_v`` and replace heads' ``z``: ``heads[layer]`` lists ``(head, copy,
+    kind, what)``: ``kind`` ``"pattern"``, ``what`` ``(B, Q, K)`` (z becomes ``what @ v``), or ``"z"``, ``what``
+    the head's new ``z`` ``(B, T, d_head)``; ``copy`` is the batch copy it applies to (rows ``copy*B ..``)."""
+    def keep(layer: int) -> Any:
+        def hook(v: torch.Tensor, hook: Any) -> None:  # (N, T, H_kv, d_head)
+            store[layer] = v
+        return hook
+
+    def make(layer: int) -> Any:
+        def hook(z: torch.Tensor, hook: Any) -> torch.Tensor:  # (N, T, H, d_head)
+            out = z.clone()
+            v = store.pop(layer)
+            group = z.shape[2] // v.shape[2]  # query heads per key/value head
+            for h, copy, kind, what in heads[layer]:
+                B = what.shape[0]
+                rows = slice(copy * B, (copy + 1) * B)
+                if kind == "pattern":
+                    vh = v[rows, :, h // group].to(torch.float32)  # (B, T, d_head)
+                    real = what.sum(-1, keepdim=True) > 0  # (B, Q, 1): rows the description predicts
+                    out[rows, :, h] = torch.where(real, torch.bmm(what.to(vh), vh).to(z), z[rows, :, h])
+                else:
+                    out[rows, :, h] = what.to(z)
+            return out
+        return hook
+
+    return ([(f"blocks.{la}.attn.hook_v", keep(la)) for la in heads]
+            + [(f"blocks.{la}.attn.hook_z", make(la)) for la in heads])
+
+
+def _loss(logits: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``(B,)`` float64: each window's mean next-token loss over its real positions."""
+    x = logits[:, :-1].float()  # (B, T-1, V)
+    nll = (torch.logsumexp(x, -1) - x.gather(-1, tokens[:, 1:, None].to(x.device))[..., 0]).double()  # (B, T-1)
+    m = valid[:, 1:].to(nll)
+    return (nll * m).sum(1) / m.sum(1).clamp(min=1)
+
+
+def _share(dl_sub: torch.Tensor, dl_mean: torch.Tensor, seed: int = 0) -> tuple[float, tuple[float, float]]:
+    """The share kept, pooled over windows, with its bootstrap interval (windows resampled)."""
+    from headlens.scoring.stats import bootstrap_weights
+
+    w = bootstrap_weights(dl_sub.shape[0], 400, seed).to(dl_sub)  # (n_boot, W)
+    share = lambda a, b: 1 - a / torch.where(b.abs() > 1e-12, b, torch.full_like(b, 1e-12))  # noqa: E731
+    boot = share(w @ dl_sub, w @ dl_mean)
+    return float(share(dl_sub.sum(), dl_mean.sum())), (float(boot.quantile(0.025)), float(boot.quantile(0.975)))
+
+
+def substitute(model: Any, descriptions: list[Any], windows: list[torch.Tensor], rules: dict[str, Any],
+               classes: dict[str, torch.Tensor] | None = None, n_windows: int = SUBST_WINDOWS,
+               progress: Callable[[int, int], None] | None = None) -> tuple[list[Any], Substitution | None]:
+    """Every described head's share kept (on :class:`~headlens.atlas.describe.Description`: ``share_kept``,
+    ``share_ci``, ``ablation_delta``, ``subst_windows``; the mean ablation's interval in its evidence as
+    ``abl_lo``, ``abl_hi``), and the whole-model :class:`Substitution`, on ``n_windows`` of ``windows`` (evenly
+    spread). ``rules``: name -> detector, the rules the mixtures name."""
+    from headlens.atlas.heldout import _batch
+    from headlens.atlas.rules import LATE, late_rules, rule_targets
+    from headlens.interventions.ablation import Replacement
+    from headlens.models.vocab import vocab
+
+    described = [d for d in descriptions if d.described and d.mixture]
+    if not described or not windows or n_windows < 1:
+        return descriptions, None
+    n = min(n_windows, len(windows))
+    batch = _batch([windows[(j * len(windows)) // n] for j in range(n)], vocab(model).special, classes)
+    tokens, B, T = batch.tokens.to(model.device), n, batch.tokens.shape[1]  # right-padded: pads are never read
+    q, k = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    cells = (k <= q) & batch.valid[:, None, :] & batch.query_ok[:, :, None]
+    used = sorted({r for d in described for r in d.mixture})
+    hits = {r: rule_targets(rules[r], batch, T) * cells for r in used if r not in LATE}
+    run, clean_logits = _clean(model, tokens)
+    if any(r in LATE for r in used):
+        hits.update({n: t.double() for n, t in late_rules({r: rules[r] for r in used if r in LATE})(
+            clean_logits, batch, cells).items()})
+    patterns = simulated_patterns(described, rule_predictions(batch, hits), batch.query_ok)
+    del hits
+    clean = _loss(clean_logits, batch.tokens, batch.valid)  # (B,)
+    del clean_logits
+    layers = sorted({d.layer for d in described})
+    mean = Replacement.build(model, layers, "mean", reference=tokens)
+    out, total = [], len(described) + len(layers) + 1
+    by = {(d.layer, d.head): d for d in described}
+    for d in descriptions:
+        if (d.layer, d.head) not in by:
+            out.append(d)
+            continue
+        z_mean = mean.z(d.layer, torch.zeros(B, T, 1, 1, device=tokens.device))  # (B, T, H, d_head)
+        heads = {d.layer: [(d.head, 0, "pattern", patterns[(d.layer, d.head)]),
+                           (d.head, 1, "z", z_mean[:, :, d.head])]}
+        loss = _run(model, run, tokens, batch, heads, 2, d.layer)  # (2, B)
+        dsub, dmean = loss[0] - clean, loss[1] - clean
+        share, ci = _share(dsub, dmean) if float(dmean.abs().max()) > NO_EFFECT else (None, None)
+        a_ci = _mean_ci(dmean)
+        ev = {**d.evidence, "abl_lo": a_ci[0], "abl_hi": a_ci[1], "subst_delta": float(dsub.mean())}
+        out.append(replace(d, share_kept=share, share_ci=ci, ablation_delta=float(dmean.mean()), subst_windows=B,
+                           evidence=ev))
+        if progress is not None:
+            progress(sum(1 for o in out if o.subst_windows), total)
+    per_layer = {}
+    for j, layer in enumerate(layers):
+        heads = {layer: [(d.head, 0, "pattern", patterns[(d.layer, d.head)]) for d in described
+                         if d.layer == layer]}
+        per_layer[layer] = (len(heads[layer]), float(_run(model, run, tokens, batch, heads, 1, layer)[0].mean()))
+        if progress is not None:
+            progress(len(described) + j + 1, total)
+    heads_all: dict[int, list] = {}
+    for d in described:
+        heads_all.setdefault(d.layer, []).append((d.head, 0, "pattern", patterns[(d.layer, d.head)]))
+    every = _run(model, run, tokens, batch, heads_all, 1, None)[0]
+    lo, hi = _mean_ci(every)
+    if progress is not None:
+        progress(total, total)
+    return out, Substitution(float(clean.mean()), float(every.mean()), (lo, hi), len(described), B, per_layer)
+
+
+def _mean_ci(v: torch.Tensor, seed: int = 0) -> tuple[float, float]:
+    from headlens.scoring.stats import bootstrap_weights
+
+    w = bootstrap_weights(v.shape[0], 400, seed).to(v)
+    boot = (w @ v) / w.sum(1)
+    return float(boot.quantile(0.025)), float(boot.quantile(0.975))
+
+
+def _clean(model: Any, tokens: torch.Tensor) -> tuple[Any, torch.Tensor]:
+    """The clean forward: a :class:`~headlens.circuits.resume.CleanRun` on a bridged model (None elsewhere), and
+    the logits ``(B, T, V)``."""
+    from headlens.circuits.resume import CleanRun, resumable
+    from headlens.interventions.task import Task
+
+    if resumable(model):
+        run = CleanRun(model, Task(tokens, torch.ones_like(tokens, dtype=torch.bool)))
+        return run, run.logits
+    with torch.no_grad():
+        return None, model(tokens)
+
+
+def _run(model: Any, run: Any, tokens: torch.Tensor, batch: Any, heads: dict[int, list], K: int,
+         start: int | None) -> torch.Tensor:
+    """``(K, B)`` losses with ``heads`` replaced (:func:`_swap`), ``K`` copies of the batch; from block ``start``
+    on a bridged model (the clean residual stream entering it), else a whole forward."""
+    B = tokens.shape[0]
+    store: dict[int, torch.Tensor] = {}
+    hooks = _swap(heads, store)
+    with torch.no_grad(), model.hooks(hooks):
+        if run is None:
+            logits = model(tokens.repeat(K, 1))  # (K*B, T, V)
+        else:
+            layer0 = min(heads) if start is None else start
+            x = run.calls[layer0][0][0].repeat(K, 1, 1)  # (K*B, T, D): the clean stream entering it
+            for layer in range(layer0, len(model.bridge.blocks)):
+                x = run.block(model, layer, x, K)
+            b = model.bridge
+            logits = b.unembed(b.ln_final(x))
+            transform = getattr(getattr(b, "adapter", None), "apply_output_logits_transform", None)
+            logits = logits if transform is None else transform(logits)
+    return _loss(logits, tokens.repeat(K, 1), batch.valid.repeat(K, 1).to(tokens.device)).view(K, B).cpu()
