@@ -57,6 +57,7 @@ def run_atlas(model: list[str], out: Path, corpus: str, n_windows: int, seq_len:
 
         read_prompts(Path(corpus))
     from rich.console import Console
+
     from headlens.atlas.build import build_atlas
     from headlens.atlas.exemplars import AtlasConfig
     from headlens.atlas.site import write_sites
