@@ -17,7 +17,7 @@ Why it looks like this:
   text before the query longest (all of them when tied). Induction heads match prefixes (Olsson et al.
   2022) and weigh a longer match more, while ``induction`` spreads a row's mass evenly over every earlier
   copy, however short its match; on SmolLM2 the narrower rule agrees better with its induction heads
-  (docs/atlas.md). Its role is ``induction`` (:data:`ROLE`).
+  (benchmarks/README.md). Its role is ``induction`` (:data:`ROLE`).
 * **``predicted_token``** (McDougall et al. 2023's copy suppression): a key holding one of the model's own
   top :data:`N_PREDICTED` next tokens at the query. Its targets need the forward's logits, so it is one of
   the :data:`LATE` rules (:mod:`headlens.atlas.heldout` keeps each layer's pattern until they are known).
