@@ -25,6 +25,7 @@ from headlens.detectors.base import Detector
 from headlens.detectors.retrieval import WU_THRESHOLD
 from headlens.detectors.tl_compat import TL_DETECTORS, TL_NORM
 from headlens.errors import DetectorError, ModelReferenceError, ProbeError
+from headlens.models.reads import TokenLedger
 from headlens.models.vocab import first_position, vocab
 from headlens.probes.base import CORPORA, Probe, short_of
 from headlens.probes.generated import brackets, random_tokens, repeated_segments
@@ -302,10 +303,12 @@ def classify(
 
     summaries: dict[str, Summary] = {}
     rests: dict[str, torch.Tensor | None] = {}  # detector -> resting mass per head on its probe
+    reads = TokenLedger(model)  # every token each phase feeds the model, for the provenance
     for probe, served in groups:
         run = with_rest([*served, TL_NORM] if tl_compatible else served)
         info: dict[str, Any] = {}
-        stats = scan_blocks(model, probe, run, batch_size, ticker(probe.name), rank, store, path=scan_path, info=info)
+        with reads(probe.name):
+            stats = scan_blocks(model, probe, run, batch_size, ticker(probe.name), rank, store, path=scan_path, info=info)
         if stats is not None:  # None on ranks > 0: their rows went to rank 0
             paths[probe.name] = info["scan_path"]
             rests.update(dict.fromkeys([d.name for d in served], rest_of(stats, served)))
@@ -314,7 +317,8 @@ def classify(
         return None
     preferences: dict[str, Summary | None] = {}
     for name, aprobe in jobs.items():  # annotated probes are small: rank 0 measures them alone
-        stats = measure(model, aprobe, batch_size, ticker(name))
+        with reads(f"annotated:{name}"):
+            stats = measure(model, aprobe, batch_size, ticker(name))
         summaries[name], preferences[name] = target_summaries(stats, seed=seed, n_boot=n_boot)
         rests[name] = stats.rest_mass()
     L, H, H_kv = model.n_layers, model.n_heads, n_kv_heads(model)
@@ -328,7 +332,8 @@ def classify(
         d = by_name.get(name) or DETECTORS.get(name)
         if d is not None and d.kind == "weights":
             try:
-                w = summarize_weights(d.weights_fn(model), taus[d.name])
+                with reads(f"weights:{d.name}"):
+                    w = summarize_weights(d.weights_fn(model), taus[d.name])
             except DetectorError as err:  # e.g. no ordered list of single tokens for successor
                 if explicit:
                     raise
@@ -355,7 +360,8 @@ def classify(
         else:  # the strength's CI low end against κ (docs/scores.md, "the label rule")
             labels = strength_label(s, taus[name])
         if d is not None and d.gate is not None:  # what the head writes: the gate's CI must clear zero too
-            g = gate_summary(model, d.gate, probe_of[name], gate_cache, seed, n_boot)
+            with reads(f"gate:{probe_of[name].name}"):
+                g = gate_summary(model, d.gate, probe_of[name], gate_cache, seed, n_boot)
             labels, gated = labels & gate_passes(g, d.gate.sign), gated | {d.gate.name}
         new_rows = head_rows(model.name, name, s, lift, labels, L, kv, rests.get(name))
         if d is not None and d.gate is not None:
@@ -387,7 +393,7 @@ def classify(
                    **{f"annotated:{n}": {**pr.settings, "n_prompts": len(pr), "detectors": [n],
                                          "preference_chance": getattr(preferences[n], "baseline", None)}
                       for n, pr in jobs.items()}},
-        "scan_path": "+".join(sorted(set(paths.values()))) or "none",
+        "scan_path": "+".join(sorted(set(paths.values()))) or "none", "tokens_read": reads.summary(),
         "skipped": skipped, "warnings": notes, "batch_size": batch_size, "world_size": rank.world_size,
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "device": str(model.device),
         "substitutions": list(getattr(model, "substitutions", [])),  # what ran in place of what the model asked for
