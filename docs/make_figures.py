@@ -40,14 +40,15 @@ class Figure:
 
     make: Callable[[], str]
     slow: bool
+    timed: bool = False  # a benchmark's printout: times differ run to run, so no test calls it stale
 
 
 FIGURES: dict[str, Figure] = {}
 
 
-def figure(name: str, slow: bool = False) -> Callable[[Callable[[], str]], Callable[[], str]]:
+def figure(name: str, slow: bool = False, timed: bool = False) -> Callable[[Callable[[], str]], Callable[[], str]]:
     def register(make: Callable[[], str]) -> Callable[[], str]:
-        FIGURES[name] = Figure(functools.cache(make), slow)
+        FIGURES[name] = Figure(functools.cache(make), slow, timed)
         return make
     return register
 
@@ -157,6 +158,19 @@ def _confirm_run() -> tuple[str, str]:
     text = cli("classify", "--model", "smollm2", "--confirm")
     split = text.index("ablation check")
     return text[:split], text[split:]
+
+
+@figure("limits-smollm2", slow=True, timed=True)
+def limits_smollm2() -> str:
+    """docs/circuits.md, SmolLM2: ``python benchmarks/limits.py``'s printout (each heavy command against plain
+    forwards over the same tokens, one process; minutes)."""
+    import subprocess
+
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "limits.py")], capture_output=True, text=True,
+                         cwd=ROOT, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    if run.returncode:
+        raise SystemExit(f"benchmarks/limits.py exited {run.returncode}: {run.stderr.strip()[-500:]}")
+    return fenced(run.stdout)
 
 
 def regenerate(text: str, names: set[str]) -> tuple[str, list[str]]:
