@@ -45,11 +45,6 @@ class Ablator:
         self.L, self.H = L, H
         self.repl = [s.deltas._replaced(f"z{layer}") for layer in range(L)]  # (B, T, H, d_head) per layer
         self._cache: dict[frozenset, float] = {}
-        from headlens.circuits.resume import resumable
-
-        # the every-head-ablated forward's block calls: a set whose first clean head is in layer l agrees with it
-        # below l, so its forward resumes there (bridged models; the curve's sets start at layers 5-23 on IOI)
-        self.calls: list | None = [] if resumable(s.model) else None
 
     def value(self, nodes: Iterable[tuple[str, str]]) -> float:
         """Mean metric with ``nodes`` (``(head name, position)``) clean and every other head ablated."""
@@ -74,38 +69,12 @@ class Ablator:
 
         hooks = [(f"blocks.{layer}.attn.hook_z", hook) for layer in range(self.L)]
         metric, at = get_metric(s.metric), s.task.at(read_columns(s.task.positions))  # unembed the read positions
-        first = int(keep.flatten(1).any(1).float().argmax()) if bool(keep.any()) else self.L  # first clean layer
-        if 0 < first < self.L and self.calls == []:
-            self.value(())  # the every-head-ablated forward, recorded
         with torch.no_grad():
             clean = task_logits(s.model, s.task, cols=at.cols) if metric.needs_clean else None  # (B, C, V)
             with s.model.hooks(hooks):
-                logits = self._logits(first, at.cols)  # (B, C, V)
+                logits = task_logits(s.model, s.task, cols=at.cols)  # (B, C, V)
         self._cache[nodes] = float(metric(logits, at, clean).mean())
         return self._cache[nodes]
-
-    def _logits(self, first: int, cols: torch.Tensor | None) -> torch.Tensor:
-        """``(B, C, V)`` under the caller's hooks: resumed at block ``first`` from the recorded every-head-ablated
-        forward where there is one, else a whole forward (recorded when it is the every-head-ablated one)."""
-        import contextlib
-
-        from headlens.circuits.resume import recording, resume_from
-        from headlens.interventions.runners import pattern_rows, task_logits
-
-        s, b = self.s, getattr(self.s.model, "bridge", None)
-        B, T = s.task.tokens.shape
-        if self.calls is None or pattern_rows(s.model, T) < B:  # chunked forwards: no one record to resume from
-            return task_logits(s.model, s.task, cols=cols)
-        if self.calls and 0 < first < self.L:
-            h = b.ln_final(resume_from(s.model, self.calls, first))  # (B, T, D)
-            logits = b.unembed(h if cols is None else h[:, cols])  # (B, C, V)
-            transform = getattr(getattr(b, "adapter", None), "apply_output_logits_transform", None)
-            return logits if transform is None else transform(logits)  # Gemma 2's soft-cap, Cohere's scale
-        record = first == self.L and not self.calls
-        if record:
-            self.calls = [((), {})] * self.L
-        with recording(list(b.blocks), self.calls) if record else contextlib.nullcontext():
-            return task_logits(s.model, s.task, rows=0, cols=cols)
 
     def every_head(self) -> Nodes:
         return {(f"L{layer}H{h}", "all") for layer in range(self.L) for h in range(self.H)}

@@ -131,11 +131,22 @@ class CleanRun:
             self.kv[layer] = (k, v)  # (B, H_kv, T, d) each
             return k, v
 
+        def pre(layer: int) -> Any:
+            def hook(mod: Any, args: tuple, kwargs: dict) -> None:
+                kept = {k: v for k, v in kwargs.items() if k not in _DROP}
+                self.calls[layer] = (args, kept | ({"use_cache": False} if "use_cache" in kept else {}))
+            return hook
+
         names = [f"blocks.{layer}.attn.hook_z" for layer in range(L)] + [f"blocks.{L - 1}.hook_resid_post"]
+        handles = [blk.register_forward_pre_hook(pre(i), with_kwargs=True) for i, blk in enumerate(blocks)]
         kwargs = {} if task.attention_mask is None else {"attention_mask": task.attention_mask}
         seam = _seam(blocks, record) if keys else contextlib.nullcontext()
-        with torch.no_grad(), seam, recording(blocks, self.calls):
-            self.logits, cache = model.run_with_cache(task.tokens, names_filter=names, **kwargs)
+        try:
+            with torch.no_grad(), seam:
+                self.logits, cache = model.run_with_cache(task.tokens, names_filter=names, **kwargs)
+        finally:
+            for h in handles:
+                h.remove()
         self.z = [cache[n] for n in names[:L]]
         self.final = cache[names[-1]]
 
@@ -144,34 +155,6 @@ class CleanRun:
         args, kwargs = self.calls[layer]
         T = args[0].shape[1]
         return _out(model.bridge.blocks[layer](x, *_fit(args[1:], T, K, P), **_fit(kwargs, T, K, P)))
-
-
-@contextlib.contextmanager
-def recording(blocks: Sequence[Any], calls: list[tuple[tuple, dict]]) -> Iterator[None]:
-    """While open, ``calls[layer]`` becomes what each block is called with, ``(args, kwargs)`` (``args[0]``: the
-    residual stream in; the family's own cache left out), so that a forward can resume from any block."""
-    def pre(layer: int) -> Any:
-        def hook(mod: Any, args: tuple, kwargs: dict) -> None:
-            kept = {k: v for k, v in kwargs.items() if k not in _DROP}
-            calls[layer] = (args, kept | ({"use_cache": False} if "use_cache" in kept else {}))
-        return hook
-
-    handles = [blk.register_forward_pre_hook(pre(i), with_kwargs=True) for i, blk in enumerate(blocks)]
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-
-
-def resume_from(model: Any, calls: list[tuple[tuple, dict]], first: int) -> torch.Tensor:
-    """``(B, T, D)``: the residual stream after the last block, the blocks from ``first`` on run again (under the
-    caller's hooks) on what block ``first`` was called with in a recorded forward (:func:`recording`)."""
-    x = calls[first][0][0]
-    for layer in range(first, len(calls)):
-        args, kwargs = calls[layer]
-        x = _out(model.bridge.blocks[layer](x, *args[1:], **kwargs))
-    return x
 
 
 def _out(y: Any) -> torch.Tensor:
