@@ -26,14 +26,15 @@ fractions, 15 curve points) 366 s; the gradient first pass (ranking 50,758 candi
 
 1. composition scores: the frames drawn once per process, each sender's rotated writes once per table, one score
    per (sender, receiver, input) whatever the positions (IOI's k/v edges come at 5): bit-identical scores.
-2. faithfulness: every ablated forward resumes at its first clean head's layer from the every-head-ablated
-   forward's recorded block inputs (the sets agree with it below that layer): the same values within 1e-6.
-3. the resumed rounds size a chunk by the positions it really resumes (IOI's END: one per prompt, the prompts
+2. the resumed rounds size a chunk by the positions it really resumes (IOI's END: one per prompt, the prompts
    ragged) instead of from the earliest END to the longest prompt's end (7 positions): up to 7x fewer block calls
    at END, each over more copies (its saving not yet measured: the machine was too loaded to finish a run).
 
 Measured old against new in one process (the same loaded machine, CPU seconds): composition scores of the 182
-edges for 4 tables 94.7 s -> 57.3 s, identical. What is left is the exact rounds' suffix (the resumed blocks after each receiver, for ~1200 patches: controls
+edges for 4 tables 94.7 s -> 57.3 s, identical. Tried and reverted: faithfulness's ablated forwards resumed at
+their first clean head's layer from the every-head-ablated forward (identical values, but 105 s against 93.7 s
+for whole forwards: the curve's sets reach layers 5-8, and the blocks called one by one cost what they save).
+What is left is the exact rounds' suffix (the resumed blocks after each receiver, for ~1200 patches: controls
 are 8 of every 9) and the first pass's backward passes.
 
 Run: ``python benchmarks/limits.py`` (a few minutes on a quiet 2-core machine), ``--quick`` (a quarter of
