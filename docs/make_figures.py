@@ -41,14 +41,15 @@ class Figure:
 
     make: Callable[[], str]
     slow: bool
+    timed: bool = False  # a benchmark's printout: times differ run to run, so no test calls it stale
 
 
 FIGURES: dict[str, Figure] = {}
 
 
-def figure(name: str, slow: bool = False) -> Callable[[Callable[[], str]], Callable[[], str]]:
+def figure(name: str, slow: bool = False, timed: bool = False) -> Callable[[Callable[[], str]], Callable[[], str]]:
     def register(make: Callable[[], str]) -> Callable[[], str]:
-        FIGURES[name] = Figure(functools.cache(make), slow)
+        FIGURES[name] = Figure(functools.cache(make), slow, timed)
         return make
     return register
 
@@ -192,6 +193,19 @@ def time_classify_smollm2() -> str:
 def time_dashboard_first_start_smollm2() -> str:
     """docs/dashboard.md: how long the first start on SmolLM2 takes until the grid is drawn."""
     return paragraph(f"On SmolLM2 the first start draws the grid after {measured('dashboard-first-start-smollm2')}.")
+
+
+@figure("limits-smollm2", slow=True, timed=True)
+def limits_smollm2() -> str:
+    """docs/circuits.md, SmolLM2: ``python benchmarks/limits.py``'s printout (each heavy command against plain
+    forwards over the same tokens, one process; minutes)."""
+    import subprocess
+
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "limits.py")], capture_output=True, text=True,
+                         cwd=ROOT, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    if run.returncode:
+        raise SystemExit(f"benchmarks/limits.py exited {run.returncode}: {run.stderr.strip()[-500:]}")
+    return fenced(run.stdout)
 
 
 def regenerate(text: str, names: set[str]) -> tuple[str, list[str]]:

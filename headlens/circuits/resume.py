@@ -187,16 +187,26 @@ class ResumePatcher:
 
     def chunks(self, edges: Sequence[Edge], named: Any = None) -> list[list[Edge]]:
         """Edges grouped by receiver layer and first changed position, ``max_tokens`` rows x positions each."""
-        B, T = self.task.tokens.shape
+        B = self.task.tokens.shape[0]
         groups: dict[tuple[int, int], list[Edge]] = {}
         for e in edges:
             layer = e.receiver.layer if e.receiver.kind == "head" else len(self.blocks)
             groups.setdefault((layer, suffix_start([e], named)), []).append(e)
         out = []
         for (_, p0), group in sorted(groups.items()):
-            per = max(1, self.max_tokens // (B * max(1, T - p0)))
+            span = max(self._span(e.pos, named, p0) for e in group)
+            per = max(1, self.max_tokens // (B * max(1, span)))
             out += [group[i:i + per] for i in range(0, len(group), per)]
         return out
+
+    def _span(self, pos: str, named: Any, p0: int) -> int:
+        """Positions a chunk of edges patched at ``pos`` resumes (``S`` of :meth:`positions`): per prompt from its
+        own ``pos`` to its end where positions are taken per prompt (IOI's END: one), else from ``p0`` on."""
+        T = self.task.tokens.shape[1]
+        idx = None if named is None else named.index.get(pos)
+        if not self.ragged or idx is None:
+            return T - p0
+        return int(torch.where(idx >= 0, self.lengths - idx, 1).max())  # a prompt without pos: its last one
 
     def positions(self, recv: torch.Tensor | None) -> torch.Tensor | None:
         """``(B, S)`` the positions that can change, per prompt: from its first patched one to its end (None: all)."""

@@ -20,12 +20,13 @@ from typing import Any
 
 import torch
 
-from headlens.detectors import DETECTORS, all_detectors, get_detector, split_names
+from headlens.detectors import DETECTORS
 from headlens.detectors.base import Detector
 from headlens.detectors.retrieval import WU_THRESHOLD
-from headlens.detectors.tl_compat import TL_DETECTORS, TL_NORM
+from headlens.detectors.tl_compat import TL_NORM
 from headlens.errors import DetectorError, ModelReferenceError, ProbeError
-from headlens.models.vocab import first_position, vocab
+from headlens.models.reads import TokenLedger
+from headlens.models.vocab import first_position
 from headlens.probes.base import CORPORA, Probe, short_of
 from headlens.probes.generated import brackets, random_tokens, repeated_segments
 from headlens.probes.haystack import needle_haystack
@@ -34,8 +35,6 @@ from headlens.probes.prose import prose_windows
 from headlens.probes.text import stdlib_windows, text_prompts
 from headlens.progress import default_sink, phase, report, reporting
 from headlens.readout.ov import forget
-from headlens.readout.ov import unsupported as no_readout
-from headlens.readout.parts import unsupported as no_dla
 from headlens.scoring import defaults
 from headlens.scoring.annotated import (
     PREFERENCE_COLUMNS,
@@ -51,6 +50,7 @@ from headlens.scoring.distributed import current, scan_blocks
 from headlens.scoring.engine import DetectorStats, choose_path
 from headlens.scoring.gates import MIN_SHARE, gate_columns, gate_passes, gate_summary, with_gate
 from headlens.scoring.resting import REST, rest_of, with_rest
+from headlens.scoring.selection import select_detectors
 from headlens.scoring.stats import (
     MIN_LIFT,
     N_BOOT,
@@ -87,49 +87,6 @@ def resolve_model(model_or_ref: Any, device: str = "cpu", **load_options: Any) -
     warnings.warn(f"default model {DEFAULT_MODEL!r} has no weights here; using zoo model {others[0]!r}",
                   stacklevel=2)
     return load(others[0], device=device, **load_options)
-
-
-def select_detectors(model: Any, names: Sequence[str] | str | None, tl_compatible: bool = False
-                     ) -> tuple[list[Detector], dict[str, str], bool]:
-    """The detectors to run, the default ones skipped (name -> why), and whether names were explicit."""
-    if isinstance(names, str):
-        names = split_names(names)
-    explicit = bool(names)
-    pool = TL_DETECTORS if tl_compatible else all_detectors()
-    if tl_compatible and explicit:
-        bad = [getattr(n, "name", n) for n in names if getattr(n, "name", n) not in TL_DETECTORS]
-        if bad:
-            raise DetectorError(f"detector(s) {bad} have no TransformerLens equivalent; tl_compatible "
-                                f"mode scores {', '.join(TL_DETECTORS)}")
-    chosen = [pool[getattr(n, "name", n)] if tl_compatible else get_detector(n) for n in names] if explicit \
-        else [d for d in pool.values() if d.default]  # opt-in detectors (retrieval) only by name
-    skipped: dict[str, str] = {}
-    keep = []
-    for d in chosen:
-        why = ""
-        if d.bidirectional_only and model.is_causal:
-            why = f"{d.name} needs a bidirectional model; {getattr(model, 'name', 'this model')!r} is causal"
-        elif d.kind == "weights" and (ov := no_readout(model)):
-            why = f"{d.name}: {ov}"
-        elif d.gate is not None and (dla := no_dla(model)):  # the gate reads what each head writes (DLA)
-            why = f"{d.name}'s {d.gate.name} gate: {dla}"
-        elif d.kind == "top1" and not model.is_causal:
-            why = f"{d.name} scores copy steps of a causal model; {getattr(model, 'name', 'this model')!r} " \
-                  f"is bidirectional"
-        elif d.probe == "brackets" and not vocab(model).brackets:
-            why = (f"{d.name}: the tokenizer keeps no bracket pair as single tokens" if model.tokenizer is not None
-                   else f"{d.name} needs a tokenizer to find brackets; this model has none")
-        elif d.probe in ("coreference", "ioi"):
-            from importlib import import_module
-
-            why = import_module(f"headlens.probes.{d.probe}").unsupported(model) or ""
-        if why and explicit:
-            raise (ProbeError if d.probe in ("brackets", "coreference", "ioi") else DetectorError)(why)
-        if why:
-            skipped[d.name] = why
-        else:
-            keep.append(d)
-    return keep, skipped, explicit
 
 
 def _probes(model: Any, dets: list[Detector], prompts: Any, n_prompts: int, seq_len: int, seed: int,
@@ -314,10 +271,12 @@ def classify(
 
     summaries: dict[str, Summary] = {}
     rests: dict[str, torch.Tensor | None] = {}  # detector -> resting mass per head on its probe
+    reads = TokenLedger(model)  # every token each phase feeds the model, for the provenance
     for probe, served in groups:
         run = with_rest([*served, TL_NORM] if tl_compatible else served)
         info: dict[str, Any] = {}
-        stats = scan_blocks(model, probe, run, batch_size, ticker(probe.name), rank, store, path=scan_path, info=info)
+        with reads(probe.name):
+            stats = scan_blocks(model, probe, run, batch_size, ticker(probe.name), rank, store, path=scan_path, info=info)
         if stats is not None:  # None on ranks > 0: their rows went to rank 0
             paths[probe.name] = info["scan_path"]
             rests.update(dict.fromkeys([d.name for d in served], rest_of(stats, served)))
@@ -326,7 +285,8 @@ def classify(
         return None
     preferences: dict[str, Summary | None] = {}
     for name, aprobe in jobs.items():  # annotated probes are small: rank 0 measures them alone
-        stats = measure(model, aprobe, batch_size, ticker(name))
+        with reads(f"annotated:{name}"):
+            stats = measure(model, aprobe, batch_size, ticker(name))
         summaries[name], preferences[name] = target_summaries(stats, seed=seed, n_boot=n_boot)
         rests[name] = stats.rest_mass()
     L, H, H_kv = model.n_layers, model.n_heads, n_kv_heads(model)
@@ -340,7 +300,7 @@ def classify(
         d = by_name.get(name) or DETECTORS.get(name)
         if d is not None and d.kind == "weights":
             try:
-                with reporting(progress), phase(f"weights {d.name}"):  # named, and heard from inside the readout
+                with reporting(progress), phase(f"weights {d.name}"), reads(f"weights:{d.name}"):  # named, heard from inside
                     report(0, 1)
                     w = summarize_weights(d.weights_fn(model), taus[d.name])
             except DetectorError as err:  # e.g. no ordered list of single tokens for successor
@@ -369,7 +329,7 @@ def classify(
         else:  # the strength's CI low end against κ (docs/scores.md, "the label rule")
             labels = strength_label(s, taus[name])
         if d is not None and d.gate is not None:  # what the head writes: the gate's CI must clear zero too
-            with reporting(progress), phase(f"gate {d.gate.name} of {name}"):
+            with reporting(progress), phase(f"gate {d.gate.name} of {name}"), reads(f"gate:{probe_of[name].name}"):
                 report(0, 1)
                 g = gate_summary(model, d.gate, probe_of[name], gate_cache, seed, n_boot)
             labels, gated = labels & gate_passes(g, d.gate.sign), gated | {d.gate.name}
@@ -403,7 +363,7 @@ def classify(
                    **{f"annotated:{n}": {**pr.settings, "n_prompts": len(pr), "detectors": [n],
                                          "preference_chance": getattr(preferences[n], "baseline", None)}
                       for n, pr in jobs.items()}},
-        "scan_path": "+".join(sorted(set(paths.values()))) or "none",
+        "scan_path": "+".join(sorted(set(paths.values()))) or "none", "tokens_read": reads.summary(),
         "skipped": skipped, "warnings": notes, "batch_size": batch_size, "world_size": rank.world_size,
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "device": str(model.device),
         "substitutions": list(getattr(model, "substitutions", [])),  # what ran in place of what the model asked for

@@ -49,6 +49,9 @@ def test_provenance_and_seed_reproducibility(planted_table):
     assert attrs["seed"] == 0 and attrs["headlens_version"] == headlens.__version__
     assert set(attrs["probes"]) == {"random_tokens", "repeated_segments", "brackets"}  # retrieval is opt-in
     assert "next_token" in attrs["skipped"]  # causal model
+    read = attrs["tokens_read"]  # every token the run fed the model, by phase: each probe's 24 prompts of 32 tokens
+    assert all(read[p] == 24 * 32 for p in attrs["probes"]) and read["total"] == sum(v for k, v in read.items()
+                                                                                       if k != "total")
     again = headlens.classify(planted_model(), n_prompts=24, seq_len=32, n_boot=200)
     assert again.equals(planted_table)
 

