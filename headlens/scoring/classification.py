@@ -302,7 +302,10 @@ def classify(
             try:
                 with reporting(progress), phase(f"weights {d.name}"), reads(f"weights:{d.name}"):  # named, heard from inside
                     report(0, 1)
-                    w = summarize_weights(d.weights_fn(model), taus[d.name])
+                    try:
+                        w = summarize_weights(d.weights_fn(model), taus[d.name])
+                    finally:
+                        report(1, 1)  # the phase is over, done or refused: a bar never sits at 0 of 1
             except DetectorError as err:  # e.g. no ordered list of single tokens for successor
                 if explicit:
                     raise
@@ -332,6 +335,7 @@ def classify(
             with reporting(progress), phase(f"gate {d.gate.name} of {name}"), reads(f"gate:{probe_of[name].name}"):
                 report(0, 1)
                 g = gate_summary(model, d.gate, probe_of[name], gate_cache, seed, n_boot)
+                report(1, 1)
             labels, gated = labels & gate_passes(g, d.gate.sign), gated | {d.gate.name}
         new_rows = head_rows(model.name, name, s, lift, labels, L, kv, rests.get(name))
         if d is not None and d.gate is not None:

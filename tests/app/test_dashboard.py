@@ -184,7 +184,7 @@ def test_cli_refuses_an_unknown_model_and_a_busy_port_in_one_line():
 
     runner = CliRunner()
     result = runner.invoke(app, ["dashboard", "--model", "/no/such/model.safetensors"])
-    assert result.exit_code == 4 and "unknown model reference" in result.stderr  # one line, the exit code
+    assert result.exit_code == 4 and "no such file" in result.stderr  # one line, the exit code
     assert result.stderr.count("\n") == 1
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

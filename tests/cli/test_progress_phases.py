@@ -48,7 +48,7 @@ def test_classify_names_every_phase_and_reports_within_it(ioi_llama):
     assert all(name.strip() for name in phases), phases.keys()
     scans = {n for n in phases if n.startswith("scanning ")}
     assert {"scanning ioi", "scanning random_tokens"} <= scans, phases.keys()
-    assert "weights copying: ranking the vocabulary, layer by layer" in phases, phases.keys()
+    assert "weights ov_copying: ranking the vocabulary, layer by layer" in phases, phases.keys()
     assert "gate dla of name_mover: direct logit attribution, prompt by prompt" in phases, phases.keys()
     assert "gate dla of negative_name_mover: attention rows, prompt by prompt" in phases, phases.keys()
     for name, steps in phases.items():
@@ -84,7 +84,7 @@ def test_classify_on_the_command_line_says_each_phase_with_its_times(monkeypatch
              and not ln.startswith("headlens: warning")]
     names = list(dict.fromkeys(ln.split(": ")[1].split(":")[0] for ln in lines))
     assert "scanning repeated_segments" in names and names[0] in ("loading induction-2l", "scanning random_tokens")
-    assert "weights copying" in names, names
+    assert "weights ov_copying" in names, names
     assert all(re.search(r"(<1|\d+) s elapsed", ln) for ln in lines), lines
     assert not any(re.search(r"\d:\d\d:\d\d", ln) for ln in lines), lines  # no unlabelled clock times
 
@@ -111,8 +111,8 @@ def test_the_heartbeat_writes_when_the_work_is_silent():
     line.beat()
     assert len(out.getvalue().splitlines()) == 2
     now[0] += 1.0
-    line.update(0, 30, "weights copying")
-    line.update(3, 30, "weights copying")  # 10 %: a line
+    line.update(0, 30, "weights ov_copying")
+    line.update(3, 30, "weights ov_copying")  # 10 %: a line
     written = len(out.getvalue().splitlines())
     now[0] += EVERY_S - 0.5
     line.beat()
@@ -211,7 +211,7 @@ def test_a_notebook_shows_the_phases_without_being_asked(monkeypatch, capsys):
     headlens.classify(model, n_prompts=12)
     lines = capsys.readouterr().err.splitlines()
     assert any(ln.startswith("headlens: scanning repeated_segments: ") for ln in lines), lines
-    assert any(ln.startswith("headlens: weights copying") for ln in lines), lines
+    assert any(ln.startswith("headlens: weights ov_copying") for ln in lines), lines
     assert all(" elapsed" in ln for ln in lines if ln.startswith("headlens: ")), lines
 
 

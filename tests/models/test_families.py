@@ -223,7 +223,9 @@ def test_dashboard_loads_it(built, family, monkeypatch):
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
-    assert any(b.path.name in c.value for c in at.caption), [c.value for c in at.caption]
+    from headlens.app.ui import md
+
+    assert any(md(b.path.name) in c.value for c in at.caption), [c.value for c in at.caption]  # as Markdown shows it
 
 
 def _refused(fam: Family, claim: str) -> contextlib.AbstractContextManager:
