@@ -18,7 +18,8 @@ Why it looks like this:
   :data:`MIN_WEIGHT` of the mixture and is not the first token; then copy suppression's two claims (below);
   a mixture led by the first token that agrees is **resting** (a tested description: its rule agrees),
   unless a rule names the role **conditionally**: on the rows where it has targets (at least
-  :data:`MIN_COVERAGE` of the rows), the rule *paired with the first token* (fit on the fit windows,
+  :data:`MIN_COVERAGE` of the rows and at most :data:`MAX_COVERAGE`: a rule with targets in nearly every row,
+  ``uniform`` or ``recent_4``, is not conditional, and the whole-row mixture has judged it), the rule *paired with the first token* (fit on the fit windows,
   :func:`headlens.atlas.mixture.conditional_pairs`) agrees at :data:`AGREEMENT` or more on held-out text,
   with the rule holding :data:`MIN_WEIGHT` of the pair or more and the head's mass on its targets there
   above chance; the sentence gives how often that is (its coverage). The pair, not the rule alone: an
@@ -65,6 +66,7 @@ AGREEMENT = 0.5  # a description must correlate this well with the head's real a
 REST = 0.25  # mean off-rest attention per query row below which a head is said to rest
 MIN_WEIGHT = 0.25  # the heaviest rule of a mixture names the role when it holds this share of it
 MIN_COVERAGE = 0.05  # a conditional role needs targets in this share of the query rows
+MAX_COVERAGE = 0.9  # ... and none in the rest: a rule with targets in nearly every row is the mixture's to judge
 CS_RULE = "predicted_token"  # the pattern of copy suppression
 WEIGHT_CS = "ov_suppression"  # the weight-based detector whose label is copy suppression's second claim
 COPY_SHARE = 0.5  # "writes the token it attends to" when its OV promotes it for this share of exemplar keys
@@ -148,7 +150,8 @@ def describe(model: Any, exemplars: Any, heldout: list[torch.Tensor], batch_size
     pair = conditional_pairs(fitted)  # (L, H, R): each rule's weight beside the first token on its own rows
     cond_fit = corr(conditional_sums(fitted, pair).sum(0))  # (L, H, R)
     cover_fit = fitted["has"].sum(0) / fitted["rest"][:, 0, 0, 2].sum().clamp(min=1)  # (R,)
-    unfit = (cover_fit < MIN_COVERAGE) | torch.tensor([n in (SINK, "self") for n in names])  # (R,)
+    unfit = torch.tensor([n in (SINK, "self") for n in names])  # (R,)
+    unfit |= (cover_fit < MIN_COVERAGE) | (cover_fit > MAX_COVERAGE)
     cond_fit[unfit.expand_as(cond_fit) | (pair < MIN_WEIGHT)] = -1.0
     cond_pick = cond_fit.argmax(-1)  # (L, H): each head's conditional rule, chosen on the fit windows
     cond_weight = torch.where(cond_fit.amax(-1) > -1, pair.gather(-1, cond_pick[..., None])[..., 0], 0.0)  # (L, H)
@@ -265,8 +268,8 @@ def role_of(main: str, score: float, ev: dict[str, float]) -> str:
         return "copy_suppression" if main == CS_RULE and ev["ov_label"] == 1.0 else ROLE.get(main, main)
     if ev["ov_label"] == 1.0 and ev["pred_lo"] > ev["pred_null"]:  # NaN (no OV readout) is not a label
         return "copy_suppression"
-    if (ev["cond_r"] >= AGREEMENT and ev["cond_coverage"] >= MIN_COVERAGE and ev["cond_weight"] >= MIN_WEIGHT
-            and ev["cond_mass"] > ev["cond_chance"]):  # does it where it can (above chance), rests elsewhere
+    if (ev["cond_r"] >= AGREEMENT and MIN_COVERAGE <= ev["cond_coverage"] <= MAX_COVERAGE
+            and ev["cond_weight"] >= MIN_WEIGHT and ev["cond_mass"] > ev["cond_chance"]):  # where it can, above chance
         return ROLE.get(_NAMES[int(ev["cond_rule"])], _NAMES[int(ev["cond_rule"])])
     return "resting" if score >= AGREEMENT or ev["off_rest"] < REST else "no clear role"
 

@@ -133,3 +133,8 @@ def test_copy_suppression_needs_both_claims_and_a_rule_that_fits_wins():
     assert role_of("induction_longest", 0.6, ev) == "induction"
     assert role_of("first_token", 0.9, ev) == "copy_suppression"  # a head resting between its claims' rows
     assert role_of("previous_token", 0.8, {**ev, "main_weight": 0.1, "ov_label": 0.0}) == "resting"
+    cond = {**ev, "ov_label": 0.0, "cond_r": 0.8, "cond_rule": list(candidate_rules()).index("induction")}
+    assert role_of("first_token", 0.9, cond) == "induction"  # does it where a repeat exists, rests elsewhere
+    assert role_of("first_token", 0.9, {**cond, "cond_weight": 0.2}) == "resting"  # rests there too, mostly
+    assert role_of("first_token", 0.9, {**cond, "cond_mass": 0.04}) == "resting"  # its targets get under chance
+    assert role_of("first_token", 0.9, {**cond, "cond_coverage": 1.0}) == "resting"  # targets in every row
