@@ -17,9 +17,16 @@ Why it looks like this:
 * **The role** is the heaviest rule of a mixture that agrees at :data:`AGREEMENT` or more, when it holds
   :data:`MIN_WEIGHT` of the mixture and is not the first token; then copy suppression's two claims (below);
   a mixture led by the first token that agrees is **resting** (a tested description: its rule agrees),
-  unless a rule names the role **conditionally**: scored only on the rows where it has
-  targets (chosen on the fit windows, at least :data:`MIN_COVERAGE` of the rows), its agreement there at
-  :data:`AGREEMENT` or more; the sentence gives how often that is (its coverage). Below all of these, a head
+  unless a rule names the role **conditionally**: on the rows where it has targets (at least
+  :data:`MIN_COVERAGE` of the rows and at most :data:`MAX_COVERAGE`: a rule with targets in nearly every row,
+  ``uniform`` or ``recent_4``, is not conditional, and the whole-row mixture has judged it), the rule *paired with the first token* (fit on the fit windows,
+  :func:`headlens.atlas.mixture.conditional_pairs`) agrees at :data:`AGREEMENT` or more on held-out text,
+  with the rule holding :data:`MIN_WEIGHT` of the pair or more and the head's mass on its targets there
+  above chance; the sentence gives how often that is (its coverage). The pair, not the rule alone: an
+  induction head on prose (SmolLM2's L17H4) keeps a share of its attention on the first token even in the
+  rows where a repeat exists, and the rule alone counted that rest against it (agreement under 0.5 on those
+  rows, while a mixture over all rows gains little from induction, its rows being few). The rule's weight
+  keeps a head that rests there too from being named by it. Below all of these, a head
   whose off-rest attention averages under :data:`REST` per row rests by its own statistic (the mass it puts
   off the first token and itself, with its CI); any other gets "no clear role".
 * **Copy suppression from joint evidence** (McDougall et al. 2023: a head that attends to an earlier copy of
@@ -44,7 +51,14 @@ from typing import Any
 
 import torch
 
-from headlens.atlas.mixture import conditional_sums, corr, coverage, fit_mixtures, mixture_sums
+from headlens.atlas.mixture import (
+    conditional_pairs,
+    conditional_sums,
+    corr,
+    coverage,
+    fit_mixtures,
+    mixture_sums,
+)
 from headlens.atlas.rules import LATE, ROLE, SINK, candidate_rules, late_rules
 from headlens.detectors.base import Detector
 
@@ -52,6 +66,7 @@ AGREEMENT = 0.5  # a description must correlate this well with the head's real a
 REST = 0.25  # mean off-rest attention per query row below which a head is said to rest
 MIN_WEIGHT = 0.25  # the heaviest rule of a mixture names the role when it holds this share of it
 MIN_COVERAGE = 0.05  # a conditional role needs targets in this share of the query rows
+MAX_COVERAGE = 0.9  # ... and none in the rest: a rule with targets in nearly every row is the mixture's to judge
 CS_RULE = "predicted_token"  # the pattern of copy suppression
 WEIGHT_CS = "ov_suppression"  # the weight-based detector whose label is copy suppression's second claim
 COPY_SHARE = 0.5  # "writes the token it attends to" when its OV promotes it for this share of exemplar keys
@@ -132,19 +147,15 @@ def describe(model: Any, exemplars: Any, heldout: list[torch.Tensor], batch_size
     weights = fit_mixtures(fitted, allowed=fitted["has"].sum(0) > 0)  # (L, H, R)
     mix = _with_ci(mixture_sums(stats, weights), corr)  # each (L, H)
     single = _single(stats)  # (L, H, R)
-    cond_fit = corr(conditional_sums(fitted).sum(0))  # (L, H, R)
+    pair = conditional_pairs(fitted)  # (L, H, R): each rule's weight beside the first token on its own rows
+    cond_fit = corr(conditional_sums(fitted, pair).sum(0))  # (L, H, R)
     cover_fit = fitted["has"].sum(0) / fitted["rest"][:, 0, 0, 2].sum().clamp(min=1)  # (R,)
-    cond_fit[..., (cover_fit < MIN_COVERAGE) | torch.tensor([n in (SINK, "self") for n in names])] = -1.0
+    unfit = torch.tensor([n in (SINK, "self") for n in names])  # (R,)
+    unfit |= (cover_fit < MIN_COVERAGE) | (cover_fit > MAX_COVERAGE)
+    cond_fit[unfit.expand_as(cond_fit) | (pair < MIN_WEIGHT)] = -1.0
     cond_pick = cond_fit.argmax(-1)  # (L, H): each head's conditional rule, chosen on the fit windows
-    cond = _with_ci(conditional_sums(stats), corr)  # each (L, H, R)
-    sink = names.index(SINK)
-    memo: dict[int, torch.Tensor] = {}
-
-    def pairs(j: int) -> torch.Tensor:  # (L, H, R): each head's mixture of rule j and the first token
-        if j not in memo:
-            memo[j] = fit_mixtures(fitted, allowed=torch.isin(torch.arange(R), torch.tensor([j, sink])))
-        return memo[j]
-
+    cond_weight = torch.where(cond_fit.amax(-1) > -1, pair.gather(-1, cond_pick[..., None])[..., 0], 0.0)  # (L, H)
+    cond = _with_ci(conditional_sums(stats, pair), corr)  # each (L, H, R)
     cover = stats["has"].sum(0) / stats["rest"][:, 0, 0, 2].sum().clamp(min=1)  # (R,)
     mix_cover = coverage(stats, weights, names.index(SINK))
     share = _with_ci(torch.cat([stats["on"], stats["has"][:, None, None].expand_as(stats["on"])], -1),
@@ -170,7 +181,7 @@ def describe(model: Any, exemplars: Any, heldout: list[torch.Tensor], batch_size
                   "copies": ov["copies"], "suppresses": ov["suppresses"], "n_keys": ov["n"],
                   "off_lo": float(off[1][at]), "off_hi": float(off[2][at]), "first_lo": float(first[1][at]),
                   "first_hi": float(first[2][at]), "main_weight": w.get(main, 0.0), "rule_coverage": float(cover[i]),
-                  "cond_rule": ci_, "cond_r": float(cond[0][at][ci_]), "cond_lo": float(cond[1][at][ci_]),
+                  "cond_rule": ci_, "cond_weight": float(cond_weight[at]), "cond_r": float(cond[0][at][ci_]), "cond_lo": float(cond[1][at][ci_]),
                   "cond_hi": float(cond[2][at][ci_]), "cond_coverage": float(cover[ci_]),
                   "cond_mass": float(share[0][at][ci_]), "cond_chance": float(chance[ci_]),
                   **{key: float(v[at]) for key, v in cs.items()}}
@@ -180,9 +191,8 @@ def describe(model: Any, exemplars: Any, heldout: list[torch.Tensor], batch_size
                             ev, w, float(mix_cover[at]))
             by_mixture = score >= AGREEMENT and main != SINK and ev["main_weight"] >= MIN_WEIGHT
             if role not in ("copy_suppression", "resting", "no clear role") and not by_mixture:
-                cr = names[ci_]  # named conditionally: that rule where it has targets, the first token elsewhere
-                pair = pairs(ci_)[at]
-                mixture = {names[j]: float(pair[j]) for j in range(R) if float(pair[j]) > 0} or {cr: 1.0}
+                cr = names[ci_]  # named conditionally: the pair on the rows with targets, the first token elsewhere
+                mixture = {k: v for k, v in ((cr, ev["cond_weight"]), (SINK, 1 - ev["cond_weight"])) if v > 0}
                 d = Description(layer, h, role, cr, ev["cond_r"], (ev["cond_lo"], ev["cond_hi"]), "", d.candidates,
                                 ev, mixture, ev["cond_coverage"], True)
             out.append(_with_text(d, rules))
@@ -243,19 +253,23 @@ def role_of(main: str, score: float, ev: dict[str, float]) -> str:
     led by the first token that agrees, or by its own statistic), or none.
 
     >>> ev = {"ov_label": 1.0, "pred_lo": 0.2, "pred_null": 0.05, "off_rest": 0.4, "main_weight": 0.8,
-    ...       "cond_r": 0.2, "cond_coverage": 0.5, "cond_rule": 0}
+    ...       "cond_r": 0.2, "cond_coverage": 0.5, "cond_rule": 0, "cond_weight": 0.4, "cond_mass": 0.3,
+    ...       "cond_chance": 0.05}
     >>> role_of("previous_token", 0.3, ev), role_of("induction_longest", 0.7, ev)
     ('copy_suppression', 'induction')
     >>> role_of("first_token", 0.9, {**ev, "ov_label": 0.0, "cond_r": 0.6, "cond_rule": 5})  # where it can
     'induction'
     >>> role_of("first_token", 0.9, {**ev, "ov_label": 0.0})  # led by the first token: a tested rest
     'resting'
+    >>> role_of("first_token", 0.9, {**ev, "ov_label": 0.0, "cond_r": 0.9, "cond_rule": 5, "cond_weight": 0.1})
+    'resting'
     """
     if score >= AGREEMENT and main != SINK and ev["main_weight"] >= MIN_WEIGHT:
         return "copy_suppression" if main == CS_RULE and ev["ov_label"] == 1.0 else ROLE.get(main, main)
     if ev["ov_label"] == 1.0 and ev["pred_lo"] > ev["pred_null"]:  # NaN (no OV readout) is not a label
         return "copy_suppression"
-    if ev["cond_r"] >= AGREEMENT and ev["cond_coverage"] >= MIN_COVERAGE:  # does it where it can, rests elsewhere
+    if (ev["cond_r"] >= AGREEMENT and MIN_COVERAGE <= ev["cond_coverage"] <= MAX_COVERAGE
+            and ev["cond_weight"] >= MIN_WEIGHT and ev["cond_mass"] > ev["cond_chance"]):  # where it can, above chance
         return ROLE.get(_NAMES[int(ev["cond_rule"])], _NAMES[int(ev["cond_rule"])])
     return "resting" if score >= AGREEMENT or ev["off_rest"] < REST else "no clear role"
 

@@ -14,7 +14,9 @@ Why it looks like this:
   sums, with a bootstrap over windows. ``sxy`` is split into the rows where a rule has targets (one batched
   product ``(B, H, Q*K) x (B, Q*K, 2R)``, with each rule's mass on target) and the first-token cell of the
   rows where it has none (a product of ``(B, H, Q)`` rows). The rows with targets also give a rule's
-  *conditional* agreement (scored on those rows alone) and its coverage.
+  *conditional* agreement and its coverage: scored on those rows alone, as a pair with the first token
+  (``cs0``, ``cy0``: the head's and the rule's first-token cell there), so a head that keeps part of
+  each such row on the first token is not held to the rule alone.
 * **Rules known before the forward are summed in the hook** (they read the tokens only). A rule whose
   targets need the forward itself (``predicted_token``: the model's own top predictions, known after the
   last layer) keeps each layer's pattern in float32 until they are known (a batch's worth), then takes the
@@ -46,10 +48,11 @@ def heldout_stats(model: Any, windows: list[torch.Tensor], rules: dict[str, Dete
     per head ``(W, L, H, ...)``: ``rest`` (off-rest mass, first-token mass, query rows), ``own`` (n, sx, sxx over
     every causal cell), ``sxy`` ``(.., R)`` (each rule's prediction, first-token fallback included), ``csx``,
     ``csxx``, ``csxy`` ``(.., R)`` (the same on the rows where the rule has targets, without fallback), ``on``
-    ``(.., R)`` (mass on the rule's targets), ``cs`` ``(.., 5)`` (copy suppression's first claim); per window:
-    ``sy`` ``(W, R)``, ``gram`` ``(W, R, R)``, ``cn, cy, cyy`` ``(W, R)`` (cells, sum y, sum y^2 on the rows with
-    targets), ``has`` ``(W, R)`` (query rows with a target), ``chance`` ``(W, R)`` (a uniform row's mass on the
-    targets), ``hasrow`` ``(W, T, R)`` bool. ``names``: the rule order, as a list.
+    ``(.., R)`` (mass on the rule's targets), ``cs0`` ``(.., R)`` (first-token attention on the rows where the
+    rule has targets), ``cs`` ``(.., 5)`` (copy suppression's first claim); per window: ``sy`` ``(W, R)``,
+    ``gram`` ``(W, R, R)``, ``cn, cy, cyy, cy0`` ``(W, R)`` (cells, sum y, sum y^2, y on the first token, on the
+    rows with targets), ``has`` ``(W, R)`` (query rows with a target), ``chance`` ``(W, R)`` (a uniform row's
+    mass on the targets), ``hasrow`` ``(W, T, R)`` bool. ``names``: the rule order, as a list.
 
     ``rules``: the rules whose predicate reads the window alone; ``late(logits, batch, cells)``: rule name ->
     targets ``(B, Q, K)`` of the rules that need the model's logits ``(B, T, V)`` on the window. ``classes``:
@@ -159,9 +162,10 @@ def _assemble(batch: ProbeBatch, cells: torch.Tensor, hits: dict[str, torch.Tens
            "own": torch.stack([n_cells[:, None, None].expand(grid), mass.sum(-1), sq.sum(-1)], -1),
            "sxy": sxy_c + torch.einsum("blhq,bqr->blhr", first, fall),
            "csx": torch.einsum("blhq,bqr->blhr", mass, hasd), "csxx": torch.einsum("blhq,bqr->blhr", sq, hasd),
-           "csxy": sxy_c, "on": on,
+           "csxy": sxy_c, "cs0": torch.einsum("blhq,bqr->blhr", first, hasd), "on": on,
            "sy": yt.sum((1, 2)), "gram": torch.einsum("bqkr,bqks->brs", yt, yt),
            "cn": torch.einsum("bq,bqr->br", per_cell, hasd), "cy": y.sum((1, 2)), "cyy": (y * y).sum((1, 2)),
+           "cy0": y[:, :, 0].sum(1),
            "has": hasd.sum(1), "chance": chance.sum(1), "hasrow": has}
     if CS_SUMS in hits:  # copy suppression's first claim, on off-rest attention (docs/atlas.md)
         i = list(hits).index(CS_SUMS)

@@ -12,6 +12,11 @@ Why it looks like this:
   read. Each step's non-negative least squares enumerates the active sets of its (at most three) rules.
 * **Fit on one set of windows, scored on another**: :func:`mixture_sums` gives the per-window sums of the
   chosen mixtures on the held-out windows, for the same Pearson r and bootstrap as a single rule.
+* **A rule on its own rows, paired with the first token** (:func:`conditional_pairs`): a head that does
+  induction where a repeat exists often keeps part of those rows on the first token too, so a rule scored
+  alone on its rows would count that rest against it. The pair is fit on the rows where the rule has targets
+  (the same covariances, two rules), and it is the pair that is scored there and put back: its weights,
+  applied to whole rows, are the rule's on those rows and the first token's alone elsewhere.
 * The weights shown are normalised to sum to 1 (the correlation does not change with the scale): the
   mixture is then an attention pattern itself, each row summing to 1, which substitution puts back.
 """
@@ -112,12 +117,33 @@ def mixture_sums(stats: dict[str, torch.Tensor], weights: torch.Tensor) -> torch
     return torch.stack([n, sx, sy, sxx, syy, sxy], -1)
 
 
-def conditional_sums(stats: dict[str, torch.Tensor]) -> torch.Tensor:
-    """``(W, L, H, R, 6)``: each rule's correlation sums on the rows where it has targets only."""
+def conditional_pairs(stats: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``(L, H, R)``: each rule's weight in its pair with the first token, fit on the rows where the rule has
+    targets only (least squares with ``w >= 0``, the pair's weights summing to 1; 0 where the rule adds
+    nothing, or where neither correlates with the head there)."""
+    g = {k: stats[k].sum(0) for k in ("cn", "cy", "cyy", "cy0", "has", "csx", "csxy", "cs0")}  # (R,) or (L, H, R)
+    n = g["cn"].clamp(min=1)  # (R,)
+    ye = g["cy0"] - g["cy"] * g["has"] / n  # (R,): covariance of the rule's prediction with the first token
+    C = torch.stack([g["cyy"] - g["cy"] ** 2 / n, ye, ye, g["has"] - g["has"] ** 2 / n], -1).reshape(-1, 2, 2)
+    c = torch.stack([g["csxy"] - g["csx"] * g["cy"] / n, g["cs0"] - g["csx"] * g["has"] / n], -1)  # (L, H, R, 2)
+    L, H, R, _ = c.shape
+    w, _ = _nnls(C.expand(L * H, R, 2, 2).reshape(-1, 2, 2), c.reshape(-1, 2))  # (LHR, 2)
+    total = w.sum(-1)
+    return torch.where(total > 0, w[:, 0] / total.clamp(min=1e-300), torch.zeros_like(total)).reshape(L, H, R)
+
+
+def conditional_sums(stats: dict[str, torch.Tensor], weight: torch.Tensor) -> torch.Tensor:
+    """``(W, L, H, R, 6)``: the correlation sums, on the rows where each rule has targets only, of the pair
+    ``weight * rule + (1 - weight) * first token`` (``weight`` ``(L, H, R)``, :func:`conditional_pairs`)."""
     grid = stats["csx"].shape
     per = lambda v: v[:, None, None].expand(grid)  # noqa: E731  (W, R) -> (W, L, H, R)
-    return torch.stack([per(stats["cn"]), stats["csx"], per(stats["cy"]), stats["csxx"], per(stats["cyy"]),
-                        stats["csxy"]], -1)
+    a = weight[None].expand(grid)
+    b = 1 - a
+    has = per(stats["has"])  # the first token's sum y and sum y^2: one cell of 1 per row
+    sy = a * per(stats["cy"]) + b * has
+    syy = a * a * per(stats["cyy"]) + 2 * a * b * per(stats["cy0"]) + b * b * has
+    sxy = a * stats["csxy"] + b * stats["cs0"]
+    return torch.stack([per(stats["cn"]), stats["csx"], sy, stats["csxx"], syy, sxy], -1)
 
 
 def coverage(stats: dict[str, torch.Tensor], weights: torch.Tensor, skip: int = 0) -> torch.Tensor:

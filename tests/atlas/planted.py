@@ -13,9 +13,16 @@ win by a wide margin.
 * L1H1 resting: every query matches position 0's key only.
 * L1H2 (``planted_gpt(mixture=True)`` only) a mixture: the previous token and the first token score alike, so
   it puts half its attention on each; it writes the token it attends to, like L1H0, louder.
+* ``planted_gpt(splits=(p, ...))`` adds one head per share after those: induction that keeps part of each
+  row on the first token, ``p`` on the induction target and ``1 - p`` on the first token where a repeat gives
+  one target (the first token's score set ``log((1 - p) / p)`` above a match's), the first token alone
+  elsewhere; it writes the token it attends to, like L1H0. On :func:`rare_repeat_windows` it is SmolLM2's
+  L17H4 on prose in small: induction on the few rows with a repeat, resting on all the others.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -31,11 +38,11 @@ MIXTURE_WRITE = 4.0  # L1H2's write scale: enough that removing it moves the los
 REST = 7.0  # the induction head's score scale on the first token: about 9, well under a match
 
 
-def planted_gpt(mixture: bool = False) -> GPT:
+def planted_gpt(mixture: bool = False, splits: tuple[float, ...] = ()) -> GPT:
     tok = Tokenizer.char_level(ALPHABET)
     V, T = tok.d_vocab, N_CTX  # V includes BOS (the last id)
     D = 2 * V + T
-    cfg = ModelConfig(n_layers=2, n_heads=3 if mixture else 2, d_model=D, n_ctx=T, d_vocab=V, d_head=D_HEAD, attn_only=True,
+    cfg = ModelConfig(n_layers=2, n_heads=2 + mixture + len(splits), d_model=D, n_ctx=T, d_vocab=V, d_head=D_HEAD, attn_only=True,
                       normalization="none", positional_embedding="learned")
     model = GPT(cfg, tokenizer=tok)
     prev = V + T  # start of the previous-token subspace
@@ -76,6 +83,16 @@ def planted_gpt(mixture: bool = False) -> GPT:
             for t in range(V):
                 v2[t, t] = 1.0
                 o2[t, t] = MIXTURE_WRITE
+        for h, p in enumerate(splits, 2 + mixture):  # induction with a share p, the first token the rest
+            q, k, v, o = _block(model, 1, 0)[h], _block(model, 1, 1)[h], _block(model, 1, 2)[h], _out(model, 1)[h]
+            rest = (S * S / D_HEAD ** 0.5 + math.log((1 - p) / p)) * D_HEAD ** 0.5  # q . k of the first token
+            for t in range(V - 1):
+                q[t, t] = S
+                k[prev + t, t] = S
+                q[t, D_HEAD - 1] = rest ** 0.5
+                v[t, t] = 1.0
+                o[t, t] = 1.0
+            k[V + 0, D_HEAD - 1] = rest ** 0.5
     return model.eval()
 
 
@@ -104,4 +121,16 @@ def repeat_windows(model: GPT, n: int, seed: int = 0) -> list[torch.Tensor]:
         seg = letters[torch.randperm(len(letters), generator=gen)[:period]]
         body = torch.cat([letters[torch.randint(0, len(letters), (4,), generator=gen)], seg.repeat(8)])
         out.append(torch.cat([torch.tensor([bos]), body[: N_CTX - 1]]))
+    return out
+
+
+def rare_repeat_windows(model: GPT, n: int, every: int = 3, seed: int = 0) -> list[torch.Tensor]:
+    """``n`` windows of BOS + the letters in a random order, each once; every ``every``-th (the last of each ``every``) then repeats its
+    first 4 letters, so that a repeat (one earlier copy, induction's one target) is rare, as on prose."""
+    gen = torch.Generator().manual_seed(seed)
+    bos = model.tokenizer.bos_token_id
+    out = []
+    for i in range(n):
+        seg = torch.randperm(len(ALPHABET), generator=gen)
+        out.append(torch.cat([torch.tensor([bos]), seg, seg[:4] if i % every == every - 1 else seg[:0]]))
     return out

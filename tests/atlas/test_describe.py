@@ -50,11 +50,13 @@ def _reference(model, windows, batch_size):
             hd = has.double()[:, None, None]  # (B, 1, 1, Q)
             for key, v in (("sxy", (x * yt[:, None, None]).sum((-2, -1))), ("csx", (x.sum(-1) * hd).sum(-1)),
                            ("csxx", ((x * x).sum(-1) * hd).sum(-1)), ("csxy", (x * y[:, None, None]).sum((-2, -1))),
+                           ("cs0", (x[..., 0] * hd).sum(-1)),
                            ("on", (x * (w > 0)[:, None, None]).sum((-2, -1)))):
                 sums.setdefault(key, []).append(v)
             n_t = (w > 0).sum(-1)
             for key, v in (("sy", yt.sum((-2, -1))), ("cn", (cells.sum(-1) * has).double().sum(-1)),
-                           ("cy", y.sum((-2, -1))), ("cyy", (y * y).sum((-2, -1))), ("has", has.double().sum(-1)),
+                           ("cy", y.sum((-2, -1))), ("cyy", (y * y).sum((-2, -1))),
+                           ("cy0", y[..., 0].sum(-1)), ("has", has.double().sum(-1)),
                            ("chance", (n_t / (q[:, 0] + 1) * has).double().sum(-1))):
                 sums.setdefault(key, []).append(v)
             if name == "predicted_token":
@@ -62,7 +64,7 @@ def _reference(model, windows, batch_size):
                 sums["cs"] = torch.stack([sums["on"][-1], has.double().sum(-1)[:, None, None].expand(grid),
                                           sums["chance"][-1][:, None, None].expand(grid),
                                           (off * has[:, None, None]).sum(-1), even], -1)
-        for key in ("sxy", "csx", "csxx", "csxy", "on", "sy", "cn", "cy", "cyy", "has", "chance"):
+        for key in ("sxy", "csx", "csxx", "csxy", "cs0", "on", "sy", "cn", "cy", "cyy", "cy0", "has", "chance"):
             sums[key] = torch.stack(sums[key], -1)
         Y = torch.stack(whole, -1)  # (B, Q, K, R)
         sums["gram"] = torch.einsum("bqkr,bqks->brs", Y, Y)
@@ -121,7 +123,7 @@ def test_copy_suppression_needs_both_claims_and_a_rule_that_fits_wins():
     from headlens.atlas.describe import role_of
 
     ev = {"ov_label": 1.0, "pred_lo": 0.20, "pred_null": 0.08, "off_rest": 0.4, "main_weight": 0.7, "cond_r": 0.1,
-          "cond_coverage": 0.5, "cond_rule": 0}
+          "cond_coverage": 0.5, "cond_rule": 0, "cond_weight": 0.4, "cond_mass": 0.3, "cond_chance": 0.05}
     assert role_of("previous_token", 0.2, ev) == "copy_suppression"
     assert role_of("previous_token", 0.2, {**ev, "pred_lo": 0.07}) == "no clear role"  # not above the even spread
     assert role_of("previous_token", 0.2, {**ev, "ov_label": 0.0}) == "no clear role"  # its OV does not suppress
@@ -131,3 +133,8 @@ def test_copy_suppression_needs_both_claims_and_a_rule_that_fits_wins():
     assert role_of("induction_longest", 0.6, ev) == "induction"
     assert role_of("first_token", 0.9, ev) == "copy_suppression"  # a head resting between its claims' rows
     assert role_of("previous_token", 0.8, {**ev, "main_weight": 0.1, "ov_label": 0.0}) == "resting"
+    cond = {**ev, "ov_label": 0.0, "cond_r": 0.8, "cond_rule": list(candidate_rules()).index("induction")}
+    assert role_of("first_token", 0.9, cond) == "induction"  # does it where a repeat exists, rests elsewhere
+    assert role_of("first_token", 0.9, {**cond, "cond_weight": 0.2}) == "resting"  # rests there too, mostly
+    assert role_of("first_token", 0.9, {**cond, "cond_mass": 0.04}) == "resting"  # its targets get under chance
+    assert role_of("first_token", 0.9, {**cond, "cond_coverage": 1.0}) == "resting"  # targets in every row

@@ -14,7 +14,7 @@ from headlens.atlas.build import build_atlas
 from headlens.atlas.exemplars import AtlasConfig
 from headlens.atlas.rules import candidate_rules, token_classes
 from headlens.atlas.substitute import _loss, substitute
-from tests.atlas.planted import planted_gpt, repeat_windows
+from tests.atlas.planted import planted_gpt, rare_repeat_windows, repeat_windows
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +34,35 @@ def test_planted_mixture_and_conditional_heads_get_their_built_descriptions(mixe
     cond = by[(1, 0)]  # induction where a repeat exists, the first token elsewhere
     assert cond.role == "induction" and cond.agreement > 0.95 and 0.5 < cond.coverage < 0.95
     assert f"{cond.coverage:.0%} of query rows" in cond.text
+
+
+@pytest.fixture(scope="module")
+def split():
+    """Induction that keeps 0.4 or 0.65 of each row with a repeat on the first token, where repeats are rare."""
+    model = planted_gpt(splits=(0.6, 0.35))
+    windows = rare_repeat_windows(model, 48)
+    return model, windows, build_atlas(model, AtlasConfig(k=3, batch_size=8), windows=windows, subst_windows=0)
+
+
+def test_induction_that_keeps_a_share_on_the_first_token_is_named_with_its_coverage(split):
+    from headlens.atlas.heldout import heldout_stats
+    from headlens.atlas.mixture import conditional_sums, corr
+
+    model, windows, atlas = split
+    by = {(d.layer, d.head): d for d in atlas.descriptions}
+    assert by[(1, 1)].role == "resting" and by[(1, 1)].mixture == {"first_token": 1.0}  # rests everywhere
+    for h, p in [(2, 0.6), (3, 0.35)]:  # built: p on the induction target in a row with a repeat
+        d = by[(1, h)]
+        assert d.role == "induction" and d.evidence["cond_mass"] == pytest.approx(p, abs=0.01)
+        assert 0.05 < d.coverage < 0.2 and f"{d.coverage:.0%} of" in d.text and d.text.endswith("Role: induction.")
+    d = by[(1, 3)]  # over all rows the first token alone describes it best: its rows with a repeat are few
+    assert d.conditional and "where it can" in d.text and d.agreement > 0.95
+    assert d.mixture == pytest.approx({"induction": 0.35, "first_token": 0.65}, abs=0.01)
+    rules = {n: r for n, r in candidate_rules().items() if n != "predicted_token"}
+    stats = heldout_stats(model, windows, rules, None, 8)
+    i = stats["names"].index("induction")
+    alone = corr(conditional_sums(stats, torch.ones(2, 4, len(rules))).sum(0))[1, 3, i]  # the rule without its pair
+    assert alone < 0.5  # what once left it "resting"
 
 
 def test_shares_kept_are_near_one_for_built_heads_and_the_whole_model_line(mixed):
@@ -102,10 +131,11 @@ def test_the_substituted_loss_equals_the_models_forward_with_its_pattern_replace
                                                               abs=1e-5)
 
 
-def test_no_sentence_names_a_role_its_numbers_argue_against(mixed):
+@pytest.mark.parametrize("planted", ["mixed", "split"])
+def test_no_sentence_names_a_role_its_numbers_argue_against(planted, request):
     """A rule's role is named only with its agreement at 0.5 or more and a weight of a quarter or more in the
     mixture; copy suppression only with its two claims in the text."""
-    _, _, atlas = mixed
+    _, _, atlas = request.getfixturevalue(planted)
     for d in atlas.descriptions:
         named = re.search(r"Role: ([a-z _0-9]+)\.$", d.text)
         if d.role in ("no clear role",) or (d.role == "resting" and d.agreement < 0.5):
