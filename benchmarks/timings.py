@@ -58,7 +58,7 @@ def dashboard_first_start(ref: str) -> Callable[[dict[str, str]], float]:
     drawn in chromium (the browser test's server and waits)."""
 
     def run(env: dict[str, str]) -> float:
-        sys.path[:0] = [str(ROOT / "tests" / "app"), str(ROOT / "tests")]
+        sys.path[:0] = [str(ROOT / "tests" / "app"), str(ROOT / "tests"), str(ROOT)]  # tests/conftest imports tests.*
         os.environ.update(env)
         import test_browser as tb
         from playwright.sync_api import sync_playwright
