@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import torch
@@ -88,6 +89,17 @@ def resolve_model(model_or_ref: Any, device: str = "cpu", **load_options: Any) -
                   stacklevel=2)
     return load(others[0], device=device, **load_options)
 
+
+@contextmanager
+def _post_scan(progress: Any, name: str, counted: AbstractContextManager[Any]) -> Iterator[None]:
+    """A phase after the scan (a weight detector, a gate): named on the bar, heard from inside the readout, its
+    tokens counted by ``counted``; it reports its start and its end, done or refused, so a bar never sits at 0."""
+    with reporting(progress), phase(name), counted:
+        report(0, 1)
+        try:
+            yield
+        finally:
+            report(1, 1)
 
 def _probes(model: Any, dets: list[Detector], prompts: Any, n_prompts: int, seq_len: int, seed: int,
             truncate: bool, corpus: str | None = None) -> list[tuple[Probe, list[Detector]]]:
@@ -300,12 +312,8 @@ def classify(
         d = by_name.get(name) or DETECTORS.get(name)
         if d is not None and d.kind == "weights":
             try:
-                with reporting(progress), phase(f"weights {d.name}"), reads(f"weights:{d.name}"):  # named, heard from inside
-                    report(0, 1)
-                    try:
-                        w = summarize_weights(d.weights_fn(model), taus[d.name])
-                    finally:
-                        report(1, 1)  # the phase is over, done or refused: a bar never sits at 0 of 1
+                with _post_scan(progress, f"weights {d.name}", reads(f"weights:{d.name}")):
+                    w = summarize_weights(d.weights_fn(model), taus[d.name])
             except DetectorError as err:  # e.g. no ordered list of single tokens for successor
                 if explicit:
                     raise
@@ -332,10 +340,8 @@ def classify(
         else:  # the strength's CI low end against κ (docs/scores.md, "the label rule")
             labels = strength_label(s, taus[name])
         if d is not None and d.gate is not None:  # what the head writes: the gate's CI must clear zero too
-            with reporting(progress), phase(f"gate {d.gate.name} of {name}"), reads(f"gate:{probe_of[name].name}"):
-                report(0, 1)
+            with _post_scan(progress, f"gate {d.gate.name} of {name}", reads(f"gate:{probe_of[name].name}")):
                 g = gate_summary(model, d.gate, probe_of[name], gate_cache, seed, n_boot)
-                report(1, 1)
             labels, gated = labels & gate_passes(g, d.gate.sign), gated | {d.gate.name}
         new_rows = head_rows(model.name, name, s, lift, labels, L, kv, rests.get(name))
         if d is not None and d.gate is not None:
