@@ -41,7 +41,12 @@ def corpus_windows(model: Any, corpus: str, n_windows: int, seq_len: int, seed: 
     if n_windows < 2:
         raise ProbeError(f"an atlas needs at least 2 windows of text (one held out); got n_windows={n_windows}")
     gen = torch.Generator().manual_seed(seed)
-    seq_len = min(seq_len, int(model.cfg.n_ctx))
+    if seq_len > int(model.cfg.n_ctx):  # said, not silently cut: the windows are shorter than asked
+        import warnings
+
+        warnings.warn(f"seq_len={seq_len} is beyond the model's context (n_ctx={model.cfg.n_ctx}): the atlas reads "
+                      f"windows of {model.cfg.n_ctx} tokens", stacklevel=2)
+        seq_len = int(model.cfg.n_ctx)
     if corpus == "prose":
         return prose_windows(model, n_windows, seq_len, gen)
     if corpus == "code":

@@ -26,3 +26,12 @@ def test_near_duplicate_lines_are_read_once():
     text = "Python Character Mapping Codec cp1252 generated from 'CP1252.TXT'.\n" \
            "Python Character Mapping Codec cp437 generated from 'CP437.TXT'.\nA line."
     assert distinct_lines(text) == ["Python Character Mapping Codec cp1252 generated from 'CP1252.TXT'.", "A line."]
+
+
+def test_windows_past_the_context_are_cut_and_said():
+    import pytest
+
+    model = make_gpt(n_ctx=32)
+    with pytest.warns(UserWarning, match=r"seq_len=64 is beyond the model's context \(n_ctx=32\)"):
+        windows = corpus_windows(model, "repeats", 4, 64)
+    assert max(len(w) for w in windows.prompts) <= 32
