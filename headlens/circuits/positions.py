@@ -22,6 +22,7 @@ bridge, the resumed bridge, the naive references) takes those two masks and noth
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -118,3 +119,41 @@ def suffix_start(edges: Sequence[object], named: NamedPositions | None) -> int:
     if named is None:
         return 0
     return min(named.first(getattr(e, "pos", ALL)) for e in edges) if edges else 0
+
+
+def with_positions(P: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
+    """``(B, S')`` each prompt's positions ``P`` ``(B, S)`` and the ``extra`` ones ``(B, T)`` (all before them), in
+    order, a short row padded with its last position again.
+
+    >>> with_positions(torch.tensor([[5, 6], [4, 4]]), torch.tensor([[0, 1, 0, 0, 0, 0, 0], [1, 0, 1, 0, 0, 0, 0]]).bool())
+    tensor([[1, 5, 6, 6],
+            [0, 2, 4, 4]])
+    """
+    T = extra.shape[1]
+    m = int(extra.sum(1).max())
+    ex = torch.where(extra, torch.arange(T, device=P.device), T).sort(1).values[:, :m]  # (B, m): T where none
+    both = torch.cat([ex, P], 1)  # (B, m + S)
+    return torch.where(both >= T, P[:, -1:], both).sort(1).values
+
+
+def span_groups(span: torch.Tensor, most: int = 3, saving: float = 0.1) -> list[tuple[torch.Tensor, int]]:
+    """At most ``most`` groups of prompts ``(rows, s)`` by their spans ``(B,)`` (positions each resumes), each run
+    ``s`` (its longest) wide, when that saves at least ``saving`` of running all at the longest; else ``[]``.
+
+    >>> [(r.tolist(), s) for r, s in span_groups(torch.tensor([5, 7, 5, 3, 5, 7]))]
+    [([3], 3), ([0, 2, 4], 5), ([1, 5], 7)]
+    """
+    vals = sorted(set(span.tolist()))
+    count = [int((span == v).sum()) for v in vals]
+    full, best, cuts = len(span) * vals[-1], len(span) * vals[-1], ()
+    for k in range(1, min(most, len(vals))):
+        for c in itertools.combinations(range(1, len(vals)), k):
+            bounds = (0, *c, len(vals))
+            cost = sum(sum(count[a:b]) * vals[b - 1] for a, b in itertools.pairwise(bounds))
+            if cost < best:
+                best, cuts = cost, c
+    if best > (1 - saving) * full:
+        return []
+    bounds = (0, *cuts, len(vals))
+    return [(((span >= vals[a]) & (span <= vals[b - 1])).nonzero()[:, 0], vals[b - 1])
+            for a, b in itertools.pairwise(bounds)]

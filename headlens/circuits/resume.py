@@ -18,8 +18,11 @@ Why it looks like this:
   prompt, only its positions from its first patched one to its end (``P``, ``(B, S)``: IOI's END is one
   position, wherever each prompt's END is), and attention reads every other position's clean keys and
   values: the new ones are scattered into the recorded ones at the seam, and the rows of the recorded mask,
-  cos and sin are taken at ``P``. Block ``R`` runs on all positions when a key or value is patched before,
-  in slices of ``max_tokens`` rows (a chunk is sized for ``P``), each taken at ``P`` at once.
+  cos and sin are taken at ``P``. When a key or value is patched before a prompt's first position (IOI's
+  ``S2 -> END`` edges), block ``R`` runs at ``P`` and at the positions it is sent from (its keys and values there
+  are the patched ones; every other position keeps its clean ones), not at all ``T``. Prompts whose spans differ
+  run in up to three groups of similar span (IOI's ``S2`` spans 3-7 positions: each group only as wide as
+  its longest), on slices of the clean run.
 * **Logits at the read positions only, one edge at a time.** A 50k vocabulary makes ``(K, B, T, V)`` the
   largest tensor of a run; the final norm and unembedding run per edge, at each prompt's read positions,
   into one buffer of clean logits (for ``logit_diff``, only the two answers' columns).
@@ -31,6 +34,7 @@ Equal to one full forward per edge through the forks (:class:`~headlens.circuits
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -38,9 +42,10 @@ import torch
 
 from headlens.circuits.bridge import _splice, fork_plan, has_forks
 from headlens.circuits.nodes import Edge
-from headlens.circuits.positions import suffix_start
+from headlens.circuits.positions import span_groups, suffix_start, with_positions
 from headlens.interventions.metrics import Task
 
+VIEWS = 4  # sliced clean runs a patcher keeps (:meth:`ResumePatcher._view`)
 _DROP = ("cache", "past_key_values", "layer_past")  # the family's own cache: the seam stands in for it
 
 
@@ -150,6 +155,23 @@ class CleanRun:
         self.z = [cache[n] for n in names[:L]]
         self.final = cache[names[-1]]
 
+    def rows(self, rows: torch.Tensor) -> CleanRun:
+        """This run of prompts ``rows`` only: what resuming reads (block calls, keys and values, ``z``), no logits."""
+        B = self.final.shape[0]
+
+        def cut(x: Any) -> Any:
+            if isinstance(x, tuple | list):
+                return type(x)(cut(v) for v in x)
+            if isinstance(x, dict):
+                return {k: cut(v) for k, v in x.items()}
+            return x[rows] if isinstance(x, torch.Tensor) and x.ndim >= 2 and x.shape[0] == B > 1 else x
+
+        out = copy.copy(self)
+        out.calls = [(cut(a), cut(kw)) for a, kw in self.calls]
+        out.kv = [None if kv is None else (kv[0][rows], kv[1][rows]) for kv in self.kv]
+        out.z, out.final, out.logits = [z[rows] for z in self.z], self.final[rows], None
+        return out
+
     def block(self, model: Any, layer: int, x: torch.Tensor, K: int, P: torch.Tensor | None = None) -> torch.Tensor:
         """Block ``layer`` on ``x`` ``(K*B, S, D)``: ``K`` copies of the batch at positions ``P`` (None: all)."""
         args, kwargs = self.calls[layer]
@@ -184,6 +206,7 @@ class ResumePatcher:
         self.transform = getattr(getattr(b, "adapter", None), "apply_output_logits_transform", None)
         self._buf: torch.Tensor | None = None  # the logits buffer every chunk writes its read positions into
         self._dirty: tuple[torch.Tensor, ...] | None = None  # where the last chunk wrote (its index)
+        self._views: dict[tuple[int, ...], ResumePatcher] = {}  # per group of prompts (:meth:`_view`)
 
     def chunks(self, edges: Sequence[Edge], named: Any = None) -> list[list[Edge]]:
         """Edges grouped by receiver layer and first changed position, ``max_tokens`` rows x positions each."""
@@ -233,7 +256,7 @@ class ResumePatcher:
                 x = (self.run.final[None] + deltas if P is None  # (K, B, T, D)
                      else _at(self.run.final, P, 1)[None] + _at(deltas, P, 2))  # (K, B, S, D)
             else:
-                x = self._resume(chunk, deltas, recv, P)
+                x = self._grouped(chunk, deltas, recv, P)
         except NotRagged:
             self.ragged = False
             yield from self.logits(chunk, deltas, recv)
@@ -277,18 +300,50 @@ class ResumePatcher:
                 logits = logits + bias.detach()[cols].to(x)
         return logits if self.transform is None else self.transform(logits)
 
+    def _grouped(self, chunk: Sequence[Edge], deltas: torch.Tensor, recv: torch.Tensor | None,
+                 P: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`_resume` over groups of prompts of similar spans (:func:`span_groups`), joined ``(K*B, S, D)``:
+        ragged prompts padded to the longest span resume positions nobody reads (IOI's S2: 7 for a mean of 5)."""
+        groups = span_groups(self.lengths - P[:, 0]) if P is not None and self.ragged else []
+        if len(groups) < 2:
+            return self._resume(chunk, deltas, recv, P)
+        K, B, _, D = deltas.shape
+        out: torch.Tensor | None = None
+        for rows, s in groups:
+            x = self._view(rows)._resume(chunk, deltas[:, rows], None if recv is None else recv[:, rows], P[rows, :s])
+            if out is None:
+                out = x.new_zeros(K, B, P.shape[1], D)  # (K, B, S, D): past a group's span, positions nobody reads
+            out[:, rows, :s] = x.view(K, len(rows), s, D)
+        return out.view(K * B, P.shape[1], D)
+
+    def _view(self, rows: torch.Tensor) -> ResumePatcher:
+        """This patcher on prompts ``rows`` only (its clean run sliced), for :meth:`_resume`; the last few are kept
+        (each holds its prompts' share of the clean run: a grouping of SmolLM2's 32 IOI prompts, 0.12 GB)."""
+        key = tuple(rows.tolist())
+        if key not in self._views:
+            if len(self._views) >= VIEWS:
+                self._views.pop(next(iter(self._views)))
+            view = copy.copy(self)
+            view.run, view.lengths, view._views = self.run.rows(rows), self.lengths[rows], {}
+            self._views[key] = view
+        return self._views[key]
+
     def _resume(self, chunk: Sequence[Edge], deltas: torch.Tensor, recv: torch.Tensor | None,
                 P: torch.Tensor | None) -> torch.Tensor:
         """``(K*B, S, D)``: the residual stream after the last block at ``P``, from the receiver layer on."""
         K, B, T, _ = deltas.shape
-        PR = P  # block R runs at P too unless a key or value is patched before a prompt's first position
+        PR = P  # block R runs at P, and where a key or value is patched before a prompt's first position, there too
         if P is not None:
             before = torch.arange(T, device=P.device)[None] < P[:, :1]  # (B, T)
-            if any(bool((d.abs().sum(-1) * before).any()) for d in deltas):  # one copy at a time, not K
-                PR = None
+            sent = torch.zeros_like(before)
+            for d in deltas:  # one copy at a time, not K
+                sent |= (d.abs().sum(-1) > 0) & before
+            if bool(sent.any()):
+                PR = with_positions(P, sent) if self.ragged else None
         # the chunk is sized for S positions (``chunks``); block R on all T of them holds K*B*T rows (IOI's k and
         # v edges at END: T/S times more), so it runs in slices of ``max_tokens`` rows, each taken at P at once
-        per = max(1, self.max_tokens // (B * T)) if PR is None and P is not None else K
+        wide = P is not None and PR is not P
+        per = max(1, self.max_tokens // (B * (T if PR is None else PR.shape[1]))) if wide else K
         x = torch.cat([self._receiver(chunk[i:i + per], deltas[i:i + per], None if recv is None else recv[i:i + per],
                                       PR, P) for i in range(0, K, per)])  # (K*B, S, D)
         with self._keys(P, K):
@@ -311,6 +366,8 @@ class ResumePatcher:
             x = self.run.block(self.model, R, take(resid, 1).repeat(K, 1, 1), K, PR)
         if PR is None and P is not None:
             x = _at(x.view(K, B, T, D), P, 2).reshape(K * B, -1, D)
+        elif PR is not P:  # block R ran at P and the positions sent from: take P's rows of them
+            x = _at(x.view(K, B, PR.shape[1], D), torch.searchsorted(PR, P), 2).reshape(K * B, -1, D)
         return x
 
     def _keys(self, P: torch.Tensor | None, K: int) -> contextlib.AbstractContextManager[None]:
