@@ -40,7 +40,10 @@ Measured old against new in one process (the same loaded machine, CPU seconds): 
 edges for 4 tables 94.7 s -> 57.3 s, identical. Tried and reverted: faithfulness's ablated forwards resumed at
 their first clean head's layer from the every-head-ablated forward (identical values, but 105 s against 93.7 s
 for whole forwards: the curve's sets reach layers 5-8, and the blocks called one by one cost what they save).
-What is left is the exact rounds' suffix (the resumed blocks after each receiver, for ~1200 patches: controls
+Not done: fewer controls (8 of every 9 exact patches; with 9 heads a layer the control is every other head of the
+sender's layer). Recomputing the tables from the same patches with 6, 4 or 2 controls drawn from the 8 changed
+which edges are significant (6: 4 of the logits table's 301 rows, 4: 4 and 2 in the rounds, 2: up to 10): the
+circuit would not be the same. What is left is the exact rounds' suffix (the resumed blocks after each receiver, for ~1200 patches: controls
 are 8 of every 9) and the first pass's backward passes.
 
 Run: ``python benchmarks/limits.py`` (a few minutes on a quiet 2-core machine), ``--quick`` (a quarter of
