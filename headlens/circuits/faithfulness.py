@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from headlens.circuits.engine import LOGIT_BUDGET, RESUME_TOKENS
+from headlens.circuits.resume import ResumePatcher, _at, resumable
 from headlens.interventions.logits import read_columns
 from headlens.interventions.metrics import get_metric
 
@@ -37,44 +39,123 @@ Nodes = set[tuple[str, str]]  # (head, position name or "all")
 
 
 class Ablator:
-    """The metric with only some heads (at some positions) clean: one forward with ``hook_z`` replaced."""
+    """The metric with only some heads (at some positions) clean (see the module docstring).
 
-    def __init__(self, s: Any) -> None:
-        self.s = s
+    ``resume``: on a resumable bridged model, record the every-head-ablated forward once and run each node set
+    from its earliest head's layer and positions on (None: when the setup is ``fast``); False: one whole
+    hooked forward per node set, the reference.
+    """
+
+    def __init__(self, s: Any, resume: bool | None = None, max_tokens: int = RESUME_TOKENS) -> None:
+        self.s, self.max_tokens = s, max_tokens
         L, H = s.model.cfg.n_layers, s.model.cfg.n_heads
         self.L, self.H = L, H
         self.repl = [s.deltas._replaced(f"z{layer}") for layer in range(L)]  # (B, T, H, d_head) per layer
+        self.metric, self.at = get_metric(s.metric), s.task.at(read_columns(s.task.positions))  # the read positions
+        self.resume = bool(s.fast if resume is None else resume) and resumable(s.model)
         self._cache: dict[frozenset, float] = {}
 
     def value(self, nodes: Iterable[tuple[str, str]]) -> float:
         """Mean metric with ``nodes`` (``(head name, position)``) clean and every other head ablated."""
-        from headlens.interventions.sweep import task_logits
+        return self.values([nodes])[0]
 
-        nodes = frozenset(nodes)
-        if nodes in self._cache:
-            return self._cache[nodes]
-        s = self.s
-        B, T = s.task.tokens.shape
-        keep = torch.zeros(self.L, B, T, self.H, dtype=torch.bool, device=s.task.tokens.device)
+    def values(self, sets: Sequence[Iterable[tuple[str, str]]]) -> list[float]:
+        """:meth:`value` of each node set, the resumed ones run together."""
+        keys = [frozenset(n) for n in sets]
+        todo = [n for n in dict.fromkeys(keys) if n not in self._cache]
+        if todo:
+            if self.resume:
+                B = self.s.task.tokens.shape[0]
+                per = max(1, LOGIT_BUDGET // (4 * self.s.task.tokens.shape[1] * self.s.model.cfg.d_vocab))
+                parts = [self._resumed(todo, slice(i, i + per)) for i in range(0, B, per)]  # [set][prompt]
+                found = [torch.cat([p[k] for p in parts]) for k in range(len(todo))]
+            else:
+                found = [self._forward(n) for n in todo]
+            self._cache.update({n: float(v.mean()) for n, v in zip(todo, found, strict=True)})
+        return [self._cache[n] for n in keys]
+
+    def _keep(self, nodes: frozenset, named: Any, B: int, T: int) -> torch.Tensor:
+        """``(L, B, T, H)`` bool: where each head's ``hook_z`` stays clean."""
+        keep = torch.zeros(self.L, B, T, self.H, dtype=torch.bool, device=self.s.task.tokens.device)
         for name, pos in nodes:
             if not name.startswith("L"):
                 continue
             layer, head = (int(x) for x in name[1:].split("H"))
-            mask = None if s.named is None or pos == "all" else s.named.mask(pos)
+            mask = None if named is None or pos == "all" else named.mask(pos)
             keep[layer, :, :, head] |= True if mask is None else mask
+        return keep
+
+    def _forward(self, nodes: frozenset) -> torch.Tensor:
+        """``(B,)`` per-prompt metric of one whole hooked forward over the prompts (the reference)."""
+        from headlens.interventions.sweep import task_logits
+
+        s = self.s
+        keep = self._keep(nodes, s.named, *s.task.tokens.shape)
 
         def hook(z: torch.Tensor, hook: Any) -> torch.Tensor:  # (B, T, H, d_head)
             layer = int(hook.name.split(".")[1])
             return torch.where(keep[layer][..., None], z, self.repl[layer].to(z))
 
         hooks = [(f"blocks.{layer}.attn.hook_z", hook) for layer in range(self.L)]
-        metric, at = get_metric(s.metric), s.task.at(read_columns(s.task.positions))  # unembed the read positions
         with torch.no_grad():
-            clean = task_logits(s.model, s.task, cols=at.cols) if metric.needs_clean else None  # (B, C, V)
+            clean = task_logits(s.model, s.task, cols=self.at.cols) if self.metric.needs_clean else None  # (B, C, V)
             with s.model.hooks(hooks):
-                logits = task_logits(s.model, s.task, cols=at.cols)  # (B, C, V)
-        self._cache[nodes] = float(metric(logits, at, clean).mean())
-        return self._cache[nodes]
+                logits = task_logits(s.model, s.task, cols=self.at.cols)  # (B, C, V)
+        return self.metric(logits, self.at, clean)
+
+    def _resumed(self, todo: Sequence[frozenset], rows: slice) -> list[torch.Tensor]:
+        """``(b,)`` per-prompt metric of each node set on prompts ``rows``: the every-head-ablated forward recorded
+        once, then each set's blocks from its first head's layer on, at the positions its heads can change."""
+        from headlens.interventions.sweep import task_logits
+
+        s = self.s
+        task, named = s.task.rows(rows), None if s.named is None else s.named.rows(rows)
+        at, repl = task.at(self.at.cols), [r[rows] for r in self.repl]  # (b, T, H, d_head) per layer
+        (B, T), L = task.tokens.shape, self.L
+        none = [(f"blocks.{layer}.attn.hook_z", lambda z, hook, r=r: r.to(z)) for layer, r in enumerate(repl)]
+        answers_only = self.metric.name == "logit_diff" and task.answers is not None  # unembed the answers only
+        with torch.no_grad():
+            run = ResumePatcher(s.model, task, self.max_tokens, task.answers if answers_only else None, hooks=none)
+            clean = task_logits(s.model, task, cols=at.cols) if self.metric.needs_clean else None  # (b, C, V)
+
+            def score(logits: torch.Tensor) -> torch.Tensor:  # (b, T, V) -> (b,)
+                return self.metric(logits if at.cols is None else logits[:, at.cols], at, clean)
+
+            keeps = {n: self._keep(n, named, B, T) for n in todo}  # (L, b, T, H) each
+            start = {n: next((layer for layer in range(L) if bool(k[layer].any())), L) for n, k in keeps.items()}
+            out = {n: score(run.clean_logits) for n in todo if start[n] == L}  # nothing clean: the recorded run
+            for chunk in self._chunks([n for n in todo if n not in out], start, keeps, run):
+                keep = torch.stack([keeps[n] for n in chunk])  # (K, L, b, T, H)
+                x, P = run.suffix(start[chunk[0]], keep.any(1).any(-1), lambda P, k=keep: self._hooks(k, repl, P))
+                out.update((n, score(logits)) for n, logits in zip(chunk, run.read(x, P, len(chunk)), strict=True))
+        return [out[n] for n in todo]
+
+    def _chunks(self, todo: list[frozenset], start: dict, keeps: dict, run: Any) -> list[list[frozenset]]:
+        """Node sets that resume from the same layer and positions, ``max_tokens`` rows x positions each."""
+        groups: dict[tuple, list[frozenset]] = {}
+        B, T = run.task.tokens.shape
+        for n in todo:
+            P = run.positions(keeps[n].any(0).any(-1)[None])  # (b, S) or None
+            key = (start[n], None, T) if P is None else (start[n], tuple(P[:, 0].tolist()), P.shape[1])
+            groups.setdefault(key, []).append(n)
+        out = []
+        for (_, _, S), group in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][2])):
+            per = max(1, self.max_tokens // (B * S))
+            out += [group[i:i + per] for i in range(0, len(group), per)]
+        return out
+
+    def _hooks(self, keep: torch.Tensor, repl: list[torch.Tensor], P: torch.Tensor | None) -> list:
+        """``hook_z`` of every layer with a head clean somewhere: ``(K*b, S, H, d_head)``, each copy's heads clean
+        where ``keep`` ``(K, L, b, T, H)`` says, the replacement elsewhere, at positions ``P`` ``(b, S)`` (None: all)."""
+        K, L, B, _, H = keep.shape
+        hooks = []
+        for layer in range(L):
+            k, r = keep[:, layer], repl[layer]  # (K, b, T, H), (b, T, H, d_head)
+            if P is not None:
+                k, r = _at(k, P, 2), _at(r, P, 1)  # (K, b, S, H), (b, S, H, d_head)
+            k, r = k.reshape(K * B, -1, H, 1), r.repeat(K, 1, 1, 1)  # (K*b, S, H, 1), (K*b, S, H, d_head)
+            hooks.append((f"blocks.{layer}.attn.hook_z", lambda z, hook, k=k, r=r: torch.where(k, z, r.to(z))))
+        return hooks
 
     def every_head(self) -> Nodes:
         return {(f"L{layer}H{h}", "all") for layer in range(self.L) for h in range(self.H)}
@@ -109,23 +190,22 @@ def measures(s: Any, circuit: Any, measured: Any, roots: Nodes, max_curve: int =
     """Every faithfulness figure of a discovered circuit (the edge-table rows ``circuit``; ``measured``: every
     candidate edge measured exactly; ``roots``: nodes that belong to it whatever its edges)."""
     a = Ablator(s)
-    m_clean, m_none = a.value(a.every_head()), a.value(set())
     nodes = roots | edge_nodes(circuit)
-    m_circ = a.value(nodes)
+    ranked = measured.sort_values("effect", key=abs, ascending=False, kind="stable") if len(measured) else measured
+    mib = [roots | edge_nodes(ranked.head(max(1, math.ceil(k * len(ranked))))) for k in MIB_FRACTIONS] if len(ranked) else []
+    n = len(circuit)
+    steps = sorted({max(1, round(n ** (i / max(1, max_curve - 1)))) for i in range(max_curve)}) if n else []
+    curve = [roots | edge_nodes(circuit.head(k)) for k in steps]
+    m_clean, m_none, m_circ = a.values([a.every_head(), set(), nodes, *mib, *curve])[:3]  # every set in one pass
     out: dict[str, Any] = {"faithfulness": _recovered(a, nodes, m_clean, m_none),
                            "ioi_faithfulness": {"F_M": m_clean, "F_C": m_circ, "F_0": m_none,
                                                 "abs_diff": abs(m_clean - m_circ),
                                                 "ratio": m_circ / m_clean if abs(m_clean) > 1e-12 else float("nan")}}
-    ranked = measured.sort_values("effect", key=abs, ascending=False, kind="stable") if len(measured) else measured
-    fs = [_recovered(a, roots | edge_nodes(ranked.head(max(1, math.ceil(k * len(ranked))))), m_clean, m_none)
-          for k in MIB_FRACTIONS] if len(ranked) else []
+    fs = [_recovered(a, m, m_clean, m_none) for m in mib]
     out["mib"] = {"fractions": list(MIB_FRACTIONS), "faithfulness": fs, "n_edges": len(ranked),
                   "cpr": area(MIB_FRACTIONS, fs) if fs else float("nan"),
                   "cmd": area(MIB_FRACTIONS, [abs(1 - f) for f in fs]) if fs else float("nan")}
-    n = len(circuit)
-    steps = sorted({max(1, round(n ** (i / max(1, max_curve - 1)))) for i in range(max_curve)}) if n else []
-    out["faithfulness_curve"] = [float(np.round(_recovered(a, roots | edge_nodes(circuit.head(k)), m_clean, m_none), 12))
-                                 for k in steps]
+    out["faithfulness_curve"] = [float(np.round(_recovered(a, c, m_clean, m_none), 12)) for c in curve]
     out["faithfulness_curve_n"] = steps
     return out
 

@@ -111,7 +111,8 @@ def _at(x: torch.Tensor, P: torch.Tensor, axis: int) -> torch.Tensor:
 
 
 class CleanRun:
-    """One clean forward of a bridged model, recording what the resumed paths start from.
+    """One clean forward of a bridged model, recording what the resumed paths start from (under ``hooks``: the
+    forward they make, such as every head ablated, is the one recorded).
 
     Attributes:
         calls: per block, the ``(args, kwargs)`` it was called with (``args[0]``: the residual stream in).
@@ -121,7 +122,7 @@ class CleanRun:
         logits: ``(B, T, V)``.
     """
 
-    def __init__(self, model: Any, task: Task, keys: bool = False) -> None:
+    def __init__(self, model: Any, task: Task, keys: bool = False, hooks: Sequence[tuple[str, Any]] = ()) -> None:
         blocks = list(model.bridge.blocks)
         L = len(blocks)
         self.calls: list[tuple[tuple, dict]] = [((), {})] * L
@@ -142,7 +143,7 @@ class CleanRun:
         kwargs = {} if task.attention_mask is None else {"attention_mask": task.attention_mask}
         seam = _seam(blocks, record) if keys else contextlib.nullcontext()
         try:
-            with torch.no_grad(), seam:
+            with torch.no_grad(), seam, model.hooks(list(hooks)):
                 self.logits, cache = model.run_with_cache(task.tokens, names_filter=names, **kwargs)
         finally:
             for h in handles:
@@ -168,11 +169,12 @@ class ResumePatcher:
     None: every logit of a read position is computed.
     """
 
-    def __init__(self, model: Any, task: Task, max_tokens: int = 8192, columns: torch.Tensor | None = None) -> None:
+    def __init__(self, model: Any, task: Task, max_tokens: int = 8192, columns: torch.Tensor | None = None,
+                 hooks: Sequence[tuple[str, Any]] = ()) -> None:
         self.model, self.task, self.max_tokens, self.columns = model, task, max_tokens, columns
         b = model.bridge
         self.blocks = list(b.blocks)
-        self.run = CleanRun(model, task, keys=True)
+        self.run = CleanRun(model, task, keys=True, hooks=hooks)  # under hooks: what "clean" means here
         self.clean_logits = self.run.logits
         B, T = task.tokens.shape
         self.lengths = (task.attention_mask.sum(1) if task.attention_mask is not None
@@ -226,7 +228,7 @@ class ResumePatcher:
     def logits(self, chunk: Sequence[Edge], deltas: torch.Tensor, recv: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
         """Each edge's ``(B, T, V)`` logits in turn (one shared buffer: read each before the next);
         ``deltas`` ``(K, B, T, D)``, ``recv`` ``(K, B, T)`` the receivers' patched query positions."""
-        K, B, T, D = deltas.shape
+        K = deltas.shape[0]
         P = self.positions(recv)
         try:
             if chunk[0].receiver.kind == "logits":
@@ -238,9 +240,30 @@ class ResumePatcher:
             self.ragged = False
             yield from self.logits(chunk, deltas, recv)
             return
+        yield from self.read(x, P, K)
+
+    def suffix(self, layer: int, recv: torch.Tensor, hooks: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(K*B, S, D)`` the residual stream after the last block, run from block ``layer`` on ``K`` copies of the
+        recorded one entering it at the positions ``P`` that ``recv`` ``(K, B, T)`` can change, under the hooks
+        ``hooks(P)`` gives; and ``P`` ``(B, S)`` (None: all)."""
+        K = recv.shape[0]
+        P = self.positions(recv)
+        x = self.run.calls[layer][0][0]  # (B, T, D): the recorded residual stream entering block ``layer``
+        try:
+            with self.model.hooks(hooks(P)):
+                return self._blocks((x if P is None else _at(x, P, 1)).repeat(K, 1, 1), layer, K, P), P
+        except NotRagged:
+            self.ragged = False
+            return self.suffix(layer, recv, hooks)
+
+    def read(self, x: torch.Tensor, P: torch.Tensor | None, K: int) -> Iterator[torch.Tensor]:
+        """Each copy's ``(B, T, V)`` logits in turn (one shared buffer: read each before the next) from the final
+        residual stream ``x`` ``(K*B, S, D)`` at ``P``: the recorded logits where ``P`` or the read positions
+        leave them."""
+        (B, T), D = self.task.tokens.shape, x.shape[-1]
         S = T if P is None else P.shape[1]
         x = x.reshape(K, B, S, D)
-        Pf = torch.arange(T, device=deltas.device).expand(B, T) if P is None else P
+        Pf = torch.arange(T, device=x.device).expand(B, T) if P is None else P
         first = torch.ones_like(Pf, dtype=torch.bool)
         first[:, 1:] = Pf[:, 1:] != Pf[:, :-1]  # a position repeated past a prompt's end counts once
         b, j = (first & self.task.positions.gather(1, Pf)).nonzero(as_tuple=True)
@@ -291,8 +314,12 @@ class ResumePatcher:
         per = max(1, self.max_tokens // (B * T)) if PR is None and P is not None else K
         x = torch.cat([self._receiver(chunk[i:i + per], deltas[i:i + per], None if recv is None else recv[i:i + per],
                                       PR, P) for i in range(0, K, per)])  # (K*B, S, D)
+        return self._blocks(x, chunk[0].receiver.layer + 1, K, P)
+
+    def _blocks(self, x: torch.Tensor, first: int, K: int, P: torch.Tensor | None) -> torch.Tensor:
+        """``(K*B, S, D)``: blocks ``first``.. on ``x`` at ``P``, reading the recorded keys and values elsewhere."""
         with self._keys(P, K):
-            for layer in range(chunk[0].receiver.layer + 1, len(self.blocks)):
+            for layer in range(first, len(self.blocks)):
                 x = self.run.block(self.model, layer, x, K, P)
         return x
 
