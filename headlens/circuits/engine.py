@@ -57,9 +57,14 @@ def make_patcher(model: Any, task: Task, fast: bool = True, max_tokens: int = 81
     if twin is not None:
         return NativePatcher(twin, task, task.positions, max_tokens)
     if fast and resumable(model):
-        answers_only = bool(metrics) and set(metrics) <= {"logit_diff"} and task.answers is not None
-        return ResumePatcher(model, task, resume_tokens, task.answers if answers_only else None)
+        return ResumePatcher(model, task, resume_tokens, answer_columns(task, metrics))
     return BridgePatcher(model, task, fast, max_tokens)
+
+
+def answer_columns(task: Task, metrics: Sequence[str]) -> torch.Tensor | None:
+    """``(B, 2)`` the vocabulary ids ``metrics`` read per prompt when they read only the answers (``logit_diff``);
+    None when they read more."""
+    return task.answers if metrics and set(metrics) <= {"logit_diff"} and task.answers is not None else None
 
 
 LOGIT_BUDGET = 256 * 2**20  # bytes of float32 logits ``(K, B, T, V)`` one pass may hold

@@ -18,18 +18,34 @@ With ``F(M)`` the clean metric, ``F(C)`` the circuit's and ``F(0)`` the metric w
   evaluation: MIB ablates the *edges* outside the circuit (each node reads a corrupted copy of what
   non-circuit edges send it), this ablates the *heads* outside it; and MIB's 100 % is the whole model's
   edge graph, here it is every edge discovery measured.
+
+Why it looks like this:
+
+* **One ablated forward, then only what each node set changes.** On a bridged Hugging Face model with the
+  resumed path (:mod:`~headlens.circuits.resume`) the every-head-ablated forward is recorded once (what each
+  block was called with, its keys and values as attention scores them). A node set's run equals it in every
+  layer before its earliest clean head and, the model being causal, at every position before each prompt's
+  earliest node position; so the set runs only the blocks from that layer on, at the positions from that one
+  to each prompt's end (a node at ``all``: every position), attention reading the recorded keys and values
+  elsewhere, and unembeds only the read positions (for ``logit_diff``, only the two answers).
+* **A growing circuit resumes from the one before.** The same holds between any two node sets, and the curve's
+  and MIB's circuits grow: each set resumes from the earlier run whose heads first differ from its own
+  latest (:func:`plan`: fewest blocks x positions), a run kept only while a later set needs it.
+* One whole hooked forward per set stays the reference (``Ablator(s, resume=False)``) and the path of every
+  other model; the two agree within float rounding.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from headlens.circuits.engine import LOGIT_BUDGET, RESUME_TOKENS
+from headlens.circuits.engine import LOGIT_BUDGET, answer_columns
 from headlens.circuits.resume import ResumePatcher, _at, resumable
 from headlens.interventions.logits import read_columns
 from headlens.interventions.metrics import get_metric
@@ -41,13 +57,13 @@ Nodes = set[tuple[str, str]]  # (head, position name or "all")
 class Ablator:
     """The metric with only some heads (at some positions) clean (see the module docstring).
 
-    ``resume``: on a resumable bridged model, record the every-head-ablated forward once and run each node set
-    from its earliest head's layer and positions on (None: when the setup is ``fast``); False: one whole
-    hooked forward per node set, the reference.
+    ``resume``: on a resumable bridged model, record the every-head-ablated forward once and resume each node set
+    from it or from a smaller set's run (None: when the setup is ``fast``); False: one whole hooked forward per
+    node set, the reference.
     """
 
-    def __init__(self, s: Any, resume: bool | None = None, max_tokens: int = RESUME_TOKENS) -> None:
-        self.s, self.max_tokens = s, max_tokens
+    def __init__(self, s: Any, resume: bool | None = None) -> None:
+        self.s = s
         L, H = s.model.cfg.n_layers, s.model.cfg.n_heads
         self.L, self.H = L, H
         self.repl = [s.deltas._replaced(f"z{layer}") for layer in range(L)]  # (B, T, H, d_head) per layer
@@ -105,60 +121,77 @@ class Ablator:
 
     def _resumed(self, todo: Sequence[frozenset], rows: slice) -> list[torch.Tensor]:
         """``(b,)`` per-prompt metric of each node set on prompts ``rows``: the every-head-ablated forward recorded
-        once, then each set's blocks from its first head's layer on, at the positions its heads can change."""
+        once, then each set resumed from the run of its nearest set (:func:`plan`) where their heads first differ."""
         from headlens.interventions.sweep import task_logits
 
         s = self.s
         task, named = s.task.rows(rows), None if s.named is None else s.named.rows(rows)
         at, repl = task.at(self.at.cols), [r[rows] for r in self.repl]  # (b, T, H, d_head) per layer
-        (B, T), L = task.tokens.shape, self.L
+        B, T = task.tokens.shape
         none = [(f"blocks.{layer}.attn.hook_z", lambda z, hook, r=r: r.to(z)) for layer, r in enumerate(repl)]
-        answers_only = self.metric.name == "logit_diff" and task.answers is not None  # unembed the answers only
+        answers = answer_columns(task, [self.metric.name])  # (b, 2) logit_diff's: only they are unembedded
         with torch.no_grad():
-            run = ResumePatcher(s.model, task, self.max_tokens, task.answers if answers_only else None, hooks=none)
+            run = ResumePatcher(s.model, task, columns=answers, hooks=none)
             clean = task_logits(s.model, task, cols=at.cols) if self.metric.needs_clean else None  # (b, C, V)
-
-            def score(logits: torch.Tensor) -> torch.Tensor:  # (b, T, V) -> (b,)
-                return self.metric(logits if at.cols is None else logits[:, at.cols], at, clean)
-
-            keeps = {n: self._keep(n, named, B, T) for n in todo}  # (L, b, T, H) each
-            start = {n: next((layer for layer in range(L) if bool(k[layer].any())), L) for n, k in keeps.items()}
-            out = {n: score(run.clean_logits) for n in todo if start[n] == L}  # nothing clean: the recorded run
-            for chunk in self._chunks([n for n in todo if n not in out], start, keeps, run):
-                keep = torch.stack([keeps[n] for n in chunk])  # (K, L, b, T, H)
-                x, P = run.suffix(start[chunk[0]], keep.any(1).any(-1), lambda P, k=keep: self._hooks(k, repl, P))
-                out.update((n, score(logits)) for n, logits in zip(chunk, run.read(x, P, len(chunk)), strict=True))
+            keeps = {None: self._keep(frozenset(), named, B, T)} | {n: self._keep(n, named, B, T) for n in todo}
+            steps = plan(keeps, run.positions)  # None: the every-head-ablated run
+            left = Counter(parent for _, parent, _, _ in steps)  # runs still to resume from each set's
+            runs, out = {None: run.record}, {}
+            for n, parent, layer, recv in steps:
+                rec = runs[parent] if layer is None else run.suffix(
+                    layer, recv, lambda P, k=keeps[n]: self._hooks(k, repl, P), runs[parent])
+                logits = next(run.read(rec.final, None, 1))  # (b, T, V): every read position
+                # logit_diff reads the answers at every column: the same values, no (b, C, V) copy of the columns
+                out[n] = (self.metric(logits, task, clean) if answers is not None
+                          else self.metric(logits if at.cols is None else logits[:, at.cols], at, clean))
+                left[parent] -= 1
+                if not left[parent]:
+                    runs.pop(parent)
+                if left[n]:
+                    runs[n] = rec
         return [out[n] for n in todo]
 
-    def _chunks(self, todo: list[frozenset], start: dict, keeps: dict, run: Any) -> list[list[frozenset]]:
-        """Node sets that resume from the same layer and positions, ``max_tokens`` rows x positions each."""
-        groups: dict[tuple, list[frozenset]] = {}
-        B, T = run.task.tokens.shape
-        for n in todo:
-            P = run.positions(keeps[n].any(0).any(-1)[None])  # (b, S) or None
-            key = (start[n], None, T) if P is None else (start[n], tuple(P[:, 0].tolist()), P.shape[1])
-            groups.setdefault(key, []).append(n)
-        out = []
-        for (_, _, S), group in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][2])):
-            per = max(1, self.max_tokens // (B * S))
-            out += [group[i:i + per] for i in range(0, len(group), per)]
-        return out
-
-    def _hooks(self, keep: torch.Tensor, repl: list[torch.Tensor], P: torch.Tensor | None) -> list:
-        """``hook_z`` of every layer with a head clean somewhere: ``(K*b, S, H, d_head)``, each copy's heads clean
-        where ``keep`` ``(K, L, b, T, H)`` says, the replacement elsewhere, at positions ``P`` ``(b, S)`` (None: all)."""
-        K, L, B, _, H = keep.shape
-        hooks = []
-        for layer in range(L):
-            k, r = keep[:, layer], repl[layer]  # (K, b, T, H), (b, T, H, d_head)
+    @staticmethod
+    def _hooks(keep: torch.Tensor, repl: list[torch.Tensor], P: torch.Tensor | None) -> list:
+        """One hook on every layer's ``hook_z`` ``(b, S, H, d_head)`` (one name per layer cost the bridge more than
+        the hook): the heads clean where ``keep`` ``(L, b, T, H)`` says, ``repl`` elsewhere, at ``P`` ``(b, S)``."""
+        def hook(z: torch.Tensor, hook: Any) -> torch.Tensor:
+            layer = int(hook.name.split(".")[1])
+            k, r = keep[layer], repl[layer]  # (b, T, H), (b, T, H, d_head)
             if P is not None:
-                k, r = _at(k, P, 2), _at(r, P, 1)  # (K, b, S, H), (b, S, H, d_head)
-            k, r = k.reshape(K * B, -1, H, 1), r.repeat(K, 1, 1, 1)  # (K*b, S, H, 1), (K*b, S, H, d_head)
-            hooks.append((f"blocks.{layer}.attn.hook_z", lambda z, hook, k=k, r=r: torch.where(k, z, r.to(z))))
-        return hooks
+                k, r = _at(k, P, 1), _at(r, P, 1)  # (b, S, H), (b, S, H, d_head)
+            return torch.where(k[..., None], z, r.to(z))
+
+        return [(lambda name: name.endswith(".attn.hook_z"), hook)]
 
     def every_head(self) -> Nodes:
         return {(f"L{layer}H{h}", "all") for layer in range(self.L) for h in range(self.H)}
+
+
+def plan(keeps: dict[Any, torch.Tensor], positions: Any) -> list[tuple[Any, Any, int | None, Any]]:
+    """The order the node sets run in: ``(set, parent, layer, recv)``, each resumed at block ``layer`` from an earlier
+    set's run (the first key of ``keeps``: every head ablated) at the positions ``recv`` ``(b, T)`` where their
+    ``keeps`` ``(L, b, T, H)`` differ; the parent is the one whose resumed blocks x positions are fewest (sets in
+    order of size: a curve's circuits grow). ``layer`` None: the same heads clean, the parent's run is the set's.
+    ``positions``: :meth:`ResumePatcher.positions`."""
+    first, *todo = keeps
+    done, out = [first], []
+    for n in sorted(todo, key=lambda n: int(keeps[n].sum())):
+        best = None
+        for parent in reversed(done):  # on a tie the latest: the runs before it can go sooner
+            diff = keeps[n] ^ keeps[parent]  # (L, b, T, H)
+            layers = diff.flatten(1).any(1).nonzero()
+            if not len(layers):
+                best = (0, parent, None, None)
+                break
+            layer, recv = int(layers[0]), diff.any(0).any(-1)  # (b, T)
+            P = positions(recv[None])
+            cost = (len(diff) - layer) * (diff.shape[2] if P is None else P.shape[1])
+            if best is None or cost < best[0]:
+                best = (cost, parent, layer, recv)
+        out.append((n, *best[1:]))
+        done.append(n)
+    return out
 
 
 def edge_nodes(rows: Any) -> Nodes:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -110,9 +111,23 @@ def _at(x: torch.Tensor, P: torch.Tensor, axis: int) -> torch.Tensor:
     return x.gather(axis, P.view(shape).expand(*x.shape[:axis], S, *x.shape[axis + 1:]))
 
 
+def _put(x: torch.Tensor, P: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor:
+    """``x`` ``(B, T, D)`` with ``rows`` ``(B, S, D)`` written at positions ``P`` ``(B, S)`` (None: ``rows`` is all)."""
+    return rows if P is None else x.scatter(1, P[:, :, None].expand(rows.shape), rows)
+
+
+@dataclass
+class Record:
+    """A forward at every position: the residual stream entering each block ``(B, T, D)``, each layer's keys and
+    values as attention scores them ``(B, H_kv, T, d)``, and the stream after the last block."""
+
+    resid: list[torch.Tensor]
+    kv: list[tuple[torch.Tensor, torch.Tensor] | None]
+    final: torch.Tensor
+
+
 class CleanRun:
-    """One clean forward of a bridged model, recording what the resumed paths start from (under ``hooks``: the
-    forward they make, such as every head ablated, is the one recorded).
+    """One clean forward of a bridged model (or one under ``hooks``), recording what the resumed paths start from.
 
     Attributes:
         calls: per block, the ``(args, kwargs)`` it was called with (``args[0]``: the residual stream in).
@@ -176,6 +191,7 @@ class ResumePatcher:
         self.blocks = list(b.blocks)
         self.run = CleanRun(model, task, keys=True, hooks=hooks)  # under hooks: what "clean" means here
         self.clean_logits = self.run.logits
+        self.record = Record([args[0] for args, _ in self.run.calls], self.run.kv, self.run.final)
         B, T = task.tokens.shape
         self.lengths = (task.attention_mask.sum(1) if task.attention_mask is not None
                         else torch.full((B,), T, device=task.tokens.device))  # (B,)
@@ -228,7 +244,6 @@ class ResumePatcher:
     def logits(self, chunk: Sequence[Edge], deltas: torch.Tensor, recv: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
         """Each edge's ``(B, T, V)`` logits in turn (one shared buffer: read each before the next);
         ``deltas`` ``(K, B, T, D)``, ``recv`` ``(K, B, T)`` the receivers' patched query positions."""
-        K = deltas.shape[0]
         P = self.positions(recv)
         try:
             if chunk[0].receiver.kind == "logits":
@@ -240,26 +255,25 @@ class ResumePatcher:
             self.ragged = False
             yield from self.logits(chunk, deltas, recv)
             return
-        yield from self.read(x, P, K)
+        yield from self.read(x, P, deltas.shape[0])
 
-    def suffix(self, layer: int, recv: torch.Tensor, hooks: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``(K*B, S, D)`` the residual stream after the last block, run from block ``layer`` on ``K`` copies of the
-        recorded one entering it at the positions ``P`` that ``recv`` ``(K, B, T)`` can change, under the hooks
-        ``hooks(P)`` gives; and ``P`` ``(B, S)`` (None: all)."""
-        K = recv.shape[0]
-        P = self.positions(recv)
-        x = self.run.calls[layer][0][0]  # (B, T, D): the recorded residual stream entering block ``layer``
+    def suffix(self, layer: int, recv: torch.Tensor, hooks: Any, base: Record | None = None) -> Record:
+        """One run resumed at block ``layer`` from ``base`` (None: the recorded run), equal to it except at the
+        positions ``P`` that ``recv`` ``(B, T)`` can change, which run under the hooks ``hooks(P)`` gives."""
+        base = self.record if base is None else base
+        P = self.positions(recv[None])  # (B, S) or None: all
+        new = Record(list(base.resid), list(base.kv), base.final)
         try:
             with self.model.hooks(hooks(P)):
-                return self._blocks((x if P is None else _at(x, P, 1)).repeat(K, 1, 1), layer, K, P), P
+                self._blocks(base.resid[layer] if P is None else _at(base.resid[layer], P, 1), layer, 1, P, base, new)
         except NotRagged:
             self.ragged = False
-            return self.suffix(layer, recv, hooks)
+            return self.suffix(layer, recv, hooks, base)
+        return new
 
     def read(self, x: torch.Tensor, P: torch.Tensor | None, K: int) -> Iterator[torch.Tensor]:
         """Each copy's ``(B, T, V)`` logits in turn (one shared buffer: read each before the next) from the final
-        residual stream ``x`` ``(K*B, S, D)`` at ``P``: the recorded logits where ``P`` or the read positions
-        leave them."""
+        residual stream ``x`` ``(K*B, S, D)`` at ``P``, the recorded run's outside ``P`` and the read positions."""
         (B, T), D = self.task.tokens.shape, x.shape[-1]
         S = T if P is None else P.shape[1]
         x = x.reshape(K, B, S, D)
@@ -316,11 +330,18 @@ class ResumePatcher:
                                       PR, P) for i in range(0, K, per)])  # (K*B, S, D)
         return self._blocks(x, chunk[0].receiver.layer + 1, K, P)
 
-    def _blocks(self, x: torch.Tensor, first: int, K: int, P: torch.Tensor | None) -> torch.Tensor:
-        """``(K*B, S, D)``: blocks ``first``.. on ``x`` at ``P``, reading the recorded keys and values elsewhere."""
-        with self._keys(P, K):
+    def _blocks(self, x: torch.Tensor, first: int, K: int, P: torch.Tensor | None, base: Record | None = None,
+                new: Record | None = None) -> torch.Tensor:
+        """``(K*B, S, D)``: blocks ``first``.. on ``x`` at ``P``, reading ``base``'s keys and values elsewhere (None:
+        the recorded run's); ``new`` (``K`` = 1): becomes ``base`` with this run's rows at ``P``."""
+        base = self.record if base is None else base
+        with self._keys(P, K, base.kv, None if new is None else new.kv):
             for layer in range(first, len(self.blocks)):
+                if new is not None:
+                    new.resid[layer] = _put(base.resid[layer], P, x)
                 x = self.run.block(self.model, layer, x, K, P)
+        if new is not None:
+            new.final = _put(base.final, P, x)
         return x
 
     def _receiver(self, chunk: Sequence[Edge], deltas: torch.Tensor, recv: torch.Tensor | None,
@@ -340,17 +361,22 @@ class ResumePatcher:
             x = _at(x.view(K, B, T, D), P, 2).reshape(K * B, -1, D)
         return x
 
-    def _keys(self, P: torch.Tensor | None, K: int) -> contextlib.AbstractContextManager[None]:
-        """Attention reads the recorded clean keys and values except at ``P``, where the new ones go."""
-        if P is None:
+    def _keys(self, P: torch.Tensor | None, K: int, kv: list | None = None,
+              out: list | None = None) -> contextlib.AbstractContextManager[None]:
+        """Attention reads the recorded keys and values ``kv`` (None: the clean run's) except at ``P``, where the new
+        ones go; ``out`` receives each layer's ``(K*B, H_kv, T, d)`` keys and values as attention scores them."""
+        if P is None and out is None:
             return contextlib.nullcontext()
+        kv = self.run.kv if kv is None else kv
 
         def scatter(layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            ck, cv = self.run.kv[layer]  # (B, H_kv, T, d): the clean keys and values of this layer
-            idx = P.repeat(K, 1)[:, None, :, None].expand(k.shape)  # (K*B, H_kv, S, d)
-            full_k = ck.to(k).repeat(K, 1, 1, 1).scatter(2, idx, k)
-            full_v = cv.to(v).repeat(K, 1, 1, 1).scatter(2, idx, v)
-            return full_k, full_v  # (K*B, H_kv, T, d)
+            if P is not None:
+                ck, cv = kv[layer]  # (B, H_kv, T, d): the recorded keys and values of this layer
+                idx = P.repeat(K, 1)[:, None, :, None].expand(k.shape)  # (K*B, H_kv, S, d)
+                k, v = ck.to(k).repeat(K, 1, 1, 1).scatter(2, idx, k), cv.to(v).repeat(K, 1, 1, 1).scatter(2, idx, v)
+            if out is not None:
+                out[layer] = (k, v)
+            return k, v  # (K*B, H_kv, T, d)
 
         return _seam(self.blocks, scatter)
 

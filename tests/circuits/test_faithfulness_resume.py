@@ -74,6 +74,14 @@ def test_resumed_node_sets_equal_one_whole_forward_each(tmp_path, family, monkey
     if family == "llama":  # prompts in blocks (a vocabulary's logits too large for one): the same values
         monkeypatch.setattr(faithfulness, "LOGIT_BUDGET", 3 * 4 * s.task.tokens.shape[1] * model.cfg.d_vocab)
         assert Ablator(s).values(sets) == pytest.approx(got, abs=TOL)
+        init = resume.ResumePatcher.__init__
+
+        def common(self, *args, **kwargs):  # positions from the earliest prompt's on, the same in every prompt
+            init(self, *args, **kwargs)
+            self.ragged = False
+
+        monkeypatch.setattr(resume.ResumePatcher, "__init__", common)
+        assert Ablator(s).values(sets) == pytest.approx(got, abs=TOL)
 
 
 def test_resumed_ioi_runs_only_the_layers_and_positions_a_node_set_changes(tmp_path, monkeypatch):
@@ -91,8 +99,18 @@ def test_resumed_ioi_runs_only_the_layers_and_positions_a_node_set_changes(tmp_p
         return block(self, model, layer, x, K, P)
 
     monkeypatch.setattr(resume.CleanRun, "block", spy)
-    _compare(s, _sets(model, s.named.names, seed=1))
+    # a growing circuit, as the faithfulness curve's: each set resumes from the run of the one before, where a
+    # later layer or position first differs
+    nodes = [("L0H1", "S1+1"), ("L1H2", "S2"), ("L2H1", "END"), ("L2H3", "END"), ("L1H0", "END")]
+    curve = [set(nodes[:i]) for i in range(1, len(nodes) + 1)]
     B, T = s.task.tokens.shape
+    a = Ablator(s)
+    steps = faithfulness.plan({None: a._keep(frozenset(), s.named, B, T)} |
+                              {frozenset(n): a._keep(frozenset(n), s.named, B, T) for n in curve},
+                              resume.ResumePatcher(model, s.task).positions)
+    assert [(len(n), None if p is None else len(p), layer) for n, p, layer, _ in steps] == [
+        (1, None, 0), (2, 1, 1), (3, 2, 2), (4, 3, 2), (5, 4, 1)]
+    _compare(s, [*_sets(model, s.named.names, seed=1), *curve])
     lengths, idx = s.task.attention_mask.sum(1), s.named.index
     runs.clear()
     Ablator(s).values([{("L2H1", "END")}, {("L1H0", "S2")}, {("L0H0", "all")}])
