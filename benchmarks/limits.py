@@ -29,11 +29,19 @@ fractions, 15 curve points) 366 s; the gradient first pass (ranking 50,758 candi
 2. the resumed rounds size a chunk by the positions it really resumes (IOI's END: one per prompt, the prompts
    ragged) instead of from the earliest END to the longest prompt's end (7 positions): up to 7x fewer block calls
    at END, each over more copies (its saving not yet measured: the machine was too loaded to finish a run).
+3. faithfulness: the every-head-ablated forward recorded once; each of the 18 distinct node sets (clean, none, the
+   circuit, MIB's fractions, the curve) resumed from it or from the run of a smaller set whose heads first
+   differ later (blocks from that layer on, positions from the first that differs to each prompt's end, only
+   logit_diff's two answers unembedded). ``faithfulness.measures`` on the discovered circuit, both ways in one
+   process at 1 thread on the shared machine: 27.4 s CPU of whole forwards -> 10.3 s CPU (resumed from the
+   none run alone: 16.8 s), the figures within 2e-6; its own peak RSS +0.55 GB over its start (whole forwards
+   +0.13 GB: the recorded run's logits, keys and values, and the runs kept for later sets).
 
 Measured old against new in one process (the same loaded machine, CPU seconds): composition scores of the 182
-edges for 4 tables 94.7 s -> 57.3 s, identical. Tried and reverted: faithfulness's ablated forwards resumed at
-their first clean head's layer from the every-head-ablated forward (identical values, but 105 s against 93.7 s
-for whole forwards: the curve's sets reach layers 5-8, and the blocks called one by one cost what they save).
+edges for 4 tables 94.7 s -> 57.3 s, identical. Tried and reverted before change 3: faithfulness's ablated
+forwards resumed at their first clean head's layer only, at every position (identical values, but 105 s against
+93.7 s for whole forwards: the curve's sets reach layers 5-8, and the blocks called one by one cost what they
+save); change 3 pays through the positions, the nearest earlier run and the answers-only logits.
 What is left is the exact rounds' suffix (the resumed blocks after each receiver, for ~1200 patches: controls
 are 8 of every 9) and the first pass's backward passes.
 

@@ -132,6 +132,7 @@ class Ablator:
         answers = answer_columns(task, [self.metric.name])  # (b, 2) logit_diff's: only they are unembedded
         with torch.no_grad():
             run = ResumePatcher(s.model, task, columns=answers, hooks=none)
+            run._buf = run.clean_logits  # the logits buffer: the recorded ones are not read again (no 2nd copy)
             clean = task_logits(s.model, task, cols=at.cols) if self.metric.needs_clean else None  # (b, C, V)
             keeps = {None: self._keep(frozenset(), named, B, T)} | {n: self._keep(n, named, B, T) for n in todo}
             steps = plan(keeps, run.positions)  # None: the every-head-ablated run
