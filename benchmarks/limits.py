@@ -33,9 +33,9 @@ fractions, 15 curve points) 366 s; the gradient first pass (ranking 50,758 candi
    circuit, MIB's fractions, the curve) resumed from it or from the run of a smaller set whose heads first
    differ later (blocks from that layer on, positions from the first that differs to each prompt's end, only
    logit_diff's two answers unembedded). ``faithfulness.measures`` on the discovered circuit, both ways in one
-   process at 1 thread on the shared machine: 27.4 s CPU of whole forwards -> 10.3 s CPU (resumed from the
-   none run alone: 16.8 s), the figures within 2e-6; its own peak RSS +0.55 GB over its start (whole forwards
-   +0.13 GB: the recorded run's logits, keys and values, and the runs kept for later sets).
+   process at 1 thread on the shared machine (three runs): 26.8-27.7 s CPU of whole forwards -> 10.2-10.7 s
+   (resumed from the none run alone: 16.8 s), the figures within 2e-6; its own peak RSS 0.47-0.59 GB over its
+   start (whole forwards 0.13 GB: the recorded run's logits, keys and values, and the runs kept for later sets).
 
 Measured old against new in one process (the same loaded machine, CPU seconds): composition scores of the 182
 edges for 4 tables 94.7 s -> 57.3 s, identical. Tried and reverted before change 3: faithfulness's ablated
