@@ -35,16 +35,24 @@ fractions, 15 curve points) 366 s; the gradient first pass (ranking 50,758 candi
    three groups of similar span (``S2`` spans 3-7 positions, 5 for most prompts) instead of all at the longest.
    Old against new in one process each, 1 thread, CPU seconds, a machine shared with three other jobs: the five
    tables 151.7 s -> 121.4 s (the receiver blocks 28.2 s -> 11.3 s), the same 182 edges, effects within 1.4e-6.
+4. faithfulness: the every-head-ablated forward recorded once; each of the 18 distinct node sets (clean, none, the
+   circuit, MIB's fractions, the curve) resumed from it or from the run of a smaller set whose heads first
+   differ later (blocks from that layer on, positions from the first that differs to each prompt's end, only
+   logit_diff's two answers unembedded). ``faithfulness.measures`` on the discovered circuit, both ways in one
+   process at 1 thread on the shared machine (three runs): 26.8-27.7 s CPU of whole forwards -> 10.2-10.7 s
+   (resumed from the none run alone: 16.8 s), the figures within 2e-6; its own peak RSS 0.47-0.59 GB over its
+   start (whole forwards 0.13 GB: the recorded run's logits, keys and values, and the runs kept for later sets).
 
 Measured old against new in one process (the same loaded machine, CPU seconds): composition scores of the 182
-edges for 4 tables 94.7 s -> 57.3 s, identical. Tried and reverted: faithfulness's ablated forwards resumed at
-their first clean head's layer from the every-head-ablated forward (identical values, but 105 s against 93.7 s
-for whole forwards: the curve's sets reach layers 5-8, and the blocks called one by one cost what they save).
+edges for 4 tables 94.7 s -> 57.3 s, identical. Tried and reverted before change 4: faithfulness's ablated
+forwards resumed at their first clean head's layer only, at every position (identical values, but 105 s against
+93.7 s for whole forwards: the curve's sets reach layers 5-8, and the blocks called one by one cost what they
+save); change 4 pays through the positions, the nearest earlier run and the answers-only logits.
 Not done: fewer controls (8 of every 9 exact patches; with 9 heads a layer the control is every other head of the
 sender's layer). Recomputing the tables from the same patches with 6, 4 or 2 controls drawn from the 8 changed
 which edges are significant (6: 4 of the logits table's 301 rows, 4: 4 and 2 in the rounds, 2: up to 10): the
-circuit would not be the same. What is left is the exact rounds' suffix (the resumed blocks after each receiver, for ~1200 patches: controls
-are 8 of every 9) and the first pass's backward passes.
+circuit would not be the same. What is left is the exact rounds' suffix (the resumed blocks after each receiver,
+for ~1200 patches: controls are 8 of every 9) and the first pass's backward passes.
 
 Run: ``python benchmarks/limits.py`` (a few minutes on a quiet 2-core machine), ``--quick`` (a quarter of
 classify's prompts, 16 atlas windows: the ratios hold roughly, the goals are for the full run), ``--only

@@ -13,8 +13,8 @@ Why it looks like this:
   description keeps is ``1 - (L_subst - L_clean) / (L_mean - L_clean)`` over the next-token loss of the
   windows, pooled, with a 95 % bootstrap interval over windows: 1 when putting the description back costs
   nothing, 0 when it is no better than removing the head, negative when it is worse.
-* **Cheap: receiver-local resumption.** On a bridged model (:func:`headlens.circuits.resume.resumable`) one
-  clean forward records what every block was called with (:class:`headlens.circuits.resume.CleanRun`), and
+* **Cheap: receiver-local resumption.** On a bridged model (:func:`headlens.circuits.recorded.resumable`) one
+  clean forward records what every block was called with (:class:`headlens.circuits.recorded.CleanRun`), and
   each head runs from its own layer on, both variants (substituted, mean-ablated) as two copies of the batch.
   Other backends run whole forwards (they are small).
 * **Also together.** Every described head substituted at once (the whole-model line: the loss of the model
@@ -205,9 +205,9 @@ def _mean_ci(v: torch.Tensor, seed: int = 0) -> tuple[float, float]:
 
 
 def _clean(model: Any, tokens: torch.Tensor) -> tuple[Any, torch.Tensor]:
-    """The clean forward: a :class:`~headlens.circuits.resume.CleanRun` on a bridged model (None elsewhere), and
+    """The clean forward: a :class:`~headlens.circuits.recorded.CleanRun` on a bridged model (None elsewhere), and
     the logits ``(B, T, V)``."""
-    from headlens.circuits.resume import CleanRun, resumable
+    from headlens.circuits.recorded import CleanRun, resumable
     from headlens.interventions.task import Task
 
     if resumable(model):

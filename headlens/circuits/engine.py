@@ -19,7 +19,8 @@ from headlens.circuits.bridge import BridgePatcher
 from headlens.circuits.native import NativePatcher, naive_logits
 from headlens.circuits.nodes import Edge
 from headlens.circuits.positions import NamedPositions, edge_masks
-from headlens.circuits.resume import ResumePatcher, resumable
+from headlens.circuits.recorded import resumable
+from headlens.circuits.resume import ResumePatcher
 from headlens.circuits.twin import native_twin
 from headlens.interventions.metrics import Task, get_metric
 from headlens.models.gpt import GPT
@@ -57,9 +58,14 @@ def make_patcher(model: Any, task: Task, fast: bool = True, max_tokens: int = 81
     if twin is not None:
         return NativePatcher(twin, task, task.positions, max_tokens)
     if fast and resumable(model):
-        answers_only = bool(metrics) and set(metrics) <= {"logit_diff"} and task.answers is not None
-        return ResumePatcher(model, task, resume_tokens, task.answers if answers_only else None)
+        return ResumePatcher(model, task, resume_tokens, answer_columns(task, metrics))
     return BridgePatcher(model, task, fast, max_tokens)
+
+
+def answer_columns(task: Task, metrics: Sequence[str]) -> torch.Tensor | None:
+    """``(B, 2)`` the vocabulary ids ``metrics`` read per prompt when they read only the answers (``logit_diff``);
+    None when they read more."""
+    return task.answers if metrics and set(metrics) <= {"logit_diff"} and task.answers is not None else None
 
 
 LOGIT_BUDGET = 256 * 2**20  # bytes of float32 logits ``(K, B, T, V)`` one pass may hold

@@ -162,7 +162,7 @@ class ReceiverPatterns:
 
     def _clean_run(self) -> Any:
         if self._run is None:
-            from headlens.circuits.resume import CleanRun
+            from headlens.circuits.recorded import CleanRun
 
             self._run = CleanRun(self.model, self.task)
         return self._run

@@ -2,7 +2,7 @@
 full-forward references on every backend.
 
 The fast path calls the receiver's own block on the clean residual stream recorded by
-:class:`~headlens.circuits.resume.CleanRun`, ``K`` copies of the batch at once, with each copy's receiver
+:class:`~headlens.circuits.recorded.CleanRun`, ``K`` copies of the batch at once, with each copy's receiver
 q or k replaced by the projection of ``LN(resid + delta)`` (:func:`~headlens.circuits.resume.input_hooks`:
 the block's own input norm and the head's rows; then the family's own rotary embedding, q/k norms,
 soft-cap and window), and stops at the layer's ``hook_pattern``. The clean pattern comes from the same call

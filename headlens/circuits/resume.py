@@ -40,147 +40,13 @@ from typing import Any
 
 import torch
 
-from headlens.circuits.bridge import _splice, fork_plan, has_forks
+from headlens.circuits.bridge import _splice, fork_plan
 from headlens.circuits.nodes import Edge
 from headlens.circuits.positions import span_groups, suffix_start, with_positions
+from headlens.circuits.recorded import CleanRun, NotRagged, Record, _at, _put, _seam
 from headlens.interventions.metrics import Task
 
 VIEWS = 4  # sliced clean runs a patcher keeps (:meth:`ResumePatcher._view`)
-_DROP = ("cache", "past_key_values", "layer_past")  # the family's own cache: the seam stands in for it
-
-
-def resumable(model: Any) -> bool:
-    """True when ``model`` is bridged with the blocks, input norms, projections and seam the resumed path needs
-    (and forks, which its reference, one full forward per edge, patches through)."""
-    b = getattr(model, "bridge", None)
-    if b is None or not hasattr(b, "blocks") or not hasattr(b, "ln_final") or not hasattr(b, "unembed"):
-        return False
-    for blk in b.blocks:
-        if not (hasattr(blk, "ln1") and hasattr(blk.attn, "_update_kv_cache")
-                and all(getattr(blk.attn, f"W_{c}", None) is not None for c in "QKV")):
-            return False
-    return has_forks(model)
-
-
-@contextlib.contextmanager
-def _seam(blocks: Sequence[Any], fn: Any) -> Iterator[None]:
-    """Every block's attention calls ``fn(layer, k, v)`` for its keys and values ``(B, H_kv, S, d)``."""
-    saved = [blk.attn.__dict__.get("_update_kv_cache") for blk in blocks]
-    try:
-        for layer, blk in enumerate(blocks):
-            blk.attn._update_kv_cache = lambda k, v, _layer=layer, **kw: fn(_layer, k, v)
-        yield
-    finally:
-        for blk, old in zip(blocks, saved, strict=True):
-            if old is None:
-                blk.attn.__dict__.pop("_update_kv_cache", None)
-            else:
-                blk.attn._update_kv_cache = old
-
-
-class NotRagged(Exception):
-    """A block argument that cannot be taken per prompt at ``P``: run every position instead."""
-
-
-def _fit(x: Any, T: int, K: int, P: torch.Tensor | None) -> Any:
-    """A block argument for ``K`` copies of the batch at positions ``P`` ``(B, S)`` (None: all): positional
-    tensors taken at ``P`` (a 4-D mask: its query rows), batch-sized ones repeated ``K`` times."""
-    if isinstance(x, tuple | list):
-        return type(x)(_fit(v, T, K, P) for v in x)
-    if isinstance(x, dict):
-        return {k: _fit(v, T, K, P) for k, v in x.items()}
-    if not isinstance(x, torch.Tensor):
-        return x
-    B = 0 if P is None else P.shape[0]
-    if P is not None and x.ndim == 1 and x.shape[0] == T:
-        if not bool((P == P[:1]).all()):
-            raise NotRagged
-        return x[P[0]]
-    if P is not None and x.ndim == 4 and x.shape[-2] == T:  # (B|1, h, Q, K) mask: the rows of the queries at P
-        x = x.expand(B, *x.shape[1:])
-        x = x.gather(2, P[:, None, :, None].expand(B, x.shape[1], P.shape[1], x.shape[-1]))
-    elif P is not None and 2 <= x.ndim < 4 and x.shape[1] == T:  # (B|1, T, ...): cos, sin, position ids
-        x = x.expand(B, *x.shape[1:])
-        x = x.gather(1, P.view(B, -1, *([1] * (x.ndim - 2))).expand(B, P.shape[1], *x.shape[2:]))
-    if x.ndim >= 2 and K > 1 and (P is None or x.shape[0] == B) and x.shape[0] > 1:
-        x = x.repeat(K, *([1] * (x.ndim - 1)))
-    return x
-
-
-def _at(x: torch.Tensor, P: torch.Tensor, axis: int) -> torch.Tensor:
-    """``x`` taken at positions ``P`` ``(B, S)`` along its T axis ``axis`` (the axis before it is B)."""
-    B, S = P.shape
-    shape = [1] * x.ndim
-    shape[axis - 1], shape[axis] = B, S
-    return x.gather(axis, P.view(shape).expand(*x.shape[:axis], S, *x.shape[axis + 1:]))
-
-
-class CleanRun:
-    """One clean forward of a bridged model, recording what the resumed paths start from.
-
-    Attributes:
-        calls: per block, the ``(args, kwargs)`` it was called with (``args[0]``: the residual stream in).
-        kv: per layer, the keys and values ``(B, H_kv, T, d)`` as attention scores them (``keys=True``).
-        z: per layer, ``hook_z`` ``(B, T, H, d_head)``.
-        final: ``(B, T, D)`` the residual stream entering the final norm.
-        logits: ``(B, T, V)``.
-    """
-
-    def __init__(self, model: Any, task: Task, keys: bool = False) -> None:
-        blocks = list(model.bridge.blocks)
-        L = len(blocks)
-        self.calls: list[tuple[tuple, dict]] = [((), {})] * L
-        self.kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * L
-
-        def record(layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            self.kv[layer] = (k, v)  # (B, H_kv, T, d) each
-            return k, v
-
-        def pre(layer: int) -> Any:
-            def hook(mod: Any, args: tuple, kwargs: dict) -> None:
-                kept = {k: v for k, v in kwargs.items() if k not in _DROP}
-                self.calls[layer] = (args, kept | ({"use_cache": False} if "use_cache" in kept else {}))
-            return hook
-
-        names = [f"blocks.{layer}.attn.hook_z" for layer in range(L)] + [f"blocks.{L - 1}.hook_resid_post"]
-        handles = [blk.register_forward_pre_hook(pre(i), with_kwargs=True) for i, blk in enumerate(blocks)]
-        kwargs = {} if task.attention_mask is None else {"attention_mask": task.attention_mask}
-        seam = _seam(blocks, record) if keys else contextlib.nullcontext()
-        try:
-            with torch.no_grad(), seam:
-                self.logits, cache = model.run_with_cache(task.tokens, names_filter=names, **kwargs)
-        finally:
-            for h in handles:
-                h.remove()
-        self.z = [cache[n] for n in names[:L]]
-        self.final = cache[names[-1]]
-
-    def rows(self, rows: torch.Tensor) -> CleanRun:
-        """This run of prompts ``rows`` only: what resuming reads (block calls, keys and values, ``z``), no logits."""
-        B = self.final.shape[0]
-
-        def cut(x: Any) -> Any:
-            if isinstance(x, tuple | list):
-                return type(x)(cut(v) for v in x)
-            if isinstance(x, dict):
-                return {k: cut(v) for k, v in x.items()}
-            return x[rows] if isinstance(x, torch.Tensor) and x.ndim >= 2 and x.shape[0] == B > 1 else x
-
-        out = copy.copy(self)
-        out.calls = [(cut(a), cut(kw)) for a, kw in self.calls]
-        out.kv = [None if kv is None else (kv[0][rows], kv[1][rows]) for kv in self.kv]
-        out.z, out.final, out.logits = [z[rows] for z in self.z], self.final[rows], None
-        return out
-
-    def block(self, model: Any, layer: int, x: torch.Tensor, K: int, P: torch.Tensor | None = None) -> torch.Tensor:
-        """Block ``layer`` on ``x`` ``(K*B, S, D)``: ``K`` copies of the batch at positions ``P`` (None: all)."""
-        args, kwargs = self.calls[layer]
-        T = args[0].shape[1]
-        return _out(model.bridge.blocks[layer](x, *_fit(args[1:], T, K, P), **_fit(kwargs, T, K, P)))
-
-
-def _out(y: Any) -> torch.Tensor:
-    return y[0] if isinstance(y, tuple) else y
 
 
 class ResumePatcher:
@@ -190,12 +56,14 @@ class ResumePatcher:
     None: every logit of a read position is computed.
     """
 
-    def __init__(self, model: Any, task: Task, max_tokens: int = 8192, columns: torch.Tensor | None = None) -> None:
+    def __init__(self, model: Any, task: Task, max_tokens: int = 8192, columns: torch.Tensor | None = None,
+                 hooks: Sequence[tuple[str, Any]] = ()) -> None:
         self.model, self.task, self.max_tokens, self.columns = model, task, max_tokens, columns
         b = model.bridge
         self.blocks = list(b.blocks)
-        self.run = CleanRun(model, task, keys=True)
+        self.run = CleanRun(model, task, keys=True, hooks=hooks)  # under hooks: what "clean" means here
         self.clean_logits = self.run.logits
+        self.record = Record([args[0] for args, _ in self.run.calls], self.run.kv, self.run.final)
         B, T = task.tokens.shape
         self.lengths = (task.attention_mask.sum(1) if task.attention_mask is not None
                         else torch.full((B,), T, device=task.tokens.device))  # (B,)
@@ -249,7 +117,6 @@ class ResumePatcher:
     def logits(self, chunk: Sequence[Edge], deltas: torch.Tensor, recv: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
         """Each edge's ``(B, T, V)`` logits in turn (one shared buffer: read each before the next);
         ``deltas`` ``(K, B, T, D)``, ``recv`` ``(K, B, T)`` the receivers' patched query positions."""
-        K, B, T, D = deltas.shape
         P = self.positions(recv)
         try:
             if chunk[0].receiver.kind == "logits":
@@ -261,9 +128,29 @@ class ResumePatcher:
             self.ragged = False
             yield from self.logits(chunk, deltas, recv)
             return
+        yield from self.read(x, P, deltas.shape[0])
+
+    def suffix(self, layer: int, recv: torch.Tensor, hooks: Any, base: Record | None = None) -> Record:
+        """One run resumed at block ``layer`` from ``base`` (None: the recorded run), equal to it except at the
+        positions ``P`` that ``recv`` ``(B, T)`` can change, which run under the hooks ``hooks(P)`` gives."""
+        base = self.record if base is None else base
+        P = self.positions(recv[None])  # (B, S) or None: all
+        new = Record(list(base.resid), list(base.kv), base.final)
+        try:
+            with self.model.hooks(hooks(P)):
+                self._blocks(base.resid[layer] if P is None else _at(base.resid[layer], P, 1), layer, 1, P, base, new)
+        except NotRagged:
+            self.ragged = False
+            return self.suffix(layer, recv, hooks, base)
+        return new
+
+    def read(self, x: torch.Tensor, P: torch.Tensor | None, K: int) -> Iterator[torch.Tensor]:
+        """Each copy's ``(B, T, V)`` logits in turn (one shared buffer: read each before the next) from the final
+        residual stream ``x`` ``(K*B, S, D)`` at ``P``, the recorded run's outside ``P`` and the read positions."""
+        (B, T), D = self.task.tokens.shape, x.shape[-1]
         S = T if P is None else P.shape[1]
         x = x.reshape(K, B, S, D)
-        Pf = torch.arange(T, device=deltas.device).expand(B, T) if P is None else P
+        Pf = torch.arange(T, device=x.device).expand(B, T) if P is None else P
         first = torch.ones_like(Pf, dtype=torch.bool)
         first[:, 1:] = Pf[:, 1:] != Pf[:, :-1]  # a position repeated past a prompt's end counts once
         b, j = (first & self.task.positions.gather(1, Pf)).nonzero(as_tuple=True)
@@ -346,9 +233,20 @@ class ResumePatcher:
         per = max(1, self.max_tokens // (B * (T if PR is None else PR.shape[1]))) if wide else K
         x = torch.cat([self._receiver(chunk[i:i + per], deltas[i:i + per], None if recv is None else recv[i:i + per],
                                       PR, P) for i in range(0, K, per)])  # (K*B, S, D)
-        with self._keys(P, K):
-            for layer in range(chunk[0].receiver.layer + 1, len(self.blocks)):
+        return self._blocks(x, chunk[0].receiver.layer + 1, K, P)
+
+    def _blocks(self, x: torch.Tensor, first: int, K: int, P: torch.Tensor | None, base: Record | None = None,
+                new: Record | None = None) -> torch.Tensor:
+        """``(K*B, S, D)``: blocks ``first``.. on ``x`` at ``P``, reading ``base``'s keys and values elsewhere (None:
+        the recorded run's); ``new`` (``K`` = 1): becomes ``base`` with this run's rows at ``P``."""
+        base = self.record if base is None else base
+        with self._keys(P, K, base.kv, None if new is None else new.kv):
+            for layer in range(first, len(self.blocks)):
+                if new is not None:
+                    new.resid[layer] = _put(base.resid[layer], P, x)
                 x = self.run.block(self.model, layer, x, K, P)
+        if new is not None:
+            new.final = _put(base.final, P, x)
         return x
 
     def _receiver(self, chunk: Sequence[Edge], deltas: torch.Tensor, recv: torch.Tensor | None,
@@ -370,17 +268,22 @@ class ResumePatcher:
             x = _at(x.view(K, B, PR.shape[1], D), torch.searchsorted(PR, P), 2).reshape(K * B, -1, D)
         return x
 
-    def _keys(self, P: torch.Tensor | None, K: int) -> contextlib.AbstractContextManager[None]:
-        """Attention reads the recorded clean keys and values except at ``P``, where the new ones go."""
-        if P is None:
+    def _keys(self, P: torch.Tensor | None, K: int, kv: list | None = None,
+              out: list | None = None) -> contextlib.AbstractContextManager[None]:
+        """Attention reads the recorded keys and values ``kv`` (None: the clean run's) except at ``P``, where the new
+        ones go; ``out`` receives each layer's ``(K*B, H_kv, T, d)`` keys and values as attention scores them."""
+        if P is None and out is None:
             return contextlib.nullcontext()
+        kv = self.run.kv if kv is None else kv
 
         def scatter(layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            ck, cv = self.run.kv[layer]  # (B, H_kv, T, d): the clean keys and values of this layer
-            idx = P.repeat(K, 1)[:, None, :, None].expand(k.shape)  # (K*B, H_kv, S, d)
-            full_k = ck.to(k).repeat(K, 1, 1, 1).scatter(2, idx, k)
-            full_v = cv.to(v).repeat(K, 1, 1, 1).scatter(2, idx, v)
-            return full_k, full_v  # (K*B, H_kv, T, d)
+            if P is not None:
+                ck, cv = kv[layer]  # (B, H_kv, T, d): the recorded keys and values of this layer
+                idx = P.repeat(K, 1)[:, None, :, None].expand(k.shape)  # (K*B, H_kv, S, d)
+                k, v = ck.to(k).repeat(K, 1, 1, 1).scatter(2, idx, k), cv.to(v).repeat(K, 1, 1, 1).scatter(2, idx, v)
+            if out is not None:
+                out[layer] = (k, v)
+            return k, v  # (K*B, H_kv, T, d)
 
         return _seam(self.blocks, scatter)
 
