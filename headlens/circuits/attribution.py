@@ -243,6 +243,8 @@ def _in_chunks(model: Any, task: Task, value: Any, edges: Sequence[Edge], deltas
     B = task.n_prompts
     if B <= CHUNK:
         return _bridge_attribution(model, task, value, edges, deltas, named)
+    names = {e.sender_pos for e in edges}
+    kept = None if named is None or ALL in names else _Kept(deltas, torch.stack([named.mask(n) for n in names]).any(0))
     parts = []
     for i in range(0, B, CHUNK):
         rows = slice(i, min(i + CHUNK, B))
@@ -251,7 +253,8 @@ def _in_chunks(model: Any, task: Task, value: Any, edges: Sequence[Edge], deltas
                                             if getattr(task, f) is not None})
         sub = None if named is None else dataclasses.replace(
             named, index={k: v[rows] for k, v in named.index.items()}, shape=(part.n_prompts, named.shape[1]))
-        parts.append(_bridge_attribution(model, part, value, edges, _Rows(deltas, rows), sub))
+        parts.append(_bridge_attribution(model, part, value, edges, _Rows(deltas, rows) if kept is None
+                                         else kept.rows(rows), sub))
     return {e: np.concatenate([p[e] for p in parts]) for e in edges}
 
 
@@ -265,6 +268,37 @@ class _Rows:
         # a copy, not a view: the first pass keeps every sender's delta of a chunk, and a view of 8 rows would
         # hold all 32 prompts' (a third of a GB over SmolLM2's IOI senders)
         return self.deltas.delta(node)[self.rows].clone()  # (b, T, D)
+
+
+class _Kept:
+    """Every sender's delta over all prompts, computed once for every chunk, kept at ``mask`` ``(B, T)`` only (the
+    positions the edges' sender positions read; their estimates read nothing else): zero elsewhere."""
+
+    def __init__(self, deltas: Any, mask: torch.Tensor) -> None:
+        self.deltas, self.mask = deltas, mask
+        self.made: dict[Any, torch.Tensor] = {}  # sender -> (R, D): its delta at the kept positions, row-major
+
+    def rows(self, rows: slice) -> Any:
+        """The deltas of prompts ``rows`` (an object with ``delta(node) -> (b, T, D)``)."""
+        start = int(self.mask[: rows.start].sum())
+        return _KeptRows(self, rows, slice(start, start + int(self.mask[rows].sum())))
+
+    def delta(self, node: Any) -> torch.Tensor:  # (R, D)
+        if node not in self.made:
+            self.made[node] = self.deltas.delta(node)[self.mask]
+        return self.made[node]
+
+
+class _KeptRows:
+    def __init__(self, kept: _Kept, rows: slice, at: slice) -> None:
+        self.kept, self.rows, self.at = kept, rows, at
+
+    def delta(self, node: Any) -> torch.Tensor:
+        made = self.kept.delta(node)[self.at]  # (r, D): this chunk's kept positions, row-major like the mask
+        mask = self.kept.mask[self.rows]  # (b, T)
+        out = made.new_zeros(*mask.shape, made.shape[-1])  # (b, T, D)
+        out[mask] = made
+        return out
 
 
 def _bridge_attribution(model: Any, task: Task, value: Any, edges: Sequence[Edge], deltas: Any,

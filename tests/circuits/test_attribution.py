@@ -180,7 +180,8 @@ def _per_edge_reference(model, s, edges) -> dict:
 def test_the_vectorised_first_pass_equals_the_plain_per_edge_one_at_ragged_named_positions(tmp_path, monkeypatch):
     """IOI on a grouped-query Llama, prompts of several templates (END and S2 at different positions): the first
     pass's estimates (every edge of a key at once, only the named rows read, the block's norm pulled back for all
-    heads at once, prompts in chunks) equal the plain per-edge computation to float rounding; every edge moves."""
+    heads at once, prompts in chunks, each sender's delta made once for every chunk) equal the plain per-edge
+    computation to float rounding."""
     from ioi_models import save_ioi_llama
 
     from headlens.circuits import attribution
@@ -200,3 +201,6 @@ def test_the_vectorised_first_pass_equals_the_plain_per_edge_one_at_ragged_named
     scale = max(np.abs(v).max() for v in plain.values())
     assert scale > 0 and sum(np.abs(v).max() > 1e-3 * scale for v in plain.values()) > len(edges) // 2
     assert max(np.abs(fast[e] - plain[e]).max() for e in edges) < 1e-5 * scale
+    named = [e for e in edges if e.sender_pos != "all"]  # the senders' deltas then made once, kept at those rows
+    kept = edge_attribution(model, s.task, "logit_diff", named, s.deltas, named=s.named)
+    assert max(np.abs(kept[e] - plain[e]).max() for e in named) < 1e-5 * scale
