@@ -255,7 +255,8 @@ def _in_chunks(model: Any, task: Task, value: Any, edges: Sequence[Edge], deltas
             named, index={k: v[rows] for k, v in named.index.items()}, shape=(part.n_prompts, named.shape[1]))
         parts.append(_bridge_attribution(model, part, value, edges, _Rows(deltas, rows) if kept is None
                                          else kept.rows(rows), sub))
-    return {e: np.concatenate([p[e] for p in parts]) for e in edges}
+    joined = np.concatenate([np.stack([p[e] for e in edges]) for p in parts], axis=1)  # (E, B): chunks side by side
+    return dict(zip(edges, joined, strict=True))
 
 
 class _Rows:
