@@ -29,6 +29,32 @@ fractions, 15 curve points) 366 s; the gradient first pass (ranking 50,758 candi
 2. the resumed rounds size a chunk by the positions it really resumes (IOI's END: one per prompt, the prompts
    ragged) instead of from the earliest END to the longest prompt's end (7 positions): up to 7x fewer block calls
    at END, each over more copies (its saving not yet measured: the machine was too loaded to finish a run).
+3. the gradient first pass (``FirstPass.keep``: 29.5 s CPU of a 224 s CPU discovery at 1 thread, 4 rounds, 50,758
+   candidates) gave every edge its own ``(B, T)`` dot over the whole prompt, its own sender-position mask (409,080
+   masks built), its own numpy conversion, and pulled each receiver's gradient back through the block's input
+   norm one head at a time; each 8-prompt chunk made every sender's delta again over all 32 prompts. Now each
+   sender's delta is made once over all prompts and kept at the rows its sender positions read (IOI: one per
+   prompt and name, not every token); one batched product per block of receivers dots every sender with every
+   receiver head at those rows, and one more sums each sender position's rows per prompt; the norm's pullback is
+   one autograd pass for all heads (the norm acts on each position alone, so the rows repeat once per head; any
+   family's norm, no closed form). The four rounds' candidates recorded from one discovery, old code and new in
+   one process, 1 thread, a loaded shared machine: 37.9 s -> 19.3 s CPU (1.96x); whole discoveries, run one
+   after the other: 29.5 s -> 18.8 s of their first pass. Same estimates to float rounding (largest difference
+   3.6e-7 of the largest estimate), the same 48 kept candidates in every round, the same Spearman (0.913) and the
+   same edge table.
+   What is left of it is the round's forward and backward over the 32 prompts (about half of the new time) and
+   the per-layer vector-Jacobian products through attention. Sharing one pass across rounds would keep every
+   receiver layer's attention graph (an IOI edge is restricted to its receiver's position, so its gradient needs
+   that layer's graph): the memory the 8-prompt chunks bound. What it can still save: the forward below the
+   round's lowest receiver layer (23 of 30 layers in round 1), resumed from the recorded clean run as the exact
+   rounds are.
+
+The first pass's ranking (round 1: the 19,547 candidate edges into the 7 roots at END, 48 kept): exact effects
+(``Setup.values``, no controls) of the 48 kept, of the next 400 by estimate and of a uniform random 400 of the
+remaining 19,099 (7,000 more of the rest, in the candidates' order, before time ran out: none above 0.030).
+44 of the exact top 50 are kept (88 %); the other 6 rank 49th-448th by estimate; no sampled edge of the rest comes
+within 9x of the 50th exact effect (largest 0.012 against 0.104). Spearman of estimate against exact effect 0.995
+over those 848 edges, 0.979 over the kept.
 
 Measured old against new in one process (the same loaded machine, CPU seconds): composition scores of the 182
 edges for 4 tables 94.7 s -> 57.3 s, identical. Tried and reverted: faithfulness's ablated forwards resumed at
