@@ -42,6 +42,30 @@ fractions, 15 curve points) 366 s; the gradient first pass (ranking 50,758 candi
    process at 1 thread on the shared machine (three runs): 26.8-27.7 s CPU of whole forwards -> 10.2-10.7 s
    (resumed from the none run alone: 16.8 s), the figures within 2e-6; its own peak RSS 0.47-0.59 GB over its
    start (whole forwards 0.13 GB: the recorded run's logits, keys and values, and the runs kept for later sets).
+5. the gradient first pass (``FirstPass.keep``: 29.5 s CPU of a 224 s CPU discovery at 1 thread, 4 rounds, 50,758
+   candidates) gave every edge its own ``(B, T)`` dot over the whole prompt, its own sender-position mask (409,080
+   masks built), its own numpy conversion, and pulled each receiver's gradient back through the block's input
+   norm one head at a time; each 8-prompt chunk made every sender's delta again over all 32 prompts. Now each
+   sender's delta is made once over all prompts and kept at the rows its sender positions read (IOI: one per
+   prompt and name, not every token); one batched product per block of receivers dots every sender with every
+   receiver head at those rows, and one more sums each sender position's rows per prompt; the norm's pullback is
+   one autograd pass for all heads (the norm acts on each position alone, so the rows repeat once per head; any
+   family's norm, no closed form). The four rounds' candidates recorded from one discovery, old code and new in
+   one process, 1 thread, a loaded shared machine: 37.9 s -> 19.3 s CPU (1.96x); whole discoveries, run one
+   after the other: 29.5 s -> 18.8 s of their first pass. Same estimates to float rounding (largest difference
+   3.6e-7 of the largest estimate), the same 48 kept candidates in every round, the same Spearman (0.913) and the
+   same edge table.
+   What is left of it is the round's forward and backward over the 32 prompts (about half of the new time) and
+   the per-layer vector-Jacobian products through attention. Sharing one pass across rounds would keep every
+   receiver layer's attention graph (an IOI edge is restricted to its receiver's position, so its gradient needs
+   that layer's graph): the memory the 8-prompt chunks bound. What it can still save: the forward below the
+   round's lowest receiver layer (23 of 30 layers in round 1), resumed from the recorded clean run as the exact
+   rounds are.
+
+The first pass's ranking (round 1: the 19,547 candidate edges into the 7 roots at END, 48 kept), against the exact
+effect of every one of them (``Setup.values``, no controls; 1,384 s CPU at 1 thread): 44 of the exact top 50 are
+kept (88 %); the other 6 rank 49th, 50th, 51st, 56th, 60th and 65th by estimate. Spearman of estimate against
+exact effect 0.976 over all 19,547, 0.979 over the 48 kept.
 
 Measured old against new in one process (the same loaded machine, CPU seconds): composition scores of the 182
 edges for 4 tables 94.7 s -> 57.3 s, identical. Tried and reverted before change 4: faithfulness's ablated

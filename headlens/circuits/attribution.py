@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from headlens.circuits.nodes import INPUTS, Edge
+from headlens.circuits.nodes import INPUTS, CircuitError, Edge
+from headlens.circuits.positions import ALL
 from headlens.interventions.logits import logits_at, read_columns
 from headlens.interventions.metrics import SURROGATES, Task, get_metric, per_prompt_mean
 
@@ -98,20 +99,21 @@ def edge_attribution(model: Any, task: Task, metric: str, edges: Sequence[Edge],
         run.backward(per_prompt_mean(value(logits, at, None), at.read()).sum())
         H, d = gpt.cfg.n_heads, gpt.cfg.d_head
 
-        def read(layer: int, c: str, pos: str) -> torch.Tensor:
-            """``(H, B, T, D)``: what each head's input c reads, the gradient through its output at ``pos``."""
+        def read(layer: int, c: str, pos: str, b: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            """``(H, R, D)``: what each head's input c reads at rows ``(b, t)``, the gradient through its output at
+            ``pos``."""
             block = gpt.transformer.h[layer]
             w = block.attn.c_attn.weight.detach().view(3, H, d, -1)  # (qkv, H, d_head, D): q, k, v rows, heads
-            g = run.grad(f"blocks.{layer}.attn.hook_{c}", layer, pos)  # (B, T, H, d_head)
-            u = torch.einsum("bthd,hdD->hbtD", g, w[INPUTS.index(c)])  # (H, B, T, D): at the normed input
-            return _ln_vjp(block.ln_1, seen[f"blocks.{layer}.hook_resid_pre"], u)
+            g = run.grad(f"blocks.{layer}.attn.hook_{c}", layer, pos)[b, t]  # (R, H, d_head)
+            u = torch.einsum("rhd,hdD->hrD", g, w[INPUTS.index(c)])  # (H, R, D): at the normed input
+            return _ln_vjp(block.ln_1, seen[f"blocks.{layer}.hook_resid_pre"][b, t], u)
 
         def key_of(e: Edge) -> tuple[Any, int]:
             r = e.receiver
             return ("final", 0) if r.kind == "logits" else ((r.layer, e.input, e.pos), r.head)
 
-        def grads_for(key: Any) -> torch.Tensor:  # (n, B, T, D); the logits read the final residual stream, via ln_f
-            return run.grads[final][None] if key == "final" else read(*key)
+        def grads_for(key: Any, b: torch.Tensor, t: torch.Tensor) -> torch.Tensor:  # (n, R, D); the logits read
+            return run.grads[final][None, b, t] if key == "final" else read(*key, b, t)  # the final stream, via ln_f
 
         return run.estimates(edges, deltas, key_of, grads_for)
 
@@ -170,34 +172,66 @@ class _Restricted:
         return self._local[key][name]
 
     def estimates(self, edges: Sequence[Edge], deltas: Any, key_of: Any, grads_for: Any
-                              ) -> dict[Edge, np.ndarray]:
+                  ) -> dict[Edge, np.ndarray]:
         """``(B,)`` per edge: the sender's delta (masked to its ``sender_pos``) dotted with its receiver's gradient.
-        The receivers' gradients ``grads_for(key) -> (n, B, T, D)`` are built one key at a time and dropped after
-        its edges (``key_of(edge) -> (key, index into n)``); each sender's delta is built once, and the
-        per-position dot ``(B, T)`` is shared by the edges that differ only in their sender position."""
-        from headlens.circuits.positions import edge_masks
 
-        by_key: dict[Any, list[tuple[Edge, int]]] = {}
-        for e in edges:
-            key, idx = key_of(e)
-            by_key.setdefault(key, []).append((e, idx))
-        made: dict[Any, torch.Tensor] = {}  # sender -> (B, T, D)
-        out: dict[Edge, np.ndarray] = {}
-        for key, group in by_key.items():
-            grads = grads_for(key)  # (n, B, T, D)
-            dots: dict[tuple[Any, int], torch.Tensor] = {}
-            for e, idx in group:
-                if e.sender not in made:
-                    made[e.sender] = deltas.delta(e.sender)
-                if (e.sender, idx) not in dots:
-                    dots[e.sender, idx] = (made[e.sender].to(grads) * grads[idx]).sum(-1)  # (B, T): per position
-                s_mask, _ = edge_masks(e, self.named)
-                dot = dots[e.sender, idx] if s_mask is None else dots[e.sender, idx] * s_mask.to(grads)
-                out[e] = dot.sum(1).detach().double().cpu().numpy()
-            del grads
-        return {e: out[e] for e in edges}
+        Only the rows ``(b, t)`` some edge's sender position covers are read (IOI's named positions: one per prompt
+        and name, not every token). ``key_of(edge) -> (key, index into n)``; ``grads_for(key, b, t) -> (n, R, D)``,
+        the receivers' gradients at those rows, one key at a time. Every sender's delta is gathered once into
+        ``(R, S, D)``; per block of keys one batched product dots it with every receiver head's gradient, row by row,
+        and one more sums the rows of each sender position per prompt, from which each edge picks its own.
+        """
+        if not edges:
+            return {}
+        keyed = [key_of(e) for e in edges]
+        by_key: dict[Any, dict[int, list[int]]] = {}  # key -> head index -> the edges' indices
+        for j, (key, i) in enumerate(keyed):
+            by_key.setdefault(key, {}).setdefault(i, []).append(j)
+        senders = list(dict.fromkeys(e.sender for e in edges))
+        names = list(dict.fromkeys(e.sender_pos for e in edges))
+        first = deltas.delta(senders[0])  # (B, T, D)
+        masks = torch.stack([self._mask(n, first) for n in names])  # (P, B, T): one per sender position
+        b, t = masks.any(0).nonzero(as_tuple=True)  # (R,) each: the rows any sender position reads
+        made = first.new_empty(len(b), len(senders), first.shape[-1])  # (R, S, D): every sender's delta there
+        for i, node in enumerate(senders):
+            made[:, i] = (first if i == 0 else deltas.delta(node))[b, t]
+        del first
+        # (R, P, B): row r's weight in prompt b's sum at sender position p (its mask, and 1 for its own prompt)
+        weights = masks[:, b, t].T[:, :, None] & (b[:, None] == torch.arange(masks.shape[1], device=b.device))[:, None]
+        row = {node: i for i, node in enumerate(senders)}
+        col = {n: p for p, n in enumerate(names)}
+        picks = [(col[e.sender_pos] * len(senders) + row[e.sender]) for e in edges]  # into (P, S)
+        out: list[np.ndarray] = [np.empty(0)] * len(edges)
+        block: list[Any] = []
+        for n, key in enumerate(by_key):
+            block.append(key)
+            if n + 1 < len(by_key) and sum(map(len, (by_key[k] for k in block))) * len(b) * len(senders) < BLOCK:
+                continue
+            grads = torch.cat([grads_for(k, b, t)[sorted(by_key[k])].to(made) for k in block])  # (N, R, D)
+            dots = torch.bmm(made, grads.permute(1, 2, 0))  # (R, S, N): per row, every sender . every receiver head
+            est = torch.einsum("rpb,rx->bpx", weights.to(made), dots.view(len(b), -1))  # (B, P, S*N)
+            est = est.reshape(est.shape[0], -1, grads.shape[0])  # (B, P*S, N)
+            idx, where = [], []
+            for c, mine in enumerate(by_key[k][i] for k in block for i in sorted(by_key[k])):
+                idx += [(picks[j], c) for j in mine]
+                where += mine
+            ps, cs = torch.tensor(idx, device=est.device).T
+            got = est[:, ps, cs].T.detach().double().cpu().numpy()  # (edges of the block, B)
+            for j, v in zip(where, got, strict=True):
+                out[j] = v
+            block = []
+        return dict(zip(edges, out, strict=True))
+
+    def _mask(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        """``(B, T)`` bool: sender position ``name`` (``all``: every position)."""
+        if name == ALL:
+            return torch.ones(like.shape[:2], dtype=torch.bool, device=like.device)
+        if self.named is None:
+            raise CircuitError(f"an edge is restricted to sender position {name!r}, but the prompts name none")
+        return self.named.mask(name)
 
 
+BLOCK = 2**22  # rows x senders x receiver heads of the dots of one block of keys (16 MB in float32)
 CHUNK = 8  # prompts per backward pass through the bridge: a pass holds the autograd graph of a whole forward
 
 
@@ -209,6 +243,8 @@ def _in_chunks(model: Any, task: Task, value: Any, edges: Sequence[Edge], deltas
     B = task.n_prompts
     if B <= CHUNK:
         return _bridge_attribution(model, task, value, edges, deltas, named)
+    names = {e.sender_pos for e in edges}
+    kept = None if named is None or ALL in names else _Kept(deltas, torch.stack([named.mask(n) for n in names]).any(0))
     parts = []
     for i in range(0, B, CHUNK):
         rows = slice(i, min(i + CHUNK, B))
@@ -217,8 +253,10 @@ def _in_chunks(model: Any, task: Task, value: Any, edges: Sequence[Edge], deltas
                                             if getattr(task, f) is not None})
         sub = None if named is None else dataclasses.replace(
             named, index={k: v[rows] for k, v in named.index.items()}, shape=(part.n_prompts, named.shape[1]))
-        parts.append(_bridge_attribution(model, part, value, edges, _Rows(deltas, rows), sub))
-    return {e: np.concatenate([p[e] for p in parts]) for e in edges}
+        parts.append(_bridge_attribution(model, part, value, edges, _Rows(deltas, rows) if kept is None
+                                         else kept.rows(rows), sub))
+    joined = np.concatenate([np.stack([p[e] for e in edges]) for p in parts], axis=1)  # (E, B): chunks side by side
+    return dict(zip(edges, joined, strict=True))
 
 
 class _Rows:
@@ -231,6 +269,37 @@ class _Rows:
         # a copy, not a view: the first pass keeps every sender's delta of a chunk, and a view of 8 rows would
         # hold all 32 prompts' (a third of a GB over SmolLM2's IOI senders)
         return self.deltas.delta(node)[self.rows].clone()  # (b, T, D)
+
+
+class _Kept:
+    """Every sender's delta over all prompts, computed once for every chunk, kept at ``mask`` ``(B, T)`` only (the
+    positions the edges' sender positions read; their estimates read nothing else): zero elsewhere."""
+
+    def __init__(self, deltas: Any, mask: torch.Tensor) -> None:
+        self.deltas, self.mask = deltas, mask
+        self.made: dict[Any, torch.Tensor] = {}  # sender -> (R, D): its delta at the kept positions, row-major
+
+    def rows(self, rows: slice) -> Any:
+        """The deltas of prompts ``rows`` (an object with ``delta(node) -> (b, T, D)``)."""
+        start = int(self.mask[: rows.start].sum())
+        return _KeptRows(self, rows, slice(start, start + int(self.mask[rows].sum())))
+
+    def delta(self, node: Any) -> torch.Tensor:  # (R, D)
+        if node not in self.made:
+            self.made[node] = self.deltas.delta(node)[self.mask]
+        return self.made[node]
+
+
+class _KeptRows:
+    def __init__(self, kept: _Kept, rows: slice, at: slice) -> None:
+        self.kept, self.rows, self.at = kept, rows, at
+
+    def delta(self, node: Any) -> torch.Tensor:
+        made = self.kept.delta(node)[self.at]  # (r, D): this chunk's kept positions, row-major like the mask
+        mask = self.kept.mask[self.rows]  # (b, T)
+        out = made.new_zeros(*mask.shape, made.shape[-1])  # (b, T, D)
+        out[mask] = made
+        return out
 
 
 def _bridge_attribution(model: Any, task: Task, value: Any, edges: Sequence[Edge], deltas: Any,
@@ -258,15 +327,18 @@ def _bridge_attribution(model: Any, task: Task, value: Any, edges: Sequence[Edge
     fwd = [(f"blocks.{layer}.attn.hook_{c}", run.leaf) for layer in layers for c in INPUTS] + [(final, run.leaf)]
     fwd += [(f"blocks.{layer}.attn.hook_z", run.z) for layer in layers if run.needs(layer)]
     fwd += [(f"blocks.{layer}.hook_resid_pre", keep) for layer in layers]
-    def read(layer: int, c: str, pos: str, heads: Any) -> torch.Tensor:
-        """``(n, B, T, D)``: per head (per key/value head for k, v) the gradient at what its input c reads."""
+    def read(layer: int, c: str, pos: str, heads: Any, b: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """``(n, R, D)``: per head (per key/value head for k, v) the gradient at what its input c reads, at rows
+        ``(b, t)``. The block's own norm, whatever the family's, by autograd: it acts on each position alone, so
+        one pass over the rows repeated once per head pulls every head's gradient back at once."""
         block = model.bridge.blocks[layer]
-        g = run.grad(f"blocks.{layer}.attn.hook_{c}", layer, pos, heads)  # (B, T, n, d_head)
+        g = run.grad(f"blocks.{layer}.attn.hook_{c}", layer, pos, heads)[b, t]  # (R, n, d_head)
         w = getattr(block.attn, f"W_{c.upper()}").detach()  # (n, D, d_head)
-        u = torch.einsum("btnd,nDd->nbtD", g, w.to(g))  # (n, B, T, D): at the normed input
-        x = seen[f"blocks.{layer}.hook_resid_pre"].detach().requires_grad_(True)  # (B, T, D)
-        y = block.ln1(x) if hasattr(block, "ln1") else x  # OLMo-2: no norm before attention
-        return torch.stack([torch.autograd.grad(y, x, u[i], retain_graph=True)[0] for i in range(len(u))])
+        u = torch.einsum("rnd,nDd->nrD", g, w.to(g))  # (n, R, D): at the normed input
+        if not hasattr(block, "ln1"):  # OLMo-2: no norm before attention
+            return u
+        x = seen[f"blocks.{layer}.hook_resid_pre"][b, t].expand(len(u), -1, -1).clone().requires_grad_(True)
+        return torch.autograd.grad(block.ln1(x), x, u)[0]  # (n, R, D): x is (n, R, D), one "prompt" per head
 
     at = task.at(read_columns(task.positions))  # the logits (and their gradients) at the read positions only
     with torch.enable_grad(), model.hooks(fwd):
@@ -283,7 +355,7 @@ def _bridge_attribution(model: Any, task: Task, value: Any, edges: Sequence[Edge
                 range(j, model.cfg.n_heads, size))
             return (r.layer, e.input, e.pos, heads), idx
 
-        def grads_for(key: Any) -> torch.Tensor:  # (n, B, T, D)
-            return run.grads[final][None] if key == "final" else read(*key)
+        def grads_for(key: Any, b: torch.Tensor, t: torch.Tensor) -> torch.Tensor:  # (n, R, D)
+            return run.grads[final][None, b, t] if key == "final" else read(*key, b, t)
 
         return run.estimates(edges, deltas, key_of, grads_for)
