@@ -189,6 +189,7 @@ def main() -> None:
     ap.add_argument("--max-heldout", type=int, default=MAX_HELDOUT, help="with --describe-only: the split's cap")
     ap.add_argument("--subst-windows", type=int, default=8, help="held-out windows of the substitution test")
     ap.add_argument("--no-peak", action="store_true", help="skip the two child processes' peak memory")
+    ap.add_argument("--save", default=None, help="pickle the descriptions and the substitution here (to study them)")
     ap.add_argument("--child", choices=("pass", "classify"), default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -224,6 +225,11 @@ def main() -> None:
           f"({passed / plain:.2f}x); descriptions {took.get('describing the heads', 0):.1f} s; substitution "
           f"{took.get('substituting the descriptions', 0):.1f} s; site {site:.1f} s; end to end {total:.1f} s "
           f"({total / plain_all:.2f}x the plain forwards over every window it reads)")
+    if args.save:
+        import pickle
+
+        with open(args.save, "wb") as f:
+            pickle.dump({"descriptions": atlas.descriptions, "substitution": atlas.substitution}, f)
     if args.no_peak:
         return _report(args.model, atlas.descriptions, atlas.substitution)
     peak_pass, classify = _child_peak(args, "pass"), _child_peak(args, "classify")

@@ -13,12 +13,16 @@ Why it looks like this:
   description keeps is ``1 - (L_subst - L_clean) / (L_mean - L_clean)`` over the next-token loss of the
   windows, pooled, with a 95 % bootstrap interval over windows: 1 when putting the description back costs
   nothing, 0 when it is no better than removing the head, negative when it is worse.
-* **Cheap: receiver-local resumption.** On a bridged model (:func:`headlens.circuits.resume.resumable`) one
-  clean forward records what every block was called with (:class:`headlens.circuits.resume.CleanRun`), and
-  each head runs from its own layer on, both variants (substituted, mean-ablated) as two copies of the batch.
-  Other backends run whole forwards (they are small).
+* **Cheap: receiver-local resumption, a layer at a time.** On a bridged model
+  (:func:`headlens.circuits.resume.resumable`) one clean forward records what every block was called with
+  (:class:`headlens.circuits.resume.CleanRun`), and each layer's described heads run from that layer on in
+  one resumed run: per head two copies of the batch (substituted, mean-ablated), and one more with all of
+  the layer's described heads substituted, as many copies per run as :data:`MAX_ROWS` token rows allow, the
+  logits one copy at a time. Other backends run whole forwards (they are small). Equal to one whole hooked
+  forward per head and variant (``tests/atlas/test_substitute.py``).
 * **Also together.** Every described head substituted at once (the whole-model line: the loss of the model
-  whose described heads all run on their descriptions) and each layer's described heads at once.
+  whose described heads all run on their descriptions) and each layer's described heads at once (a copy in
+  that layer's run).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 import torch
 
 SUBST_WINDOWS = 8  # held-out windows the substitution runs on (a subsample, evenly spread)
+MAX_ROWS = 16384  # token rows (copies x windows x positions) one resumed run carries: bounds its memory
 NO_EFFECT = 1e-6  # a mean ablation that moves no window's loss by more than this has no share to keep
 
 
@@ -131,7 +136,8 @@ def _share(dl_sub: torch.Tensor, dl_mean: torch.Tensor, seed: int = 0) -> tuple[
 
 def substitute(model: Any, descriptions: list[Any], windows: list[torch.Tensor], rules: dict[str, Any],
                classes: dict[str, torch.Tensor] | None = None, n_windows: int = SUBST_WINDOWS,
-               progress: Callable[[int, int], None] | None = None) -> tuple[list[Any], Substitution | None]:
+               progress: Callable[[int, int], None] | None = None, max_rows: int = MAX_ROWS
+               ) -> tuple[list[Any], Substitution | None]:
     """Every described head's share kept (on :class:`~headlens.atlas.describe.Description`: ``share_kept``,
     ``share_ci``, ``ablation_delta``, ``subst_windows``; the mean ablation's interval in its evidence as
     ``abl_lo``, ``abl_hi``), and the whole-model :class:`Substitution`, on ``n_windows`` of ``windows`` (evenly
@@ -161,31 +167,34 @@ def substitute(model: Any, descriptions: list[Any], windows: list[torch.Tensor],
     del clean_logits
     layers = sorted({d.layer for d in described})
     mean = Replacement.build(model, layers, "mean", reference=tokens)
-    out, total = [], len(described) + len(layers) + 1
-    by = {(d.layer, d.head): d for d in described}
+    z_zero = torch.zeros(B, T, 1, 1, device=tokens.device)
+    losses: dict[tuple[int, int], torch.Tensor] = {}  # (layer, head) -> (2, B): substituted, mean-ablated
+    per_layer, done, total = {}, 0, len(described) + 1
+    for layer in layers:
+        mine = [d for d in described if d.layer == layer]
+        z_mean = mean.z(layer, z_zero)  # (B, T, H, d_head)
+        copies = [[(d.head, "pattern", patterns[(layer, d.head)])] for d in mine]
+        copies += [[(d.head, "z", z_mean[:, :, d.head])] for d in mine]
+        copies.append([c[0] for c in copies[: len(mine)]])  # the layer's described heads at once
+        loss = _copies(model, run, tokens, batch, layer, copies, max_rows)  # (2n+1, B)
+        for j, d in enumerate(mine):
+            losses[(layer, d.head)] = loss[[j, len(mine) + j]]
+        per_layer[layer] = (len(mine), float(loss[-1].mean()))
+        done += len(mine)
+        if progress is not None:
+            progress(done, total)
+    out = []
     for d in descriptions:
-        if (d.layer, d.head) not in by:
+        if (d.layer, d.head) not in losses:
             out.append(d)
             continue
-        z_mean = mean.z(d.layer, torch.zeros(B, T, 1, 1, device=tokens.device))  # (B, T, H, d_head)
-        heads = {d.layer: [(d.head, 0, "pattern", patterns[(d.layer, d.head)]),
-                           (d.head, 1, "z", z_mean[:, :, d.head])]}
-        loss = _run(model, run, tokens, batch, heads, 2, d.layer)  # (2, B)
+        loss = losses[(d.layer, d.head)]
         dsub, dmean = loss[0] - clean, loss[1] - clean
         share, ci = _share(dsub, dmean) if float(dmean.abs().max()) > NO_EFFECT else (None, None)
         a_ci = _mean_ci(dmean)
         ev = {**d.evidence, "abl_lo": a_ci[0], "abl_hi": a_ci[1], "subst_delta": float(dsub.mean())}
         out.append(replace(d, share_kept=share, share_ci=ci, ablation_delta=float(dmean.mean()), subst_windows=B,
                            evidence=ev))
-        if progress is not None:
-            progress(sum(1 for o in out if o.subst_windows), total)
-    per_layer = {}
-    for j, layer in enumerate(layers):
-        heads = {layer: [(d.head, 0, "pattern", patterns[(d.layer, d.head)]) for d in described
-                         if d.layer == layer]}
-        per_layer[layer] = (len(heads[layer]), float(_run(model, run, tokens, batch, heads, 1, layer)[0].mean()))
-        if progress is not None:
-            progress(len(described) + j + 1, total)
     heads_all: dict[int, list] = {}
     for d in described:
         heads_all.setdefault(d.layer, []).append((d.head, 0, "pattern", patterns[(d.layer, d.head)]))
@@ -194,6 +203,20 @@ def substitute(model: Any, descriptions: list[Any], windows: list[torch.Tensor],
     if progress is not None:
         progress(total, total)
     return out, Substitution(float(clean.mean()), float(every.mean()), (lo, hi), len(described), B, per_layer)
+
+
+def _copies(model: Any, run: Any, tokens: torch.Tensor, batch: Any, layer: int, copies: list[list[tuple]],
+            max_rows: int) -> torch.Tensor:
+    """``(len(copies), B)`` losses: each copy a list of ``(head, kind, what)`` replacements at ``layer``
+    (:func:`_swap`), as many copies of the batch per resumed run as ``max_rows`` token rows allow."""
+    B, T = tokens.shape
+    per = max(1, max_rows // (B * T))
+    out = []
+    for i in range(0, len(copies), per):
+        chunk = copies[i:i + per]
+        heads = {layer: [(h, j, kind, what) for j, copy in enumerate(chunk) for h, kind, what in copy]}
+        out.append(_run(model, run, tokens, batch, heads, len(chunk), layer))
+    return torch.cat(out)
 
 
 def _mean_ci(v: torch.Tensor, seed: int = 0) -> tuple[float, float]:
@@ -220,20 +243,24 @@ def _clean(model: Any, tokens: torch.Tensor) -> tuple[Any, torch.Tensor]:
 def _run(model: Any, run: Any, tokens: torch.Tensor, batch: Any, heads: dict[int, list], K: int,
          start: int | None) -> torch.Tensor:
     """``(K, B)`` losses with ``heads`` replaced (:func:`_swap`), ``K`` copies of the batch; from block ``start``
-    on a bridged model (the clean residual stream entering it), else a whole forward."""
+    on a bridged model (the clean residual stream entering it, the logits one copy at a time: ``(B, T, V)`` is
+    the largest tensor of a run), else a whole forward."""
     B = tokens.shape[0]
+    valid = batch.valid.to(tokens.device)
     store: dict[int, torch.Tensor] = {}
     hooks = _swap(heads, store)
     with torch.no_grad(), model.hooks(hooks):
         if run is None:
             logits = model(tokens.repeat(K, 1))  # (K*B, T, V)
-        else:
-            layer0 = min(heads) if start is None else start
-            x = run.calls[layer0][0][0].repeat(K, 1, 1)  # (K*B, T, D): the clean stream entering it
-            for layer in range(layer0, len(model.bridge.blocks)):
-                x = run.block(model, layer, x, K)
-            b = model.bridge
-            logits = b.unembed(b.ln_final(x))
-            transform = getattr(getattr(b, "adapter", None), "apply_output_logits_transform", None)
-            logits = logits if transform is None else transform(logits)
-    return _loss(logits, tokens.repeat(K, 1), batch.valid.repeat(K, 1).to(tokens.device)).view(K, B).cpu()
+            return _loss(logits, tokens.repeat(K, 1), valid.repeat(K, 1)).view(K, B).cpu()
+        layer0 = min(heads) if start is None else start
+        x = run.calls[layer0][0][0].repeat(K, 1, 1)  # (K*B, T, D): the clean stream entering it
+        for layer in range(layer0, len(model.bridge.blocks)):
+            x = run.block(model, layer, x, K)
+        b = model.bridge
+        transform = getattr(getattr(b, "adapter", None), "apply_output_logits_transform", None)
+        out = []
+        for k in range(K):
+            logits = b.unembed(b.ln_final(x[k * B:(k + 1) * B]))  # (B, T, V)
+            out.append(_loss(logits if transform is None else transform(logits), tokens, valid))
+    return torch.stack(out).cpu()  # (K, B)
