@@ -15,7 +15,8 @@ Why it looks like this:
   elsewhere by ``induction`` alone (the agreement was once taken over off-rest cells only, which left such
   heads "resting").
 * **The role** is the heaviest rule of a mixture that agrees at :data:`AGREEMENT` or more, when it holds
-  :data:`MIN_WEIGHT` of the mixture and is not the first token; then copy suppression's two claims (below);
+  :data:`MIN_WEIGHT` of the mixture, is not the first token and has targets in :data:`MIN_COVERAGE` of the
+  held-out rows (a rule that never applies agrees through its first-token fallback alone); then copy suppression's two claims (below);
   a mixture led by the first token that agrees is **resting** (a tested description: its rule agrees),
   unless a rule names the role **conditionally**: on the rows where it has targets (at least
   :data:`MIN_COVERAGE` of the rows and at most :data:`MAX_COVERAGE`: a rule with targets in nearly every row,
@@ -65,7 +66,7 @@ from headlens.detectors.base import Detector
 AGREEMENT = 0.5  # a description must correlate this well with the head's real attention to name its role
 REST = 0.25  # mean off-rest attention per query row below which a head is said to rest
 MIN_WEIGHT = 0.25  # the heaviest rule of a mixture names the role when it holds this share of it
-MIN_COVERAGE = 0.05  # a conditional role needs targets in this share of the query rows
+MIN_COVERAGE = 0.05  # a rule names a role (whole-row or conditional) only with targets in this share of query rows
 MAX_COVERAGE = 0.9  # ... and none in the rest: a rule with targets in nearly every row is the mixture's to judge
 CS_RULE = "predicted_token"  # the pattern of copy suppression
 WEIGHT_CS = "ov_suppression"  # the weight-based detector whose label is copy suppression's second claim
@@ -189,8 +190,7 @@ def describe(model: Any, exemplars: Any, heldout: list[torch.Tensor], batch_size
             role = role_of(main, score, ev)
             d = Description(layer, h, role, main, score, ci, "", {n: float(single[at][j]) for j, n in enumerate(names)},
                             ev, w, float(mix_cover[at]))
-            by_mixture = score >= AGREEMENT and main != SINK and ev["main_weight"] >= MIN_WEIGHT
-            if role not in ("copy_suppression", "resting", "no clear role") and not by_mixture:
+            if role not in ("copy_suppression", "resting", "no clear role") and not _by_mixture(main, score, ev):
                 cr = names[ci_]  # named conditionally: the pair on the rows with targets, the first token elsewhere
                 mixture = {k: v for k, v in ((cr, ev["cond_weight"]), (SINK, 1 - ev["cond_weight"])) if v > 0}
                 d = Description(layer, h, role, cr, ev["cond_r"], (ev["cond_lo"], ev["cond_hi"]), "", d.candidates,
@@ -253,7 +253,7 @@ def role_of(main: str, score: float, ev: dict[str, float]) -> str:
     led by the first token that agrees, or by its own statistic), or none.
 
     >>> ev = {"ov_label": 1.0, "pred_lo": 0.2, "pred_null": 0.05, "off_rest": 0.4, "main_weight": 0.8,
-    ...       "cond_r": 0.2, "cond_coverage": 0.5, "cond_rule": 0, "cond_weight": 0.4, "cond_mass": 0.3,
+    ...       "rule_coverage": 0.9, "cond_r": 0.2, "cond_coverage": 0.5, "cond_rule": 0, "cond_weight": 0.4, "cond_mass": 0.3,
     ...       "cond_chance": 0.05}
     >>> role_of("previous_token", 0.3, ev), role_of("induction_longest", 0.7, ev)
     ('copy_suppression', 'induction')
@@ -264,7 +264,7 @@ def role_of(main: str, score: float, ev: dict[str, float]) -> str:
     >>> role_of("first_token", 0.9, {**ev, "ov_label": 0.0, "cond_r": 0.9, "cond_rule": 5, "cond_weight": 0.1})
     'resting'
     """
-    if score >= AGREEMENT and main != SINK and ev["main_weight"] >= MIN_WEIGHT:
+    if _by_mixture(main, score, ev):
         return "copy_suppression" if main == CS_RULE and ev["ov_label"] == 1.0 else ROLE.get(main, main)
     if ev["ov_label"] == 1.0 and ev["pred_lo"] > ev["pred_null"]:  # NaN (no OV readout) is not a label
         return "copy_suppression"
@@ -272,6 +272,14 @@ def role_of(main: str, score: float, ev: dict[str, float]) -> str:
             and ev["cond_weight"] >= MIN_WEIGHT and ev["cond_mass"] > ev["cond_chance"]):  # where it can, above chance
         return ROLE.get(_NAMES[int(ev["cond_rule"])], _NAMES[int(ev["cond_rule"])])
     return "resting" if score >= AGREEMENT or ev["off_rest"] < REST else "no clear role"
+
+
+def _by_mixture(main: str, score: float, ev: dict[str, float]) -> bool:
+    """The whole-row mixture names the role: it agrees, its heaviest rule is not the first token, holds
+    :data:`MIN_WEIGHT` of it and has targets in :data:`MIN_COVERAGE` of the held-out rows or more (a rule that
+    never applies agrees through its first-token fallback alone: that is a rest, not its role)."""
+    return (score >= AGREEMENT and main != SINK and ev["main_weight"] >= MIN_WEIGHT
+            and ev["rule_coverage"] >= MIN_COVERAGE)
 
 
 _NAMES = [n for n in candidate_rules() if n not in LATE] + list(LATE)  # heldout_stats' rule order
