@@ -122,6 +122,11 @@ def _describe_only(args: argparse.Namespace) -> None:
         descriptions, sub = substitute(model, descriptions, held, candidate_rules(), _classes(model, strings),
                                        args.subst_windows)
         print(f"substitution on {args.subst_windows} held-out windows: {time.process_time() - t:.1f} s")
+    if args.save:
+        import pickle
+
+        with open(args.save, "wb") as f:
+            pickle.dump({"descriptions": descriptions, "substitution": sub}, f)
     _report(args.model, descriptions, sub)
 
 

@@ -123,7 +123,7 @@ def test_copy_suppression_needs_both_claims_and_a_rule_that_fits_wins():
     from headlens.atlas.describe import role_of
 
     ev = {"ov_label": 1.0, "pred_lo": 0.20, "pred_null": 0.08, "off_rest": 0.4, "main_weight": 0.7,
-          "rule_coverage": 0.8, "cond_r": 0.1,
+          "sink_weight": 0.3, "rule_coverage": 0.8, "cond_r": 0.1,
           "cond_coverage": 0.5, "cond_rule": 0, "cond_weight": 0.4, "cond_mass": 0.3, "cond_chance": 0.05}
     assert role_of("previous_token", 0.2, ev) == "copy_suppression"
     assert role_of("previous_token", 0.2, {**ev, "pred_lo": 0.07}) == "no clear role"  # not above the even spread
@@ -142,3 +142,6 @@ def test_copy_suppression_needs_both_claims_and_a_rule_that_fits_wins():
     none = {**ev, "ov_label": 0.0, "rule_coverage": 0.0}  # a rule with no target on held-out text: its fallback
     assert role_of("open_bracket", 0.9, none) == "resting"  # agrees, on the first token alone: a rest
     assert role_of("open_bracket", 0.3, none) == "no clear role"
+    rest = {**ev, "ov_label": 0.0, "main_weight": 0.3, "sink_weight": 0.7}  # first_token 0.7 + uniform 0.3
+    assert role_of("uniform", 0.9, rest) == "resting" and role_of("uniform", 0.9, {**ev, "ov_label": 0.0}) == "uniform"
+    assert role_of("uniform", 0.9, {**rest, "ov_label": 1.0}) == "copy_suppression"  # its two claims, over a rest
