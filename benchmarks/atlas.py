@@ -160,9 +160,14 @@ def _report(name: str, descriptions: list, sub=None) -> None:
         print(f"all {sub.n_heads} described heads substituted at once, {sub.windows} held-out windows: loss "
               f"{sub.all_heads:.4f} [{sub.all_ci[0]:.4f}, {sub.all_ci[1]:.4f}] against {sub.clean:.4f} clean "
               f"({100 * (sub.all_heads - sub.clean) / sub.clean:+.1f} %)")
-        print("per layer (heads, change %): " + " ".join(
-            f"L{la}({n}, {100 * (v - sub.clean) / sub.clean:+.1f})" for la, (n, v) in sorted(sub.per_layer.items())))
-        moved = [d for d in tested if d.share_kept is not None
+        print("per layer (heads, change % substituted / mean-ablated at once): " + " ".join(
+            f"L{la}({n}, {100 * (v - sub.clean) / sub.clean:+.1f} / "
+            f"{100 * (sub.per_layer_mean.get(la, float('nan')) - sub.clean) / sub.clean:+.1f})"
+            for la, (n, v) in sorted(sub.per_layer.items())))
+        withheld = [d for d in descriptions if d.evidence.get("withheld")]
+        print(f"roles withheld by the substitution test: {len(withheld)}: " + " ".join(
+            f"L{d.layer}H{d.head}({d.evidence['withheld']})" for d in withheld))
+        moved = [d for d in descriptions if d.share_kept is not None  # every substituted head, withheld ones too
                  and (d.evidence["abl_lo"] > 0 or d.evidence["abl_hi"] < 0)]
         shares = torch.tensor([d.share_kept for d in moved], dtype=torch.float64)
         if len(moved):
