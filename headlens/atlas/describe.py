@@ -350,29 +350,31 @@ def gate(d: Description) -> Description:
     """``d`` with its role withheld where the substitution test contradicts it (after
     :func:`headlens.atlas.substitute.substitute` has filled its evidence):
 
-    * a copy suppressor whose mean ablation moves the loss by more than its interval, but does not lower it, by
-      its whole interval, on the positions where the model's top prediction is right and occurs earlier in the
-      window: there, pushing that earlier token down can only hurt, so a copy suppressor's removal lowers the
-      loss; a head whose effect lies elsewhere is not one;
+    * a copy suppressor whose mean ablation raises the loss, by its whole interval, while on the positions where
+      the model's top prediction is right and occurs earlier in the window it does not lower it (its estimate
+      there is 0 or more): there, pushing that earlier token down can only hurt, so a copy suppressor's removal
+      lowers the loss; a head that helps the model elsewhere and not there is not one. (On a few windows the
+      interval on those positions is wide, so its estimate's sign is read; a larger ``subst_windows`` narrows
+      it.)
     * a head named by a rule whose mean ablation moves the loss by more than its interval while putting its
       description back keeps less than none of that effect (the share's whole interval below 0).
 
     Its page then says which, with the numbers, and names no role.
 
-    >>> ev = {"cs_delta": 0.0, "cs_lo": -0.01, "cs_hi": 0.01, "cs_rows": 108.0, "abl_lo": 0.001, "abl_hi": 0.01}
+    >>> ev = {"cs_delta": 0.01, "cs_lo": -0.01, "cs_hi": 0.04, "cs_rows": 108.0, "abl_lo": 0.001, "abl_hi": 0.01}
     >>> d = Description(1, 2, "copy_suppression", "first_token", 0.9, (0.8, 0.95), "... Role: copy suppression.",
     ...                 evidence=ev, share_ci=(0.1, 0.9), ablation_delta=0.005)
     >>> g = gate(d)
     >>> g.role, g.text.endswith("Role: copy suppression.")
     ('no clear role', False)
-    >>> gate(replace(d, evidence={**ev, "cs_lo": -0.03, "cs_hi": -0.01})).role  # its removal lowers the loss there
+    >>> gate(replace(d, evidence={**ev, "cs_delta": -0.002})).role  # its removal lowers the loss there
     'copy_suppression'
     """
     ev, head = d.evidence, d.text.rsplit(" Role: ", 1)[0]
     moved = ev.get("abl_lo", 0.0) > 0 or ev.get("abl_hi", 0.0) < 0
-    if d.role == "copy_suppression" and moved and ev.get("cs_rows", 0) > 0 and not ev["cs_hi"] < 0:
-        why = (f"its mean ablation changes the loss by {d.ablation_delta:+.3f} [{ev['abl_lo']:+.3f}, "
-               f"{ev['abl_hi']:+.3f}], but by {ev['cs_delta']:+.3f} [{ev['cs_lo']:+.3f}, {ev['cs_hi']:+.3f}] on the "
+    if d.role == "copy_suppression" and ev.get("abl_lo", 0.0) > 0 and ev.get("cs_rows", 0) > 0 and ev["cs_delta"] >= 0:
+        why = (f"its mean ablation raises the loss by {d.ablation_delta:+.3f} [{ev['abl_lo']:+.3f}, "
+               f"{ev['abl_hi']:+.3f}], and changes it by {ev['cs_delta']:+.3f} [{ev['cs_lo']:+.3f}, {ev['cs_hi']:+.3f}] on the "
                f"{int(ev['cs_rows'])} positions where the model's top prediction is right and occurs earlier, where "
                f"removing a copy suppressor would lower it")
     elif (d.role not in ("copy_suppression", "resting", "no clear role") and moved and d.share_ci is not None
