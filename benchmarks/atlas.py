@@ -122,6 +122,11 @@ def _describe_only(args: argparse.Namespace) -> None:
         descriptions, sub = substitute(model, descriptions, held, candidate_rules(), _classes(model, strings),
                                        args.subst_windows)
         print(f"substitution on {args.subst_windows} held-out windows: {time.process_time() - t:.1f} s")
+    if args.save:
+        import pickle
+
+        with open(args.save, "wb") as f:
+            pickle.dump({"descriptions": descriptions, "substitution": sub}, f)
     _report(args.model, descriptions, sub)
 
 
@@ -155,9 +160,14 @@ def _report(name: str, descriptions: list, sub=None) -> None:
         print(f"all {sub.n_heads} described heads substituted at once, {sub.windows} held-out windows: loss "
               f"{sub.all_heads:.4f} [{sub.all_ci[0]:.4f}, {sub.all_ci[1]:.4f}] against {sub.clean:.4f} clean "
               f"({100 * (sub.all_heads - sub.clean) / sub.clean:+.1f} %)")
-        print("per layer (heads, change %): " + " ".join(
-            f"L{la}({n}, {100 * (v - sub.clean) / sub.clean:+.1f})" for la, (n, v) in sorted(sub.per_layer.items())))
-        moved = [d for d in tested if d.share_kept is not None
+        print("per layer (heads, change % substituted / mean-ablated at once): " + " ".join(
+            f"L{la}({n}, {100 * (v - sub.clean) / sub.clean:+.1f} / "
+            f"{100 * (sub.per_layer_mean.get(la, float('nan')) - sub.clean) / sub.clean:+.1f})"
+            for la, (n, v) in sorted(sub.per_layer.items())))
+        withheld = [d for d in descriptions if d.evidence.get("withheld")]
+        print(f"roles withheld by the substitution test: {len(withheld)}: " + " ".join(
+            f"L{d.layer}H{d.head}({d.evidence['withheld']})" for d in withheld))
+        moved = [d for d in descriptions if d.share_kept is not None  # every substituted head, withheld ones too
                  and (d.evidence["abl_lo"] > 0 or d.evidence["abl_hi"] < 0)]
         shares = torch.tensor([d.share_kept for d in moved], dtype=torch.float64)
         if len(moved):
@@ -189,6 +199,7 @@ def main() -> None:
     ap.add_argument("--max-heldout", type=int, default=MAX_HELDOUT, help="with --describe-only: the split's cap")
     ap.add_argument("--subst-windows", type=int, default=8, help="held-out windows of the substitution test")
     ap.add_argument("--no-peak", action="store_true", help="skip the two child processes' peak memory")
+    ap.add_argument("--save", default=None, help="pickle the descriptions and the substitution here (to study them)")
     ap.add_argument("--child", choices=("pass", "classify"), default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -224,6 +235,11 @@ def main() -> None:
           f"({passed / plain:.2f}x); descriptions {took.get('describing the heads', 0):.1f} s; substitution "
           f"{took.get('substituting the descriptions', 0):.1f} s; site {site:.1f} s; end to end {total:.1f} s "
           f"({total / plain_all:.2f}x the plain forwards over every window it reads)")
+    if args.save:
+        import pickle
+
+        with open(args.save, "wb") as f:
+            pickle.dump({"descriptions": atlas.descriptions, "substitution": atlas.substitution}, f)
     if args.no_peak:
         return _report(args.model, atlas.descriptions, atlas.substitution)
     peak_pass, classify = _child_peak(args, "pass"), _child_peak(args, "classify")

@@ -15,7 +15,9 @@ Why it looks like this:
   elsewhere by ``induction`` alone (the agreement was once taken over off-rest cells only, which left such
   heads "resting").
 * **The role** is the heaviest rule of a mixture that agrees at :data:`AGREEMENT` or more, when it holds
-  :data:`MIN_WEIGHT` of the mixture and is not the first token; then copy suppression's two claims (below);
+  :data:`MIN_WEIGHT` of the mixture, is not the first token and has targets in :data:`MIN_COVERAGE` of the
+  held-out rows (a rule that never applies agrees through its first-token fallback alone), and is not an even
+  spread over the keys so far beside a heavier first token (that is a rest with a background); then copy suppression's two claims (below);
   a mixture led by the first token that agrees is **resting** (a tested description: its rule agrees),
   unless a rule names the role **conditionally**: on the rows where it has targets (at least
   :data:`MIN_COVERAGE` of the rows and at most :data:`MAX_COVERAGE`: a rule with targets in nearly every row,
@@ -46,7 +48,7 @@ Why it looks like this:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -65,8 +67,9 @@ from headlens.detectors.base import Detector
 AGREEMENT = 0.5  # a description must correlate this well with the head's real attention to name its role
 REST = 0.25  # mean off-rest attention per query row below which a head is said to rest
 MIN_WEIGHT = 0.25  # the heaviest rule of a mixture names the role when it holds this share of it
-MIN_COVERAGE = 0.05  # a conditional role needs targets in this share of the query rows
+MIN_COVERAGE = 0.05  # a rule names a role (whole-row or conditional) only with targets in this share of query rows
 MAX_COVERAGE = 0.9  # ... and none in the rest: a rule with targets in nearly every row is the mixture's to judge
+EVEN = ("uniform", "uniform_rest")  # even spreads: beside a heavier first token, the background of a rest
 CS_RULE = "predicted_token"  # the pattern of copy suppression
 WEIGHT_CS = "ov_suppression"  # the weight-based detector whose label is copy suppression's second claim
 COPY_SHARE = 0.5  # "writes the token it attends to" when its OV promotes it for this share of exemplar keys
@@ -180,7 +183,7 @@ def describe(model: Any, exemplars: Any, heldout: list[torch.Tensor], batch_size
                   "mass_lo": float(share[1][at][i]), "mass_hi": float(share[2][at][i]), "chance": float(chance[i]),
                   "copies": ov["copies"], "suppresses": ov["suppresses"], "n_keys": ov["n"],
                   "off_lo": float(off[1][at]), "off_hi": float(off[2][at]), "first_lo": float(first[1][at]),
-                  "first_hi": float(first[2][at]), "main_weight": w.get(main, 0.0), "rule_coverage": float(cover[i]),
+                  "first_hi": float(first[2][at]), "main_weight": w.get(main, 0.0), "sink_weight": w.get(SINK, 0.0), "rule_coverage": float(cover[i]),
                   "cond_rule": ci_, "cond_weight": float(cond_weight[at]), "cond_r": float(cond[0][at][ci_]), "cond_lo": float(cond[1][at][ci_]),
                   "cond_hi": float(cond[2][at][ci_]), "cond_coverage": float(cover[ci_]),
                   "cond_mass": float(share[0][at][ci_]), "cond_chance": float(chance[ci_]),
@@ -189,8 +192,7 @@ def describe(model: Any, exemplars: Any, heldout: list[torch.Tensor], batch_size
             role = role_of(main, score, ev)
             d = Description(layer, h, role, main, score, ci, "", {n: float(single[at][j]) for j, n in enumerate(names)},
                             ev, w, float(mix_cover[at]))
-            by_mixture = score >= AGREEMENT and main != SINK and ev["main_weight"] >= MIN_WEIGHT
-            if role not in ("copy_suppression", "resting", "no clear role") and not by_mixture:
+            if role not in ("copy_suppression", "resting", "no clear role") and not _by_mixture(main, score, ev):
                 cr = names[ci_]  # named conditionally: the pair on the rows with targets, the first token elsewhere
                 mixture = {k: v for k, v in ((cr, ev["cond_weight"]), (SINK, 1 - ev["cond_weight"])) if v > 0}
                 d = Description(layer, h, role, cr, ev["cond_r"], (ev["cond_lo"], ev["cond_hi"]), "", d.candidates,
@@ -253,7 +255,7 @@ def role_of(main: str, score: float, ev: dict[str, float]) -> str:
     led by the first token that agrees, or by its own statistic), or none.
 
     >>> ev = {"ov_label": 1.0, "pred_lo": 0.2, "pred_null": 0.05, "off_rest": 0.4, "main_weight": 0.8,
-    ...       "cond_r": 0.2, "cond_coverage": 0.5, "cond_rule": 0, "cond_weight": 0.4, "cond_mass": 0.3,
+    ...       "sink_weight": 0.2, "rule_coverage": 0.9, "cond_r": 0.2, "cond_coverage": 0.5, "cond_rule": 0, "cond_weight": 0.4, "cond_mass": 0.3,
     ...       "cond_chance": 0.05}
     >>> role_of("previous_token", 0.3, ev), role_of("induction_longest", 0.7, ev)
     ('copy_suppression', 'induction')
@@ -264,7 +266,7 @@ def role_of(main: str, score: float, ev: dict[str, float]) -> str:
     >>> role_of("first_token", 0.9, {**ev, "ov_label": 0.0, "cond_r": 0.9, "cond_rule": 5, "cond_weight": 0.1})
     'resting'
     """
-    if score >= AGREEMENT and main != SINK and ev["main_weight"] >= MIN_WEIGHT:
+    if _by_mixture(main, score, ev):
         return "copy_suppression" if main == CS_RULE and ev["ov_label"] == 1.0 else ROLE.get(main, main)
     if ev["ov_label"] == 1.0 and ev["pred_lo"] > ev["pred_null"]:  # NaN (no OV readout) is not a label
         return "copy_suppression"
@@ -274,12 +276,19 @@ def role_of(main: str, score: float, ev: dict[str, float]) -> str:
     return "resting" if score >= AGREEMENT or ev["off_rest"] < REST else "no clear role"
 
 
+def _by_mixture(main: str, score: float, ev: dict[str, float]) -> bool:
+    """The whole-row mixture names the role: it agrees, its heaviest rule is not the first token, holds
+    :data:`MIN_WEIGHT` of it and has targets in :data:`MIN_COVERAGE` of the held-out rows or more (a rule that
+    never applies agrees through its first-token fallback alone: that is a rest, not its role), and is not an even
+    spread (:data:`EVEN`) beside a heavier first token: a head that rests and spreads the rest evenly."""
+    return (score >= AGREEMENT and main != SINK and ev["main_weight"] >= MIN_WEIGHT
+            and ev["rule_coverage"] >= MIN_COVERAGE and not (main in EVEN and ev["sink_weight"] >= ev["main_weight"]))
+
+
 _NAMES = [n for n in candidate_rules() if n not in LATE] + list(LATE)  # heldout_stats' rule order
 
 
 def _with_text(d: Description, rules: dict[str, Detector]) -> Description:
-    from dataclasses import replace
-
     return replace(d, text=_text(d, rules[d.rule]))
 
 
@@ -335,3 +344,46 @@ def _writes_text(ev: dict[str, float]) -> str:
         return (f" It pushes down the token it attends to (its OV circuit ranks that token in its bottom 10 for "
                 f"{ev['suppresses']:.2f} of its {n} exemplar keys), as copy suppression does.")
     return ""
+
+
+def gate(d: Description) -> Description:
+    """``d`` with its role withheld where the substitution test contradicts it (after
+    :func:`headlens.atlas.substitute.substitute` has filled its evidence):
+
+    * a copy suppressor whose mean ablation raises the loss, by its whole interval, while on the positions where
+      the model's top prediction is right and occurs earlier in the window it does not lower it (its estimate
+      there is 0 or more): there, pushing that earlier token down can only hurt, so a copy suppressor's removal
+      lowers the loss; a head that helps the model elsewhere and not there is not one. (On a few windows the
+      interval on those positions is wide, so its estimate's sign is read; a larger ``subst_windows`` narrows
+      it.)
+    * a head named by a rule whose mean ablation moves the loss by more than its interval while putting its
+      description back keeps less than none of that effect (the share's whole interval below 0).
+
+    Its page then says which, with the numbers, and names no role.
+
+    >>> ev = {"cs_delta": 0.01, "cs_lo": -0.01, "cs_hi": 0.04, "cs_rows": 108.0, "abl_lo": 0.001, "abl_hi": 0.01}
+    >>> d = Description(1, 2, "copy_suppression", "first_token", 0.9, (0.8, 0.95), "... Role: copy suppression.",
+    ...                 evidence=ev, share_ci=(0.1, 0.9), ablation_delta=0.005)
+    >>> g = gate(d)
+    >>> g.role, g.text.endswith("Role: copy suppression.")
+    ('no clear role', False)
+    >>> gate(replace(d, evidence={**ev, "cs_delta": -0.002})).role  # its removal lowers the loss there
+    'copy_suppression'
+    """
+    ev, head = d.evidence, d.text.rsplit(" Role: ", 1)[0]
+    moved = ev.get("abl_lo", 0.0) > 0 or ev.get("abl_hi", 0.0) < 0
+    if d.role == "copy_suppression" and ev.get("abl_lo", 0.0) > 0 and ev.get("cs_rows", 0) > 0 and ev["cs_delta"] >= 0:
+        why = (f"its mean ablation raises the loss by {d.ablation_delta:+.3f} [{ev['abl_lo']:+.3f}, "
+               f"{ev['abl_hi']:+.3f}], and changes it by {ev['cs_delta']:+.3f} [{ev['cs_lo']:+.3f}, {ev['cs_hi']:+.3f}] on the "
+               f"{int(ev['cs_rows'])} positions where the model's top prediction is right and occurs earlier, where "
+               f"removing a copy suppressor would lower it")
+    elif (d.role not in ("copy_suppression", "resting", "no clear role") and moved and d.share_ci is not None
+          and d.share_ci[1] < 0):
+        why = (f"its mean ablation changes the loss by {d.ablation_delta:+.3f} [{ev['abl_lo']:+.3f}, "
+               f"{ev['abl_hi']:+.3f}], and putting its description back in its place keeps {d.share_kept:.2f} "
+               f"[{d.share_ci[0]:.2f}, {d.share_ci[1]:.2f}] of that: less than removing the head")
+    else:
+        return d
+    named = d.role.replace("_", " ")
+    return replace(d, role="no clear role", evidence={**ev, "withheld": named},
+                   text=f"{head} The substitution test argues against {named}: {why}. No role is named.")

@@ -5,7 +5,9 @@ Why it looks like this:
 * **Causal pattern detectors** with a predicate (previous token, induction, duplicate token) are taken from
   the registry as they are; the fixed offsets 2 and 3 are one lambda each.
 * **What real heads do that those miss** (:func:`candidate_rules`): the first token (the sink) and the
-  query's own token; recent windows (a band of the last 4 or 16 tokens, and two decays whose weight halves
+  query's own token; even attention over every token so far, with the first token or without it (a head
+  that spreads its attention but avoids the sink would otherwise be put back writing the sink's value, which
+  it never reads); recent windows (a band of the last 4 or 16 tokens, and two decays whose weight halves
   every 1 or 8 tokens back: the only rules whose targets are *weighted*, :data:`WEIGHTED`); delimiters
   (the last newline, sentence end and comma before the query, the opening bracket of the innermost pair
   still open); the start of the current word at a subword continuation; earlier tokens of the query's own
@@ -37,7 +39,7 @@ OFFSETS = (2, 3)  # fixed offsets tried as rules (offset 1 is previous_token)
 N_PREDICTED = 5  # "a token the model predicts": among the model's own top N_PREDICTED next tokens at the query
 SMALL_VOCAB = 5000  # below this, top 1 only: a top 5 of a few dozen tokens covers much of any window
 ROLE = {"induction_longest": "induction", "induction_last": "induction", "duplicate_last": "duplicate_token",
-        "first_token": "resting"}  # a rule's role, where it is not the rule's own name
+        "first_token": "resting", "uniform_rest": "uniform"}  # a rule's role, where it is not the rule's own name
 LATE = ("predicted_token",)  # rules whose targets need the forward's own logits (the others read the tokens)
 SINK = "first_token"  # the rule every other one falls back to in a row where it has no target
 BANDS = (4, 16)  # recent windows: the last n tokens, the query's own included
@@ -71,6 +73,8 @@ def candidate_rules() -> dict[str, Detector]:
     for n in BANDS:
         rule(f"recent_{n}", f"attends evenly to the last {n} tokens", lambda b, q, k, n=n: (k > q - n) & (k >= 1))
     rule("uniform", "attends evenly to every token so far", lambda b, q, k: k <= q)
+    rule("uniform_rest", "attends evenly to every token so far but the first",
+         lambda b, q, k: (k <= q) & (k >= 1))
     for h in HALF_LIVES:
         rule(f"decay_{h}", f"attends to recent tokens, a key's weight halving every {h} token{'s' * (h > 1)} back",
              lambda b, q, k, h=h: torch.where((k >= 1) & (k <= q), 0.5 ** ((q - k).clamp(min=0) / h), 0.0))

@@ -13,12 +13,16 @@ Why it looks like this:
   description keeps is ``1 - (L_subst - L_clean) / (L_mean - L_clean)`` over the next-token loss of the
   windows, pooled, with a 95 % bootstrap interval over windows: 1 when putting the description back costs
   nothing, 0 when it is no better than removing the head, negative when it is worse.
-* **Cheap: receiver-local resumption.** On a bridged model (:func:`headlens.circuits.recorded.resumable`) one
-  clean forward records what every block was called with (:class:`headlens.circuits.recorded.CleanRun`), and
-  each head runs from its own layer on, both variants (substituted, mean-ablated) as two copies of the batch.
-  Other backends run whole forwards (they are small).
+* **Cheap: receiver-local resumption, a layer at a time.** On a bridged model
+  (:func:`headlens.circuits.recorded.resumable`) one clean forward records what every block was called with
+  (:class:`headlens.circuits.recorded.CleanRun`), and each layer's described heads run from that layer on in
+  one resumed run: per head two copies of the batch (substituted, mean-ablated), and one more with all of
+  the layer's described heads substituted, as many copies per run as :data:`MAX_ROWS` token rows allow, the
+  logits one copy at a time. Other backends run whole forwards (they are small). Equal to one whole hooked
+  forward per head and variant (``tests/atlas/test_substitute.py``).
 * **Also together.** Every described head substituted at once (the whole-model line: the loss of the model
-  whose described heads all run on their descriptions) and each layer's described heads at once.
+  whose described heads all run on their descriptions) and each layer's described heads at once (a copy in
+  that layer's run).
 """
 
 from __future__ import annotations
@@ -30,13 +34,16 @@ from typing import Any
 import torch
 
 SUBST_WINDOWS = 8  # held-out windows the substitution runs on (a subsample, evenly spread)
+MAX_ROWS = 16384  # token rows (copies x windows x positions) one resumed run carries: bounds its memory
 NO_EFFECT = 1e-6  # a mean ablation that moves no window's loss by more than this has no share to keep
 
 
 @dataclass
 class Substitution:
     """The whole-model line: clean loss, the loss with every described head substituted (``all_heads``, with
-    its bootstrap interval ``all_ci``) and per layer (layer -> (heads substituted, loss)), on ``windows``."""
+    its bootstrap interval ``all_ci``) and per layer (layer -> (heads substituted, loss)), on ``windows``;
+    ``per_layer_mean``: layer -> the loss with the same heads mean-ablated at once instead (what the layer's
+    substitution is measured against)."""
 
     clean: float
     all_heads: float
@@ -44,16 +51,19 @@ class Substitution:
     n_heads: int
     windows: int
     per_layer: dict[int, tuple[int, float]] = field(default_factory=dict)
+    per_layer_mean: dict[int, float] = field(default_factory=dict)
 
     def frame(self, model: str) -> Any:
         """One row for the whole model, then one per layer: ``model, scope, layer, heads, clean_loss, loss,
-        change, change_pct, windows``."""
+        change, change_pct, mean_ablated_loss, windows`` (``mean_ablated_loss``: the same heads mean-ablated at
+        once; per layer only)."""
         import pandas as pd
 
         rows = [("all", -1, self.n_heads, self.all_heads)] + [("layer", la, n, v) for la, (n, v) in
                                                              sorted(self.per_layer.items())]
         return pd.DataFrame([{"model": model, "scope": s, "layer": la, "heads": n, "clean_loss": self.clean,
                               "loss": v, "change": v - self.clean, "change_pct": 100 * (v - self.clean) / self.clean,
+                              "mean_ablated_loss": self.per_layer_mean.get(la, float("nan")),
                               "windows": self.windows} for s, la, n, v in rows])
 
 
@@ -113,10 +123,31 @@ def _swap(heads: dict[int, list[tuple[int, int, Any]]], store: dict[int, torch.T
 
 def _loss(logits: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """``(B,)`` float64: each window's mean next-token loss over its real positions."""
+    return _mean(_nll(logits, tokens, valid), valid[:, 1:])
+
+
+def _nll(logits: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``(B, T-1)`` float64: the next-token loss at each real position (0 at padding)."""
     x = logits[:, :-1].float()  # (B, T-1, V)
     nll = (torch.logsumexp(x, -1) - x.gather(-1, tokens[:, 1:, None].to(x.device))[..., 0]).double()  # (B, T-1)
-    m = valid[:, 1:].to(nll)
-    return (nll * m).sum(1) / m.sum(1).clamp(min=1)
+    return nll * valid[:, 1:].to(nll)
+
+
+def _mean(nll: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``(..., B)``: the mean of ``nll`` ``(..., B, T-1)`` over each window's ``rows`` ``(B, T-1)``."""
+    m = rows.to(nll)
+    return (nll * m).sum(-1) / m.sum(-1).clamp(min=1)
+
+
+def suppression_rows(logits: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``(B, T-1)`` bool: the positions whose top next-token prediction is right and occurs earlier in the window
+    (after its first token), where copy suppression (pushing down an earlier token the model predicts) can
+    only hurt: a copy suppressor's removal lowers the loss there."""
+    top = logits[:, :-1].argmax(-1).cpu()  # (B, T-1): the prediction at q, for position q + 1
+    T = tokens.shape[1]
+    q, k = torch.arange(T - 1)[:, None], torch.arange(T)[None, :]
+    earlier = ((tokens.cpu()[:, None, :] == top[:, :, None]) & (k >= 1) & (k <= q - 1)).any(-1)  # (B, T-1)
+    return earlier & (top == tokens.cpu()[:, 1:]) & valid[:, 1:].cpu()
 
 
 def _share(dl_sub: torch.Tensor, dl_mean: torch.Tensor, seed: int = 0) -> tuple[float, tuple[float, float]]:
@@ -131,11 +162,13 @@ def _share(dl_sub: torch.Tensor, dl_mean: torch.Tensor, seed: int = 0) -> tuple[
 
 def substitute(model: Any, descriptions: list[Any], windows: list[torch.Tensor], rules: dict[str, Any],
                classes: dict[str, torch.Tensor] | None = None, n_windows: int = SUBST_WINDOWS,
-               progress: Callable[[int, int], None] | None = None) -> tuple[list[Any], Substitution | None]:
+               progress: Callable[[int, int], None] | None = None, max_rows: int = MAX_ROWS
+               ) -> tuple[list[Any], Substitution | None]:
     """Every described head's share kept (on :class:`~headlens.atlas.describe.Description`: ``share_kept``,
     ``share_ci``, ``ablation_delta``, ``subst_windows``; the mean ablation's interval in its evidence as
     ``abl_lo``, ``abl_hi``), and the whole-model :class:`Substitution`, on ``n_windows`` of ``windows`` (evenly
     spread). ``rules``: name -> detector, the rules the mixtures name."""
+    from headlens.atlas.describe import gate
     from headlens.atlas.heldout import _batch
     from headlens.atlas.rules import LATE, late_rules, rule_targets
     from headlens.interventions.ablation import Replacement
@@ -157,43 +190,82 @@ def substitute(model: Any, descriptions: list[Any], windows: list[torch.Tensor],
             clean_logits, batch, cells).items()})
     patterns = simulated_patterns(described, rule_predictions(batch, hits), batch.query_ok)
     del hits
-    clean = _loss(clean_logits, batch.tokens, batch.valid)  # (B,)
+    valid = batch.valid
+    clean_nll = _nll(clean_logits, batch.tokens, valid).cpu()  # (B, T-1)
+    cs_rows = suppression_rows(clean_logits, batch.tokens, valid)  # (B, T-1)
     del clean_logits
+    clean = _mean(clean_nll, valid[:, 1:])  # (B,)
     layers = sorted({d.layer for d in described})
     mean = Replacement.build(model, layers, "mean", reference=tokens)
-    out, total = [], len(described) + len(layers) + 1
-    by = {(d.layer, d.head): d for d in described}
+    z_zero = torch.zeros(B, T, 1, 1, device=tokens.device)
+    nlls: dict[tuple[int, int], torch.Tensor] = {}  # (layer, head) -> (2, B, T-1): substituted, mean-ablated
+    per_layer, per_layer_mean, done, total = {}, {}, 0, len(described) + 1
+    for layer in layers:
+        mine = [d for d in described if d.layer == layer]
+        z_mean = mean.z(layer, z_zero)  # (B, T, H, d_head)
+        n_h = len(mine)
+        copies = [[(d.head, "pattern", patterns[(layer, d.head)])] for d in mine]
+        copies += [[(d.head, "z", z_mean[:, :, d.head])] for d in mine]
+        copies += [[c[0] for c in copies[:n_h]], [c[0] for c in copies[n_h:]]]  # the layer's heads at once
+        nll = _copies(model, run, tokens, batch, layer, copies, max_rows)  # (2n+2, B, T-1)
+        for j, d in enumerate(mine):
+            nlls[(layer, d.head)] = nll[[j, n_h + j]]
+        per_layer[layer] = (n_h, float(_mean(nll[-2], valid[:, 1:]).mean()))
+        per_layer_mean[layer] = float(_mean(nll[-1], valid[:, 1:]).mean())
+        done += n_h
+        if progress is not None:
+            progress(done, total)
+    out = []
     for d in descriptions:
-        if (d.layer, d.head) not in by:
+        if (d.layer, d.head) not in nlls:
             out.append(d)
             continue
-        z_mean = mean.z(d.layer, torch.zeros(B, T, 1, 1, device=tokens.device))  # (B, T, H, d_head)
-        heads = {d.layer: [(d.head, 0, "pattern", patterns[(d.layer, d.head)]),
-                           (d.head, 1, "z", z_mean[:, :, d.head])]}
-        loss = _run(model, run, tokens, batch, heads, 2, d.layer)  # (2, B)
-        dsub, dmean = loss[0] - clean, loss[1] - clean
+        nll = nlls[(d.layer, d.head)]
+        dsub, dmean = _mean(nll, valid[:, 1:]) - clean  # (B,) each
         share, ci = _share(dsub, dmean) if float(dmean.abs().max()) > NO_EFFECT else (None, None)
         a_ci = _mean_ci(dmean)
-        ev = {**d.evidence, "abl_lo": a_ci[0], "abl_hi": a_ci[1], "subst_delta": float(dsub.mean())}
-        out.append(replace(d, share_kept=share, share_ci=ci, ablation_delta=float(dmean.mean()), subst_windows=B,
-                           evidence=ev))
-        if progress is not None:
-            progress(sum(1 for o in out if o.subst_windows), total)
-    per_layer = {}
-    for j, layer in enumerate(layers):
-        heads = {layer: [(d.head, 0, "pattern", patterns[(d.layer, d.head)]) for d in described
-                         if d.layer == layer]}
-        per_layer[layer] = (len(heads[layer]), float(_run(model, run, tokens, batch, heads, 1, layer)[0].mean()))
-        if progress is not None:
-            progress(len(described) + j + 1, total)
+        ev = {**d.evidence, "abl_lo": a_ci[0], "abl_hi": a_ci[1], "subst_delta": float(dsub.mean()),
+              **_on_rows(nll[1] - clean_nll, cs_rows)}
+        out.append(gate(replace(d, share_kept=share, share_ci=ci, ablation_delta=float(dmean.mean()),
+                                subst_windows=B, evidence=ev)))
     heads_all: dict[int, list] = {}
     for d in described:
         heads_all.setdefault(d.layer, []).append((d.head, 0, "pattern", patterns[(d.layer, d.head)]))
-    every = _run(model, run, tokens, batch, heads_all, 1, None)[0]
+    every = _mean(_run(model, run, tokens, batch, heads_all, 1, None)[0], valid[:, 1:])
     lo, hi = _mean_ci(every)
     if progress is not None:
         progress(total, total)
-    return out, Substitution(float(clean.mean()), float(every.mean()), (lo, hi), len(described), B, per_layer)
+    return out, Substitution(float(clean.mean()), float(every.mean()), (lo, hi), len(described), B, per_layer,
+                             per_layer_mean)
+
+
+def _on_rows(delta: torch.Tensor, rows: torch.Tensor, seed: int = 0) -> dict[str, float]:
+    """The mean ablation's loss change ``delta`` ``(B, T-1)`` pooled over ``rows`` (:func:`suppression_rows`)
+    with its bootstrap interval over windows: ``cs_delta``, ``cs_lo``, ``cs_hi``, ``cs_rows``."""
+    from headlens.scoring.stats import bootstrap_weights
+
+    m = rows.to(delta)
+    s, n = (delta * m).sum(1), m.sum(1)  # (B,) each
+    if float(n.sum()) == 0:
+        return {"cs_delta": float("nan"), "cs_lo": float("nan"), "cs_hi": float("nan"), "cs_rows": 0.0}
+    w = bootstrap_weights(s.shape[0], 400, seed).to(s)  # (n_boot, B)
+    boot = (w @ s) / (w @ n).clamp(min=1)
+    return {"cs_delta": float(s.sum() / n.sum()), "cs_lo": float(boot.quantile(0.025)),
+            "cs_hi": float(boot.quantile(0.975)), "cs_rows": float(n.sum())}
+
+
+def _copies(model: Any, run: Any, tokens: torch.Tensor, batch: Any, layer: int, copies: list[list[tuple]],
+            max_rows: int) -> torch.Tensor:
+    """``(len(copies), B, T-1)`` per-position losses: each copy a list of ``(head, kind, what)`` replacements at ``layer``
+    (:func:`_swap`), as many copies of the batch per resumed run as ``max_rows`` token rows allow."""
+    B, T = tokens.shape
+    per = max(1, max_rows // (B * T))
+    out = []
+    for i in range(0, len(copies), per):
+        chunk = copies[i:i + per]
+        heads = {layer: [(h, j, kind, what) for j, copy in enumerate(chunk) for h, kind, what in copy]}
+        out.append(_run(model, run, tokens, batch, heads, len(chunk), layer))
+    return torch.cat(out)
 
 
 def _mean_ci(v: torch.Tensor, seed: int = 0) -> tuple[float, float]:
@@ -219,21 +291,25 @@ def _clean(model: Any, tokens: torch.Tensor) -> tuple[Any, torch.Tensor]:
 
 def _run(model: Any, run: Any, tokens: torch.Tensor, batch: Any, heads: dict[int, list], K: int,
          start: int | None) -> torch.Tensor:
-    """``(K, B)`` losses with ``heads`` replaced (:func:`_swap`), ``K`` copies of the batch; from block ``start``
-    on a bridged model (the clean residual stream entering it), else a whole forward."""
+    """``(K, B, T-1)`` per-position losses (:func:`_nll`) with ``heads`` replaced (:func:`_swap`), ``K`` copies of
+    the batch; from block ``start`` on a bridged model (the clean residual stream entering it, the logits one
+    copy at a time: ``(B, T, V)`` is the largest tensor of a run), else a whole forward."""
     B = tokens.shape[0]
+    valid = batch.valid.to(tokens.device)
     store: dict[int, torch.Tensor] = {}
     hooks = _swap(heads, store)
     with torch.no_grad(), model.hooks(hooks):
         if run is None:
             logits = model(tokens.repeat(K, 1))  # (K*B, T, V)
-        else:
-            layer0 = min(heads) if start is None else start
-            x = run.calls[layer0][0][0].repeat(K, 1, 1)  # (K*B, T, D): the clean stream entering it
-            for layer in range(layer0, len(model.bridge.blocks)):
-                x = run.block(model, layer, x, K)
-            b = model.bridge
-            logits = b.unembed(b.ln_final(x))
-            transform = getattr(getattr(b, "adapter", None), "apply_output_logits_transform", None)
-            logits = logits if transform is None else transform(logits)
-    return _loss(logits, tokens.repeat(K, 1), batch.valid.repeat(K, 1).to(tokens.device)).view(K, B).cpu()
+            return _nll(logits, tokens.repeat(K, 1), valid.repeat(K, 1)).view(K, B, -1).cpu()
+        layer0 = min(heads) if start is None else start
+        x = run.calls[layer0][0][0].repeat(K, 1, 1)  # (K*B, T, D): the clean stream entering it
+        for layer in range(layer0, len(model.bridge.blocks)):
+            x = run.block(model, layer, x, K)
+        b = model.bridge
+        transform = getattr(getattr(b, "adapter", None), "apply_output_logits_transform", None)
+        out = []
+        for k in range(K):
+            logits = b.unembed(b.ln_final(x[k * B:(k + 1) * B]))  # (B, T, V)
+            out.append(_nll(logits if transform is None else transform(logits), tokens, valid))
+    return torch.stack(out).cpu()  # (K, B, T-1)

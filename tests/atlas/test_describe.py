@@ -122,7 +122,8 @@ def test_longest_match_targets_equal_a_loop_over_earlier_copies():
 def test_copy_suppression_needs_both_claims_and_a_rule_that_fits_wins():
     from headlens.atlas.describe import role_of
 
-    ev = {"ov_label": 1.0, "pred_lo": 0.20, "pred_null": 0.08, "off_rest": 0.4, "main_weight": 0.7, "cond_r": 0.1,
+    ev = {"ov_label": 1.0, "pred_lo": 0.20, "pred_null": 0.08, "off_rest": 0.4, "main_weight": 0.7,
+          "sink_weight": 0.3, "rule_coverage": 0.8, "cond_r": 0.1,
           "cond_coverage": 0.5, "cond_rule": 0, "cond_weight": 0.4, "cond_mass": 0.3, "cond_chance": 0.05}
     assert role_of("previous_token", 0.2, ev) == "copy_suppression"
     assert role_of("previous_token", 0.2, {**ev, "pred_lo": 0.07}) == "no clear role"  # not above the even spread
@@ -138,3 +139,9 @@ def test_copy_suppression_needs_both_claims_and_a_rule_that_fits_wins():
     assert role_of("first_token", 0.9, {**cond, "cond_weight": 0.2}) == "resting"  # rests there too, mostly
     assert role_of("first_token", 0.9, {**cond, "cond_mass": 0.04}) == "resting"  # its targets get under chance
     assert role_of("first_token", 0.9, {**cond, "cond_coverage": 1.0}) == "resting"  # targets in every row
+    none = {**ev, "ov_label": 0.0, "rule_coverage": 0.0}  # a rule with no target on held-out text: its fallback
+    assert role_of("open_bracket", 0.9, none) == "resting"  # agrees, on the first token alone: a rest
+    assert role_of("open_bracket", 0.3, none) == "no clear role"
+    rest = {**ev, "ov_label": 0.0, "main_weight": 0.3, "sink_weight": 0.7}  # first_token 0.7 + uniform 0.3
+    assert role_of("uniform", 0.9, rest) == "resting" and role_of("uniform", 0.9, {**ev, "ov_label": 0.0}) == "uniform"
+    assert role_of("uniform", 0.9, {**rest, "ov_label": 1.0}) == "copy_suppression"  # its two claims, over a rest
