@@ -102,6 +102,11 @@ class Record:
     kv: list[tuple[torch.Tensor, torch.Tensor] | None]
     final: torch.Tensor
 
+    @classmethod
+    def of(cls, run: CleanRun) -> Record:
+        """The record of a :class:`CleanRun` recorded with its keys (``keys=True``)."""
+        return cls([args[0] for args, _ in run.calls], run.kv, run.final)
+
 
 class CleanRun:
     """One clean forward of a bridged model (or one under ``hooks``), recording what the resumed paths start from.

@@ -63,7 +63,7 @@ class ResumePatcher:
         self.blocks = list(b.blocks)
         self.run = CleanRun(model, task, keys=True, hooks=hooks)  # under hooks: what "clean" means here
         self.clean_logits = self.run.logits
-        self.record = Record([args[0] for args, _ in self.run.calls], self.run.kv, self.run.final)
+        self.record = Record.of(self.run)
         B, T = task.tokens.shape
         self.lengths = (task.attention_mask.sum(1) if task.attention_mask is not None
                         else torch.full((B,), T, device=task.tokens.device))  # (B,)
@@ -212,6 +212,7 @@ class ResumePatcher:
                 self._views.pop(next(iter(self._views)))
             view = copy.copy(self)
             view.run, view.lengths, view._views = self.run.rows(rows), self.lengths[rows], {}
+            view.record = Record.of(view.run)  # what _blocks reads: the group's rows too
             self._views[key] = view
         return self._views[key]
 

@@ -179,6 +179,28 @@ def test_ioi_edges_at_its_positions_equal_one_forward_per_edge(tmp_path, method)
     assert len(moved) > len(edges) // 3
 
 
+def test_grouped_spans_equal_one_forward_per_edge(tmp_path, monkeypatch):
+    """IOI prompts of several templates resume S2 -> END in groups of similar span (and a key or value sent from
+    S2 or IO recomputes block R there alone): each group reads its own prompts' clean run, equal to one full
+    forward per edge; the grouping is checked to happen, with several copies per chunk."""
+    from ioi_models import save_ioi_llama
+
+    import headlens
+    from headlens.circuits import resume
+
+    model = headlens.load(f"hf:{save_ioi_llama(tmp_path / 'ioi')}")
+    s = setup(model, "logit_diff", "mean", prompts="ioi", n_prompts=16, seed=3)
+    seen = []
+    real = resume.span_groups
+    monkeypatch.setattr(resume, "span_groups", lambda span: seen.append(out := real(span, saving=0.0)) or out)
+    edges = make_edges(model, parse_nodes("L0H0,L0H3,L1H3", model), None, "qkv", positions=["END", "S2"],
+                       sender_positions=["S2", "IO", "S1+1"])
+    fast = edge_values(model, s.task, ["logit_diff"], edges, s.deltas, True, named=s.named)
+    naive = edge_values(model, s.task, ["logit_diff"], edges, s.deltas, False, named=s.named)
+    assert any(len(g) > 1 and all(len(rows) for rows, _ in g) for g in seen)  # grouped, no empty group
+    assert max(float(np.abs(fast[1][k] - naive[1][k]).max()) for k in naive[1]) < TOL
+
+
 def test_aligned_mean_over_the_corrupted_distribution():
     """At a named position the aligned mean is the mean over every twin at its own such position; elsewhere
     over the twins of the same layout."""
