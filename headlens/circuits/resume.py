@@ -46,6 +46,7 @@ from headlens.circuits.positions import span_groups, suffix_start, with_position
 from headlens.circuits.recorded import CleanRun, NotRagged, Record, _at, _put, _seam
 from headlens.interventions.metrics import Task
 
+DELTAS = 16384  # rows x positions of a chunk's senders' deltas (K, B, T, D): at IOI's END 128 copies held 0.2 GB
 VIEWS = 4  # sliced clean runs a patcher keeps (:meth:`ResumePatcher._view`)
 
 
@@ -78,7 +79,7 @@ class ResumePatcher:
 
     def chunks(self, edges: Sequence[Edge], named: Any = None) -> list[list[Edge]]:
         """Edges grouped by receiver layer and first changed position, ``max_tokens`` rows x positions each."""
-        B = self.task.tokens.shape[0]
+        B, T = self.task.tokens.shape
         groups: dict[tuple[int, int], list[Edge]] = {}
         for e in edges:
             layer = e.receiver.layer if e.receiver.kind == "head" else len(self.blocks)
@@ -86,7 +87,7 @@ class ResumePatcher:
         out = []
         for (_, p0), group in sorted(groups.items()):
             span = max(self._span(e.pos, named, p0) for e in group)
-            per = max(1, self.max_tokens // (B * max(1, span)))
+            per = max(1, min(self.max_tokens // (B * max(1, span)), DELTAS // (B * T)))  # its (K, B, T, D) deltas too
             out += [group[i:i + per] for i in range(0, len(group), per)]
         return out
 
