@@ -64,7 +64,6 @@ class ResumePatcher:
         self.blocks = list(b.blocks)
         self.run = CleanRun(model, task, keys=True, hooks=hooks)  # under hooks: what "clean" means here
         self.clean_logits = self.run.logits
-        self.record = Record.of(self.run)
         B, T = task.tokens.shape
         self.lengths = (task.attention_mask.sum(1) if task.attention_mask is not None
                         else torch.full((B,), T, device=task.tokens.device))  # (B,)
@@ -76,6 +75,11 @@ class ResumePatcher:
         self._buf: torch.Tensor | None = None  # the logits buffer every chunk writes its read positions into
         self._dirty: tuple[torch.Tensor, ...] | None = None  # where the last chunk wrote (its index)
         self._views: dict[tuple[int, ...], ResumePatcher] = {}  # per group of prompts (:meth:`_view`)
+
+    @property
+    def record(self) -> Record:
+        """The recorded run as :meth:`_blocks` reads it (a view's: its prompts' rows)."""
+        return Record.of(self.run)
 
     def chunks(self, edges: Sequence[Edge], named: Any = None) -> list[list[Edge]]:
         """Edges grouped by receiver layer and first changed position, ``max_tokens`` rows x positions each."""
@@ -213,7 +217,6 @@ class ResumePatcher:
                 self._views.pop(next(iter(self._views)))
             view = copy.copy(self)
             view.run, view.lengths, view._views = self.run.rows(rows), self.lengths[rows], {}
-            view.record = Record.of(view.run)  # what _blocks reads: the group's rows too
             self._views[key] = view
         return self._views[key]
 
