@@ -132,7 +132,8 @@ def scores(model: Any, edges: Sequence[Edge], n_null: int = _N_NULL, seed: int =
     out: dict[Edge, tuple[float, float]] = {}
     frames: torch.Tensor | None = None
     done: dict[tuple, tuple[float, float]] = {}  # the score ignores positions: IOI's k/v edges at 5 of them share it
-    rotated: dict[Node, torch.Tensor] = {}  # per sender head: its rotated write directions
+    roots: dict[Node, torch.Tensor] = {}  # per sender head: sqrt(W_O W_O^T) (d, d)
+    framed: dict[tuple, torch.Tensor] = {}  # per receiver input: the frames seen through it, Q^T P (n, d, d)
     for e in edges:
         s, r = e.sender, e.receiver
         if s.kind != "head" or r.kind != "head":
@@ -154,9 +155,13 @@ def scores(model: Any, edges: Sequence[Edge], n_null: int = _N_NULL, seed: int =
             continue
         if frames is None:
             frames = _frames(W_O.shape[1], W_O.shape[0], n_null, seed)  # (n, D, d)
-        if s not in rotated:
-            rotated[s] = frames @ _sqrtm(W_O @ W_O.T)  # (n, D, d): Q W_O^T, the sender's rotated write directions
-        Mn = rotated[s].transpose(1, 2) @ P  # (n, d, d)
+        if s not in roots:
+            roots[s] = _sqrtm(W_O @ W_O.T)  # (d, d), symmetric
+        if (r, e.input) not in framed:
+            framed[r, e.input] = frames.transpose(1, 2) @ P  # (n, d, d)
+        # (Q S)^T P = S (Q^T P): the sender's rotated write directions Q S read through the receiver's P, with the
+        # frames' large product made once per receiver input, not per sender (nor held per sender: 59 MB each)
+        Mn = roots[s] @ framed[r, e.input]  # (n, d, d)
         null = torch.einsum("nij,ik,nkl,lj->n", Mn.transpose(1, 2), G_V, Mn, G_R).clamp_min(0).sqrt() / (norm_a * norm_b)
         z = (score - float(null.mean())) / max(float(null.std()), 1e-12)
         out[e] = done[key] = (score, z)
