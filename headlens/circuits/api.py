@@ -57,6 +57,9 @@ class Setup:
     named: NamedPositions | None = None  # the prompts' named positions (edges restricted to them)
     ioi: Any = None  # the IOI probe, when the prompts are it
     measured: dict[Edge, np.ndarray] = field(default_factory=dict)  # per-prompt effects (B,) of every edge tabled
+    # the patchers of this call's prompts, kept from one table to the next (each records a clean forward when
+    # made); discovery empties it when its rounds are done (:meth:`done_patching`)
+    patchers: dict[Any, Any] = field(default_factory=dict)
     # called as stage(what, total, done) when a stage of `total` steps starts (its edges then come through
     # `progress`) or, for a stage that counts itself (discovery's sweep), as it goes: the CLI's bar and time left
     stage: Callable[[str, int, int], None] | None = None
@@ -75,8 +78,13 @@ class Setup:
             return None, {**{(e, self.metric): v for e, v in patched.items()},
                           **{(e, "clean"): v for e, v in clean.items()}}
         clean, values = edge_values(self.model, self.task, [self.metric], edges, self.deltas, self.fast,
-                                    self.progress, named=self.named)
+                                    self.progress, named=self.named, patchers=self.patchers)
         return clean[self.metric], values
+
+    def done_patching(self) -> None:
+        """Free the kept patchers and their clean runs (what a phase after the tables needs the memory for)."""
+        self.patchers.clear()
+        release_freed()
 
     def table(self, edges: Sequence[Edge], composition: bool = True, what: str = "patching edges") -> Any:
         """The edge table of ``edges`` (with their controls). Under torchrun each rank patches a

@@ -86,6 +86,7 @@ def discover(s: Any, inputs: Sequence[str] = ("q", "k", "v"), senders: Sequence[
                     seen.add(node)
                     frontier.append(node)
     out = pd.concat(tables, ignore_index=True) if tables else s.table([])
+    s.done_patching()  # faithfulness records its own runs
     out = out.sort_values("effect", key=abs, ascending=False, kind="stable").reset_index(drop=True)
     out.attrs.update(tables[0].attrs if tables else {})
     out.attrs["roots"] = [n.name for n in roots]

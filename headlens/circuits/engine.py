@@ -109,12 +109,15 @@ def _rows(task: Task, rows: slice) -> Task:
 
 def edge_values(model: Any, task: Task, metrics: Sequence[str], edges: Sequence[Edge], deltas: Any,
                 fast: bool = True, progress: Callable[[int], None] | None = None, max_tokens: int = 8192,
-                named: NamedPositions | None = None) -> tuple[dict[str, np.ndarray], dict[tuple[Edge, str], np.ndarray]]:
+                named: NamedPositions | None = None, patchers: dict | None = None
+                ) -> tuple[dict[str, np.ndarray], dict[tuple[Edge, str], np.ndarray]]:
     """Per-prompt values ``(B,)`` of ``metrics``, clean and with each edge patched.
 
     Prompts go through in blocks whose logits fit :data:`LOGIT_BUDGET` (a 50k vocabulary makes
     ``(B, T, V)`` the largest tensor of a run); each block caches its own clean run. ``named``: the
     prompts' named positions, for edges restricted to them (:mod:`~headlens.circuits.positions`).
+    ``patchers``: where each block's patcher is kept for the next call on the same prompts (discovery's tables):
+    its clean run is recorded once, not once per call.
 
     Returns:
         ``(clean, values)``: ``clean[metric]`` and ``values[edge, metric]``, float64 arrays over prompts.
@@ -124,7 +127,7 @@ def edge_values(model: Any, task: Task, metrics: Sequence[str], edges: Sequence[
     per = max(1, budget // T)
     parts = [_block(model, _rows(task, slice(i, i + per)), metrics, edges, RowDeltas(deltas, slice(i, i + per)),
                     fast, progress if i == 0 else None, budget, None if named is None else named.rows(slice(i, i + per)),
-                    max_tokens)
+                    max_tokens, patchers, (i, per, fast, budget, max_tokens, tuple(metrics)))
              for i in range(0, B, per)]
     clean = {m: np.concatenate([p[0][m] for p in parts]) for m in metrics}
     values = {k: np.concatenate([p[1][k] for p in parts]) for k in parts[0][1]}
@@ -133,18 +136,23 @@ def edge_values(model: Any, task: Task, metrics: Sequence[str], edges: Sequence[
 
 def _block(model: Any, task: Task, metrics: Sequence[str], edges: Sequence[Edge], deltas: Any, fast: bool,
            progress: Callable[[int], None] | None, budget: int, named: NamedPositions | None,
-           max_tokens: int = 8192) -> tuple[dict, dict]:
+           max_tokens: int = 8192, patchers: dict | None = None, key: tuple = ()) -> tuple[dict, dict]:
     with torch.no_grad():
-        runner = make_patcher(model, task, fast, budget, min(max_tokens, RESUME_TOKENS), metrics)
+        runner = None if patchers is None else patchers.get(key)
+        if runner is None:
+            runner = make_patcher(model, task, fast, budget, min(max_tokens, RESUME_TOKENS), metrics)
+            if patchers is not None:
+                patchers[key] = runner
         clean_logits = runner.clean_logits
-        clean = {m: get_metric(m)(clean_logits, task, clean_logits).cpu().numpy() for m in metrics}
+        read = getattr(runner, "metric_task", task)  # how the metrics read its logits (the resumed: compact ones)
+        clean = {m: get_metric(m)(clean_logits, read, clean_logits).cpu().numpy() for m in metrics}
         values: dict[tuple[Edge, str], np.ndarray] = {}
         for chunk in runner.chunks(list(dict.fromkeys(edges)), named):
             d, recv = chunk_inputs(chunk, deltas, named, task.tokens)  # (K, B, T, D), (K, B, T) or None
             logits = runner.logits(chunk, d, recv)  # (K, B, T, V)
             for e, lg in zip(chunk, logits, strict=True):
                 for m in metrics:
-                    values[e, m] = get_metric(m)(lg, task, clean_logits).cpu().numpy()
+                    values[e, m] = get_metric(m)(lg, read, clean_logits).cpu().numpy()
             if progress is not None:
                 progress(len(chunk))
     return clean, values

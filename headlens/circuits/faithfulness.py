@@ -142,9 +142,8 @@ class Ablator:
             for n, parent, layer, recv in steps:
                 rec = runs[parent] if layer is None else run.suffix(
                     layer, recv, lambda P, k=keeps[n]: self._hooks(k, repl, P), runs[parent])
-                logits = next(run.read(rec.final, None, 1))  # (b, T, V): every read position
-                # logit_diff reads the answers at every column: the same values, no (b, C, V) copy of the columns
-                out[n] = (self.metric(logits, task, clean) if answers is not None
+                logits = next(run.read(rec.final, None, 1))  # (b, T, V), or (b, C, 2) logit_diff's answers
+                out[n] = (self.metric(logits, run.metric_task, clean) if answers is not None
                           else self.metric(logits if at.cols is None else logits[:, at.cols], at, clean))
                 left[parent] -= 1
                 if not left[parent]:

@@ -97,6 +97,7 @@ def discover_positions(s: Any, inputs: Sequence[str] = ("q", "k", "v"), senders:
             if node is not None and node not in seen:
                 seen.add(node)
                 frontier.append(node)
+    s.done_patching()  # faithfulness records its own runs
     out = pd.concat(tables, ignore_index=True).sort_values("effect", key=abs, ascending=False, kind="stable")
     out = out.reset_index(drop=True)
     out.attrs.update(logits.attrs)

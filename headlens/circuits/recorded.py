@@ -172,5 +172,24 @@ class CleanRun:
         return _out(model.bridge.blocks[layer](x, *_fit(args[1:], T, K, P), **_fit(kwargs, T, K, P)))
 
 
+def final_logits(model: Any, x: torch.Tensor) -> torch.Tensor:
+    """``(B, S, V)`` logits of the final residual stream ``x`` ``(B, S, D)``: the bridge's final norm and unembedding,
+    then the family's own transform after them (Gemma 2's soft-cap, Cohere's logit_scale), as its forward does."""
+    b = model.bridge
+    logits = b.unembed(b.ln_final(x))
+    transform = getattr(getattr(b, "adapter", None), "apply_output_logits_transform", None)
+    return logits if transform is None else transform(logits)
+
+
+def resumed_logits(model: Any, run: CleanRun, first: int, cols: torch.Tensor | None) -> torch.Tensor:
+    """``(B, C, V)`` logits at positions ``cols`` (None: all): blocks ``first``.. called on the stream ``run``
+    recorded entering block ``first`` (the forward below it is the recorded one), then :func:`final_logits`.
+    Hooks in force fire in the blocks that run: a whole forward's from block ``first`` on."""
+    x = run.calls[first][0][0]  # (B, T, D)
+    for layer in range(first, len(run.calls)):
+        x = run.block(model, layer, x, 1)
+    return final_logits(model, x if cols is None else x[:, cols])
+
+
 def _out(y: Any) -> torch.Tensor:
     return y[0] if isinstance(y, tuple) else y

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -43,7 +44,8 @@ import torch
 from headlens.circuits.bridge import _splice, fork_plan
 from headlens.circuits.nodes import Edge
 from headlens.circuits.positions import span_groups, suffix_start, with_positions
-from headlens.circuits.recorded import CleanRun, NotRagged, Record, _at, _put, _seam
+from headlens.circuits.recorded import CleanRun, NotRagged, Record, _at, _put, _seam, final_logits
+from headlens.interventions.logits import read_columns
 from headlens.interventions.metrics import Task
 
 DELTAS = 16384  # rows x positions of a chunk's senders' deltas (K, B, T, D): at IOI's END 128 copies held 0.2 GB
@@ -63,7 +65,7 @@ class ResumePatcher:
         b = model.bridge
         self.blocks = list(b.blocks)
         self.run = CleanRun(model, task, keys=True, hooks=hooks)  # under hooks: what "clean" means here
-        self.clean_logits = self.run.logits
+        self.metric_task, self.clean_logits = self._compact(task, columns, self.run)
         B, T = task.tokens.shape
         self.lengths = (task.attention_mask.sum(1) if task.attention_mask is not None
                         else torch.full((B,), T, device=task.tokens.device))  # (B,)
@@ -75,6 +77,21 @@ class ResumePatcher:
         self._buf: torch.Tensor | None = None  # the logits buffer every chunk writes its read positions into
         self._dirty: tuple[torch.Tensor, ...] | None = None  # where the last chunk wrote (its index)
         self._views: dict[tuple[int, ...], ResumePatcher] = {}  # per group of prompts (:meth:`_view`)
+
+    @staticmethod
+    def _compact(task: Task, columns: torch.Tensor | None, run: CleanRun) -> tuple[Task, torch.Tensor]:
+        """The task the metrics read this patcher's logits with, and the clean logits: ``(B, T, V)`` and ``task``;
+        with ``columns`` ``(B, n)``, only the read positions' ``(C,)`` columns of those ids, ``(B, C, n)``, and
+        the task narrowed to them, its answers renumbered ``0..n-1`` (logit_diff reads nothing else): a 50k
+        vocabulary made the clean logits and the buffer each 132 MB on IOI's 32 prompts, for 2 numbers a prompt."""
+        if columns is None:
+            return task, run.logits
+        B, n = columns.shape
+        cols = task.columns() if (c := read_columns(task.positions)) is None else c  # (C,)
+        clean = run.logits[:, cols].gather(-1, columns[:, None, :].expand(B, len(cols), n))  # (B, C, n)
+        run.logits = None  # the full (B, T, V) is not read again
+        answers = torch.arange(n, device=columns.device).expand(B, n)
+        return dataclasses.replace(task.at(cols), answers=answers), clean
 
     @property
     def record(self) -> Record:
@@ -120,7 +137,8 @@ class ResumePatcher:
         return torch.minimum(P, (self.lengths - 1)[:, None])  # past a prompt's end: its last position again
 
     def logits(self, chunk: Sequence[Edge], deltas: torch.Tensor, recv: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
-        """Each edge's ``(B, T, V)`` logits in turn (one shared buffer: read each before the next);
+        """Each edge's ``(B, T, V)`` logits in turn (one shared buffer: read each before the next; with ``columns``
+        ``(B, C, n)``, read with :attr:`metric_task`);
         ``deltas`` ``(K, B, T, D)``, ``recv`` ``(K, B, T)`` the receivers' patched query positions."""
         P = self.positions(recv)
         try:
@@ -150,8 +168,9 @@ class ResumePatcher:
         return new
 
     def read(self, x: torch.Tensor, P: torch.Tensor | None, K: int) -> Iterator[torch.Tensor]:
-        """Each copy's ``(B, T, V)`` logits in turn (one shared buffer: read each before the next) from the final
-        residual stream ``x`` ``(K*B, S, D)`` at ``P``, the recorded run's outside ``P`` and the read positions."""
+        """Each copy's ``(B, T, V)`` logits in turn (one shared buffer: read each before the next; with ``columns``
+        ``(B, C, n)``) from the final residual stream ``x`` ``(K*B, S, D)`` at ``P``, the recorded run's outside ``P``
+        and the read positions."""
         (B, T), D = self.task.tokens.shape, x.shape[-1]
         S = T if P is None else P.shape[1]
         x = x.reshape(K, B, S, D)
@@ -160,17 +179,18 @@ class ResumePatcher:
         first[:, 1:] = Pf[:, 1:] != Pf[:, :-1]  # a position repeated past a prompt's end counts once
         b, j = (first & self.task.positions.gather(1, Pf)).nonzero(as_tuple=True)
         t = Pf[b, j]
-        buf = self._clean_buffer()  # (B, T, V): unread and unchanged positions stay clean
-        at = (b, t) if self.columns is None else (b[:, None], t[:, None], self.columns[b])  # cols (n, c)
+        buf = self._clean_buffer()  # (B, T, V) or (B, C, n): unread and unchanged positions stay clean
+        cols = self.metric_task.cols
+        at = (b, t if cols is None else torch.searchsorted(cols, t))
         self._dirty = at
         for k in range(K):
-            h = x[k][b, j]  # (n, D): one row per read (prompt, position)
-            buf[at] = self._unembed(h, None if self.columns is None else at[2]).to(buf)
+            h = x[k][b, j]  # (r, D): one row per read (prompt, position)
+            buf[at] = self._unembed(h, None if self.columns is None else self.columns[b]).to(buf)
             yield buf
 
     def _clean_buffer(self) -> torch.Tensor:
-        """The one ``(B, T, V)`` logits buffer of every chunk, clean again where the last chunk wrote: a fresh
-        copy of the clean logits per chunk (132 MB on IOI with a 49k vocabulary) only churned the heap."""
+        """The one logits buffer of every chunk (like :attr:`clean_logits`), clean again where the last chunk
+        wrote: a fresh copy of the clean logits per chunk (132 MB on IOI with a 49k vocabulary) churned the heap."""
         if self._buf is None:
             self._buf = self.clean_logits.clone()
         elif self._dirty is not None:
@@ -179,18 +199,17 @@ class ResumePatcher:
         return self._buf
 
     def _unembed(self, h: torch.Tensor, cols: torch.Tensor | None = None) -> torch.Tensor:
-        """``(n, V)`` logits of final residual rows ``h`` ``(n, D)``, or ``(n, c)`` at vocabulary ids ``cols``."""
-        b = self.model.bridge
+        """``(r, V)`` logits of final residual rows ``h`` ``(r, D)``, or ``(r, n)`` at vocabulary ids ``cols`` ``(r, n)``."""
         if cols is None:
-            logits = b.unembed(b.ln_final(h[None]))[0]
-        else:
-            x = b.ln_final(h[None])[0]  # (n, D)
-            w = b.W_U.detach()  # (D, V)
-            logits = torch.einsum("nD,Dnc->nc", x, w[:, cols].to(x))
-            bias = getattr(b, "b_U", None)
-            if bias is not None:
-                logits = logits + bias.detach()[cols].to(x)
-        return logits if self.transform is None else self.transform(logits)
+            return final_logits(self.model, h[None])[0]
+        b = self.model.bridge
+        x = b.ln_final(h[None])[0]  # (r, D)
+        w = b.W_U.detach()  # (D, V)
+        logits = torch.einsum("rD,Drn->rn", x, w[:, cols].to(x))
+        bias = getattr(b, "b_U", None)
+        if bias is not None:
+            logits = logits + bias.detach()[cols].to(x)
+        return logits if self.transform is None else self.transform(logits)  # elementwise: the ids' own
 
     def _grouped(self, chunk: Sequence[Edge], deltas: torch.Tensor, recv: torch.Tensor | None,
                  P: torch.Tensor | None) -> torch.Tensor:
