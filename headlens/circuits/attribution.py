@@ -67,12 +67,14 @@ def _ln_vjp(norm: torch.nn.Module, x: torch.Tensor, w: torch.Tensor) -> torch.Te
 
 
 def edge_attribution(model: Any, task: Task, metric: str, edges: Sequence[Edge], deltas: Any,
-                     named: Any = None) -> dict[Edge, np.ndarray]:
+                     named: Any = None, record: Any = None) -> dict[Edge, np.ndarray]:
     """Per-prompt first-order estimates ``(B,)`` of each edge's effect (``metric(patched) - metric(clean)``).
 
     ``named``: the prompts' named positions, for edges restricted to them (:mod:`~headlens.circuits.positions`):
     the sender's delta is masked to ``sender_pos``, and the gradient at the receiver's input is the one that
-    flows through its output at ``receiver_pos`` only (:class:`_Restricted`).
+    flows through its output at ``receiver_pos`` only (:class:`_Restricted`). ``record``: a clean run of ``task``'s
+    prompts recorded on the bridge (:class:`~headlens.circuits.recorded.CleanRun`): the forward then starts at the
+    lowest receiver's block from its recorded input (nothing below it is differentiated).
     """
     why = supported(model, metric)
     if why is not None:
@@ -80,7 +82,7 @@ def edge_attribution(model: Any, task: Task, metric: str, edges: Sequence[Edge],
     gpt = native_of(model)
     value = SURROGATES.get(metric, get_metric(metric).value)
     if gpt is None:
-        return _in_chunks(model, task, value, edges, deltas, named)
+        return _in_chunks(model, task, value, edges, deltas, named, record)
     L = gpt.cfg.n_layers
     layers = sorted({e.receiver.layer for e in edges if e.receiver.kind == "head"})
     final = f"blocks.{L - 1}.hook_resid_post"
@@ -235,14 +237,14 @@ BLOCK = 2**22  # rows x senders x receiver heads of the dots of one block of key
 CHUNK = 8  # prompts per backward pass through the bridge: a pass holds the autograd graph of a whole forward
 
 
-def _in_chunks(model: Any, task: Task, value: Any, edges: Sequence[Edge], deltas: Any, named: Any
-               ) -> dict[Edge, np.ndarray]:
+def _in_chunks(model: Any, task: Task, value: Any, edges: Sequence[Edge], deltas: Any, named: Any,
+               record: Any = None) -> dict[Edge, np.ndarray]:
     """:func:`_bridge_attribution` over :data:`CHUNK` prompts at a time, joined: each prompt's estimate depends on
     its own forward only, so the chunks give the same ``(B,)`` per edge, with a graph a quarter the size on 32
     prompts (SmolLM2's IOI discovery peaked at 2.2x a classify of the same prompts in one pass)."""
     B = task.n_prompts
     if B <= CHUNK:
-        return _bridge_attribution(model, task, value, edges, deltas, named)
+        return _bridge_attribution(model, task, value, edges, deltas, named, record)
     names = {e.sender_pos for e in edges}
     kept = None if named is None or ALL in names else _Kept(deltas, torch.stack([named.mask(n) for n in names]).any(0))
     parts = []
@@ -254,7 +256,8 @@ def _in_chunks(model: Any, task: Task, value: Any, edges: Sequence[Edge], deltas
         sub = None if named is None else dataclasses.replace(
             named, index={k: v[rows] for k, v in named.index.items()}, shape=(part.n_prompts, named.shape[1]))
         parts.append(_bridge_attribution(model, part, value, edges, _Rows(deltas, rows) if kept is None
-                                         else kept.rows(rows), sub))
+                                         else kept.rows(rows), sub,
+                                         None if record is None else record.rows(torch.arange(rows.start, rows.stop))))
     joined = np.concatenate([np.stack([p[e] for e in edges]) for p in parts], axis=1)  # (E, B): chunks side by side
     return dict(zip(edges, joined, strict=True))
 
@@ -303,7 +306,7 @@ class _KeptRows:
 
 
 def _bridge_attribution(model: Any, task: Task, value: Any, edges: Sequence[Edge], deltas: Any,
-                        named: Any = None) -> dict[Edge, np.ndarray]:
+                        named: Any = None, record: Any = None) -> dict[Edge, np.ndarray]:
     """The same estimate through the bridge's own forward (no per-head forks, so no normed copy of the residual
     stream per head in the graph): the gradient at each receiver layer's ``hook_q|k|v`` ``(B, T, n, d_head)``
     (before the rotary embedding and any q/k norm: theirs is inside it), through the head's rows of
@@ -312,6 +315,7 @@ def _bridge_attribution(model: Any, task: Task, value: Any, edges: Sequence[Edge
     per-query-head k/v edge is ranked by its group's estimate; one restricted to a receiver position by the
     gradient through that head's own output."""
     from headlens.circuits.nodes import kv_head, n_kv_heads
+    from headlens.circuits.recorded import resumed_logits
     from headlens.interventions.sweep import task_logits
 
     L = model.cfg.n_layers
@@ -342,7 +346,10 @@ def _bridge_attribution(model: Any, task: Task, value: Any, edges: Sequence[Edge
 
     at = task.at(read_columns(task.positions))  # the logits (and their gradients) at the read positions only
     with torch.enable_grad(), model.hooks(fwd):
-        logits = task_logits(model, task, 0, at.cols)  # (B, C, V)
+        if record is None:
+            logits = task_logits(model, task, 0, at.cols)  # (B, C, V)
+        else:  # from the lowest receiver's block on (the last block's output is the logits receivers' leaf)
+            logits = resumed_logits(model, record, min([*layers, L - 1]), at.cols)  # (B, C, V)
         run.backward(per_prompt_mean(value(logits, at, None), at.read()).sum())
 
         def key_of(e: Edge) -> tuple[Any, int]:
