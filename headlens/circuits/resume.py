@@ -99,14 +99,15 @@ class ResumePatcher:
         return Record.of(self.run)
 
     def chunks(self, edges: Sequence[Edge], named: Any = None) -> list[list[Edge]]:
-        """Edges grouped by receiver layer and first changed position, ``max_tokens`` rows x positions each."""
+        """Edges grouped by receiver layer, first changed position and whether they patch queries only (their block
+        runs at the patched queries alone, :meth:`_queries_only`), ``max_tokens`` rows x positions each."""
         B, T = self.task.tokens.shape
-        groups: dict[tuple[int, int], list[Edge]] = {}
+        groups: dict[tuple[int, int, bool], list[Edge]] = {}
         for e in edges:
             layer = e.receiver.layer if e.receiver.kind == "head" else len(self.blocks)
-            groups.setdefault((layer, suffix_start([e], named)), []).append(e)
+            groups.setdefault((layer, suffix_start([e], named), e.input == "q"), []).append(e)
         out = []
-        for (_, p0), group in sorted(groups.items()):
+        for (_, p0, _), group in sorted(groups.items()):
             span = max(self._span(e.pos, named, p0) for e in group)
             per = max(1, min(self.max_tokens // (B * max(1, span)), DELTAS // (B * T)))  # its (K, B, T, D) deltas too
             out += [group[i:i + per] for i in range(0, len(group), per)]
@@ -243,6 +244,10 @@ class ResumePatcher:
                 P: torch.Tensor | None) -> torch.Tensor:
         """``(K*B, S, D)``: the residual stream after the last block at ``P``, from the receiver layer on."""
         K, B, T, _ = deltas.shape
+        if P is not None and recv is not None and all(e.input == "q" for e in chunk):
+            x = self._queries_only(chunk, deltas, recv, P)
+            if x is not None:
+                return self._blocks(x, chunk[0].receiver.layer + 1, K, P)
         PR = P  # block R runs at P, and where a key or value is patched before a prompt's first position, there too
         if P is not None:
             before = torch.arange(T, device=P.device)[None] < P[:, :1]  # (B, T)
@@ -258,6 +263,25 @@ class ResumePatcher:
         x = torch.cat([self._receiver(chunk[i:i + per], deltas[i:i + per], None if recv is None else recv[i:i + per],
                                       PR, P) for i in range(0, K, per)])  # (K*B, S, D)
         return self._blocks(x, chunk[0].receiver.layer + 1, K, P)
+
+    def _queries_only(self, chunk: Sequence[Edge], deltas: torch.Tensor, recv: torch.Tensor,
+                      P: torch.Tensor) -> torch.Tensor | None:
+        """``(K*B, S, D)`` after block ``R`` at ``P`` for a chunk that patches queries only: their block's output
+        changes only at the patched query positions (its keys and values are the clean ones), so block ``R`` runs
+        there alone (IOI's q at S2: 1 of the 3-7 positions resumed) and the rest of ``P`` is the recorded stream
+        entering block ``R + 1``. None when prompts patch different numbers of positions."""
+        K, B, _, D = deltas.shape
+        at = recv.any(0)  # (B, T): a copy patches this query
+        n = at.sum(1)
+        if not bool((n == n[0]).all()) or not int(n[0]):
+            return None
+        Q = at.nonzero()[:, 1].view(B, -1)  # (B, Sq): each prompt's patched positions, in order
+        R = chunk[0].receiver.layer
+        x = self._receiver(chunk, deltas, recv, Q, Q)  # (K*B, Sq, D)
+        after = self.run.calls[R + 1][0][0] if R + 1 < len(self.blocks) else self.run.final  # (B, T, D)
+        out = _at(after, P, 1).repeat(K, 1, 1)  # (K*B, S, D): the recorded stream after block R, at P
+        idx = torch.searchsorted(P, Q).repeat(K, 1)  # (K*B, Sq): where each patched position sits in P
+        return out.scatter(1, idx[..., None].expand(-1, -1, D), x)
 
     def _blocks(self, x: torch.Tensor, first: int, K: int, P: torch.Tensor | None, base: Record | None = None,
                 new: Record | None = None) -> torch.Tensor:
