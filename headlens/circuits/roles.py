@@ -60,18 +60,18 @@ def node_roles(df: Any, read: str, labels: dict[str, str] | None, s: Any = None)
     worse = higher_is_worse(df.attrs.get("metric", "logit_diff"))
     roles: dict[tuple[str, str], str] = {}
     writers = [r for r in df[df.receiver == "logits"].itertuples() if r.sender.startswith("L")]
-    seen = attention(s, [(r.sender, read) for r in writers]) if (ioi and writers) else {}
+    nodes = {(r.sender, r.sender_pos) for r in df.itertuples() if r.sender.startswith("L")}
+    every = sorted({(r.sender, read) for r in writers} | nodes)
+    seen = attention(s, every) if (ioi and every) else {}  # one forward for the writers and the rest
     for r in writers:
         writes = (r.effect < 0) != worse  # ablating it hurts: it writes the answer
         roles[r.sender, read] = _writer(writes, seen.get((r.sender, read), {}))
     movers = {k for k, v in roles.items() if v in ("name mover", "negative name mover", "writes the answer")}
-    nodes = {(r.sender, r.sender_pos) for r in df.itertuples() if r.sender.startswith("L")}
     for r in df.itertuples():
         node = (r.sender, r.sender_pos)
         if r.sender.startswith("L") and node not in roles and r.input == "q" and (r.receiver, r.receiver_pos) in movers:
             roles[node] = "S-inhibition" if ioi else "into a writer's query"
     rest = sorted(nodes - set(roles))
-    seen = attention(s, rest) if (ioi and rest) else {}
     for node in rest:
         roles[node] = _by_attention(node[1], seen.get(node, {}))
     out = {}
