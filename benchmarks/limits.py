@@ -110,7 +110,10 @@ What is left: the weight detectors' exact ranking (rank_hits, about 2.8 s: 53 GM
 every forward (its RMSNorm computes the norm twice, once for ``hook_scale`` and once in the HF module: about 3 %;
 the attention reimplemented eagerly). The anchor leans classify's way in two places, by design: the weight
 detectors' 448 tokens are replayed as whole forwards (about 1 s at 1 thread) where classify runs embedding and
-block 0 only, and the scan's forwards skip the unembedding the anchor computes.
+block 0 only, and the scan's forwards skip the unembedding the anchor computes. And one way against it: limits.py
+times a process's first classify, which pays 2-3 s of one-time work (its forwards touch fresh memory: about 2 s
+more in them than a second classify's, same batches; the vocabulary's table, 0.5 s, is built once per model),
+while the anchor keeps the faster of two passes.
 
 Run: ``python benchmarks/limits.py`` (a few minutes on a quiet 2-core machine), ``--quick`` (a quarter of
 classify's prompts, 16 atlas windows: the ratios hold roughly, the goals are for the full run), ``--only
