@@ -78,6 +78,43 @@ which edges are significant (6: 4 of the logits table's 301 rows, 4: 4 and 2 in 
 circuit would not be the same. What is left is the exact rounds' suffix (the resumed blocks after each receiver,
 for ~1200 patches: controls are 8 of every 9) and the first pass's backward passes.
 
+classify, where the extra time went and what each change saved (profiled at 1 thread, CPU seconds, on the 2-core
+machine shared with other jobs, load 4-8). Per recorded batch, the scan's hooked forwards cost 0.87-0.93x the plain
+forward over the same tokens (they stop at the last layer's pattern: no last MLP, no unembedding), the coreference
+probe's 0.8-0.9x; what was over the anchor: the name movers' two gates (8 forwards of 16 IOI prompts at 1.1-1.2x
+plain: full forwards with the unembedding, 4 of them only to read each head's END attention row), the weight
+detectors (about 5 s of vocabulary ranking, no forwards to speak of: 0.04 s of them) and about 1 s of Python around
+the forwards (TransformerBridge rebuilds its ``hook_dict``, aliases and all, on every access, and a classify read it
+1,177 times: once per hook name installed, three times per layer in ``attention_specs``). Changes, each its own
+commit:
+
+1. ``hook_dict`` read once per ``hooks()`` call, per ``attention_specs`` and per effective embedding.
+2. the negative name movers' END attention rows read in the name mover gate's own forwards (the direct logit
+   attribution, one forward per 16 prompts) instead of 4 forwards of their own; ``attention_rows`` alone stops at
+   the last layer's pattern. The gates read 1,328 tokens instead of 2,672 (classify 16,528 instead of 17,872).
+3. ``rank_hits`` reuses one block of logits (``torch.matmul(out=)``, the same product) instead of faulting in a
+   fresh 32 MiB block per chunk: 2.97 s -> 2.82 s, the same hits.
+
+Old code (the base commit's modules swapped in) against new, in one process, alternating old, new, new, old, 1
+thread, CPU seconds, defaults, each against plain forwards over its own batches (the machine shared, load 3-5):
+classify 38.4 s and 36.1 s -> 32.3 s and 31.1 s (the first run of a process pays about 2 s of one-time work),
+plain 37.0 and 36.4 s -> 33.1 and 33.2 s; ratio 1.039x and 0.993x -> 0.976x and 0.938x. The tables are identical
+(every column to the bit, every attr but ``tokens_read``). ``python benchmarks/limits.py --only classify --threads 1``,
+new then old back to back (load 3.6-4.8): 35.2 s CPU against 33.67 s plain (1.044x) -> before, 38.4 s against
+37.91 s (1.012x): classify 3.2 s less, the ratio inside the noise of the plain side (2.04 against 2.12 ms a token
+for the same kind of batches). At 2 threads on a loaded machine the CPU seconds of both sides swell with OpenMP's
+spinning threads and the ratio says little (1.18x new, 70.8 s against 60.1 s); the goal's 2-thread figure wants a
+quiet machine.
+What is left: the weight detectors' exact ranking (rank_hits, about 2.8 s: 53 GMAC of whole rows for the 1,901
+(head, token) pairs the screens leave open, which float32's answer needs) and TransformerBridge's own overhead in
+every forward (its RMSNorm computes the norm twice, once for ``hook_scale`` and once in the HF module: about 3 %;
+the attention reimplemented eagerly). The anchor leans classify's way in two places, by design: the weight
+detectors' 448 tokens are replayed as whole forwards (about 1 s at 1 thread) where classify runs embedding and
+block 0 only, and the scan's forwards skip the unembedding the anchor computes. And one way against it: limits.py
+times a process's first classify, which pays 2-3 s of one-time work (its forwards touch fresh memory: about 2 s
+more in them than a second classify's, same batches; the vocabulary's table, 0.5 s, is built once per model),
+while the anchor keeps the faster of two passes.
+
 Run: ``python benchmarks/limits.py`` (a few minutes on a quiet 2-core machine), ``--quick`` (a quarter of
 classify's prompts, 16 atlas windows: the ratios hold roughly, the goals are for the full run), ``--only
 classify,senders,ioi,atlas`` for some of them.

@@ -17,9 +17,9 @@ the END row) with a :class:`~headlens.detectors.base.Gate` on what the head writ
 
 Why this shape (and not a new kind): the attention half is exactly a pattern detector, so it gets the
 scan, the dense and sparse paths, resume and torchrun; the writing half is one statistic per prompt and
-head from one extra forward (and, for the negative type, the END row of each pattern), scored with the
-same bootstrap and added to the label rule by :mod:`headlens.scoring.gates`. A detector that is neither a
-target list nor weights fits as *a target list plus a gate*.
+head from one extra forward per batch (the same forward reads, for the negative type, the END row of each
+pattern), scored with the same bootstrap and added to the label rule by :mod:`headlens.scoring.gates`. A
+detector that is neither a target list nor weights fits as *a target list plus a gate*.
 
 What it cannot see: heads that move a name from elsewhere than END, or through later heads (only the
 direct path to the logits counts); a head that attends to IO and writes nothing about names (no label:
@@ -34,7 +34,7 @@ import torch
 
 from headlens.detectors.base import Detector, Gate, finish_targets
 from headlens.probes.base import ProbeBatch
-from headlens.readout.attention import attention_rows
+from headlens.readout.attention import EndRows, attention_rows
 from headlens.readout.dla import head_attributions
 
 
@@ -56,23 +56,35 @@ def names_at_end(batch: ProbeBatch) -> torch.Tensor:
     return _marks(batch, ("IO", "S1", "S2"))
 
 
+def _end_reads(model: Any, probe: Any, cache: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What both gates read at END, from one forward per batch, measured once per probe: each head's direct logit
+    attribution to IO - S ``(P, L, H)`` and, where the model shows its patterns, each head's attention row
+    ``(P, L, H, T)`` (None where it does not)."""
+    key = ("end reads", id(probe))
+    if key not in cache:
+        last = f"blocks.{model.n_layers - 1}.attn.hook_pattern"
+        reader = EndRows(model.n_layers) if last in getattr(model, "hook_dict", {}) else None
+        dla = head_attributions(model, probe, also=None if reader is None else reader.hooks)
+        cache[key] = dla, None if reader is None else reader.rows(max(len(t) for t in probe.prompts))
+    return cache[key]
+
+
 def dla_io_minus_s(model: Any, probe: Any, cache: dict) -> torch.Tensor:
     """``(P, L, H)``: each head's direct logit attribution to IO - S at END (measured once per probe)."""
-    key = ("dla io-s", id(probe))
-    if key not in cache:
-        cache[key] = head_attributions(model, probe)
-    return cache[key]
+    return _end_reads(model, probe, cache)[0]
 
 
 def dla_against_attended(model: Any, probe: Any, cache: dict) -> torch.Tensor:
     """``(P, L, H)``: the direct logit attribution to the name each head attends to more at END (IO, or S over
     S1 and S2) minus the other name: negative when the head writes against the name it reads."""
-    rows = attention_rows(model, list(probe.prompts), probe.positions["END"])  # (P, L, H, T)
+    dla, rows = _end_reads(model, probe, cache)
+    if rows is None:
+        rows = attention_rows(model, list(probe.prompts), probe.positions["END"])  # (P, L, H, T)
     p = torch.arange(len(probe))
     io = rows[p, :, :, probe.positions["IO"]]  # (P, L, H)
     s = rows[p, :, :, probe.positions["S1"]] + rows[p, :, :, probe.positions["S2"]]  # (P, L, H)
     sign = torch.where(io >= s, 1.0, -1.0).double()
-    return sign * dla_io_minus_s(model, probe, cache)
+    return sign * dla
 
 
 DETECTOR = Detector("name_mover", "index", io_at_end, "ioi",

@@ -47,6 +47,7 @@ from headlens.readout.parts import Parts, ReadoutError, model_parts
 COLUMNS = ("model", "component", "prompt", "position", "target", "attribution")
 METRICS = ("logit_diff",)  # task metrics that are a difference of two logits (IOI: IO - S at END)
 TOKEN_BUDGET = 2048  # prompt rows x positions per forward (the (B, T, V) logits are the largest tensor)
+Reads = Callable[[torch.Tensor], dict[str, Callable[[torch.Tensor], None]]]  # a batch's read positions -> its hooks
 PROGRESS_BATCH = 16  # the gate's prompts per forward: a few seconds each, so its progress moves (per prompt: no effect)
 
 
@@ -108,22 +109,26 @@ def attribute(model: Any, prompts: Any, target: str | int | None = None, positio
     return frame
 
 
-def head_attributions(model: Any, probe: IOIProbe, batch_size: int | None = PROGRESS_BATCH) -> torch.Tensor:
+def head_attributions(model: Any, probe: IOIProbe, batch_size: int | None = PROGRESS_BATCH,
+                      also: Reads | None = None) -> torch.Tensor:
     """``(P, L, H)`` float64: each query head's direct logit attribution to ``logit(IO) - logit(S)`` at END,
     per prompt of an IOI probe (the name movers' gate, :mod:`headlens.detectors.name_mover`), reported to
-    :func:`headlens.progress.report` batch by batch."""
+    :func:`headlens.progress.report` batch by batch. ``also``: more reads on the same forwards, called with each
+    batch's read positions ``(B, 1)`` for ``{hook name: fn(activation)}`` (the negative name movers' attention rows
+    at END ride on these forwards instead of forwards of their own)."""
     parts = model_parts(model)
     values, _, worst = _values(model, parts, list(probe.prompts), probe.positions["END"][:, None],
                                {"kind": "metric", "name": "logit_diff"}, probe.answers, batch_size,
-                               lambda done, total: report(done, total, "direct logit attribution, prompt by prompt"))
+                               lambda done, total: report(done, total, "direct logit attribution, prompt by prompt"),
+                               also)
     _check(worst, model)
     heads = [i for i, c in enumerate(parts.components) if c.startswith("L")]
     return values[:, 0, heads].reshape(len(probe), parts.n_layers, parts.n_heads)
 
 
 def _values(model: Any, parts: Parts, tokens: list[torch.Tensor], pos: torch.Tensor, spec: dict,
-            answers: torch.Tensor | None, batch_size: int | None, progress: Callable[[int, int], None] | None
-            ) -> tuple[torch.Tensor, torch.Tensor, float]:
+            answers: torch.Tensor | None, batch_size: int | None, progress: Callable[[int, int], None] | None,
+            also: Reads | None = None) -> tuple[torch.Tensor, torch.Tensor, float]:
     """Attributions ``(N, P, C)``, target ids ``(N, P, 2)`` and the largest gap to the logits, batch by batch."""
     N = pos.shape[0]
     per = batch_size or max(1, TOKEN_BUDGET // max(len(t) for t in tokens))
@@ -131,7 +136,7 @@ def _values(model: Any, parts: Parts, tokens: list[torch.Tensor], pos: torch.Ten
     for start in range(0, N, per):
         rows = range(start, min(N, start + per))
         pair, attr, err = _batch(model, parts, [tokens[i] for i in rows], pos[start:start + per], spec,
-                                 None if answers is None else answers[start:start + per])
+                                 None if answers is None else answers[start:start + per], also)
         values.append(attr)
         ids.append(pair)
         worst = max(worst, err)
@@ -214,15 +219,18 @@ def _target_spec(model: Any, target: Any, contrast: Any, metric: str | None, pro
 
 
 def _batch(model: Any, parts: Parts, tokens: list[torch.Tensor], pos: torch.Tensor, spec: dict,
-           answers: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """One forward: target ids ``(B, P, 2)``, attributions ``(B, P, C)`` float64 and the largest gap to the logits."""
+           answers: torch.Tensor | None, also: Reads | None = None) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """One forward: target ids ``(B, P, 2)``, attributions ``(B, P, C)`` float64 and the largest gap to the logits
+    (and whatever ``also`` reads on it)."""
     B, P = pos.shape
     T = max(len(t) for t in tokens)
     ids = torch.zeros(B, T, dtype=torch.long)
     mask = torch.zeros(B, T, dtype=torch.long)
     for b, t in enumerate(tokens):
         ids[b, : len(t)], mask[b, : len(t)] = t, 1
-    got = read_activations(model, parts, ids.to(model.device), mask.to(model.device), pos.clamp(min=0).to(model.device))
+    at = pos.clamp(min=0).to(model.device)
+    got = read_activations(model, parts, ids.to(model.device), mask.to(model.device), at,
+                           reduce=None if also is None else also(at))
     logits = got.pop("logits")  # (B, P, V) at the read positions, before any soft-cap
     if spec["kind"] == "metric":
         pair = answers.to(logits.device)[:, None, :].expand(B, P, 2)

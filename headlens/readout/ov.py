@@ -240,7 +240,8 @@ def effective_embedding(model: Any, tokens: torch.Tensor) -> torch.Tensor:
         out.append(x.detach().float().cpu().reshape(-1, x.shape[-1]))  # (B*T, D)
         raise _Stop
 
-    hooks = [(n, zero) for n in ("hook_pos_embed", "blocks.0.hook_attn_out") if n in model.hook_dict]
+    points = model.hook_dict  # a bridge rebuilds it on every access
+    hooks = [(n, zero) for n in ("hook_pos_embed", "blocks.0.hook_attn_out") if n in points]
     hooks.append(("blocks.0.hook_resid_post", grab))
     step = max(1, int(model.cfg.n_ctx))
     with torch.inference_mode():

@@ -127,9 +127,11 @@ def _direct(y: torch.Tensor, targets: torch.Tensor, U: torch.Tensor, S: torch.Te
     out = torch.zeros(P, T, 2, dtype=torch.bool)
     Us = U if S is None else U[:, S].contiguous()  # (D, m)
     step = max(1, ROW_BYTES // (4 * Us.shape[1]))
+    # one block of logits, reused: a fresh 32 MiB block a chunk would be mapped and faulted in again every time
+    buf = torch.empty(min(step, P), Us.shape[1], dtype=y.dtype, device=y.device)
     for r0 in range(0, P, step):
         yc, tc = y[r0:r0 + step], targets[r0:r0 + step]  # (R, D), (R, T)
-        lg = yc @ Us  # (R, m)
+        lg = torch.matmul(yc, Us, out=buf[:len(yc)])  # (R, m): the same product as yc @ Us
         if S is None:  # in the top k <=> fewer than k others at least as high <=> the (k+1)-th largest is lower
             lt = lg.gather(1, tc)  # (R, T): the same numbers the comparison reads
             hi = lg.topk(k + 1, dim=-1).values[:, -1:]  # (R, 1)

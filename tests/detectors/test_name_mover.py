@@ -117,3 +117,35 @@ def test_copy_suppression_needs_the_attention_and_the_ov_claim(planted, one_orde
     one = df[df.detector != "copy_suppression"].copy()  # the OV claim withdrawn from one head: its label goes
     one.loc[(one.detector == "ov_suppression") & (one.layer == 1) & (one["head"] == 2), "label"] = False
     assert {h for d, h in _labelled(with_copy_suppression(one)) if d == "copy_suppression"} == ov & negative - {"L1H2"}
+
+
+def test_both_gates_read_one_forward_per_batch(planted):
+    """The negative gate's attention rows at END ride on the name mover gate's forwards: the same rows as the
+    model's own ``hook_pattern`` read whole (run_with_cache, one prompt at a time), the same attributions as the
+    gate alone, and no forward beyond the gate's."""
+    import torch
+
+    from headlens.detectors.name_mover import dla_against_attended, dla_io_minus_s
+    from headlens.models.reads import TokenLedger
+    from headlens.readout.dla import head_attributions
+
+    probe = ioi_probe(planted, 20, seed=3)  # ragged: templates of different lengths in one batch
+    ledger, cache = TokenLedger(planted), {}
+    with ledger("gates"):
+        against = dla_against_attended(planted, probe, cache)
+        alone = dla_io_minus_s(planted, probe, cache)
+    lengths = [len(t) for t in probe.prompts]
+    assert ledger.read["gates"] == 16 * max(lengths[:16]) + 4 * max(lengths[16:])  # the gate's forwards, no more
+    assert torch.equal(alone, head_attributions(planted, probe))
+    rows = cache[("end reads", id(probe))][1]  # (P, L, H, T)
+    T = max(len(t) for t in probe.prompts)
+    for p, tokens in enumerate(probe.prompts):
+        _, run = planted.run_with_cache(tokens[None], names_filter=lambda n: n.endswith("attn.hook_pattern"))
+        end = int(probe.positions["END"][p])
+        want = torch.stack([run[f"blocks.{layer}.attn.hook_pattern"][0, :, end] for layer in range(planted.n_layers)])
+        torch.testing.assert_close(rows[p, :, :, :len(tokens)], want, atol=1e-6, rtol=0)
+        assert not rows[p, :, :, len(tokens):T].any()  # keys past the prompt's end are 0
+    p = torch.arange(len(probe))
+    io = rows[p, :, :, probe.positions["IO"]]
+    s = rows[p, :, :, probe.positions["S1"]] + rows[p, :, :, probe.positions["S2"]]
+    assert torch.equal(against, torch.where(io >= s, 1.0, -1.0).double() * alone)

@@ -283,11 +283,12 @@ class BridgeModel:
     __call__ = forward
 
     # -- hooks ----------------------------------------------------------------------------------
-    def _names(self, name: NameOrFilter, dedupe: bool = True) -> list[str]:
+    def _names(self, name: NameOrFilter, dedupe: bool = True, hook_dict: dict[str, Any] | None = None) -> list[str]:
         """Hook names for a name or predicate. The bridge lists some hook points under two names
         (``attn.hook_z`` is an alias of ``attn.o.hook_in``); ``dedupe`` keeps one name per point so
-        a predicate never installs the same function twice."""
-        hook_dict = self.bridge.hook_dict
+        a predicate never installs the same function twice. ``hook_dict``: the bridge's, when the caller
+        resolves several names (the bridge rebuilds it, aliases and all, on every access: ~1 ms on SmolLM2)."""
+        hook_dict = self.bridge.hook_dict if hook_dict is None else hook_dict
         if callable(name):
             names = [n for n in hook_dict if name(n) and self._usable(n)]
             if not dedupe:
@@ -312,7 +313,8 @@ class BridgeModel:
 
         ``fn(tensor, hook)`` observes (returns None) or replaces (returns a tensor).
         """
-        resolved = [(n, _as_named(fn, n)) for name, fn in fwd_hooks for n in self._names(name)]
+        points = self.bridge.hook_dict if fwd_hooks else {}  # once for every name (a scan's batch installs 30-60)
+        resolved = [(n, _as_named(fn, n)) for name, fn in fwd_hooks for n in self._names(name, hook_dict=points)]
         with self.bridge.hooks(fwd_hooks=resolved, reset_hooks_end=True):
             yield self
 

@@ -31,11 +31,12 @@ def attention_specs(bridge: Any, causal: bool) -> list[Any] | None:
     hf = getattr(getattr(bridge, "original_model", None), "config", None)
     hf = getattr(hf, "text_config", None) or hf
     specs = []
+    points = bridge.hook_dict  # rebuilt, aliases and all, on every access: read once, not three times a layer
     for layer in range(int(bridge.cfg.n_layers)):
         pre = f"blocks.{layer}.attn."
-        rot = pre + "hook_rot_q" in bridge.hook_dict
+        rot = pre + "hook_rot_q" in points
         q_hook, k_hook = (pre + "hook_rot_q", pre + "hook_rot_k") if rot else (pre + "hook_q", pre + "hook_k")
-        if q_hook not in bridge.hook_dict or k_hook not in bridge.hook_dict:
+        if q_hook not in points or k_hook not in points:
             return None
         module = getattr(bridge.blocks[layer].attn, "original_component", None)
         scale = getattr(module, "scaling", None)
