@@ -182,7 +182,12 @@ def reference_scores(model: Any, c: str, n_pairs: int = 256, seed: int = 0) -> n
 
 def random_baseline(model: Any, n: int = 20, seed: int = 0) -> float:
     """Mean composition score of Gaussian ``W_V, W_O, W_Q, W_K`` of this model's shape (no training)."""
-    D, d = model.cfg.d_model, model.cfg.d_head
+    return _baseline(model.cfg.d_model, model.cfg.d_head, n, seed)
+
+
+@functools.lru_cache(maxsize=8)
+def _baseline(D: int, d: int, n: int, seed: int) -> float:
+    """:func:`random_baseline` of a shape, drawn once per process (discovery's tables each ask for it)."""
     gen = torch.Generator().manual_seed(seed)
     vals = []
     for _ in range(n):
