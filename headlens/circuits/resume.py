@@ -328,7 +328,8 @@ class ResumePatcher:
             if P is not None:
                 ck, cv = kv[layer]  # (B, H_kv, T, d): the recorded keys and values of this layer
                 idx = P.repeat(K, 1)[:, None, :, None].expand(k.shape)  # (K*B, H_kv, S, d)
-                k, v = ck.to(k).repeat(K, 1, 1, 1).scatter(2, idx, k), cv.to(v).repeat(K, 1, 1, 1).scatter(2, idx, v)
+                # in place on the fresh repeat: an out-of-place scatter copied the (K*B, H_kv, T, d) keys once more
+                k, v = ck.to(k).repeat(K, 1, 1, 1).scatter_(2, idx, k), cv.to(v).repeat(K, 1, 1, 1).scatter_(2, idx, v)
             if out is not None:
                 out[layer] = (k, v)
             return k, v  # (K*B, H_kv, T, d)
