@@ -60,7 +60,32 @@ fractions, 15 curve points) 366 s; the gradient first pass (ranking 50,758 candi
    receiver layer's attention graph (an IOI edge is restricted to its receiver's position, so its gradient needs
    that layer's graph): the memory the 8-prompt chunks bound. What it can still save: the forward below the
    round's lowest receiver layer (23 of 30 layers in round 1), resumed from the recorded clean run as the exact
-   rounds are.
+   rounds are (change 7).
+6. composition scores: the null's frames read through each receiver input once (``Q^T P``), each sender's
+   ``sqrt(W_O W_O^T)`` applied to that, instead of every sender's rotated frames (59 MB of float64 apiece, held for
+   the call: up to 1 GB in the rounds' edge tables); the untrained-weights baseline drawn once per shape and
+   process. Scores equal to 1.8e-14; ``scores`` 3.6x faster.
+7. the tables share one resumed patcher (its clean run recorded once, not five times), and the first pass starts at
+   each round's lowest receiver block from that recorded run (the forward below it was a clean forward again).
+8. a chunk that patches queries only (IOI's q at S2) runs the receiver's block at the patched queries alone: its
+   keys and values are the clean ones, so its output elsewhere is the recorded stream (1 of the 3-7 positions).
+9. the resumed keys and values are scattered in place into their fresh K-fold copy (the out-of-place scatter
+   copied the ``(K*B, H_kv, T, d)`` tensor again every layer of every chunk), and IOI's roles read every node's
+   attention in one forward, not two.
+Changes 6-9 against the code before them, whole discoveries one after the other at 1 thread on the shared machine
+(load 2-4), CPU seconds: 142.6 and 143.2 s -> 119.9 s (changes 6-8 only: 128.1 s), the same 182 edges (effects
+within 1.4e-6: 1 thread against 2), the same roots, faithfulness 0.859.
+
+Memory (``PYTHONPATH=. python benchmarks/circuits_smollm2.py``, its phases' own peaks): the composition scores'
+rotated frames held the rounds' peak (up to 1 GB over their start, change 6), and the resumed patcher kept the
+clean run's ``(B, T, V)`` logits and a buffer of the same size (132 MB each on 32 prompts and 49k tokens) where
+``logit_diff`` reads two numbers a prompt: with ``logit_diff`` alone it now keeps the answers' columns at the read
+positions, ``(B, C, 2)``, read with a task narrowed to them. At 1 thread on the shared machine: peak 2.51-2.54 GB
+-> 2.07-2.08 GB against a classify's 1.45-1.47 GB (1.73x -> 1.41x); per phase setup 1.48, first pass 2.07 (the
+kept patcher is alive there now), rounds 2.07, faithfulness 1.87 GB.
+Tried and dropped: skipping the last block's MLP at rows nobody reads (IOI's S2 chunks: 4 of 5 rows, about 2 % of
+the run): the bridge's MLP component forwards attribute writes to the module it wraps, so it cannot be swapped
+for the call without reaching into transformer-lens.
 
 The first pass's ranking (round 1: the 19,547 candidate edges into the 7 roots at END, 48 kept), against the exact
 effect of every one of them (``Setup.values``, no controls; 1,384 s CPU at 1 thread): 44 of the exact top 50 are
@@ -75,8 +100,11 @@ save); change 4 pays through the positions, the nearest earlier run and the answ
 Not done: fewer controls (8 of every 9 exact patches; with 9 heads a layer the control is every other head of the
 sender's layer). Recomputing the tables from the same patches with 6, 4 or 2 controls drawn from the 8 changed
 which edges are significant (6: 4 of the logits table's 301 rows, 4: 4 and 2 in the rounds, 2: up to 10): the
-circuit would not be the same. What is left is the exact rounds' suffix (the resumed blocks after each receiver,
-for ~1200 patches: controls are 8 of every 9) and the first pass's backward passes.
+circuit would not be the same. Controls only for the edges whose own CI clears the floor (the rest cannot be
+significant whatever their control) would save 3 of the rounds' 77 control groups: 40-48 of each round's 48
+candidates clear it. What is left is the exact rounds' suffix (the resumed blocks after each receiver, for ~1150
+patches: controls are 8 of every 9), linear layers at full speed (300-350 GFLOP/s on these 2 cores): the
+arithmetic itself, not overhead.
 
 classify, where the extra time went and what each change saved (profiled at 1 thread, CPU seconds, on the 2-core
 machine shared with other jobs, load 4-8). Per recorded batch, the scan's hooked forwards cost 0.87-0.93x the plain
