@@ -61,7 +61,8 @@ from headlens.atlas.mixture import (
     fit_mixtures,
     mixture_sums,
 )
-from headlens.atlas.rules import LATE, ROLE, SINK, candidate_rules, late_rules
+from headlens.atlas.rules import BANDS, LATE, ROLE, SINK, WEIGHTED, candidate_rules, late_rules
+from headlens.atlas.sinkbands import band_error, band_names, fit_bands
 from headlens.detectors.base import Detector
 
 AGREEMENT = 0.5  # a description must correlate this well with the head's real attention to name its role
@@ -70,6 +71,8 @@ MIN_WEIGHT = 0.25  # the heaviest rule of a mixture names the role when it holds
 MIN_COVERAGE = 0.05  # a rule names a role (whole-row or conditional) only with targets in this share of query rows
 MAX_COVERAGE = 0.9  # ... and none in the rest: a rule with targets in nearly every row is the mixture's to judge
 EVEN = ("uniform", "uniform_rest")  # even spreads: beside a heavier first token, the background of a rest
+BACKGROUND = EVEN + tuple(f"recent_{n}" for n in BANDS) + WEIGHTED  # spreads by position alone: what they pick
+# is not said, so copy suppression's two claims, which say it, name the role before them
 CS_RULE = "predicted_token"  # the pattern of copy suppression
 WEIGHT_CS = "ov_suppression"  # the weight-based detector whose label is copy suppression's second claim
 COPY_SHARE = 0.5  # "writes the token it attends to" when its OV promotes it for this share of exemplar keys
@@ -84,7 +87,9 @@ class Description:
     agreement (``candidates``), the measured ``evidence`` and the paragraph ``text``. The substitution test
     (:mod:`headlens.atlas.substitute`) fills ``share_kept`` (the share of the head's mean-ablation effect on
     the loss its description keeps) with ``share_ci``, ``ablation_delta`` (the loss change of its mean
-    ablation) and ``subst_windows`` (the held-out windows it ran on); None and 0 where it did not run."""
+    ablation) and ``subst_windows`` (the held-out windows it ran on); None and 0 where it did not run.
+    ``sink_bands``: the first token's weight per band of query positions (:mod:`headlens.atlas.sinkbands`;
+    empty where one weight holds in every row), the ``mixture`` then giving each rule's mean over the rows."""
 
     layer: int
     head: int
@@ -102,9 +107,11 @@ class Description:
     share_ci: tuple[float, float] | None = None
     ablation_delta: float | None = None
     subst_windows: int = 0
+    sink_bands: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:  # read back from JSON, the intervals are lists
         object.__setattr__(self, "ci", tuple(self.ci))
+        object.__setattr__(self, "sink_bands", tuple(self.sink_bands))
         if self.share_ci is not None:
             object.__setattr__(self, "share_ci", tuple(self.share_ci))
 
@@ -114,8 +121,14 @@ class Description:
         return self.role != "no clear role"
 
     def mixture_text(self) -> str:
-        """``"previous_token 0.70 + first_token 0.30"``."""
-        return " + ".join(f"{r} {w:.2f}" for r, w in sorted(self.mixture.items(), key=lambda kv: -kv[1]))
+        """``"previous_token 0.70 + first_token 0.30"``; with :attr:`sink_bands`, the first token's weight per band
+        of query positions after it (the weights given are their mean over the rows)."""
+        text = " + ".join(f"{r} {w:.2f}" for r, w in sorted(self.mixture.items(), key=lambda kv: -kv[1]))
+        if not self.sink_bands:
+            return text
+        bands = ", ".join(f"{b} {s:.2f}" for b, s in zip(band_names(len(self.sink_bands)), self.sink_bands,
+                                                          strict=True))
+        return f"{text} on average, the first token's weight set by the query's position ({bands})"
 
 
 def _with_ci(per_window: torch.Tensor, stat: Any, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -147,8 +160,13 @@ def describe(model: Any, exemplars: Any, heldout: list[torch.Tensor], batch_size
     stats = heldout_stats(model, heldout, early, late_rules(rules), batch_size, classes, step(len(fit)))
     names = stats["names"]
     R = len(names)
-    weights = fit_mixtures(fitted, allowed=fitted["has"].sum(0) > 0)  # (L, H, R)
-    mix = _with_ci(mixture_sums(stats, weights), corr)  # each (L, H)
+    weights = fit_mixtures(fitted, fitted["has"].sum(0) > 0, band_error(fitted, names.index(SINK)))  # (L, H, R)
+    banded, by_band = fit_bands(fitted, weights, names.index(SINK))  # (L, H, G, R), (L, H)
+    rows = fitted["brows"].sum(0)  # (G,)
+    n_bands = int(torch.nonzero(rows > 0).max()) + 1 if bool((rows > 0).any()) else 1  # past them, no rows
+    mean_w = torch.where(by_band[..., None], torch.einsum("g,lhgr->lhr", rows / rows.sum().clamp(min=1), banded),
+                         weights)  # (L, H, R): with bands, each rule's mean weight over the rows
+    mix = _with_ci(mixture_sums(stats, banded), corr)  # each (L, H)
     single = _single(stats)  # (L, H, R)
     pair = conditional_pairs(fitted)  # (L, H, R): each rule's weight beside the first token on its own rows
     cond_fit = corr(conditional_sums(fitted, pair).sum(0))  # (L, H, R)
@@ -173,7 +191,8 @@ def describe(model: Any, exemplars: Any, heldout: list[torch.Tensor], batch_size
     for layer in range(exemplars.n_layers):
         for h in range(exemplars.n_heads):
             at = (layer, h)
-            w = {names[i]: float(weights[at][i]) for i in range(R) if float(weights[at][i]) > 0}
+            w = {names[i]: float(mean_w[at][i]) for i in range(R) if float(mean_w[at][i]) > 1e-9}
+            shares = tuple(float(v) for v in banded[at][:n_bands, names.index(SINK)]) if bool(by_band[at]) else ()
             content = {r: v for r, v in w.items() if r != SINK}
             main = max(content, key=content.get) if content else SINK
             i = names.index(main)
@@ -191,7 +210,7 @@ def describe(model: Any, exemplars: Any, heldout: list[torch.Tensor], batch_size
             score, ci = float(mix[0][at]), (float(mix[1][at]), float(mix[2][at]))
             role = role_of(main, score, ev)
             d = Description(layer, h, role, main, score, ci, "", {n: float(single[at][j]) for j, n in enumerate(names)},
-                            ev, w, float(mix_cover[at]))
+                            ev, w, float(mix_cover[at]), sink_bands=shares)
             if role not in ("copy_suppression", "resting", "no clear role") and not _by_mixture(main, score, ev):
                 cr = names[ci_]  # named conditionally: the pair on the rows with targets, the first token elsewhere
                 mixture = {k: v for k, v in ((cr, ev["cond_weight"]), (SINK, 1 - ev["cond_weight"])) if v > 0}
@@ -257,8 +276,8 @@ def role_of(main: str, score: float, ev: dict[str, float]) -> str:
     >>> ev = {"ov_label": 1.0, "pred_lo": 0.2, "pred_null": 0.05, "off_rest": 0.4, "main_weight": 0.8,
     ...       "sink_weight": 0.2, "rule_coverage": 0.9, "cond_r": 0.2, "cond_coverage": 0.5, "cond_rule": 0, "cond_weight": 0.4, "cond_mass": 0.3,
     ...       "cond_chance": 0.05}
-    >>> role_of("previous_token", 0.3, ev), role_of("induction_longest", 0.7, ev)
-    ('copy_suppression', 'induction')
+    >>> role_of("previous_token", 0.3, ev), role_of("induction_longest", 0.7, ev), role_of("decay_8", 0.9, ev)
+    ('copy_suppression', 'induction', 'copy_suppression')
     >>> role_of("first_token", 0.9, {**ev, "ov_label": 0.0, "cond_r": 0.6, "cond_rule": 5})  # where it can
     'induction'
     >>> role_of("first_token", 0.9, {**ev, "ov_label": 0.0})  # led by the first token: a tested rest
@@ -266,9 +285,12 @@ def role_of(main: str, score: float, ev: dict[str, float]) -> str:
     >>> role_of("first_token", 0.9, {**ev, "ov_label": 0.0, "cond_r": 0.9, "cond_rule": 5, "cond_weight": 0.1})
     'resting'
     """
+    cs = ev["ov_label"] == 1.0 and ev["pred_lo"] > ev["pred_null"]  # NaN (no OV readout) is not a label
+    if cs and main in BACKGROUND:
+        return "copy_suppression"
     if _by_mixture(main, score, ev):
         return "copy_suppression" if main == CS_RULE and ev["ov_label"] == 1.0 else ROLE.get(main, main)
-    if ev["ov_label"] == 1.0 and ev["pred_lo"] > ev["pred_null"]:  # NaN (no OV readout) is not a label
+    if cs:
         return "copy_suppression"
     if (ev["cond_r"] >= AGREEMENT and MIN_COVERAGE <= ev["cond_coverage"] <= MAX_COVERAGE
             and ev["cond_weight"] >= MIN_WEIGHT and ev["cond_mass"] > ev["cond_chance"]):  # where it can, above chance

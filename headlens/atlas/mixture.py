@@ -29,6 +29,7 @@ Why it looks like this:
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import torch
 
@@ -44,12 +45,16 @@ def corr(s: torch.Tensor) -> torch.Tensor:
     return torch.where(var > 1e-300, cov / var.clamp(min=1e-300).sqrt(), torch.zeros_like(cov))
 
 
-def fit_mixtures(stats: dict[str, torch.Tensor], allowed: torch.Tensor | None = None) -> torch.Tensor:
+def fit_mixtures(stats: dict[str, torch.Tensor], allowed: torch.Tensor | None = None,
+                 refine: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """``(L, H, R)`` non-negative weights summing to 1 per head (at most :data:`MAX_RULES` non-zero), fit on
     the windows of ``stats`` (:func:`headlens.atlas.heldout.heldout_stats`): least squares of the attention
     itself (no intercept, the weights summing to 1), rules joining greedily while each cuts the squared error
     left by :data:`MIN_DROP` or more. ``allowed`` ``(R,)`` bool: the rules a mixture may use (rules without a
-    target on the fit windows are left out)."""
+    target on the fit windows are left out). ``refine``: weights ``(LH, R)`` -> the squared error ``(LH,)`` left
+    when the first token's weight may change along the window (:func:`headlens.atlas.sinkbands.band_error`): a
+    candidate is then judged by the smaller of the two errors, so a rule does not join only to stand in for a
+    rest that changes with the position."""
     sxx = stats["own"].sum(0)[..., 2]  # (L, H): sum x^2
     L, H = sxx.shape
     sxx = sxx.reshape(L * H)
@@ -71,6 +76,8 @@ def fit_mixtures(stats: dict[str, torch.Tensor], allowed: torch.Tensor | None = 
             Cm, cm = G[idx[:, :, None], idx[:, None, :]], c.gather(1, idx)  # (LH, m, m), (LH, m)
             w = _simplex_ls(Cm, cm)  # (LH, m)
             e = sxx - 2 * (w * cm).sum(1) + torch.einsum("nm,nmk,nk->n", w, Cm, w)  # squared error left
+            if refine is not None:
+                e = torch.minimum(e, refine(torch.zeros(L * H, R, dtype=w.dtype).scatter_add(1, idx, w)))
             e[(chosen == j).any(1)] = float("inf")
             cand_e[:, j], cand_w[:, j] = e, w
         e, j = cand_e.min(1)  # (LH,)
@@ -125,8 +132,14 @@ def _nnls(C: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 
 def mixture_sums(stats: dict[str, torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
     """``(W, L, H, 6)`` per-window correlation sums (n, sx, sy, sxx, syy, sxy) of each head's mixture
-    ``weights`` ``(L, H, R)`` on the windows of ``stats``."""
+    ``weights`` ``(L, H, R)``, or ``(L, H, G, R)`` per band of query positions (:mod:`headlens.atlas.sinkbands`),
+    on the windows of ``stats``."""
     n, sx, sxx = stats["own"].unbind(-1)  # (W, L, H)
+    if weights.dim() == 4:  # per band: the band's rows with the band's weights
+        sy = torch.einsum("wgr,lhgr->wlh", stats["bsy"], weights)
+        syy = torch.einsum("lhgr,wgrs,lhgs->wlh", weights, stats["bgram"], weights)
+        sxy = (stats["bsxy"] * weights).sum((-1, -2))
+        return torch.stack([n, sx, sy, sxx, syy, sxy], -1)
     sy = torch.einsum("wr,lhr->wlh", stats["sy"], weights)
     syy = torch.einsum("lhr,wrs,lhs->wlh", weights, stats["gram"], weights)
     sxy = (stats["sxy"] * weights).sum(-1)

@@ -48,6 +48,7 @@ CLASSES = ("newline", "sentence_end", "comma", "open", "close", "word_start", "d
 SAME_CLASS = ("digit", "capital", "identifier")  # "earlier tokens of the query's own class"
 DELIMITERS = {"last_newline": ("newline", "the last newline"), "sentence_end": ("sentence_end", "the end of the "
               "last sentence"), "last_comma": ("comma", "the last comma")}
+SINK_BANDS = (2, 4, 8, 16, 32, 64)  # query positions where the first token's share may change: 0-1, 2-3, 4-7, .., 64+
 WEIGHTED = tuple(f"decay_{h}" for h in HALF_LIVES)  # rules whose predicate gives weights, not a 0/1 mask
 
 

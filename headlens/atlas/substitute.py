@@ -72,9 +72,15 @@ def simulated_patterns(descriptions: Sequence[Any], targets: dict[str, torch.Ten
     """``(layer, head) -> (B, Q, K)`` float32: each description's mixture of its rules' whole predictions
     (``targets[rule]``: ``(B, Q, K)`` weights, first-token fallback in rows without one), rows summing to 1
     at the ``query_ok`` rows ``(B, Q)`` (elsewhere zero: the real row stays)."""
+    from headlens.atlas.rules import SINK
+    from headlens.atlas.sinkbands import banded_pattern
+
     out = {}
     for d in descriptions:
-        p = sum(w * targets[r] for r, w in d.mixture.items())  # (B, Q, K)
+        if getattr(d, "sink_bands", ()):  # the first token's weight set per band of query positions
+            p = banded_pattern(d.mixture, d.sink_bands, targets, SINK)  # (B, Q, K)
+        else:
+            p = sum(w * targets[r] for r, w in d.mixture.items())  # (B, Q, K)
         out[(d.layer, d.head)] = (p / p.sum(-1, keepdim=True).clamp(min=1e-12) * query_ok[..., None]).float()
     return out
 

@@ -18,6 +18,9 @@ win by a wide margin.
   one target (the first token's score set ``log((1 - p) / p)`` above a match's), the first token alone
   elsewhere; it writes the token it attends to, like L1H0. On :func:`rare_repeat_windows` it is SmolLM2's
   L17H4 on prose in small: induction on the few rows with a repeat, resting on all the others.
+* ``planted_gpt(banded=True)`` adds one more head last: previous token beside the first token, whose share of
+  the row is set by the query's position: :data:`BANDED` (position, share) steps, the first token's score
+  set ``log(share / (1 - share))`` above the previous token's. It writes the token it attends to, like L1H2.
 """
 
 from __future__ import annotations
@@ -36,13 +39,14 @@ D_HEAD = 32
 S = 12.0  # query and key scale: a match scores S * S / sqrt(d_head), about 25
 MIXTURE_WRITE = 4.0  # L1H2's write scale: enough that removing it moves the loss
 REST = 7.0  # the induction head's score scale on the first token: about 9, well under a match
+BANDED = ((0, 0.9), (8, 0.2))  # the banded head's share on the first token from each position on
 
 
-def planted_gpt(mixture: bool = False, splits: tuple[float, ...] = ()) -> GPT:
+def planted_gpt(mixture: bool = False, splits: tuple[float, ...] = (), banded: bool = False) -> GPT:
     tok = Tokenizer.char_level(ALPHABET)
     V, T = tok.d_vocab, N_CTX  # V includes BOS (the last id)
     D = 2 * V + T
-    cfg = ModelConfig(n_layers=2, n_heads=2 + mixture + len(splits), d_model=D, n_ctx=T, d_vocab=V, d_head=D_HEAD, attn_only=True,
+    cfg = ModelConfig(n_layers=2, n_heads=2 + mixture + len(splits) + banded, d_model=D, n_ctx=T, d_vocab=V, d_head=D_HEAD, attn_only=True,
                       normalization="none", positional_embedding="learned")
     model = GPT(cfg, tokenizer=tok)
     prev = V + T  # start of the previous-token subspace
@@ -93,6 +97,18 @@ def planted_gpt(mixture: bool = False, splits: tuple[float, ...] = ()) -> GPT:
                 v[t, t] = 1.0
                 o[t, t] = 1.0
             k[V + 0, D_HEAD - 1] = rest ** 0.5
+        if banded:  # previous token, and the first token with a share set by the query's position
+            h = 2 + mixture + len(splits)
+            q, k, v, o = _block(model, 1, 0)[h], _block(model, 1, 1)[h], _block(model, 1, 2)[h], _out(model, 1)[h]
+            for i in range(1, T):
+                share = [p for start, p in BANDED if i >= start][-1]
+                q[V + i, i - 1] = S
+                k[V + i - 1, i - 1] = S
+                q[V + i, T - 1] = S + math.log(share / (1 - share)) * D_HEAD ** 0.5 / S  # first token vs previous
+            k[V + 0, T - 1] = S
+            for t in range(V):
+                v[t, t] = 1.0
+                o[t, t] = MIXTURE_WRITE
     return model.eval()
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from headlens.atlas.heldout import _batch, heldout_stats
-from headlens.atlas.rules import LATE, candidate_rules, late_rules
+from headlens.atlas.rules import LATE, SINK_BANDS, candidate_rules, late_rules
 from headlens.models.vocab import vocab
 from tests.atlas.planted import planted_gpt, repeat_windows
 from tests.conftest import make_gpt
@@ -40,6 +40,13 @@ def _reference(model, windows, batch_size):
                                      ok.sum(-1)[:, None, None].expand(grid)], -1),
                 "own": torch.stack([cells.double().sum((-2, -1))[:, None, None].expand(grid), x.sum((-2, -1)),
                                     (x * x).sum((-2, -1))], -1)}
+        G = len(SINK_BANDS) + 1
+        band = torch.zeros(T, G, dtype=torch.float64)  # each query position's band, counted edge by edge
+        for i in range(T):
+            band[i, sum(i >= e for e in SINK_BANDS)] = 1
+        band = band * ok[..., None]  # (B, Q, G)
+        sums["bfirst"] = torch.einsum("blhq,bqg->blhg", x[..., 0], band)
+        sums["brows"] = band.sum(1)
         whole, part, has_all = [], [], []
         for name, w in hits.items():
             has = (w > 0).any(-1) & batch.query_ok  # (B, Q)
@@ -51,12 +58,15 @@ def _reference(model, windows, batch_size):
             for key, v in (("sxy", (x * yt[:, None, None]).sum((-2, -1))), ("csx", (x.sum(-1) * hd).sum(-1)),
                            ("csxx", ((x * x).sum(-1) * hd).sum(-1)), ("csxy", (x * y[:, None, None]).sum((-2, -1))),
                            ("cs0", (x[..., 0] * hd).sum(-1)),
-                           ("on", (x * (w > 0)[:, None, None]).sum((-2, -1)))):
+                           ("on", (x * (w > 0)[:, None, None]).sum((-2, -1))),
+                           ("bsxy", torch.einsum("blhq,bqg->blhg", (x * yt[:, None, None]).sum(-1), band))):
                 sums.setdefault(key, []).append(v)
             n_t = (w > 0).sum(-1)
             for key, v in (("sy", yt.sum((-2, -1))), ("cn", (cells.sum(-1) * has).double().sum(-1)),
                            ("cy", y.sum((-2, -1))), ("cyy", (y * y).sum((-2, -1))),
                            ("cy0", y[..., 0].sum(-1)), ("has", has.double().sum(-1)),
+                           ("bsy", torch.einsum("bq,bqg->bg", yt.sum(-1), band)),
+                           ("by0", torch.einsum("bq,bqg->bg", yt[..., 0], band)),
                            ("chance", (n_t / (q[:, 0] + 1) * has).double().sum(-1))):
                 sums.setdefault(key, []).append(v)
             if name == "predicted_token":
@@ -64,10 +74,12 @@ def _reference(model, windows, batch_size):
                 sums["cs"] = torch.stack([sums["on"][-1], has.double().sum(-1)[:, None, None].expand(grid),
                                           sums["chance"][-1][:, None, None].expand(grid),
                                           (off * has[:, None, None]).sum(-1), even], -1)
-        for key in ("sxy", "csx", "csxx", "csxy", "cs0", "on", "sy", "cn", "cy", "cyy", "cy0", "has", "chance"):
+        for key in ("sxy", "csx", "csxx", "csxy", "cs0", "on", "sy", "cn", "cy", "cyy", "cy0", "has", "chance", "bsxy",
+                    "bsy", "by0"):
             sums[key] = torch.stack(sums[key], -1)
         Y = torch.stack(whole, -1)  # (B, Q, K, R)
         sums["gram"] = torch.einsum("bqkr,bqks->brs", Y, Y)
+        sums["bgram"] = torch.einsum("bqkr,bqks,bqg->bgrs", Y, Y, band)
         sums["hasrow"] = torch.stack(has_all, -1)
         for key, value in sums.items():
             out.setdefault(key, []).append(value)

@@ -334,3 +334,30 @@ def test_a_role_the_substitution_test_contradicts_is_not_named():
         assert d.evidence["abl_lo"] > 0 and d.evidence["cs_hi"] >= 0
     assert all(d.role != "copy_suppression" for d in atlas.descriptions)
     assert {d.role for d in atlas.descriptions if (d.layer, d.head) in [(0, 0)]} == {"previous_token"}
+
+
+def test_a_head_whose_rest_changes_along_the_window_gets_its_share_on_the_first_token_per_position():
+    """Previous token beside the first token, built with 0.9 on the first token before position 8 and 0.2 from
+    there: its description sets the first token's weight per band of query positions, agrees, and put back
+    keeps the head's effect; the same mixture with one weight in every row keeps less of it."""
+    from headlens.atlas.sinkbands import band_names
+    from tests.atlas.planted import BANDED
+
+    model = planted_gpt(banded=True)
+    windows = repeat_windows(model, 32)
+    atlas = build_atlas(model, AtlasConfig(k=3, batch_size=8), windows=windows)
+    d = next(d for d in atlas.descriptions if (d.layer, d.head) == (1, 2))
+    assert d.role == "previous_token" and set(d.mixture) == {"previous_token", "first_token"} and d.agreement > 0.99
+    bands = dict(zip(band_names(len(d.sink_bands)), d.sink_bands, strict=True))  # windows of 32: the last is 16+
+    for band, start in (("2-3", 2), ("4-7", 4), ("8-15", 8), ("16+", 16)):  # built: a step at position 8
+        assert bands[band] == pytest.approx([p for s, p in BANDED if start >= s][-1], abs=0.02), band
+    assert "the first token's weight set by the query's position (0-1 " in d.text and "8-15 0.20" in d.text
+    assert d.share_kept > 0.95
+    flat = replace(d, mixture={r: w for r, w in d.mixture.items()}, sink_bands=())  # its mean weights in every row
+    rules = candidate_rules()
+    from headlens.atlas.corpus import split
+
+    held = split(windows)[1]
+    (got,), _ = substitute(model, [d], held, rules)
+    (without,), _ = substitute(model, [flat], held, rules)
+    assert got.share_kept > 0.95 and without.share_kept < got.share_kept - 0.1
