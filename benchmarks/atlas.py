@@ -120,7 +120,7 @@ def _describe_only(args: argparse.Namespace) -> None:
     if args.subst_windows:
         t = time.process_time()
         descriptions, sub = substitute(model, descriptions, held, candidate_rules(), _classes(model, strings),
-                                       args.subst_windows)
+                                       args.subst_windows, subst=args.subst, n_exact=args.subst_exact)
         print(f"substitution on {args.subst_windows} held-out windows: {time.process_time() - t:.1f} s")
     if args.save:
         import pickle
@@ -174,6 +174,7 @@ def _report(name: str, descriptions: list, sub=None) -> None:
             print(f"share kept over the {len(moved)} heads whose mean ablation moves the loss beyond its CI: median "
                   f"{float(shares.median()):.3f}, quartiles {float(shares.quantile(0.25)):.3f} "
                   f"{float(shares.quantile(0.75)):.3f}; >= 0.8 for {int((shares >= 0.8).sum())}")
+        _estimate_quality(descriptions)
     unclear = [d for d in descriptions if d.role == "no clear role"]
     if unclear:
         best = max(unclear, key=lambda d: d.agreement)
@@ -183,6 +184,43 @@ def _report(name: str, descriptions: list, sub=None) -> None:
         heads = [f"L{d.layer}H{d.head}({d.agreement:.2f})" for d in descriptions if d.role == role]
         if role not in ("resting", "no clear role"):
             print(f"{role}: {' '.join(heads)}")
+
+
+def _estimate_quality(descriptions: list) -> None:
+    """The first-order estimates against the exact values, over the heads run exactly (all of them with
+    ``--subst exact``): Spearman, the share of heads whose estimated share kept is within 0.1 of the exact one,
+    the worst cases, by kind of head."""
+    import math
+
+    import numpy as np
+
+    from headlens.interventions.attribution import spearman
+
+    exact = [d for d in descriptions if d.evidence.get("share_how") == "exact"]
+    if not exact:
+        return
+    ev = [d.evidence for d in exact]
+    print(f"first-order estimates against the exact values over the {len(exact)} heads run exactly: Spearman "
+          f"substituted {spearman(np.array([e['est_subst'] for e in ev]), np.array([e['subst_delta'] for e in ev])):.3f}, "
+          f"mean-ablated {spearman(np.array([e['est_abl'] for e in ev]), np.array([d.ablation_delta for d in exact])):.3f}")
+    both = [d for d in exact if d.share_kept is not None and not math.isnan(d.evidence["est_share"])]
+    moved = [d for d in both if d.evidence["abl_lo"] > 0 or d.evidence["abl_hi"] < 0]
+    sink = lambda d: max(d.mixture, key=d.mixture.get) == "first_token"  # noqa: E731
+    for name, group in [("with a share", both), ("whose mean ablation moves the loss beyond its CI", moved),
+                        ("moved, layer 0", [d for d in moved if d.layer == 0]),
+                        ("moved, led by first_token", [d for d in moved if sink(d)]),
+                        ("moved, the rest", [d for d in moved if d.layer and not sink(d)])]:
+        if len(group) < 2:
+            continue
+        est = np.array([d.evidence["est_share"] for d in group])
+        ex = np.array([d.share_kept for d in group])
+        within = np.abs(est - ex) <= 0.1
+        print(f"  share kept, {len(group)} heads {name}: Spearman {spearman(est, ex):.3f}, within 0.1 of exact "
+              f"{within.mean():.1%}, median |error| {np.median(np.abs(est - ex)):.3f}")
+    worst = sorted(moved, key=lambda d: -abs(d.evidence["est_share"] - d.share_kept))[:8]
+    print("  worst (moved): " + " ".join(
+        f"L{d.layer}H{d.head}[{max(d.mixture, key=d.mixture.get)}] est {d.evidence['est_share']:.2f} exact "
+        f"{d.share_kept:.2f} (abl est {d.evidence['est_abl']:+.3f} exact {d.ablation_delta:+.3f})" for d in worst))
 
 
 def main() -> None:
@@ -198,6 +236,9 @@ def main() -> None:
     ap.add_argument("--heldout", type=int, default=None, help="with --describe-only: the first N held-out windows")
     ap.add_argument("--max-heldout", type=int, default=MAX_HELDOUT, help="with --describe-only: the split's cap")
     ap.add_argument("--subst-windows", type=int, default=8, help="held-out windows of the substitution test")
+    ap.add_argument("--subst", choices=("estimate", "exact"), default="estimate",
+                    help="each head's share kept: first-order estimates checked exactly on a sample, or all exact")
+    ap.add_argument("--subst-exact", type=int, default=None, help="heads run exactly under --subst estimate")
     ap.add_argument("--no-peak", action="store_true", help="skip the two child processes' peak memory")
     ap.add_argument("--save", default=None, help="pickle the descriptions and the substitution here (to study them)")
     ap.add_argument("--child", choices=("pass", "classify"), default=None, help=argparse.SUPPRESS)
@@ -222,7 +263,7 @@ def main() -> None:
     marks: list[tuple[str, float]] = []
     t0 = time.process_time()
     atlas = build_atlas(model, config, windows=windows, stage=lambda name: marks.append((name, time.process_time())),
-                        subst_windows=args.subst_windows)
+                        subst_windows=args.subst_windows, subst=args.subst, subst_exact=args.subst_exact)
     marks.append(("end", time.process_time()))
     took = {name: marks[i + 1][1] - at for i, (name, at) in enumerate(marks[:-1])}
     t = time.process_time()
