@@ -145,3 +145,46 @@ def test_an_unknown_substitution_mode_is_refused_before_the_pass(mixed):
     with pytest.raises(ConfigError, match=r"subst='fast'.*estimate, exact"):
         build_atlas(model, AtlasConfig(k=3), windows=windows, subst="fast",
                     progress=lambda d, t: pytest.fail("the pass ran"))
+
+
+def test_first_order_on_a_bridged_grouped_query_model(tmp_path):
+    """Qwen2 (grouped-query: a head reads its key/value group's values): each head's pattern moved a little
+    towards an even spread; the estimate equals the central difference of the model's own forward with the
+    head's ``z`` moved by the same step either way at ``hook_z`` (``z = A @ v``)."""
+    import transformers
+    from hf_families import FAMILIES, build, save_tokenizer
+
+    import headlens
+
+    path = build("qwen2", tmp_path / "qwen2", tokenizer=False)
+    getattr(transformers, FAMILIES["qwen2"].model).from_pretrained(path).eval().save_pretrained(path)
+    save_tokenizer(path)
+    model = headlens.load(f"hf:{path}")
+    tokens = torch.randint(3, 60, (3, 20), generator=torch.Generator().manual_seed(0))
+    T = tokens.shape[1]
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens)
+    even = torch.tril(torch.ones(T, T)) / torch.arange(1, T + 1)[:, None]  # (Q, K)
+    patterns = {(la, h): (1 - EPS) * cache[f"blocks.{la}.attn.hook_pattern"][:, h].float() + EPS * even
+                for la in range(L) for h in range(H)}  # (B, Q, K)
+    valid = torch.ones_like(tokens, dtype=torch.bool)
+    sub, _, _ = first_order(model, tokens, lambda lg: _loss(lg, tokens, valid).sum(), patterns, None)
+
+    def forward(la, h, step):
+        def hook(z, hook):  # (B, T, H, d_head)
+            z = z.clone()
+            z[:, :, h] += step
+            return z
+        with torch.no_grad(), model.hooks([(f"blocks.{la}.attn.hook_z", hook)]):
+            return _loss(model(tokens), tokens, valid)
+
+    moved = 0
+    for la, h in patterns:
+        v = cache[f"blocks.{la}.attn.hook_v"]  # (B, T, H_kv, d_head)
+        vh = v[:, :, h // (H // v.shape[2])].float()  # (B, T, d_head)
+        step = EPS * (even @ vh - cache[f"blocks.{la}.attn.hook_z"][:, :, h].float())  # (B, T, d_head)
+        exact = (forward(la, h, step) - forward(la, h, -step)) / 2
+        assert sub[(la, h)] == pytest.approx(exact, abs=1e-6 + 0.02 * float(exact.abs().max()))
+        moved += float(exact.abs().max()) > 1e-5
+    assert moved >= H
