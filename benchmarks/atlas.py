@@ -217,6 +217,13 @@ def _estimate_quality(descriptions: list) -> None:
         within = np.abs(est - ex) <= 0.1
         print(f"  share kept, {len(group)} heads {name}: Spearman {spearman(est, ex):.3f}, within 0.1 of exact "
               f"{within.mean():.1%}, median |error| {np.median(np.abs(est - ex)):.3f}")
+    for pick in ("top", "random"):
+        group = [d for d in both if d.evidence.get("exact_pick") == pick]
+        if len(group) >= 2:
+            est = np.array([d.evidence["est_share"] for d in group])
+            ex = np.array([d.share_kept for d in group])
+            print(f"  share kept, the {len(group)} heads run exactly as '{pick}': Spearman {spearman(est, ex):.3f}, "
+                  f"within 0.1 of exact {(np.abs(est - ex) <= 0.1).mean():.1%}")
     worst = sorted(moved, key=lambda d: -abs(d.evidence["est_share"] - d.share_kept))[:8]
     print("  worst (moved): " + " ".join(
         f"L{d.layer}H{d.head}[{max(d.mixture, key=d.mixture.get)}] est {d.evidence['est_share']:.2f} exact "

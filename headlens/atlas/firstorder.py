@@ -73,18 +73,19 @@ def first_order(model: Any, tokens: torch.Tensor, loss: Callable[[torch.Tensor],
 
 
 def exact_heads(described: Sequence[Any], sub: dict[tuple[int, int], torch.Tensor],
-                abl: dict[tuple[int, int], torch.Tensor], n: int, seed: int = 0) -> set[tuple[int, int]]:
+                abl: dict[tuple[int, int], torch.Tensor], n: int, seed: int = 0) -> dict[tuple[int, int], str]:
     """The heads run exactly: the roles of :data:`ALWAYS_EXACT`, then of ``n`` more, ``EXACT_TOP`` of them
     (rounded up) by the largest estimated effect (``max(|mean-ablated|, |substituted|)``, each averaged over the
-    windows), the rest drawn at random (seeded) from the others."""
+    windows), the rest drawn at random (seeded) from the others: head -> why (``"role"``, ``"top"``,
+    ``"random"``, or ``"all"`` where ``n`` covers every head)."""
     keys = [(d.layer, d.head) for d in described]
-    out = {(d.layer, d.head) for d in described if d.role in ALWAYS_EXACT}
+    out = {(d.layer, d.head): "role" for d in described if d.role in ALWAYS_EXACT}
     rest = [k for k in keys if k not in out]
     if n >= len(rest):
-        return out | set(rest)
+        return {k: "all" for k in keys}
     size = {k: max(abs(float(abl[k].mean())), abs(float(sub[k].mean()))) for k in rest}
     top = sorted(rest, key=lambda k: -size[k])[: math.ceil(n * EXACT_TOP)]
     others = [k for k in rest if k not in set(top)]
     gen = torch.Generator().manual_seed(seed)
     drawn = [others[int(i)] for i in torch.randperm(len(others), generator=gen)[: n - len(top)]]
-    return out | set(top) | set(drawn)
+    return {**out, **dict.fromkeys(top, "top"), **dict.fromkeys(drawn, "random")}

@@ -20,6 +20,9 @@ Why it looks like this:
   the layer's described heads substituted, as many copies per run as :data:`MAX_ROWS` token rows allow, the
   logits one copy at a time. Other backends run whole forwards (they are small). Equal to one whole hooked
   forward per head and variant (``tests/atlas/test_substitute.py``).
+* **Cheaper still: most heads to first order.** Under ``subst="estimate"`` (the default) one forward and one
+  backward pass estimate every head (:mod:`headlens.atlas.firstorder`) and only a sample runs as above;
+  each head's ``share_how`` says which it got. ``subst="exact"`` runs every head.
 * **Also together.** Every described head substituted at once (the whole-model line: the loss of the model
   whose described heads all run on their descriptions) and each layer's described heads at once (a copy in
   that layer's run).
@@ -209,9 +212,9 @@ def substitute(model: Any, descriptions: list[Any], windows: list[torch.Tensor],
     clean = _mean(clean_nll, valid[:, 1:])  # (B,)
     est_sub, est_abl, mean = first_order(model, tokens, lambda lg: _loss(lg, tokens, valid.to(lg.device)).sum(),
                                          patterns, None)
-    exact = (set(patterns) if subst == "exact" else
+    exact = (dict.fromkeys(patterns, "all") if subst == "exact" else
              exact_heads(described, est_sub, est_abl, SUBST_EXACT if n_exact is None else n_exact))
-    lines = exact == set(patterns)  # every head exact: each layer's line too
+    lines = set(exact) == set(patterns)  # every head exact: each layer's line too
     layers = sorted({d.layer for d in described})
     z_zero = torch.zeros(B, T, 1, 1, device=tokens.device)
     nlls: dict[tuple[int, int], torch.Tensor] = {}  # (layer, head) -> (2, B, T-1): substituted, mean-ablated
@@ -259,7 +262,7 @@ def substitute(model: Any, descriptions: list[Any], windows: list[torch.Tensor],
         share, ci = _share(dsub, dmean) if float(dmean.abs().max()) > NO_EFFECT else (None, None)
         a_ci = _mean_ci(dmean)
         ev = {**d.evidence, "abl_lo": a_ci[0], "abl_hi": a_ci[1], "subst_delta": float(dsub.mean()),
-              **_on_rows(nll[1] - clean_nll, cs_rows), **est, "share_how": "exact"}
+              **_on_rows(nll[1] - clean_nll, cs_rows), **est, "share_how": "exact", "exact_pick": exact[at]}
         out.append(gate(replace(d, share_kept=share, share_ci=ci, ablation_delta=float(dmean.mean()),
                                 subst_windows=B, evidence=ev)))
     heads_all: dict[int, list] = {}
