@@ -28,6 +28,10 @@ OV readout reads come from a pass over the first ``--pass-windows`` pass windows
 per head, not per window), then prints each named head's agreement and CI width. ``--heldout N``: score the
 first N held-out windows only (to time the same windows on two versions of the code); ``--max-heldout N``:
 hold out up to N windows (the atlas holds out at most :data:`headlens.atlas.corpus.MAX_HELDOUT`).
+
+``--subst estimate|exact`` and ``--subst-exact N``: how each head's share kept is obtained (as ``headlens atlas``);
+the report then sets the first-order estimates against the exact values over the heads run exactly (all of them
+with ``--subst exact``). ``--report FILE``: print the report of a pickle ``--save`` wrote, nothing else.
 """
 
 from __future__ import annotations
@@ -142,7 +146,9 @@ def _report(name: str, descriptions: list, sub=None) -> None:
               f"[{ev['ov_lo']:.2f}, {ev['ov_hi']:.2f}] (label {ev['ov_label']:.0f}); at exemplar keys suppresses "
               f"{ev['suppresses']:.2f}, copies {ev['copies']:.2f} of {int(ev['n_keys'])}; candidates "
               + " ".join(f"{k} {v:.3f}" for k, v in sorted(d.candidates.items(), key=lambda kv: -kv[1])))
-        if d.share_kept is not None:
+        if d.share_kept is not None and d.share_ci is None:
+            print(f"    share kept {d.share_kept:.2f}, mean ablation {d.ablation_delta:+.4f} (first-order estimates)")
+        elif d.share_kept is not None:
             print(f"    share kept {d.share_kept:.2f} [{d.share_ci[0]:.2f}, {d.share_ci[1]:.2f}], mean ablation "
                   f"{d.ablation_delta:+.4f} [{ev['abl_lo']:+.4f}, {ev['abl_hi']:+.4f}]")
     roles: dict[str, int] = {}
@@ -167,11 +173,11 @@ def _report(name: str, descriptions: list, sub=None) -> None:
         withheld = [d for d in descriptions if d.evidence.get("withheld")]
         print(f"roles withheld by the substitution test: {len(withheld)}: " + " ".join(
             f"L{d.layer}H{d.head}({d.evidence['withheld']})" for d in withheld))
-        moved = [d for d in descriptions if d.share_kept is not None  # every substituted head, withheld ones too
-                 and (d.evidence["abl_lo"] > 0 or d.evidence["abl_hi"] < 0)]
+        moved = [d for d in descriptions if d.share_kept is not None  # every head run exactly, withheld ones too
+                 and (d.evidence.get("abl_lo", 0) > 0 or d.evidence.get("abl_hi", 0) < 0)]
         shares = torch.tensor([d.share_kept for d in moved], dtype=torch.float64)
         if len(moved):
-            print(f"share kept over the {len(moved)} heads whose mean ablation moves the loss beyond its CI: median "
+            print(f"share kept over the {len(moved)} heads run exactly whose mean ablation moves the loss beyond its CI: median "
                   f"{float(shares.median()):.3f}, quartiles {float(shares.quantile(0.25)):.3f} "
                   f"{float(shares.quantile(0.75)):.3f}; >= 0.8 for {int((shares >= 0.8).sum())}")
         _estimate_quality(descriptions)
@@ -248,10 +254,17 @@ def main() -> None:
     ap.add_argument("--subst-exact", type=int, default=None, help="heads run exactly under --subst estimate")
     ap.add_argument("--no-peak", action="store_true", help="skip the two child processes' peak memory")
     ap.add_argument("--save", default=None, help="pickle the descriptions and the substitution here (to study them)")
+    ap.add_argument("--report", default=None, help="print the report of a pickle --save wrote, and nothing else")
     ap.add_argument("--child", choices=("pass", "classify"), default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         return _child(args)
+    if args.report:
+        import pickle
+
+        with open(args.report, "rb") as f:
+            saved = pickle.load(f)
+        return _report(args.model, saved["descriptions"], saved["substitution"])
     if args.describe_only:
         return _describe_only(args)
     torch.set_num_threads(1)
@@ -279,6 +292,8 @@ def main() -> None:
     total = time.process_time() - t0
     passed = took["reading the corpus"]
     print(f"{args.model}: {n_tokens} tokens in {len(seen)} windows (+{len(held)} held out), 1 thread")
+    print(f"substitution: {atlas.substitution.exact_heads if atlas.substitution else 0} heads run exactly "
+          f"(--subst {args.subst})")
     print(f"plain forwards {plain:.1f} s ({plain_all:.1f} s with the held-out windows); exemplar pass {passed:.1f} s "
           f"({passed / plain:.2f}x); descriptions {took.get('describing the heads', 0):.1f} s; substitution "
           f"{took.get('substituting the descriptions', 0):.1f} s; site {site:.1f} s; end to end {total:.1f} s "
