@@ -29,6 +29,7 @@ import torch
 SUBST_EXACT = 12  # described heads whose share kept is run exactly under subst="estimate" (the rest estimated)
 EXACT_TOP = 2 / 3  # of those, the share picked by the largest estimated effect; the rest at random (seeded)
 ALWAYS_EXACT = ("copy_suppression",)  # roles whose gate needs the exact loss change on chosen positions
+EXACT_LAYERS = 2  # heads of the first layers always run exactly: there the estimate is off by 10x to 1000x
 
 
 def first_order(model: Any, tokens: torch.Tensor, loss: Callable[[torch.Tensor], torch.Tensor],
@@ -74,12 +75,14 @@ def first_order(model: Any, tokens: torch.Tensor, loss: Callable[[torch.Tensor],
 
 def exact_heads(described: Sequence[Any], sub: dict[tuple[int, int], torch.Tensor],
                 abl: dict[tuple[int, int], torch.Tensor], n: int, seed: int = 0) -> dict[tuple[int, int], str]:
-    """The heads run exactly: the roles of :data:`ALWAYS_EXACT`, then of ``n`` more, ``EXACT_TOP`` of them
-    (rounded up) by the largest estimated effect (``max(|mean-ablated|, |substituted|)``, each averaged over the
-    windows), the rest drawn at random (seeded) from the others: head -> why (``"role"``, ``"top"``,
-    ``"random"``, or ``"all"`` where ``n`` covers every head)."""
+    """The heads run exactly: the roles of :data:`ALWAYS_EXACT` and the heads of the first :data:`EXACT_LAYERS`
+    layers, then of ``n`` more, ``EXACT_TOP`` of them (rounded up) by the largest estimated effect
+    (``max(|mean-ablated|, |substituted|)``, each averaged over the windows), the rest drawn at random (seeded)
+    from the others: head -> why (``"role"``, ``"layer"``, ``"top"``, ``"random"``, or ``"all"`` where ``n``
+    covers every head)."""
     keys = [(d.layer, d.head) for d in described]
-    out = {(d.layer, d.head): "role" for d in described if d.role in ALWAYS_EXACT}
+    out = {(d.layer, d.head): "layer" for d in described if d.layer < EXACT_LAYERS}
+    out.update({(d.layer, d.head): "role" for d in described if d.role in ALWAYS_EXACT})
     rest = [k for k in keys if k not in out]
     if n >= len(rest):
         return {k: "all" for k in keys}

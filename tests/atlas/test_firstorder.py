@@ -93,7 +93,10 @@ def test_first_order_estimates_equal_small_exact_changes(mixed):
             assert abl[(la, h)] == pytest.approx(exact, abs=2e-5 + 0.05 * float(exact.abs().max()))
 
 
-def test_estimate_runs_a_sample_exactly_and_labels_the_rest(mixed):
+def test_estimate_runs_a_sample_exactly_and_labels_the_rest(mixed, monkeypatch):
+    from headlens.atlas import firstorder
+
+    monkeypatch.setattr(firstorder, "EXACT_LAYERS", 0)  # both of the planted model's layers are "first" ones
     model, windows, atlas = mixed
     held = windows[3::4]
     rules = candidate_rules()
@@ -124,11 +127,24 @@ def test_estimate_runs_a_sample_exactly_and_labels_the_rest(mixed):
     assert set(est_line.frame("m").how) == {"exact", "estimated"}
 
 
-def test_estimated_shares_are_labelled_on_the_page_and_in_the_table(mixed, tmp_path):
+def test_the_first_layers_always_run_exactly(mixed, monkeypatch):
+    from headlens.atlas import firstorder
+
+    monkeypatch.setattr(firstorder, "EXACT_LAYERS", 1)
+    model, windows, atlas = mixed
+    out, line = substitute(model, atlas.descriptions, windows[3::4], candidate_rules(), None, 8, n_exact=0)
+    picks = {(d.layer, d.head): (d.evidence["share_how"], d.evidence.get("exact_pick")) for d in out}
+    assert picks == {at: ("exact", "layer") if at[0] == 0 else ("estimated", None) for at in picks}
+    assert line.exact_heads == sum(at[0] == 0 for at in picks)
+
+
+def test_estimated_shares_are_labelled_on_the_page_and_in_the_table(mixed, tmp_path, monkeypatch):
     from dataclasses import replace
 
+    from headlens.atlas import firstorder
     from headlens.atlas.site import write_site
 
+    monkeypatch.setattr(firstorder, "EXACT_LAYERS", 0)
     model, windows, atlas = mixed
     out, sub = substitute(model, atlas.descriptions, windows[3::4], candidate_rules(), None, 8, n_exact=0)
     site = write_site(replace(atlas, descriptions=out, substitution=sub), tmp_path)
