@@ -13,7 +13,9 @@ Why it looks like this:
 * **Where it is run exactly.** The estimate is linear: a head whose change is large (a description far from
   its attention, a head the model leans on) is where it is least trusted and matters most. So the heads with
   the largest estimated effects (:data:`EXACT_TOP` of :data:`SUBST_EXACT`) and a seeded random sample of the
-  rest run exactly, and copy suppressors always (their gate reads the exact loss change on chosen positions).
+  rest run exactly, and always the heads of the first :data:`EXACT_LAYERS` layers (on SmolLM2 their
+  estimates are off by 10x to 1000x: a change there is amplified through every later layer) and copy
+  suppressors (their gate reads the exact loss change on chosen positions).
   Their share kept and its interval are exact; the others carry the estimate (no interval), labelled
   ``estimated`` in ``descriptions.csv`` and on their page. ``subst="exact"`` runs every head exactly.
 """

@@ -39,10 +39,11 @@ def register(app: typer.Typer) -> None:
                                                    "test runs each described head on (0: no test; each window costs "
                                                    "about 1.2 forwards per head run exactly)")] = 8,
         subst: Annotated[str, typer.Option("--subst", help="each head's share kept: 'estimate' (first order from one "
-                                           "backward pass, the heads with the largest estimated effects and a random "
-                                           "sample run exactly) or 'exact' (every head run exactly)")] = "estimate",
+                                           "backward pass; the first two layers, copy suppressors, the heads with the "
+                                           "largest estimated effects and a random sample run exactly) or 'exact' (every head run exactly)")] = "estimate",
         subst_exact: Annotated[int | None, typer.Option("--subst-exact", min=0, help="with --subst estimate: heads "
-                                                        "run exactly (default 12)")] = None,
+                                                        "run exactly beyond the first two layers and copy suppressors "
+                                                        "(default 12)")] = None,
     ) -> None:
         """Read a corpus once, keep every head's top exemplars, describe each head with a rule tested on held-out
         text, and write an offline HTML atlas (open OUT/index.html from disk)."""
