@@ -28,6 +28,10 @@ OV readout reads come from a pass over the first ``--pass-windows`` pass windows
 per head, not per window), then prints each named head's agreement and CI width. ``--heldout N``: score the
 first N held-out windows only (to time the same windows on two versions of the code); ``--max-heldout N``:
 hold out up to N windows (the atlas holds out at most :data:`headlens.atlas.corpus.MAX_HELDOUT`).
+
+``--subst estimate|exact`` and ``--subst-exact N``: how each head's share kept is obtained (as ``headlens atlas``);
+the report then sets the first-order estimates against the exact values over the heads run exactly (all of them
+with ``--subst exact``). ``--report FILE``: print the report of a pickle ``--save`` wrote, nothing else.
 """
 
 from __future__ import annotations
@@ -120,7 +124,7 @@ def _describe_only(args: argparse.Namespace) -> None:
     if args.subst_windows:
         t = time.process_time()
         descriptions, sub = substitute(model, descriptions, held, candidate_rules(), _classes(model, strings),
-                                       args.subst_windows)
+                                       args.subst_windows, subst=args.subst, n_exact=args.subst_exact)
         print(f"substitution on {args.subst_windows} held-out windows: {time.process_time() - t:.1f} s")
     if args.save:
         import pickle
@@ -142,7 +146,9 @@ def _report(name: str, descriptions: list, sub=None) -> None:
               f"[{ev['ov_lo']:.2f}, {ev['ov_hi']:.2f}] (label {ev['ov_label']:.0f}); at exemplar keys suppresses "
               f"{ev['suppresses']:.2f}, copies {ev['copies']:.2f} of {int(ev['n_keys'])}; candidates "
               + " ".join(f"{k} {v:.3f}" for k, v in sorted(d.candidates.items(), key=lambda kv: -kv[1])))
-        if d.share_kept is not None:
+        if d.share_kept is not None and d.share_ci is None:
+            print(f"    share kept {d.share_kept:.2f}, mean ablation {d.ablation_delta:+.4f} (first-order estimates)")
+        elif d.share_kept is not None:
             print(f"    share kept {d.share_kept:.2f} [{d.share_ci[0]:.2f}, {d.share_ci[1]:.2f}], mean ablation "
                   f"{d.ablation_delta:+.4f} [{ev['abl_lo']:+.4f}, {ev['abl_hi']:+.4f}]")
     roles: dict[str, int] = {}
@@ -167,13 +173,14 @@ def _report(name: str, descriptions: list, sub=None) -> None:
         withheld = [d for d in descriptions if d.evidence.get("withheld")]
         print(f"roles withheld by the substitution test: {len(withheld)}: " + " ".join(
             f"L{d.layer}H{d.head}({d.evidence['withheld']})" for d in withheld))
-        moved = [d for d in descriptions if d.share_kept is not None  # every substituted head, withheld ones too
-                 and (d.evidence["abl_lo"] > 0 or d.evidence["abl_hi"] < 0)]
+        moved = [d for d in descriptions if d.share_kept is not None  # every head run exactly, withheld ones too
+                 and (d.evidence.get("abl_lo", 0) > 0 or d.evidence.get("abl_hi", 0) < 0)]
         shares = torch.tensor([d.share_kept for d in moved], dtype=torch.float64)
         if len(moved):
-            print(f"share kept over the {len(moved)} heads whose mean ablation moves the loss beyond its CI: median "
+            print(f"share kept over the {len(moved)} heads run exactly whose mean ablation moves the loss beyond its CI: median "
                   f"{float(shares.median()):.3f}, quartiles {float(shares.quantile(0.25)):.3f} "
                   f"{float(shares.quantile(0.75)):.3f}; >= 0.8 for {int((shares >= 0.8).sum())}")
+        _estimate_quality(descriptions)
     unclear = [d for d in descriptions if d.role == "no clear role"]
     if unclear:
         best = max(unclear, key=lambda d: d.agreement)
@@ -183,6 +190,50 @@ def _report(name: str, descriptions: list, sub=None) -> None:
         heads = [f"L{d.layer}H{d.head}({d.agreement:.2f})" for d in descriptions if d.role == role]
         if role not in ("resting", "no clear role"):
             print(f"{role}: {' '.join(heads)}")
+
+
+def _estimate_quality(descriptions: list) -> None:
+    """The first-order estimates against the exact values, over the heads run exactly (all of them with
+    ``--subst exact``): Spearman, the share of heads whose estimated share kept is within 0.1 of the exact one,
+    the worst cases, by kind of head."""
+    import math
+
+    import numpy as np
+
+    from headlens.interventions.attribution import spearman
+
+    exact = [d for d in descriptions if d.evidence.get("share_how") == "exact"]
+    if not exact:
+        return
+    ev = [d.evidence for d in exact]
+    print(f"first-order estimates against the exact values over the {len(exact)} heads run exactly: Spearman "
+          f"substituted {spearman(np.array([e['est_subst'] for e in ev]), np.array([e['subst_delta'] for e in ev])):.3f}, "
+          f"mean-ablated {spearman(np.array([e['est_abl'] for e in ev]), np.array([d.ablation_delta for d in exact])):.3f}")
+    both = [d for d in exact if d.share_kept is not None and not math.isnan(d.evidence["est_share"])]
+    moved = [d for d in both if d.evidence["abl_lo"] > 0 or d.evidence["abl_hi"] < 0]
+    sink = lambda d: max(d.mixture, key=d.mixture.get) == "first_token"  # noqa: E731
+    for name, group in [("with a share", both), ("whose mean ablation moves the loss beyond its CI", moved),
+                        ("moved, layer 0", [d for d in moved if d.layer == 0]),
+                        ("moved, led by first_token", [d for d in moved if sink(d)]),
+                        ("moved, the rest", [d for d in moved if d.layer and not sink(d)])]:
+        if len(group) < 2:
+            continue
+        est = np.array([d.evidence["est_share"] for d in group])
+        ex = np.array([d.share_kept for d in group])
+        within = np.abs(est - ex) <= 0.1
+        print(f"  share kept, {len(group)} heads {name}: Spearman {spearman(est, ex):.3f}, within 0.1 of exact "
+              f"{within.mean():.1%}, median |error| {np.median(np.abs(est - ex)):.3f}")
+    for pick in ("top", "random"):
+        group = [d for d in both if d.evidence.get("exact_pick") == pick]
+        if len(group) >= 2:
+            est = np.array([d.evidence["est_share"] for d in group])
+            ex = np.array([d.share_kept for d in group])
+            print(f"  share kept, the {len(group)} heads run exactly as '{pick}': Spearman {spearman(est, ex):.3f}, "
+                  f"within 0.1 of exact {(np.abs(est - ex) <= 0.1).mean():.1%}")
+    worst = sorted(moved, key=lambda d: -abs(d.evidence["est_share"] - d.share_kept))[:8]
+    print("  worst (moved): " + " ".join(
+        f"L{d.layer}H{d.head}[{max(d.mixture, key=d.mixture.get)}] est {d.evidence['est_share']:.2f} exact "
+        f"{d.share_kept:.2f} (abl est {d.evidence['est_abl']:+.3f} exact {d.ablation_delta:+.3f})" for d in worst))
 
 
 def main() -> None:
@@ -198,12 +249,22 @@ def main() -> None:
     ap.add_argument("--heldout", type=int, default=None, help="with --describe-only: the first N held-out windows")
     ap.add_argument("--max-heldout", type=int, default=MAX_HELDOUT, help="with --describe-only: the split's cap")
     ap.add_argument("--subst-windows", type=int, default=8, help="held-out windows of the substitution test")
+    ap.add_argument("--subst", choices=("estimate", "exact"), default="estimate",
+                    help="each head's share kept: first-order estimates checked exactly on a sample, or all exact")
+    ap.add_argument("--subst-exact", type=int, default=None, help="heads run exactly under --subst estimate")
     ap.add_argument("--no-peak", action="store_true", help="skip the two child processes' peak memory")
     ap.add_argument("--save", default=None, help="pickle the descriptions and the substitution here (to study them)")
+    ap.add_argument("--report", default=None, help="print the report of a pickle --save wrote, and nothing else")
     ap.add_argument("--child", choices=("pass", "classify"), default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         return _child(args)
+    if args.report:
+        import pickle
+
+        with open(args.report, "rb") as f:
+            saved = pickle.load(f)
+        return _report(args.model, saved["descriptions"], saved["substitution"])
     if args.describe_only:
         return _describe_only(args)
     torch.set_num_threads(1)
@@ -222,7 +283,7 @@ def main() -> None:
     marks: list[tuple[str, float]] = []
     t0 = time.process_time()
     atlas = build_atlas(model, config, windows=windows, stage=lambda name: marks.append((name, time.process_time())),
-                        subst_windows=args.subst_windows)
+                        subst_windows=args.subst_windows, subst=args.subst, subst_exact=args.subst_exact)
     marks.append(("end", time.process_time()))
     took = {name: marks[i + 1][1] - at for i, (name, at) in enumerate(marks[:-1])}
     t = time.process_time()
@@ -231,6 +292,8 @@ def main() -> None:
     total = time.process_time() - t0
     passed = took["reading the corpus"]
     print(f"{args.model}: {n_tokens} tokens in {len(seen)} windows (+{len(held)} held out), 1 thread")
+    print(f"substitution: {atlas.substitution.exact_heads if atlas.substitution else 0} heads run exactly "
+          f"(--subst {args.subst})")
     print(f"plain forwards {plain:.1f} s ({plain_all:.1f} s with the held-out windows); exemplar pass {passed:.1f} s "
           f"({passed / plain:.2f}x); descriptions {took.get('describing the heads', 0):.1f} s; substitution "
           f"{took.get('substituting the descriptions', 0):.1f} s; site {site:.1f} s; end to end {total:.1f} s "

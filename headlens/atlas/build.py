@@ -18,7 +18,7 @@ from headlens.atlas.corpus import corpus_windows, heldout_rows, split
 from headlens.atlas.describe import Description, describe
 from headlens.atlas.exemplars import AtlasConfig, Exemplars
 from headlens.atlas.shards import sharded_pass
-from headlens.atlas.substitute import SUBST_WINDOWS, Substitution
+from headlens.atlas.substitute import SUBST_MODES, SUBST_WINDOWS, Substitution
 
 FIT_WINDOWS = 64  # pass windows the descriptions' mixtures are fit on (at most; spread evenly over the pass)
 
@@ -39,7 +39,9 @@ class Atlas:
 
     def descriptions_frame(self) -> Any:
         """One row per head (``descriptions.csv``): ``model, layer, head, role, rule, agreement, ci_low, ci_high,
-        mixture, coverage, share_kept, share_low, share_high, ablation_delta, subst_windows, description``."""
+        mixture, coverage, share_kept, share_low, share_high, ablation_delta, share_how, subst_windows,
+        description`` (``share_how``: ``exact`` where the substitution ran the head, ``estimated`` where its share
+        kept and ablation effect are first-order estimates, with no interval; empty where it did not run)."""
         import pandas as pd
 
         nan = float("nan")
@@ -50,7 +52,8 @@ class Atlas:
                               "share_low": nan if d.share_ci is None else d.share_ci[0],
                               "share_high": nan if d.share_ci is None else d.share_ci[1],
                               "ablation_delta": nan if d.ablation_delta is None else d.ablation_delta,
-                              "subst_windows": d.subst_windows, "description": d.text}
+                              "share_how": d.evidence.get("share_how", ""), "subst_windows": d.subst_windows,
+                              "description": d.text}
                              for d in self.descriptions])
 
     def substitution_frame(self) -> Any:
@@ -79,7 +82,8 @@ class Atlas:
 
 def build_atlas(model: Any, config: AtlasConfig | None = None, windows: list[torch.Tensor] | None = None,
                 progress: Callable[[int, int], None] | None = None, resume: Any = None,
-                stage: Callable[[str], None] | None = None, subst_windows: int = SUBST_WINDOWS) -> Atlas | None:
+                stage: Callable[[str], None] | None = None, subst_windows: int = SUBST_WINDOWS,
+                subst: str = "estimate", subst_exact: int | None = None) -> Atlas | None:
     """The exemplars and descriptions of every head of ``model`` over ``config.corpus`` (or ``windows``: 1-D
     token tensors, specials included; a quarter of them, at most 256, are held out to score the descriptions).
 
@@ -88,7 +92,8 @@ def build_atlas(model: Any, config: AtlasConfig | None = None, windows: list[tor
     saved as it is done; a rerun with the same model, corpus and settings loads those chunks. ``stage(name)``
     is told when each phase begins (``"reading the corpus"``, ``"describing the heads"``, ``"substituting the
     descriptions"``); ``progress(done, total)`` counts within each. ``subst_windows``: held-out windows the
-    substitution test runs on (0: none).
+    substitution test runs on (0: none); ``subst``, ``subst_exact``: how each head's share kept is obtained
+    (:func:`headlens.atlas.substitute.substitute`'s ``subst`` and ``n_exact``).
 
     >>> import headlens
     >>> build_atlas(headlens.load("smollm2"), AtlasConfig(n_windows=32)).descriptions[0].role  # doctest: +SKIP
@@ -97,6 +102,10 @@ def build_atlas(model: Any, config: AtlasConfig | None = None, windows: list[tor
     from headlens.models.token_text import readable_tokens
 
     config = config or AtlasConfig()
+    if subst not in SUBST_MODES:  # before the pass, not after it
+        from headlens.errors import ConfigError
+
+        raise ConfigError(f"subst={subst!r} is not a substitution mode; expected one of {', '.join(SUBST_MODES)}")
     if windows is None:
         windows = corpus_windows(model, config.corpus, config.n_windows, config.seq_len, config.seed).prompts
     from headlens.atlas.describe import _classes
@@ -118,7 +127,8 @@ def build_atlas(model: Any, config: AtlasConfig | None = None, windows: list[tor
     if subst_windows > 0 and getattr(model, "is_causal", True):
         tell("substituting the descriptions")
         descriptions, substitution = substitute(model, descriptions, held, candidate_rules(),
-                                                _classes(model, strings), subst_windows, progress)
+                                                _classes(model, strings), subst_windows, progress, subst=subst,
+                                                n_exact=subst_exact)
     held_rows = set(heldout_rows(len(windows)))
     return Atlas(str(getattr(model, "name", type(model).__name__)), strings, exemplars, descriptions, config,
                  [i for i in range(len(windows)) if i not in held_rows], substitution)

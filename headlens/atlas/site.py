@@ -78,7 +78,9 @@ def _index(atlas: Any) -> str:
             share = getattr(d, "share_kept", None)
             colour = share_colour(share) if kept else role_colour(d.role)
             tip = html.escape(f"L{layer}H{h}: {d.role} ({d.rule} r = {d.agreement:.2f}"
-                              + ("" if share is None else f", share kept {share:.2f}") + ")", quote=True)
+                              + ("" if share is None else f", share kept {share:.2f}"
+                                 + (" estimated" if d.evidence.get("share_how") == "estimated" else "")) + ")",
+                              quote=True)
             cells.append(f"<td style='background:{colour}' title='{tip}'><a href='heads/L{layer}H{h}.html'>"
                          f"{html.escape(_mark(d.role))}</a></td>")
         rows.append(f"<tr><th>L{layer}</th>{''.join(cells)}</tr>")
@@ -87,8 +89,11 @@ def _index(atlas: Any) -> str:
         counts[d.role] = counts.get(d.role, 0) + 1
     legend = " ".join(f"<span style='background:{role_colour(r)};padding:2px 6px;border:1px solid #999'>"
                       f"{html.escape(_mark(r))} {html.escape(r)}: {n}</span>" for r, n in sorted(counts.items()))
+    n_est = sum(d.evidence.get("share_how") == "estimated" for d in atlas.descriptions)
     colours = ("Cells are coloured by the share of each head's effect its description keeps when put back into "
-               "the model (red 0, green 1); letters give the role." if kept else "Cells are coloured by role.")
+               "the model (red 0, green 1)" + (f"; for {n_est} heads a first-order estimate, the others run exactly "
+                                              "(descriptions.csv: share_how)" if n_est else "")
+               + "; letters give the role." if kept else "Cells are coloured by role.")
     c = atlas.config
     return _page(f"headlens atlas: {atlas.model}", (
         f"<h1>Atlas of {html.escape(atlas.model)}</h1><p class='meta'>{ex.n_tokens} tokens of the "

@@ -20,6 +20,9 @@ Why it looks like this:
   the layer's described heads substituted, as many copies per run as :data:`MAX_ROWS` token rows allow, the
   logits one copy at a time. Other backends run whole forwards (they are small). Equal to one whole hooked
   forward per head and variant (``tests/atlas/test_substitute.py``).
+* **Cheaper still: most heads to first order.** Under ``subst="estimate"`` (the default) one forward and one
+  backward pass estimate every head (:mod:`headlens.atlas.firstorder`) and only a sample runs as above;
+  each head's ``share_how`` says which it got. ``subst="exact"`` runs every head.
 * **Also together.** Every described head substituted at once (the whole-model line: the loss of the model
   whose described heads all run on their descriptions) and each layer's described heads at once (a copy in
   that layer's run).
@@ -36,6 +39,7 @@ import torch
 SUBST_WINDOWS = 8  # held-out windows the substitution runs on (a subsample, evenly spread)
 MAX_ROWS = 16384  # token rows (copies x windows x positions) one resumed run carries: bounds its memory
 NO_EFFECT = 1e-6  # a mean ablation that moves no window's loss by more than this has no share to keep
+SUBST_MODES = ("estimate", "exact")  # every head estimated, a sample run exactly; or every head run exactly
 
 
 @dataclass
@@ -52,11 +56,14 @@ class Substitution:
     windows: int
     per_layer: dict[int, tuple[int, float]] = field(default_factory=dict)
     per_layer_mean: dict[int, float] = field(default_factory=dict)
+    how: str = "exact"  # the per-layer lines: "exact", or "estimated" (each the sum of its heads' estimates)
+    exact_heads: int = 0  # heads whose share kept was run exactly
 
     def frame(self, model: str) -> Any:
         """One row for the whole model, then one per layer: ``model, scope, layer, heads, clean_loss, loss,
-        change, change_pct, mean_ablated_loss, windows`` (``mean_ablated_loss``: the same heads mean-ablated at
-        once; per layer only)."""
+        change, change_pct, mean_ablated_loss, windows, how`` (``mean_ablated_loss``: the same heads mean-ablated
+        at once; per layer only; ``how``: ``exact``, or ``estimated`` for layer lines from first-order
+        estimates)."""
         import pandas as pd
 
         rows = [("all", -1, self.n_heads, self.all_heads)] + [("layer", la, n, v) for la, (n, v) in
@@ -64,7 +71,8 @@ class Substitution:
         return pd.DataFrame([{"model": model, "scope": s, "layer": la, "heads": n, "clean_loss": self.clean,
                               "loss": v, "change": v - self.clean, "change_pct": 100 * (v - self.clean) / self.clean,
                               "mean_ablated_loss": self.per_layer_mean.get(la, float("nan")),
-                              "windows": self.windows} for s, la, n, v in rows])
+                              "windows": self.windows, "how": "exact" if s == "all" else self.how}
+                             for s, la, n, v in rows])
 
 
 def simulated_patterns(descriptions: Sequence[Any], targets: dict[str, torch.Tensor], query_ok: torch.Tensor
@@ -168,18 +176,25 @@ def _share(dl_sub: torch.Tensor, dl_mean: torch.Tensor, seed: int = 0) -> tuple[
 
 def substitute(model: Any, descriptions: list[Any], windows: list[torch.Tensor], rules: dict[str, Any],
                classes: dict[str, torch.Tensor] | None = None, n_windows: int = SUBST_WINDOWS,
-               progress: Callable[[int, int], None] | None = None, max_rows: int = MAX_ROWS
-               ) -> tuple[list[Any], Substitution | None]:
+               progress: Callable[[int, int], None] | None = None, max_rows: int = MAX_ROWS,
+               subst: str = "estimate", n_exact: int | None = None) -> tuple[list[Any], Substitution | None]:
     """Every described head's share kept (on :class:`~headlens.atlas.describe.Description`: ``share_kept``,
     ``share_ci``, ``ablation_delta``, ``subst_windows``; the mean ablation's interval in its evidence as
-    ``abl_lo``, ``abl_hi``), and the whole-model :class:`Substitution`, on ``n_windows`` of ``windows`` (evenly
-    spread). ``rules``: name -> detector, the rules the mixtures name."""
+    ``abl_lo``, ``abl_hi``; ``share_how``: ``"exact"`` or ``"estimated"``), and the whole-model
+    :class:`Substitution`, on ``n_windows`` of ``windows`` (evenly spread). ``rules``: name -> detector, the
+    rules the mixtures name. ``subst``: ``"exact"`` runs every head (and each layer's line) exactly;
+    ``"estimate"`` estimates every head to first order (:mod:`headlens.atlas.firstorder`) and runs ``n_exact``
+    of them exactly (default :data:`~headlens.atlas.firstorder.SUBST_EXACT`; where that is every head, it is
+    the exact test). Every head's estimate is in its evidence (``est_subst``, ``est_abl``, ``est_share``)."""
     from headlens.atlas.describe import gate
+    from headlens.atlas.firstorder import SUBST_EXACT, exact_heads, first_order
     from headlens.atlas.heldout import _batch
     from headlens.atlas.rules import LATE, late_rules, rule_targets
-    from headlens.interventions.ablation import Replacement
+    from headlens.errors import ConfigError
     from headlens.models.vocab import vocab
 
+    if subst not in SUBST_MODES:
+        raise ConfigError(f"subst={subst!r} is not a substitution mode; expected one of {', '.join(SUBST_MODES)}")
     described = [d for d in descriptions if d.described and d.mixture]
     if not described or not windows or n_windows < 1:
         return descriptions, None
@@ -201,37 +216,59 @@ def substitute(model: Any, descriptions: list[Any], windows: list[torch.Tensor],
     cs_rows = suppression_rows(clean_logits, batch.tokens, valid)  # (B, T-1)
     del clean_logits
     clean = _mean(clean_nll, valid[:, 1:])  # (B,)
+    est_sub, est_abl, mean = first_order(model, tokens, lambda lg: _loss(lg, tokens, valid.to(lg.device)).sum(),
+                                         patterns, None)
+    exact = (dict.fromkeys(patterns, "all") if subst == "exact" else
+             exact_heads(described, est_sub, est_abl, SUBST_EXACT if n_exact is None else n_exact))
+    lines = set(exact) == set(patterns)  # every head exact: each layer's line too
     layers = sorted({d.layer for d in described})
-    mean = Replacement.build(model, layers, "mean", reference=tokens)
     z_zero = torch.zeros(B, T, 1, 1, device=tokens.device)
     nlls: dict[tuple[int, int], torch.Tensor] = {}  # (layer, head) -> (2, B, T-1): substituted, mean-ablated
-    per_layer, per_layer_mean, done, total = {}, {}, 0, len(described) + 1
+    per_layer, per_layer_mean, done, total = {}, {}, 1, len(exact) + 2
+    if progress is not None:
+        progress(done, total)
     for layer in layers:
-        mine = [d for d in described if d.layer == layer]
+        mine = [d for d in described if d.layer == layer and (d.layer, d.head) in exact]
         z_mean = mean.z(layer, z_zero)  # (B, T, H, d_head)
         n_h = len(mine)
         copies = [[(d.head, "pattern", patterns[(layer, d.head)])] for d in mine]
         copies += [[(d.head, "z", z_mean[:, :, d.head])] for d in mine]
-        copies += [[c[0] for c in copies[:n_h]], [c[0] for c in copies[n_h:]]]  # the layer's heads at once
-        nll = _copies(model, run, tokens, batch, layer, copies, max_rows)  # (2n+2, B, T-1)
+        if lines:
+            copies += [[c[0] for c in copies[:n_h]], [c[0] for c in copies[n_h:]]]  # the layer's heads at once
+        if copies:
+            nll = _copies(model, run, tokens, batch, layer, copies, max_rows)  # (2n(+2), B, T-1)
         for j, d in enumerate(mine):
             nlls[(layer, d.head)] = nll[[j, n_h + j]]
-        per_layer[layer] = (n_h, float(_mean(nll[-2], valid[:, 1:]).mean()))
-        per_layer_mean[layer] = float(_mean(nll[-1], valid[:, 1:]).mean())
+        keys = [(d.layer, d.head) for d in described if d.layer == layer]
+        if lines:
+            per_layer[layer] = (n_h, float(_mean(nll[-2], valid[:, 1:]).mean()))
+            per_layer_mean[layer] = float(_mean(nll[-1], valid[:, 1:]).mean())
+        else:  # to first order the layer's heads at once move the loss by the sum of their estimates
+            per_layer[layer] = (len(keys), float(clean.mean() + sum(est_sub[k] for k in keys).mean()))
+            per_layer_mean[layer] = float(clean.mean() + sum(est_abl[k] for k in keys).mean())
         done += n_h
-        if progress is not None:
+        if progress is not None and n_h:
             progress(done, total)
     out = []
     for d in descriptions:
-        if (d.layer, d.head) not in nlls:
+        at = (d.layer, d.head)
+        if at not in patterns:
             out.append(d)
             continue
-        nll = nlls[(d.layer, d.head)]
+        es, ea = est_sub[at], est_abl[at]
+        est = {"est_subst": float(es.mean()), "est_abl": float(ea.mean()),
+               "est_share": _share(es, ea)[0] if float(ea.abs().max()) > NO_EFFECT else float("nan")}
+        if at not in nlls:
+            share = None if est["est_share"] != est["est_share"] else est["est_share"]
+            out.append(replace(d, share_kept=share, share_ci=None, ablation_delta=est["est_abl"], subst_windows=B,
+                               evidence={**d.evidence, **est, "share_how": "estimated"}))
+            continue
+        nll = nlls[at]
         dsub, dmean = _mean(nll, valid[:, 1:]) - clean  # (B,) each
         share, ci = _share(dsub, dmean) if float(dmean.abs().max()) > NO_EFFECT else (None, None)
         a_ci = _mean_ci(dmean)
         ev = {**d.evidence, "abl_lo": a_ci[0], "abl_hi": a_ci[1], "subst_delta": float(dsub.mean()),
-              **_on_rows(nll[1] - clean_nll, cs_rows)}
+              **_on_rows(nll[1] - clean_nll, cs_rows), **est, "share_how": "exact", "exact_pick": exact[at]}
         out.append(gate(replace(d, share_kept=share, share_ci=ci, ablation_delta=float(dmean.mean()),
                                 subst_windows=B, evidence=ev)))
     heads_all: dict[int, list] = {}
@@ -242,7 +279,7 @@ def substitute(model: Any, descriptions: list[Any], windows: list[torch.Tensor],
     if progress is not None:
         progress(total, total)
     return out, Substitution(float(clean.mean()), float(every.mean()), (lo, hi), len(described), B, per_layer,
-                             per_layer_mean)
+                             per_layer_mean, "exact" if lines else "estimated", len(exact))
 
 
 def _on_rows(delta: torch.Tensor, rows: torch.Tensor, seed: int = 0) -> dict[str, float]:

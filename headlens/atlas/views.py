@@ -68,14 +68,19 @@ def card_html(card: Any, scores_hint: str = "") -> str:
             atlas += f", scored on the {100 * card.coverage:.0f} % of query rows where the rule has a target"
         if len(card.mixture) > 1:
             atlas += "; a mixture: " + " + ".join(f"{w:.2f} {e(r)}" for r, w in card.mixture.items())
-        if card.share_kept is not None:
+        if card.share_kept is not None and card.share_how == "estimated":
+            atlas += (f"; put back into the model in place of its real pattern, the description keeps about "
+                      f"{_num(card.share_kept)} of the head's effect on the loss (estimated to first order from "
+                      f"the loss's gradient, not run: no interval)")
+        elif card.share_kept is not None:
             atlas += (f"; put back into the model in place of its real pattern, the description keeps "
                       f"{_num(card.share_kept)}{_ci(card.share_ci)} of the head's effect on the loss")
         parts.append(f"<p>{atlas}.</p>")
     effects = []
     if card.ablation is not None:
         effects.append(f"ablating it changes the loss by {card.ablation:+.4f}" +
-                       ("" if card.ablation_ci is None else f" [{card.ablation_ci[0]:+.4f}, {card.ablation_ci[1]:+.4f}]"))
+                       ("" if card.ablation_ci is None else f" [{card.ablation_ci[0]:+.4f}, {card.ablation_ci[1]:+.4f}]")
+                       + (" (a first-order estimate)" if card.ablation_estimated else ""))
     if card.dla is not None:
         effects.append(f"its direct logit attribution is {card.dla:+.3f}")
     if effects:

@@ -37,20 +37,27 @@ def register(app: typer.Typer) -> None:
                              "page beside its atlas role; repeat it in the order of --model")] = None,
         subst_windows: Annotated[int, typer.Option("--subst-windows", min=0, help="held-out windows the substitution "
                                                    "test runs each described head on (0: no test; each window costs "
-                                                   "about 1.2 forwards per head)")] = 8,
+                                                   "about 1.2 forwards per head run exactly)")] = 8,
+        subst: Annotated[str, typer.Option("--subst", help="each head's share kept: 'estimate' (first order from one "
+                                           "backward pass; the first two layers, copy suppressors, the heads with the "
+                                           "largest estimated effects and a random sample run exactly) or 'exact' (every head run exactly)")] = "estimate",
+        subst_exact: Annotated[int | None, typer.Option("--subst-exact", min=0, help="with --subst estimate: heads "
+                                                        "run exactly beyond the first two layers and copy suppressors "
+                                                        "(default 12)")] = None,
     ) -> None:
         """Read a corpus once, keep every head's top exemplars, describe each head with a rule tested on held-out
         text, and write an offline HTML atlas (open OUT/index.html from disk)."""
         try:
             run_atlas(model, out, corpus, n_windows, seq_len, k, batch_size, seed, quiet, device, resume, scores,
-                      subst_windows)
+                      subst_windows, subst, subst_exact)
         except HeadlensError as e:
             raise fail(e) from None
 
 
 def run_atlas(model: list[str], out: Path, corpus: str, n_windows: int, seq_len: int, k: int, batch_size: int,
               seed: int, quiet: bool, device: str, resume: Path | None = None,
-              scores: list[Path] | None = None, subst_windows: int = 8) -> None:
+              scores: list[Path] | None = None, subst_windows: int = 8, subst: str = "estimate",
+              subst_exact: int | None = None) -> None:
     """The command body: library calls only, errors left to the caller."""
     if Path(corpus).is_file():  # a corpus file that is not UTF-8, or binary: refused before torch and the model
         from headlens.probes.prompt_file import read_prompts
@@ -61,12 +68,15 @@ def run_atlas(model: list[str], out: Path, corpus: str, n_windows: int, seq_len:
     from headlens.atlas.build import build_atlas
     from headlens.atlas.exemplars import AtlasConfig
     from headlens.atlas.site import write_sites
+    from headlens.atlas.substitute import SUBST_MODES
     from headlens.cli.progress import progress
     from headlens.errors import OutputError
     from headlens.models.files import atomic_folder, check_writable
     from headlens.models.loading import load
     from headlens.scoring.distributed import current
 
+    if subst not in SUBST_MODES:  # before the model loads
+        raise ConfigError(f"--subst {subst!r} is not a substitution mode; expected one of {', '.join(SUBST_MODES)}")
     if scores and len(scores) != len(model):
         raise ConfigError(f"--scores given {len(scores)} times for {len(model)} models; give one per --model, in order")
     tables = [_scores(p) for p in scores] if scores else None  # read before the pass: a bad file fails at once
@@ -85,7 +95,7 @@ def run_atlas(model: list[str], out: Path, corpus: str, n_windows: int, seq_len:
                                        resume=resume if resume is None or len(model) == 1 else resume / str(i),
                                        stage=lambda name, ref=ref: bar.update(0, None, description=f"atlas of {ref}: "
                                                                                                   f"{name}"),
-                                       subst_windows=subst_windows))
+                                       subst_windows=subst_windows, subst=subst, subst_exact=subst_exact))
         del loaded
     if atlases[0] is None:  # a rank other than 0 under torchrun: rank 0 writes
         return

@@ -15,6 +15,7 @@ minimum on the clean run, so its first-order estimate is identically zero: NaN i
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -54,6 +55,28 @@ def attribution_patching(model: Any, task: Task, metric: str, replacement: Repla
 def _estimates(model: Any, task: Task, value: Any, replacement: Replacement) -> torch.Tensor:
     """``(b, n_layers, n_heads)`` estimates for the prompts of ``task`` (read at ``task.cols``), one backward."""
     L = model.n_layers
+    live: dict[int, dict[str, torch.Tensor]] = {}
+    fwd = live_hooks(range(L), live, replacement) if replacement.needs_live else []
+
+    def total() -> torch.Tensor:
+        logits = logits_at(model, task.tokens, task.cols, task.attention_mask)  # (b, C, V)
+        return per_prompt_mean(value(logits, task, None), task.read()).sum()
+
+    clean_z, grads = z_gradients(model, total, range(L), fwd)
+    out = torch.empty(task.n_prompts, L, model.n_heads, dtype=torch.float64)
+    for layer in range(L):
+        dz = replacement.z(layer, clean_z[layer], live.get(layer)) - clean_z[layer]  # (b, T, H, d_head)
+        out[:, layer] = (dz * grads[layer]).sum((1, 3)).double().cpu()  # (b, H): summed over positions and d_head
+    return out
+
+
+def z_gradients(model: Any, total: Callable[[], torch.Tensor], layers: Iterable[int],
+                hooks: Sequence[tuple[str, Any]] = ()) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+    """Each of ``layers``' clean ``hook_z`` ``(B, T, H, d_head)`` (detached) and the gradient of ``total()`` (a
+    scalar from a forward of ``model`` it runs) with respect to it, from one backward pass: the total derivative,
+    through later layers too (a zero tensor added at each ``hook_z``, so the model's own ``.grad`` fields are
+    never touched and frozen weights are fine). ``hooks``: more forward hooks, installed first."""
+    layers = list(layers)
     leaves: dict[int, torch.Tensor] = {}
     clean_z: dict[int, torch.Tensor] = {}
 
@@ -65,18 +88,10 @@ def _estimates(model: Any, task: Task, value: Any, replacement: Replacement) -> 
 
         return hook
 
-    live: dict[int, dict[str, torch.Tensor]] = {}
-    fwd = live_hooks(range(L), live, replacement) if replacement.needs_live else []
-    fwd += [(f"blocks.{layer}.attn.hook_z", make(layer)) for layer in range(L)]
+    fwd = list(hooks) + [(f"blocks.{layer}.attn.hook_z", make(layer)) for layer in layers]
     with torch.enable_grad(), model.hooks(fwd):
-        logits = logits_at(model, task.tokens, task.cols, task.attention_mask)  # (b, C, V)
-        total = per_prompt_mean(value(logits, task, None), task.read()).sum()
-        grads = torch.autograd.grad(total, [leaves[layer] for layer in range(L)])
-    out = torch.empty(task.n_prompts, L, model.n_heads, dtype=torch.float64)
-    for layer, grad in enumerate(grads):
-        dz = replacement.z(layer, clean_z[layer], live.get(layer)) - clean_z[layer]  # (b, T, H, d_head)
-        out[:, layer] = (dz * grad).sum((1, 3)).double().cpu()  # (b, H): summed over positions and d_head
-    return out
+        grads = torch.autograd.grad(total(), [leaves[layer] for layer in layers])
+    return clean_z, dict(zip(layers, grads, strict=True))
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:

@@ -58,11 +58,13 @@ class HeadCard:
     mixture: dict[str, float] = field(default_factory=dict)
     share_kept: float | None = None
     share_ci: tuple[float, float] | None = None
+    share_how: str | None = None  # "exact" (the substitution ran it) or "estimated" (first order, no interval)
     first: float | None = None
     off_rest: float | None = None
     dla: float | None = None
     ablation: float | None = None
     ablation_ci: tuple[float, float] | None = None
+    ablation_estimated: bool = False  # the ablation effect is the atlas's first-order estimate, not run
     corpus: str = "prose"
     windows: str = ""
 
@@ -155,6 +157,8 @@ def head_card(layer: int, head: int, scores: Any = None, description: Any = None
         agreement_ci=tuple(d.ci), candidates=dict(getattr(d, "candidates", {}) or {}),
         coverage=getattr(d, "coverage", None), mixture=dict(getattr(d, "mixture", {}) or {}),
         share_kept=getattr(d, "share_kept", None), share_ci=tuple(share_ci) if share_ci is not None else None,
+        share_how=ev.get("share_how"),
         first=ev.get("first"), off_rest=ev.get("off_rest"), dla=dla,
         ablation=ablation if ablation is not None else getattr(d, "ablation_delta", None), ablation_ci=ablation_ci,
+        ablation_estimated=ablation is None and ev.get("share_how") == "estimated",
         corpus=corpus, windows=windows)

@@ -115,7 +115,7 @@ def test_cli_writes_the_site_the_parquet_and_the_descriptions(monkeypatch, capsy
     assert len(table) == 8
     assert list(table.columns) == ["model", "layer", "head", "role", "rule", "agreement", "ci_low", "ci_high",
                                    "mixture", "coverage", "share_kept", "share_low", "share_high", "ablation_delta",
-                                   "subst_windows", "description"]
+                                   "share_how", "subst_windows", "description"]
     assert (table.subst_windows[table.role != "no clear role"] > 0).all()
     line = pd.read_csv(out / "substitution.csv")
     assert list(line.scope) == ["all"] + ["layer"] * (len(line) - 1) and line.windows.iloc[0] > 0

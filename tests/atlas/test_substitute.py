@@ -76,7 +76,7 @@ def test_shares_kept_are_near_one_for_built_heads_and_the_whole_model_line(mixed
     assert sub.n_heads == 6 and sub.windows == 8 and abs(sub.all_heads - sub.clean) / sub.clean < 0.02
     assert set(sub.per_layer) == {0, 1}
     assert list(atlas.substitution_frame().columns) == ["model", "scope", "layer", "heads", "clean_loss", "loss",
-                                                        "change", "change_pct", "mean_ablated_loss", "windows"]
+                                                        "change", "change_pct", "mean_ablated_loss", "windows", "how"]
 
 
 def test_a_wrong_description_keeps_little_of_the_head(mixed):
@@ -268,7 +268,8 @@ def test_the_resumed_batched_substitution_equals_whole_hooked_forwards(family, t
     described = [Description(la, h, "previous_token", "previous_token", 0.9, (0.8, 1.0), "",
                              mixture=mixes[(la * H + h) % 3]) for la in range(L) for h in range(H)]
     classes = _classes(model, None)
-    out, sub = substitute(model, described, windows, rules, classes, 4, max_rows=3 * 4 * 24)  # chunks of 3 copies
+    out, sub = substitute(model, described, windows, rules, classes, 4, max_rows=3 * 4 * 24,  # chunks of 3 copies
+                          subst="exact")
     held = [windows[(j * 6) // 4] for j in range(4)]
     batch = _batch(held, vocab(model).special, classes)
     T = batch.tokens.shape[1]

@@ -121,6 +121,8 @@ MISTAKES = [
     ("atlas: corpus file missing", ["atlas", "-m", M, "--out", R + "/atlas", "--corpus", R + "/nope.txt"], 5,
      "nope.txt"),
     ("atlas: --out below a file", ["atlas", "-m", M, "--out", R + "/a_file/site"], 7, "atlas folder"),
+    ("atlas: unknown --subst", ["atlas", "-m", M, "--out", R + "/atlas", "--subst", "fast"], 2,
+     "--subst 'fast' is not a substitution mode"),
     ("trajectory: glob matches nothing", ["trajectory", "--models", R + "/none/*.safetensors"], 4, "no checkpoints"),
     ("trajectory: --models forgotten", ["trajectory"], 2, "--models"),
     ("trajectory: figure as png", ["trajectory", "--models", M, "--figure", "f.png"], 7, "unknown output suffix"),
