@@ -78,8 +78,8 @@ def _index(atlas: Any) -> str:
             share = getattr(d, "share_kept", None)
             colour = share_colour(share) if kept else role_colour(d.role)
             tip = html.escape(f"L{layer}H{h}: {d.role} ({d.rule} r = {d.agreement:.2f}"
-                              + ("" if share is None else f", share kept {share:.2f}"
-                                 + (" estimated" if d.evidence.get("share_how") == "estimated" else "")) + ")",
+                              + ("" if share is None else f", share kept {share:.2f}")
+                              + (", not put back" if d.evidence.get("share_how") == "estimated" else "") + ")",
                               quote=True)
             cells.append(f"<td style='background:{colour}' title='{tip}'><a href='heads/L{layer}H{h}.html'>"
                          f"{html.escape(_mark(d.role))}</a></td>")
@@ -90,10 +90,11 @@ def _index(atlas: Any) -> str:
     legend = " ".join(f"<span style='background:{role_colour(r)};padding:2px 6px;border:1px solid #999'>"
                       f"{html.escape(_mark(r))} {html.escape(r)}: {n}</span>" for r, n in sorted(counts.items()))
     n_est = sum(d.evidence.get("share_how") == "estimated" for d in atlas.descriptions)
+    unrun = (f"; {n_est} heads were not put back (the test runs a sample exactly, --subst exact runs every head; "
+             "descriptions.csv: share_how)" if n_est else "")
     colours = ("Cells are coloured by the share of each head's effect its description keeps when put back into "
-               "the model (red 0, green 1)" + (f"; for {n_est} heads a first-order estimate, the others run exactly "
-                                              "(descriptions.csv: share_how)" if n_est else "")
-               + "; letters give the role." if kept else "Cells are coloured by role.")
+               "the model (red 0, green 1)" + unrun + "; letters give the role." if kept
+               else "Cells are coloured by role" + unrun + ".")
     c = atlas.config
     return _page(f"headlens atlas: {atlas.model}", (
         f"<h1>Atlas of {html.escape(atlas.model)}</h1><p class='meta'>{ex.n_tokens} tokens of the "

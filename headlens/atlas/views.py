@@ -68,10 +68,12 @@ def card_html(card: Any, scores_hint: str = "") -> str:
             atlas += f", scored on the {100 * card.coverage:.0f} % of query rows where the rule has a target"
         if len(card.mixture) > 1:
             atlas += "; a mixture: " + " + ".join(f"{w:.2f} {e(r)}" for r, w in card.mixture.items())
-        if card.share_kept is not None and card.share_how == "estimated":
-            atlas += (f"; put back into the model in place of its real pattern, the description keeps about "
-                      f"{_num(card.share_kept)} of the head's effect on the loss (estimated to first order from "
-                      f"the loss's gradient, not run: no interval)")
+        if card.share_how == "estimated":
+            atlas += ("; the substitution test put a sample of heads back into the model, not this one (`--subst "
+                      "exact` runs every head), so its share kept is not measured"
+                      + ("" if card.share_estimate is None else
+                         f" (a first-order estimate from the loss's gradient, a rough hint only: about "
+                         f"{_num(card.share_estimate)})"))
         elif card.share_kept is not None:
             atlas += (f"; put back into the model in place of its real pattern, the description keeps "
                       f"{_num(card.share_kept)}{_ci(card.share_ci)} of the head's effect on the loss")
