@@ -241,19 +241,15 @@ def _in_chunks(model: Any, task: Task, value: Any, edges: Sequence[Edge], deltas
                record: Any = None) -> dict[Edge, np.ndarray]:
     """:func:`_bridge_attribution` over :data:`CHUNK` prompts at a time, joined: each prompt's estimate depends on
     its own forward only, so the chunks give the same ``(B,)`` per edge, with a graph a quarter the size on 32
-    prompts (SmolLM2's IOI discovery peaked at 2.2x a classify of the same prompts in one pass). Resumed from a
-    ``record``, a pass holds only the blocks from the lowest receiver on: as many more prompts go at once (the
-    same graph, fuller products: SmolLM2's IOI round 1 holds 7 of 30 blocks)."""
-    B, L = task.n_prompts, model.cfg.n_layers
-    first = min([e.receiver.layer for e in edges if e.receiver.kind == "head"] + [L - 1])
-    per = CHUNK if record is None else CHUNK * L // (L - first)  # prompts x blocks held: CHUNK x L either way
-    if B <= per:
+    prompts (SmolLM2's IOI discovery peaked at 2.2x a classify of the same prompts in one pass)."""
+    B = task.n_prompts
+    if B <= CHUNK:
         return _bridge_attribution(model, task, value, edges, deltas, named, record)
     names = {e.sender_pos for e in edges}
     kept = None if named is None or ALL in names else _Kept(deltas, torch.stack([named.mask(n) for n in names]).any(0))
     parts = []
-    for i in range(0, B, per):
-        rows = slice(i, min(i + per, B))
+    for i in range(0, B, CHUNK):
+        rows = slice(i, min(i + CHUNK, B))
         part = dataclasses.replace(task, **{f: getattr(task, f)[rows] for f in ("tokens", "positions",
                                                                               "attention_mask", "answers")
                                             if getattr(task, f) is not None})
