@@ -74,7 +74,12 @@ fractions, 15 curve points) 366 s; the gradient first pass (ranking 50,758 candi
    attention in one forward, not two.
 Changes 6-9 against the code before them, whole discoveries one after the other at 1 thread on the shared machine
 (load 2-4), CPU seconds: 142.6 and 143.2 s -> 119.9 s (changes 6-8 only: 128.1 s), the same 182 edges (effects
-within 1.4e-6: 1 thread against 2), the same roots, faithfulness 0.859.
+within 1.4e-6: 1 thread against 2), the same roots, faithfulness 0.859. This benchmark on a quiet machine (load
+1.2): 74.5 s wall, 145.3 s CPU, 104x plain forwards -> 62.8 s, 122.9 s CPU, 88x.
+Profiled after them (2 threads, quiet, 67 s under the profiler): the exact rounds' resumed blocks 45 s, of which
+linear layers at 300-350 GFLOP/s (the arithmetic itself) and TransformerLens' eager attention (its ``repeat_kv``
+copies every copy's keys and values to the query heads: about 8 % at 1 thread); the first pass 7.6 s, faithfulness
+5.3 s, the edge tables' statistics and composition 2 s, the senders' two forwards 1.9 s.
 
 Memory (``PYTHONPATH=. python benchmarks/circuits_smollm2.py``, its phases' own peaks): the composition scores'
 rotated frames held the rounds' peak (up to 1 GB over their start, change 6), and the resumed patcher kept the
@@ -83,9 +88,11 @@ clean run's ``(B, T, V)`` logits and a buffer of the same size (132 MB each on 3
 positions, ``(B, C, 2)``, read with a task narrowed to them. At 1 thread on the shared machine: peak 2.51-2.54 GB
 -> 2.07-2.08 GB against a classify's 1.45-1.47 GB (1.73x -> 1.41x); per phase setup 1.48, first pass 2.07 (the
 kept patcher is alive there now), rounds 2.07, faithfulness 1.87 GB.
-Tried and dropped: skipping the last block's MLP at rows nobody reads (IOI's S2 chunks: 4 of 5 rows, about 2 % of
-the run): the bridge's MLP component forwards attribute writes to the module it wraps, so it cannot be swapped
-for the call without reaching into transformer-lens.
+Tried and dropped: the last block's MLP at the read rows only (torch hooks on the family's own MLP cutting its
+input to them; IOI's S2 chunks read 1 of 5 rows there): equal to the reference on gemma2, gpt_neox and llama, but
+62-63 s either way, no gain the benchmark could see for a hook on every family's MLP. The first pass with more
+prompts a pass when resumed (up to 16 or all 32, the graph no bigger): its phase peaked at 2.21-2.24 GB against
+2.08 (the read positions' logits and their gradients grow with the prompts), for no time saved either.
 
 The first pass's ranking (round 1: the 19,547 candidate edges into the 7 roots at END, 48 kept), against the exact
 effect of every one of them (``Setup.values``, no controls; 1,384 s CPU at 1 thread): 44 of the exact top 50 are
