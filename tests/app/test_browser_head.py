@@ -39,7 +39,9 @@ def test_clicking_a_head_opens_its_page_in_chromium():
         assert "Role: induction." in description and "r = 0.9" in description, description
         assert page.locator(".headlens-exemplars .ex").count() == 20
         assert page.locator(".headlens-exemplars .ex .key").count() >= 1
-        assert page.locator("[data-testid=stMetric]", has_text="lm_loss change, L1H1 zeroed").count() == 1
+        ablated = page.locator("[data-testid=stMetric]", has_text="lm_loss change, L1H1 zeroed")
+        ablated.wait_for(state="visible", timeout=180_000)  # it may render after the exemplars
+        assert ablated.count() == 1
         profile = page.locator("[data-testid=stImage] img").first  # the offset profile, drawn
         assert profile.is_visible() and profile.evaluate("e => e.naturalWidth") == OFFSET_WIDTH
         assert "Probes: induction" in page.locator(".card").first.inner_text()  # the head card
