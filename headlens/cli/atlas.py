@@ -38,9 +38,10 @@ def register(app: typer.Typer) -> None:
         subst_windows: Annotated[int, typer.Option("--subst-windows", min=0, help="held-out windows the substitution "
                                                    "test runs each described head on (0: no test; each window costs "
                                                    "about 1.2 forwards per head run exactly)")] = 8,
-        subst: Annotated[str, typer.Option("--subst", help="each head's share kept: 'estimate' (first order from one "
-                                           "backward pass; the first two layers, copy suppressors, the heads with the "
-                                           "largest estimated effects and a random sample run exactly) or 'exact' (every head run exactly)")] = "estimate",
+        subst: Annotated[str, typer.Option("--subst", help="which heads the substitution test puts back: 'estimate' "
+                                           "(the first two layers, copy suppressors, the heads with the largest "
+                                           "first-order effects and a random sample; the others get no share kept) or "
+                                           "'exact' (every head)")] = "estimate",
         subst_exact: Annotated[int | None, typer.Option("--subst-exact", min=0, help="with --subst estimate: heads "
                                                         "run exactly beyond the first two layers and copy suppressors "
                                                         "(default 12)")] = None,
