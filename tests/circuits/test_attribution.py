@@ -206,11 +206,12 @@ def test_the_vectorised_first_pass_equals_the_plain_per_edge_one_at_ragged_named
     assert max(np.abs(kept[e] - plain[e]).max() for e in named) < 1e-5 * scale
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt_neox"])
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt_neox", "gemma", "qwen3"])
 def test_the_first_pass_resumed_from_a_recorded_run_equals_the_plain_per_edge_one(tmp_path, monkeypatch, family):
     """Discovery's first pass starts at the lowest receiver's block from a recorded clean run (the forward below it
     is the recorded one): its estimates equal the plain per-edge computation (whole forwards through the forks),
-    on families with a logit soft-cap and post-norms (gemma2) and parallel attention and MLP (gpt_neox)."""
+    on families with a logit soft-cap and post-norms (gemma2), parallel attention and MLP (gpt_neox), one
+    key/value head (gemma) and QK norms (qwen3)."""
     from hf_families import build
 
     from headlens.circuits import attribution

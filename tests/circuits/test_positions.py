@@ -54,10 +54,11 @@ def test_native_fast_equals_naive_at_positions():
     _compare(model, s, "L1H0,L2H3,logits", max_tokens=500)
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt_neox", "mistral"])
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt_neox", "mistral", "gemma", "qwen3", "gemma3"])
 def test_resumed_bridge_equals_one_forward_per_edge_at_positions(tmp_path, family):
     """GQA (Llama, Mistral with its sliding window shorter than the prompt), Gemma-2's soft-caps and
-    post-attention norms, GPT-NeoX's parallel residual and partial rotary: the resumed blocks (running only
+    post-attention norms, GPT-NeoX's parallel residual and partial rotary, Gemma's one key/value head (MQA),
+    Qwen3's and Gemma-3's QK norms (Gemma-3's sliding and global layers): the resumed blocks (running only
     from the first patched query position on) equal a full forward per edge through the forks."""
     from hf_families import build
 
