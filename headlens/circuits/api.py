@@ -81,6 +81,15 @@ class Setup:
                                     self.progress, named=self.named, patchers=self.patchers)
         return clean[self.metric], values
 
+    def recorded_run(self) -> Any:
+        """The clean run of every prompt that a kept patcher recorded (a :class:`~headlens.circuits.recorded.CleanRun`,
+        for the first pass to start from), or None."""
+        for patcher in self.patchers.values():
+            run = getattr(patcher, "run", None)
+            if run is not None and run.final.shape[0] == self.task.n_prompts:
+                return run
+        return None
+
     def done_patching(self) -> None:
         """Free the kept patchers and their clean runs (what a phase after the tables needs the memory for)."""
         self.patchers.clear()

@@ -32,7 +32,7 @@ class FirstPass:
 
         s = self.s
         est = {e: float(v.mean()) for e, v in edge_attribution(s.model, s.task, s.metric, edges, s.deltas,
-                                                                named=s.named, record=self._record()).items()}
+                                                                named=s.named, record=s.recorded_run()).items()}
         release_freed()  # the backward passes' freed heap (0.7 GB on SmolLM2's IOI), before the exact rounds
         if not any(est.values()):  # an estimate of zero everywhere ranks nothing: patch them all, and say so
             self.why = "every estimate is zero (the metric's gradient vanishes at the clean run)"
@@ -42,14 +42,6 @@ class FirstPass:
         best = set(sorted(edges, key=lambda e: -abs(est[e]))[: self.top])
         self.kept += len(best)
         return [e for e in edges if e in best]  # in the forward's order, as without the first pass
-
-    def _record(self) -> Any:
-        """The clean run of every prompt a kept patcher recorded (discovery's tables keep theirs), or None."""
-        for patcher in self.s.patchers.values():
-            run = getattr(patcher, "run", None)
-            if run is not None and run.final.shape[0] == self.s.task.n_prompts:
-                return run
-        return None
 
     def compare(self, df: Any) -> None:
         self.pairs += [(self.estimates[k], row.effect) for row in df.itertuples()

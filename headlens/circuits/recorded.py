@@ -172,12 +172,18 @@ class CleanRun:
         return _out(model.bridge.blocks[layer](x, *_fit(args[1:], T, K, P), **_fit(kwargs, T, K, P)))
 
 
+def output_transform(model: Any) -> Any:
+    """The family's own elementwise transform after the unembedding (Gemma 2's soft-cap, Cohere's logit_scale), or
+    None."""
+    return getattr(getattr(model.bridge, "adapter", None), "apply_output_logits_transform", None)
+
+
 def final_logits(model: Any, x: torch.Tensor) -> torch.Tensor:
     """``(B, S, V)`` logits of the final residual stream ``x`` ``(B, S, D)``: the bridge's final norm and unembedding,
-    then the family's own transform after them (Gemma 2's soft-cap, Cohere's logit_scale), as its forward does."""
+    then :func:`output_transform`, as its forward does."""
     b = model.bridge
     logits = b.unembed(b.ln_final(x))
-    transform = getattr(getattr(b, "adapter", None), "apply_output_logits_transform", None)
+    transform = output_transform(model)
     return logits if transform is None else transform(logits)
 
 

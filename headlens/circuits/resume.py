@@ -44,7 +44,16 @@ import torch
 from headlens.circuits.bridge import _splice, fork_plan
 from headlens.circuits.nodes import Edge
 from headlens.circuits.positions import span_groups, suffix_start, with_positions
-from headlens.circuits.recorded import CleanRun, NotRagged, Record, _at, _put, _seam, final_logits
+from headlens.circuits.recorded import (
+    CleanRun,
+    NotRagged,
+    Record,
+    _at,
+    _put,
+    _seam,
+    final_logits,
+    output_transform,
+)
 from headlens.interventions.logits import read_columns
 from headlens.interventions.metrics import Task
 
@@ -62,8 +71,7 @@ class ResumePatcher:
     def __init__(self, model: Any, task: Task, max_tokens: int = 8192, columns: torch.Tensor | None = None,
                  hooks: Sequence[tuple[str, Any]] = ()) -> None:
         self.model, self.task, self.max_tokens, self.columns = model, task, max_tokens, columns
-        b = model.bridge
-        self.blocks = list(b.blocks)
+        self.blocks = list(model.bridge.blocks)
         self.run = CleanRun(model, task, keys=True, hooks=hooks)  # under hooks: what "clean" means here
         self.metric_task, self.clean_logits = self._compact(task, columns, self.run)
         B, T = task.tokens.shape
@@ -72,8 +80,7 @@ class ResumePatcher:
         # per-prompt positions need the mask as a tensor to take its rows; without one, a common suffix
         self.ragged = all(isinstance(kw.get("attention_mask"), torch.Tensor) and kw["attention_mask"].ndim == 4
                           for _, kw in self.run.calls)
-        # the family's own transform after the unembedding (Gemma 2's soft-cap, Cohere's logit_scale), elementwise
-        self.transform = getattr(getattr(b, "adapter", None), "apply_output_logits_transform", None)
+        self.transform = output_transform(model)
         self._buf: torch.Tensor | None = None  # the logits buffer every chunk writes its read positions into
         self._dirty: tuple[torch.Tensor, ...] | None = None  # where the last chunk wrote (its index)
         self._views: dict[tuple[int, ...], ResumePatcher] = {}  # per group of prompts (:meth:`_view`)
@@ -281,7 +288,7 @@ class ResumePatcher:
         after = self.run.calls[R + 1][0][0] if R + 1 < len(self.blocks) else self.run.final  # (B, T, D)
         out = _at(after, P, 1).repeat(K, 1, 1)  # (K*B, S, D): the recorded stream after block R, at P
         idx = torch.searchsorted(P, Q).repeat(K, 1)  # (K*B, Sq): where each patched position sits in P
-        return out.scatter(1, idx[..., None].expand(-1, -1, D), x)
+        return out.scatter_(1, idx[..., None].expand(-1, -1, D), x)  # in place: out is a fresh copy
 
     def _blocks(self, x: torch.Tensor, first: int, K: int, P: torch.Tensor | None, base: Record | None = None,
                 new: Record | None = None) -> torch.Tensor:
