@@ -60,6 +60,10 @@ class Setup:
     # the patchers of this call's prompts, kept from one table to the next (each records a clean forward when
     # made); discovery empties it when its rounds are done (:meth:`done_patching`)
     patchers: dict[Any, Any] = field(default_factory=dict)
+    # the clean run of every prompt recorded with the senders' activations (one forward for both), until the first
+    # table's patcher takes it; discovery's roles read the attention patterns of the same forward (None: a forward)
+    clean_run: Any = None
+    patterns: dict[str, torch.Tensor] | None = None
     # called as stage(what, total, done) when a stage of `total` steps starts (its edges then come through
     # `progress`) or, for a stage that counts itself (discovery's sweep), as it goes: the CLI's bar and time left
     stage: Callable[[str, int, int], None] | None = None
@@ -78,7 +82,7 @@ class Setup:
             return None, {**{(e, self.metric): v for e, v in patched.items()},
                           **{(e, "clean"): v for e, v in clean.items()}}
         clean, values = edge_values(self.model, self.task, [self.metric], edges, self.deltas, self.fast,
-                                    self.progress, named=self.named, patchers=self.patchers)
+                                    self.progress, named=self.named, patchers=self.patchers, run=self.clean_run)
         return clean[self.metric], values
 
     def recorded_run(self) -> Any:
@@ -88,11 +92,12 @@ class Setup:
             run = getattr(patcher, "run", None)
             if run is not None and run.final.shape[0] == self.task.n_prompts:
                 return run
-        return None
+        return self.clean_run
 
     def done_patching(self) -> None:
         """Free the kept patchers and their clean runs (what a phase after the tables needs the memory for)."""
         self.patchers.clear()
+        self.clean_run = None
         release_freed()
 
     def table(self, edges: Sequence[Edge], composition: bool = True, what: str = "patching edges") -> Any:
@@ -148,11 +153,28 @@ def setup(model: Any, metric: str = "repeated_loss", method: str = "mean", promp
         aligned = Alignment.of(task, index)
     elif method == "corrupted" and reference is None:  # a fresh draw of the same probe: same shape, other tokens
         reference = make_task(model, base, texts, n_prompts, seed + 1).tokens
-    deltas = SenderDeltas(model, task.tokens, method, reference, seed, task.attention_mask, aligned)
+    run, patterns = _clean_run(model, task, metric, fast, bool(index))
+    deltas = SenderDeltas(model, task.tokens, method, reference, seed, task.attention_mask, aligned,
+                          None if run is None else run.extra)
     dev = task.tokens.device
     named = NamedPositions({k: v.to(dev) for k, v in index.items()}, tuple(task.tokens.shape)) if index else None
     return Setup(model, metric, task, deltas, n_control, n_boot, seed, fast, head_labels(labels), progress,
-                 texts, named=named, ioi=ioi, stage=stage)
+                 texts, named=named, ioi=ioi, stage=stage, clean_run=run, patterns=patterns)
+
+
+def _clean_run(model: Any, task: Task, metric: str, fast: bool, named: bool) -> tuple[Any, dict | None]:
+    """The clean run the first table's resumed patcher starts from, recorded with what the senders' deltas read of
+    the same forward (and, for prompts that name positions, every layer's attention pattern for the roles), or
+    ``(None, None)`` where no resumed patcher will take it: its block of prompts would not hold them all."""
+    from headlens.circuits.engine import rows_per_block
+    from headlens.circuits.recorded import CleanRun, resumable
+    from headlens.readout.write import write_path
+
+    if not fast or is_receiver_metric(metric) or not resumable(model) or rows_per_block(model, task)[0] < task.n_prompts:
+        return None, None
+    patterns = [f"blocks.{layer}.attn.hook_pattern" for layer in range(model.cfg.n_layers)] if named else []
+    run = CleanRun(model, task, keys=True, extra=[*write_path(model).activations().values(), *patterns])
+    return run, {n: run.extra.pop(n) for n in patterns} if named else None
 
 
 def split_positions(model: Any, prompts: Sequence[Any] | None) -> tuple[list[str] | None, dict[str, torch.Tensor]]:

@@ -47,10 +47,11 @@ class NaiveNative:
 
 
 def make_patcher(model: Any, task: Task, fast: bool = True, max_tokens: int = 8192, resume_tokens: int = 8192,
-                 metrics: Sequence[str] = ()) -> Any:
+                 metrics: Sequence[str] = (), run: Any = None) -> Any:
     """The patcher for ``model``: cached fast path, the resumed bridge, or a forward per edge. ``max_tokens``:
     rows x positions of ``(K, B, T, V)`` logits per chunk; ``resume_tokens``: of hidden states, for the resumed
-    bridge (it unembeds one edge at a time; for ``logit_diff`` alone, at the answers' columns only)."""
+    bridge (it unembeds one edge at a time; for ``logit_diff`` alone, at the answers' columns only). ``run``: the
+    task's clean run already recorded (:class:`~headlens.circuits.recorded.CleanRun`), for the resumed bridge."""
     if isinstance(model, GPT):  # the fast path resumes blocks without a padding mask: padded bidirectional goes naive
         fast = fast and not model.padded(task.attention_mask)
         return NativePatcher(model, task, task.positions, max_tokens) if fast else NaiveNative(model, task)
@@ -58,7 +59,7 @@ def make_patcher(model: Any, task: Task, fast: bool = True, max_tokens: int = 81
     if twin is not None:
         return NativePatcher(twin, task, task.positions, max_tokens)
     if fast and resumable(model):
-        return ResumePatcher(model, task, resume_tokens, answer_columns(task, metrics))
+        return ResumePatcher(model, task, resume_tokens, answer_columns(task, metrics), run=run)
     return BridgePatcher(model, task, fast, max_tokens)
 
 
@@ -107,9 +108,17 @@ def _rows(task: Task, rows: slice) -> Task:
     return task.rows(rows)  # every per-prompt field (IOI's answers too)
 
 
+def rows_per_block(model: Any, task: Task, max_tokens: int = 8192) -> tuple[int, int]:
+    """``(prompts, budget)``: how many prompts :func:`edge_values` patches at once (their logits fit
+    :data:`LOGIT_BUDGET`: a 50k vocabulary makes ``(B, T, V)`` the largest tensor of a run), and its rows x positions."""
+    T = task.tokens.shape[1]
+    budget = min(max_tokens, max(T, LOGIT_BUDGET // (4 * model.cfg.d_vocab)))
+    return max(1, budget // T), budget
+
+
 def edge_values(model: Any, task: Task, metrics: Sequence[str], edges: Sequence[Edge], deltas: Any,
                 fast: bool = True, progress: Callable[[int], None] | None = None, max_tokens: int = 8192,
-                named: NamedPositions | None = None, patchers: dict | None = None
+                named: NamedPositions | None = None, patchers: dict | None = None, run: Any = None
                 ) -> tuple[dict[str, np.ndarray], dict[tuple[Edge, str], np.ndarray]]:
     """Per-prompt values ``(B,)`` of ``metrics``, clean and with each edge patched.
 
@@ -117,17 +126,17 @@ def edge_values(model: Any, task: Task, metrics: Sequence[str], edges: Sequence[
     ``(B, T, V)`` the largest tensor of a run); each block caches its own clean run. ``named``: the
     prompts' named positions, for edges restricted to them (:mod:`~headlens.circuits.positions`).
     ``patchers``: where each block's patcher is kept for the next call on the same prompts (discovery's tables):
-    its clean run is recorded once, not once per call.
+    its clean run is recorded once, not once per call. ``run``: the clean run of all prompts already recorded
+    (discovery's setup), for a block that holds them all.
 
     Returns:
         ``(clean, values)``: ``clean[metric]`` and ``values[edge, metric]``, float64 arrays over prompts.
     """
-    B, T = task.tokens.shape
-    budget = min(max_tokens, max(T, LOGIT_BUDGET // (4 * model.cfg.d_vocab)))  # rows x positions per pass
-    per = max(1, budget // T)
+    B = task.tokens.shape[0]
+    per, budget = rows_per_block(model, task, max_tokens)
     parts = [_block(model, _rows(task, slice(i, i + per)), metrics, edges, RowDeltas(deltas, slice(i, i + per)),
                     fast, progress if i == 0 else None, budget, None if named is None else named.rows(slice(i, i + per)),
-                    max_tokens, patchers, (i, per, fast, budget, max_tokens, tuple(metrics)))
+                    max_tokens, patchers, (i, per, fast, budget, max_tokens, tuple(metrics)), run if per >= B else None)
              for i in range(0, B, per)]
     clean = {m: np.concatenate([p[0][m] for p in parts]) for m in metrics}
     values = {k: np.concatenate([p[1][k] for p in parts]) for k in parts[0][1]}
@@ -136,11 +145,11 @@ def edge_values(model: Any, task: Task, metrics: Sequence[str], edges: Sequence[
 
 def _block(model: Any, task: Task, metrics: Sequence[str], edges: Sequence[Edge], deltas: Any, fast: bool,
            progress: Callable[[int], None] | None, budget: int, named: NamedPositions | None,
-           max_tokens: int = 8192, patchers: dict | None = None, key: tuple = ()) -> tuple[dict, dict]:
+           max_tokens: int = 8192, patchers: dict | None = None, key: tuple = (), run: Any = None) -> tuple[dict, dict]:
     with torch.no_grad():
         runner = None if patchers is None else patchers.get(key)
         if runner is None:
-            runner = make_patcher(model, task, fast, budget, min(max_tokens, RESUME_TOKENS), metrics)
+            runner = make_patcher(model, task, fast, budget, min(max_tokens, RESUME_TOKENS), metrics, run)
             if patchers is not None:
                 patchers[key] = runner
         clean_logits = runner.clean_logits

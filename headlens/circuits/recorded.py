@@ -117,9 +117,12 @@ class CleanRun:
         z: per layer, ``hook_z`` ``(B, T, H, d_head)``.
         final: ``(B, T, D)`` the residual stream entering the final norm.
         logits: ``(B, T, V)``.
+        extra: the activations of the hook names ``extra`` asked for, by name (what else the caller needs of the
+            same clean forward: discovery's sender activations and attention patterns).
     """
 
-    def __init__(self, model: Any, task: Task, keys: bool = False, hooks: Sequence[tuple[str, Any]] = ()) -> None:
+    def __init__(self, model: Any, task: Task, keys: bool = False, hooks: Sequence[tuple[str, Any]] = (),
+                 extra: Sequence[str] = ()) -> None:
         blocks = list(model.bridge.blocks)
         L = len(blocks)
         self.calls: list[tuple[tuple, dict]] = [((), {})] * L
@@ -141,12 +144,15 @@ class CleanRun:
         seam = _seam(blocks, record) if keys else contextlib.nullcontext()
         try:
             with torch.no_grad(), seam, model.hooks(list(hooks)):
-                self.logits, cache = model.run_with_cache(task.tokens, names_filter=names, **kwargs)
+                self.logits, cache = model.run_with_cache(task.tokens, names_filter=list(dict.fromkeys(
+                    [*names, *extra])), **kwargs)
         finally:
             for h in handles:
                 h.remove()
         self.z = [cache[n] for n in names[:L]]
         self.final = cache[names[-1]]
+        self.extra = {n: cache[n] for n in extra}
+        self.task = task
 
     def rows(self, rows: torch.Tensor) -> CleanRun:
         """This run of prompts ``rows`` only: what resuming reads (block calls, keys and values, ``z``), no logits."""
@@ -162,7 +168,7 @@ class CleanRun:
         out = copy.copy(self)
         out.calls = [(cut(a), cut(kw)) for a, kw in self.calls]
         out.kv = [None if kv is None else (kv[0][rows], kv[1][rows]) for kv in self.kv]
-        out.z, out.final, out.logits = [z[rows] for z in self.z], self.final[rows], None
+        out.z, out.final, out.logits, out.extra = [z[rows] for z in self.z], self.final[rows], None, {}
         return out
 
     def block(self, model: Any, layer: int, x: torch.Tensor, K: int, P: torch.Tensor | None = None) -> torch.Tensor:
@@ -195,6 +201,45 @@ def resumed_logits(model: Any, run: CleanRun, first: int, cols: torch.Tensor | N
     for layer in range(first, len(run.calls)):
         x = run.block(model, layer, x, 1)
     return final_logits(model, x if cols is None else x[:, cols])
+
+
+def fold_kv(kv: tuple[torch.Tensor, torch.Tensor], P: torch.Tensor, K: int, k: torch.Tensor, v: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(K*B, H_kv, T, d)`` each: the recorded keys and values ``kv`` ``(B, H_kv, T, d)`` for ``K`` copies of the batch,
+    with the new ones ``k``, ``v`` ``(K*B, H_kv, S, d)`` at positions ``P`` ``(B, S)``."""
+    ck, cv = kv
+    idx = P.repeat(K, 1)[:, None, :, None].expand(k.shape)  # (K*B, H_kv, S, d)
+    # in place on the fresh repeat: an out-of-place scatter copied the (K*B, H_kv, T, d) keys once more
+    return ck.to(k).repeat(K, 1, 1, 1).scatter_(2, idx, k), cv.to(v).repeat(K, 1, 1, 1).scatter_(2, idx, v)
+
+
+class _Stop(Exception):
+    """Raised at the seam to stop a block once its keys and values are known."""
+
+
+def last_block_at(run: CleanRun, model: Any, x: torch.Tensor, K: int, P: torch.Tensor, J: torch.Tensor,
+                  kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """``(K*B, S, D)``: the last block on ``x`` ``(K*B, S, D)`` at positions ``P`` ``(B, S)``, its output right only at
+    ``P``'s columns ``J`` ``(B, Sr)`` (the rows the metric reads; zero elsewhere). Nothing after the last block reads
+    its other rows, and they cost the most: at IOI's ``S2`` 4 of its 5 positions. Its attention there still reads
+    new keys and values at every position of ``P``: the block runs up to the seam at all of them (input norm,
+    projections, rotary: a sixth of a block), stops, and then runs whole at ``J`` alone, its attention reading
+    those keys and values and the recorded ones ``kv`` ``(B, H_kv, T, d)`` elsewhere, as the whole block would."""
+    layer = len(run.calls) - 1
+    blocks = model.bridge.blocks
+    box: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def grab(_layer: int, k: torch.Tensor, v: torch.Tensor) -> Any:
+        box.append((k, v))  # (K*B, H_kv, S, d): the new keys and values at P
+        raise _Stop
+
+    with contextlib.suppress(_Stop), _seam(blocks, grab):
+        run.block(model, layer, x, K, P)
+    keys, D = fold_kv(kv, P, K, *box[0]), x.shape[-1]
+    at = J.repeat(K, 1)[:, :, None].expand(-1, -1, D)  # (K*B, Sr, D)
+    with _seam(blocks, lambda _layer, _k, _v: keys):
+        y = run.block(model, layer, x.gather(1, at), K, P.gather(1, J))  # (K*B, Sr, D)
+    return x.new_zeros(x.shape).scatter_(1, at, y)
 
 
 def _out(y: Any) -> torch.Tensor:

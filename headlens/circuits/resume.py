@@ -52,6 +52,8 @@ from headlens.circuits.recorded import (
     _put,
     _seam,
     final_logits,
+    fold_kv,
+    last_block_at,
     output_transform,
 )
 from headlens.interventions.logits import read_columns
@@ -65,14 +67,16 @@ class ResumePatcher:
     """Logits of edges on a bridged model, resumed at each chunk's receiver layer (see the module docstring).
 
     ``columns``: ``(B, n)`` the vocabulary ids the metrics read per prompt (``logit_diff``: its answers);
-    None: every logit of a read position is computed.
+    None: every logit of a read position is computed. ``run``: the clean run of ``task`` already recorded with its
+    keys and logits (discovery's setup records it with the senders' activations), else one is recorded here.
     """
 
     def __init__(self, model: Any, task: Task, max_tokens: int = 8192, columns: torch.Tensor | None = None,
-                 hooks: Sequence[tuple[str, Any]] = ()) -> None:
+                 hooks: Sequence[tuple[str, Any]] = (), run: CleanRun | None = None) -> None:
         self.model, self.task, self.max_tokens, self.columns = model, task, max_tokens, columns
         self.blocks = list(model.bridge.blocks)
-        self.run = CleanRun(model, task, keys=True, hooks=hooks)  # under hooks: what "clean" means here
+        # under hooks: what "clean" means here
+        self.run = CleanRun(model, task, keys=True, hooks=hooks) if run is None or hooks or run.logits is None else run
         self.metric_task, self.clean_logits = self._compact(task, columns, self.run)
         B, T = task.tokens.shape
         self.lengths = (task.attention_mask.sum(1) if task.attention_mask is not None
@@ -244,6 +248,7 @@ class ResumePatcher:
                 self._views.pop(next(iter(self._views)))
             view = copy.copy(self)
             view.run, view.lengths, view._views = self.run.rows(rows), self.lengths[rows], {}
+            view.task = self.task.rows(rows)  # what its last block reads (:meth:`_read_columns`)
             self._views[key] = view
         return self._views[key]
 
@@ -294,15 +299,31 @@ class ResumePatcher:
                 new: Record | None = None) -> torch.Tensor:
         """``(K*B, S, D)``: blocks ``first``.. on ``x`` at ``P``, reading ``base``'s keys and values elsewhere (None:
         the recorded run's); ``new`` (``K`` = 1): becomes ``base`` with this run's rows at ``P``."""
-        base = self.record if base is None else base
+        base, last = self.record if base is None else base, len(self.blocks) - 1
+        J = self._read_columns(P) if new is None and first <= last else None  # the last block at the read rows only
         with self._keys(P, K, base.kv, None if new is None else new.kv):
-            for layer in range(first, len(self.blocks)):
+            for layer in range(first, last if J is not None else last + 1):
                 if new is not None:
                     new.resid[layer] = _put(base.resid[layer], P, x)
                 x = self.run.block(self.model, layer, x, K, P)
+        if J is not None:
+            return last_block_at(self.run, self.model, x, K, P, J, base.kv[last])
         if new is not None:
             new.final = _put(base.final, P, x)
         return x
+
+    def _read_columns(self, P: torch.Tensor | None) -> torch.Tensor | None:
+        """``(B, Sr)`` the columns of ``P`` ``(B, S)`` the metric reads (:meth:`read`'s rows), when every prompt reads
+        as many and fewer than ``S`` (IOI's END: 1 of up to 7); else None."""
+        if P is None or P.shape[1] < 2:
+            return None
+        first = torch.ones_like(P, dtype=torch.bool)
+        first[:, 1:] = P[:, 1:] != P[:, :-1]  # a position repeated past a prompt's end counts once
+        reads = first & self.task.positions.gather(1, P)  # (B, S)
+        n = reads.sum(1)
+        if not bool((n == n[0]).all()) or not 0 < int(n[0]) < P.shape[1]:
+            return None
+        return reads.nonzero()[:, 1].view(P.shape[0], -1)
 
     def _receiver(self, chunk: Sequence[Edge], deltas: torch.Tensor, recv: torch.Tensor | None,
                   PR: torch.Tensor | None, P: torch.Tensor | None) -> torch.Tensor:
@@ -333,10 +354,7 @@ class ResumePatcher:
 
         def scatter(layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             if P is not None:
-                ck, cv = kv[layer]  # (B, H_kv, T, d): the recorded keys and values of this layer
-                idx = P.repeat(K, 1)[:, None, :, None].expand(k.shape)  # (K*B, H_kv, S, d)
-                # in place on the fresh repeat: an out-of-place scatter copied the (K*B, H_kv, T, d) keys once more
-                k, v = ck.to(k).repeat(K, 1, 1, 1).scatter_(2, idx, k), cv.to(v).repeat(K, 1, 1, 1).scatter_(2, idx, v)
+                k, v = fold_kv(kv[layer], P, K, k, v)
             if out is not None:
                 out[layer] = (k, v)
             return k, v  # (K*B, H_kv, T, d)

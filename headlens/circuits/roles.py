@@ -33,9 +33,11 @@ def attention(s: Any, nodes: list[tuple[str, str]]) -> dict[tuple[str, str], dic
     """Per node, its mean clean attention from its position to each named position (over prompts having both)."""
     layers = sorted({int(n[1:].split("H")[0]) for n, _ in nodes})
     names = [f"blocks.{layer}.attn.hook_pattern" for layer in layers]
-    kwargs = {} if s.task.attention_mask is None else {"attention_mask": s.task.attention_mask}
-    with torch.no_grad():
-        _, cache = s.model.run_with_cache(s.task.tokens, names_filter=names, **kwargs)
+    cache = getattr(s, "patterns", None)  # recorded with discovery's clean run
+    if cache is None or not all(n in cache for n in names):
+        kwargs = {} if s.task.attention_mask is None else {"attention_mask": s.task.attention_mask}
+        with torch.no_grad():
+            _, cache = s.model.run_with_cache(s.task.tokens, names_filter=names, **kwargs)
     out: dict[tuple[str, str], dict[str, float]] = {}
     idx = s.named.index
     for name, pos in nodes:

@@ -139,17 +139,22 @@ def replaced(clean: torch.Tensor, ref: torch.Tensor | None, method: str, seed: i
 class SenderDeltas:
     """Every sender's delta ``(B, T, d_model)`` on ``tokens``, from one clean and one reference run.
 
+    ``recorded``: the clean activations by hook name, already cached from a forward on ``tokens`` (discovery's
+    recorded clean run), instead of a forward of its own.
+
     Attributes:
         clean: cached clean activations by key (``z{l}``, ``mlp{l}``, ``embed``).
     """
 
     def __init__(self, model: Any, tokens: torch.Tensor, method: str = "mean", reference: Any = None,
-                 seed: int = 0, attention_mask: torch.Tensor | None = None, aligned: Alignment | None = None) -> None:
+                 seed: int = 0, attention_mask: torch.Tensor | None = None, aligned: Alignment | None = None,
+                 recorded: dict[str, torch.Tensor] | None = None) -> None:
         check_method(method)
         self.model, self.method, self.seed, self.aligned = model, method, seed, aligned
         self.write = write_path(model)
         names = self.write.activations()
-        self.clean = _run(model, names, tokens, attention_mask)
+        self.clean = ({key: recorded[name] for key, name in names.items()} if recorded is not None
+                      else _run(model, names, tokens, attention_mask))
         self.ref: dict[str, torch.Tensor] = {}
         if method != "zero":
             ref = tokens if reference is None else reference_tokens(model, reference)
