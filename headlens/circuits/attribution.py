@@ -137,6 +137,7 @@ class _Restricted:
         self.zs: dict[int, torch.Tensor] = {}
         self.grads: dict[str, torch.Tensor] = {}
         self._local: dict[tuple[int, str, int | None], dict[str, torch.Tensor]] = {}
+        self.p0 = 0  # the forward's first position (its leaves hold positions p0..): see :func:`_window`
 
     def needs(self, layer: int) -> bool:
         return layer in self.pos_layers
@@ -161,7 +162,7 @@ class _Restricted:
         key = (layer, pos, None if heads is None else tuple(heads))
         if key not in self._local:
             g_z = self.grads[f"blocks.{layer}.attn.hook_z"]  # (B, T, H, d_head)
-            mask = self.named.mask(pos)[:, :, None, None].to(g_z)  # (B, T, 1, 1)
+            mask = self.named.mask(pos)[:, self.p0:self.p0 + g_z.shape[1], None, None].to(g_z)  # (B, S, 1, 1)
             if heads is not None:
                 sel = torch.zeros(g_z.shape[2], dtype=g_z.dtype, device=g_z.device)
                 sel[list(heads)] = 1.0
@@ -336,20 +337,22 @@ def _bridge_attribution(model: Any, task: Task, value: Any, edges: Sequence[Edge
         ``(b, t)``. The block's own norm, whatever the family's, by autograd: it acts on each position alone, so
         one pass over the rows repeated once per head pulls every head's gradient back at once."""
         block = model.bridge.blocks[layer]
-        g = run.grad(f"blocks.{layer}.attn.hook_{c}", layer, pos, heads)[b, t]  # (R, n, d_head)
+        g = run.grad(f"blocks.{layer}.attn.hook_{c}", layer, pos, heads)[b, t - p0]  # (R, n, d_head)
         w = getattr(block.attn, f"W_{c.upper()}").detach()  # (n, D, d_head)
         u = torch.einsum("rnd,nDd->nrD", g, w.to(g))  # (n, R, D): at the normed input
         if not hasattr(block, "ln1"):  # OLMo-2: no norm before attention
             return u
-        x = seen[f"blocks.{layer}.hook_resid_pre"][b, t].expand(len(u), -1, -1).clone().requires_grad_(True)
+        x = seen[f"blocks.{layer}.hook_resid_pre"][b, t - p0].expand(len(u), -1, -1).clone().requires_grad_(True)
         return torch.autograd.grad(block.ln1(x), x, u)[0]  # (n, R, D): x is (n, R, D), one "prompt" per head
 
     at = task.at(read_columns(task.positions))  # the logits (and their gradients) at the read positions only
+    p0, P = _window(task, edges, named, at.cols, record)
+    run.p0 = p0
     with torch.enable_grad(), model.hooks(fwd):
         if record is None:
             logits = task_logits(model, task, 0, at.cols)  # (B, C, V)
         else:  # from the lowest receiver's block on (the last block's output is the logits receivers' leaf)
-            logits = resumed_logits(model, record, min([*layers, L - 1]), at.cols)  # (B, C, V)
+            logits = resumed_logits(model, record, min([*layers, L - 1]), at.cols - p0, P)  # (B, C, V)
         run.backward(per_prompt_mean(value(logits, at, None), at.read()).sum())
 
         def key_of(e: Edge) -> tuple[Any, int]:
@@ -363,6 +366,23 @@ def _bridge_attribution(model: Any, task: Task, value: Any, edges: Sequence[Edge
             return (r.layer, e.input, e.pos, heads), idx
 
         def grads_for(key: Any, b: torch.Tensor, t: torch.Tensor) -> torch.Tensor:  # (n, R, D)
-            return run.grads[final][None, b, t] if key == "final" else read(*key, b, t)
+            return run.grads[final][None, b, t - p0] if key == "final" else read(*key, b, t)
 
         return run.estimates(edges, deltas, key_of, grads_for)
+
+
+def _window(task: Task, edges: Sequence[Edge], named: Any, cols: torch.Tensor | None,
+            record: Any) -> tuple[int, torch.Tensor | None]:
+    """``(p0, P)``: the positions a resumed first pass differentiates, ``P`` ``(B, S)`` = ``p0 .. p1 - 1`` for every
+    prompt, from the first position any edge reads or patches (nothing before it changes what comes after: the
+    model is causal) to the longest prompt's end (past it, padding); ``(0, None)``: all of them."""
+    B, T = task.tokens.shape
+    names = {e.sender_pos for e in edges} | {e.pos for e in edges if e.receiver.kind == "head"}
+    if record is None or named is None or ALL in names or any(kv is None for kv in record.kv) or cols is None:
+        return 0, None
+    idx = torch.cat([named.index[n] for n in names if n in named.index] or [torch.zeros(1, dtype=torch.long)])
+    p0 = int(idx[idx >= 0].min()) if bool((idx >= 0).any()) else 0
+    p1 = T if task.attention_mask is None else int(task.attention_mask.sum(1).max())
+    if p0 > int(cols.min()) or int(cols.max()) >= p1 or (p0 == 0 and p1 == T):
+        return 0, None
+    return p0, torch.arange(p0, p1, device=task.tokens.device).expand(B, p1 - p0)

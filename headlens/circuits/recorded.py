@@ -193,13 +193,19 @@ def final_logits(model: Any, x: torch.Tensor) -> torch.Tensor:
     return logits if transform is None else transform(logits)
 
 
-def resumed_logits(model: Any, run: CleanRun, first: int, cols: torch.Tensor | None) -> torch.Tensor:
+def resumed_logits(model: Any, run: CleanRun, first: int, cols: torch.Tensor | None,
+                   P: torch.Tensor | None = None) -> torch.Tensor:
     """``(B, C, V)`` logits at positions ``cols`` (None: all): blocks ``first``.. called on the stream ``run``
     recorded entering block ``first`` (the forward below it is the recorded one), then :func:`final_logits`.
-    Hooks in force fire in the blocks that run: a whole forward's from block ``first`` on."""
-    x = run.calls[first][0][0]  # (B, T, D)
-    for layer in range(first, len(run.calls)):
-        x = run.block(model, layer, x, 1)
+    Hooks in force fire in the blocks that run: a whole forward's from block ``first`` on. ``P`` ``(B, S)``: the
+    blocks run at those positions only (``cols`` are then columns of ``P``), attention reading the recorded keys
+    and values elsewhere (``run`` recorded with ``keys=True``): where nothing before ``P`` is differentiated."""
+    x = run.calls[first][0][0] if P is None else _at(run.calls[first][0][0], P, 1)  # (B, T|S, D)
+    seam = contextlib.nullcontext() if P is None else _seam(
+        model.bridge.blocks, lambda layer, k, v: fold_kv(run.kv[layer], P, 1, k, v))
+    with seam:
+        for layer in range(first, len(run.calls)):
+            x = run.block(model, layer, x, 1, P)
     return final_logits(model, x if cols is None else x[:, cols])
 
 

@@ -204,6 +204,15 @@ def test_the_vectorised_first_pass_equals_the_plain_per_edge_one_at_ragged_named
     named = [e for e in edges if e.sender_pos != "all"]  # the senders' deltas then made once, kept at those rows
     kept = edge_attribution(model, s.task, "logit_diff", named, s.deltas, named=s.named)
     assert max(np.abs(kept[e] - plain[e]).max() for e in named) < 1e-5 * scale
+    # resumed from a recorded run, the blocks run from the first named position to the longest prompt's end
+    from headlens.circuits.recorded import CleanRun
+
+    windows, real = [], attribution._window
+    monkeypatch.setattr(attribution, "_window", lambda *a: windows.append(w := real(*a)) or w)
+    windowed = edge_attribution(model, s.task, "logit_diff", named, s.deltas, named=s.named,
+                                record=CleanRun(model, s.task, keys=True))
+    assert windows and all(P is not None for _, P in windows) and any(p0 > 0 for p0, _ in windows)
+    assert max(np.abs(windowed[e] - plain[e]).max() for e in named) < 1e-5 * scale
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma2", "gpt_neox", "gemma", "qwen3"])
@@ -235,3 +244,10 @@ def test_the_first_pass_resumed_from_a_recorded_run_equals_the_plain_per_edge_on
     scale = max(np.abs(v).max() for v in plain.values())
     assert scale > 0 and sum(np.abs(v).max() > 1e-3 * scale for v in plain.values()) > len(edges) // 2
     assert max(np.abs(resumed[e] - plain[e]).max() for e in edges) < 1e-5 * scale
+    # every edge at named positions: the blocks run only from the first position one reads (B) on
+    windows, real = [], attribution._window
+    monkeypatch.setattr(attribution, "_window", lambda *a: windows.append(w := real(*a)) or w)
+    named_only = [e for e in edges if e.sender_pos != "all"]
+    windowed = edge_attribution(model, s.task, "repeated_loss", named_only, s.deltas, named=named, record=record)
+    assert windows and all(p0 > 0 and P is not None for p0, P in windows)
+    assert max(np.abs(windowed[e] - plain[e]).max() for e in named_only) < 1e-5 * scale
