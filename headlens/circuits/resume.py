@@ -18,9 +18,11 @@ Why it looks like this:
   prompt, only its positions from its first patched one to its end (``P``, ``(B, S)``: IOI's END is one
   position, wherever each prompt's END is), and attention reads every other position's clean keys and
   values: the new ones are scattered into the recorded ones at the seam, and the rows of the recorded mask,
-  cos and sin are taken at ``P``. When a key or value is patched before a prompt's first position (IOI's
-  ``S2 -> END`` edges), block ``R`` runs at ``P`` and at the positions it is sent from (its keys and values there
-  are the patched ones; every other position keeps its clean ones), not at all ``T``. Prompts whose spans differ
+  cos and sin are taken at ``P``. Block ``R`` itself changes only at the patched queries (elsewhere its
+  ``hook_z`` is the recorded one), so it runs there and at the positions a key or value is sent from (IOI's
+  ``S2 -> END`` edges: its keys and values there are the patched ones; every other position keeps its clean
+  ones), and the rest of ``P`` enters block ``R + 1`` as recorded. The last block runs whole only at the rows
+  the metric reads (its keys and values at all of ``P``). Prompts whose spans differ
   run in up to three groups of similar span (IOI's ``S2`` spans 3-7 positions: each group only as wide as
   its longest), on slices of the clean run.
 * **Logits at the read positions only, one edge at a time.** A 50k vocabulary makes ``(K, B, T, V)`` the
@@ -256,7 +258,7 @@ class ResumePatcher:
                 P: torch.Tensor | None) -> torch.Tensor:
         """``(K*B, S, D)``: the residual stream after the last block at ``P``, from the receiver layer on."""
         K, B, T, _ = deltas.shape
-        if P is not None and recv is not None and all(e.input == "q" for e in chunk):
+        if P is not None and recv is not None:
             x = self._queries_only(chunk, deltas, recv, P)
             if x is not None:
                 return self._blocks(x, chunk[0].receiver.layer + 1, K, P)
@@ -278,18 +280,25 @@ class ResumePatcher:
 
     def _queries_only(self, chunk: Sequence[Edge], deltas: torch.Tensor, recv: torch.Tensor,
                       P: torch.Tensor) -> torch.Tensor | None:
-        """``(K*B, S, D)`` after block ``R`` at ``P`` for a chunk that patches queries only: their block's output
-        changes only at the patched query positions (its keys and values are the clean ones), so block ``R`` runs
-        there alone (IOI's q at S2: 1 of the 3-7 positions resumed) and the rest of ``P`` is the recorded stream
-        entering block ``R + 1``. None when prompts patch different numbers of positions."""
-        K, B, _, D = deltas.shape
+        """``(K*B, S, D)`` after block ``R`` at ``P`` for a chunk patched at some query positions only: the block's
+        output changes only there (elsewhere its ``hook_z`` is the recorded one), so block ``R`` runs there alone
+        (IOI's S2: 1 of the 3-7 positions resumed) and where a key or value is sent from (its new keys and values),
+        and the rest of ``P`` is the recorded stream entering block ``R + 1``. None when prompts patch different
+        numbers of positions."""
+        K, B, T, D = deltas.shape
         at = recv.any(0)  # (B, T): a copy patches this query
         n = at.sum(1)
         if not bool((n == n[0]).all()) or not int(n[0]):
             return None
         Q = at.nonzero()[:, 1].view(B, -1)  # (B, Sq): each prompt's patched positions, in order
         R = chunk[0].receiver.layer
-        x = self._receiver(chunk, deltas, recv, Q, Q)  # (K*B, Sq, D)
+        sent = torch.zeros_like(at)
+        if any(e.input != "q" for e in chunk):
+            for d in deltas:  # one copy at a time, not K
+                sent |= d.abs().sum(-1) > 0
+            sent &= ~at & (torch.arange(T, device=at.device) < Q[:, -1:])  # keys a patched query can read
+        PR = with_positions(Q, sent) if bool(sent.any()) else Q
+        x = self._receiver(chunk, deltas, recv, PR, Q)  # (K*B, Sq, D)
         after = self.run.calls[R + 1][0][0] if R + 1 < len(self.blocks) else self.run.final  # (B, T, D)
         out = _at(after, P, 1).repeat(K, 1, 1)  # (K*B, S, D): the recorded stream after block R, at P
         idx = torch.searchsorted(P, Q).repeat(K, 1)  # (K*B, Sq): where each patched position sits in P
