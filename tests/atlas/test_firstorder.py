@@ -205,3 +205,53 @@ def test_first_order_on_a_bridged_grouped_query_model(tmp_path):
         assert sub[(la, h)] == pytest.approx(exact, abs=1e-6 + 0.02 * float(exact.abs().max()))
         moved += float(exact.abs().max()) > 1e-5
     assert moved >= H
+
+
+def _autograd_z(model, tokens, valid, layer):
+    """``layer``'s ``hook_z`` gradient of the windows' summed loss by plain autograd, the weights in the graph as
+    they are: that ``z`` made a leaf in a hook, one forward per layer (written without :func:`z_gradients`)."""
+    leaf = {}
+
+    def hook(z, hook):  # (B, T, H, d_head)
+        leaf["z"] = z.detach().requires_grad_(True)
+        return leaf["z"]
+    with torch.enable_grad(), model.hooks([(f"blocks.{layer}.attn.hook_z", hook)]):
+        loss = _loss(model(tokens), tokens, valid).sum()
+        return torch.autograd.grad(loss, [leaf["z"]])[0]
+
+
+@pytest.mark.parametrize("family", ["planted", "qwen2"])
+def test_z_gradients_keep_the_weights_out_of_the_graph_and_put_them_back(family, tmp_path):
+    """The backward runs with the weights' ``requires_grad`` off (it carries no weight's gradient) and on again
+    after, a weight frozen before it staying frozen; the ``z`` gradients are plain autograd's."""
+    from headlens.interventions.attribution import z_gradients
+
+    if family == "planted":
+        model = planted_gpt(mixture=True)
+    else:
+        import transformers
+        from hf_families import FAMILIES, build, save_tokenizer
+
+        import headlens
+
+        path = build("qwen2", tmp_path / "qwen2", tokenizer=False)
+        getattr(transformers, FAMILIES["qwen2"].model).from_pretrained(path).eval().save_pretrained(path)
+        save_tokenizer(path)
+        model = headlens.load(f"hf:{path}")
+    params = list(model.parameters())
+    params[0].requires_grad_(False)
+    before = [p.requires_grad for p in params]
+    seen = []
+    tokens = torch.randint(3, min(40, int(model.cfg.d_vocab)), (3, 16), generator=torch.Generator().manual_seed(1))
+    valid = torch.ones_like(tokens, dtype=torch.bool)
+
+    def total():
+        seen.append(any(p.requires_grad for p in params))
+        return _loss(model(tokens), tokens, valid).sum()
+
+    L = model.cfg.n_layers
+    _, grads = z_gradients(model, total, range(L))
+    assert seen == [False] and [p.requires_grad for p in params] == before and any(before)
+    assert all(p.grad is None for p in params)
+    for la in range(L):
+        torch.testing.assert_close(grads[la], _autograd_z(model, tokens, valid, la), rtol=1e-5, atol=1e-7)
