@@ -112,8 +112,8 @@ def ov_on_heads(model: Any, exemplars: dict[tuple[int, int], list[Any]]) -> dict
     for r in range(0, len(x), ROWS):
         logits = x[r:r + ROWS] @ ov.unembed  # (rows, V)
         own = logits.gather(1, ids[r:r + ROWS, None])  # (rows, 1): the attended token's own logit
-        above.append((logits > own).sum(-1))
-        below.append((logits < own).sum(-1))
+        above.append((logits > own).sum(-1, dtype=torch.int32))  # int32 counts: 0.17 s against 0.27 s per block
+        below.append((logits < own).sum(-1, dtype=torch.int32))
         up.append(logits.topk(3, -1).indices)  # (rows, 3)
         down.append((-logits).topk(3, -1).indices)
     gt, lt, top, bottom = (torch.cat(t) for t in (above, below, up, down))
