@@ -15,7 +15,8 @@ Why it looks like this:
   attention off the first token on keys holding token ``v`` and ``P_v`` its weighted description's
   (``PRIOR`` shrinks a rare token to 1; the rules read the tokens alone, so the steps need no forward),
   over the :data:`TOP` tokens with the most attention (every other token weighs 1: a short list to read).
-  They are kept when they cut the squared error left on the other fit windows by
+  They are kept when they cut the squared error left on the other fit windows, over the cells off the first
+  token (the only ones they change: the first token's cell, the largest, would drown what they fix), by
   :data:`headlens.atlas.mixture.MIN_DROP` or more (as a rule must to join a mixture), and the description
   put back is then scored on the held-out windows: the same Pearson correlation over every causal cell
   and bootstrap over windows as a mixture's, which becomes the description's agreement (the mixture's own
@@ -36,7 +37,7 @@ from headlens.atlas.mixture import MIN_DROP, corr
 from headlens.atlas.sinkbands import key_weighted
 
 PRIOR = 1.0  # attention mass (about one row's) that shrinks each key token's weight towards 1
-TOP = 32  # key tokens whose weight a description keeps, by the head's attention on them on the fit windows
+TOP = 256  # key tokens whose weight a description keeps, by the head's attention on them on the fit windows
 ITERS = 4  # proportional-fitting steps (the weights converge in a few)
 SHOWN = 4  # the tokens a sentence names each way (most and least preferred)
 
@@ -79,8 +80,9 @@ def key_preferences(model: Any, descriptions: list[Any], fit: list[torch.Tensor]
         patterns = simulated_patterns(heads, preds, ok.bool().any(-1))
         for j, d in enumerate(heads):
             x, p = kept[d.layer][:, d.head] * ok, patterns[(d.layer, d.head)] * ok
-            sse[j, 0] += float(((x - p) ** 2).sum())
-            sse[j, 1] += float(((x - key_weighted(p, tok, weight[j]) * ok) ** 2).sum())
+            y = key_weighted(p, tok, weight[j]) * ok  # the cells off the first token: all the weights change
+            sse[j, 0] += float(((x - p)[..., 1:] ** 2).sum())
+            sse[j, 1] += float(((x - y)[..., 1:] ** 2).sum())
     keep = sse[:, 1] < (1 - MIN_DROP) * sse[:, 0]  # (N,)
     per_window: list[torch.Tensor] = []  # (B, N, 6) per batch
     for tok, preds, ok, kept in _passes(model, heads, held, batch_size, classes, tick(len(fit))):
@@ -101,8 +103,18 @@ def key_preferences(model: Any, descriptions: list[Any], fit: list[torch.Tensor]
         new[(d.layer, d.head)] = replace(
             d, key_pref=pref, agreement=float(r[j]), ci=(float(lo[j]), float(hi[j])),
             evidence={**d.evidence, "mix_r": d.agreement, "mix_lo": d.ci[0], "mix_hi": d.ci[1]},
-            text=f"{d.text} {_sentence(pref, strings, float(r[j]), float(lo[j]), float(hi[j]))}")
+            text=_insert(d.text, _sentence(pref, strings, float(r[j]), float(lo[j]), float(hi[j]))))
     return [new.get((d.layer, d.head), d) for d in descriptions]
+
+
+def _insert(text: str, sentence: str) -> str:
+    """``sentence`` before the paragraph's closing "Role: ..." (the substitution test's gate rewrites that), or last.
+
+    >>> _insert("Attends to x. Role: x.", "It weighs keys."), _insert("No clear role.", "It weighs keys.")
+    ('Attends to x. It weighs keys. Role: x.', 'No clear role. It weighs keys.')
+    """
+    head, sep, role = text.rpartition(" Role: ")
+    return f"{head} {sentence}{sep}{role}" if sep else f"{text} {sentence}"
 
 
 def _sentence(pref: dict[int, float], strings: list[str], r: float, lo: float, hi: float) -> str:
