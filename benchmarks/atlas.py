@@ -28,6 +28,7 @@ OV readout reads come from a pass over the first ``--pass-windows`` pass windows
 per head, not per window), then prints each named head's agreement and CI width. ``--heldout N``: score the
 first N held-out windows only (to time the same windows on two versions of the code); ``--max-heldout N``:
 hold out up to N windows (the atlas holds out at most :data:`headlens.atlas.corpus.MAX_HELDOUT`).
+``--no-key-pref``: the descriptions without key weights (:mod:`headlens.atlas.keypref`), as before them.
 
 ``--subst estimate|exact`` and ``--subst-exact N``: how each head's share kept is obtained (as ``headlens atlas``);
 the report then sets the first-order estimates against the exact values over the heads run exactly (all of them
