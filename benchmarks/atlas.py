@@ -28,6 +28,7 @@ OV readout reads come from a pass over the first ``--pass-windows`` pass windows
 per head, not per window), then prints each named head's agreement and CI width. ``--heldout N``: score the
 first N held-out windows only (to time the same windows on two versions of the code); ``--max-heldout N``:
 hold out up to N windows (the atlas holds out at most :data:`headlens.atlas.corpus.MAX_HELDOUT`).
+``--no-key-pref``: the descriptions without key weights (:mod:`headlens.atlas.keypref`), as before them.
 
 ``--subst estimate|exact`` and ``--subst-exact N``: how each head's share kept is obtained (as ``headlens atlas``);
 the report then sets the first-order estimates against the exact values over the heads run exactly (all of them
@@ -116,6 +117,11 @@ def _describe_only(args: argparse.Namespace) -> None:
     fit = [seen[(j * len(seen)) // n_fit] for j in range(n_fit)]
     t = time.process_time()
     descriptions = describe(model, ex, held, config.batch_size, fit, strings)
+    if not args.no_key_pref:
+        from headlens.atlas.keypref import key_preferences
+
+        descriptions = key_preferences(model, descriptions, fit, held, config.batch_size, _classes(model, strings),
+                                       strings)
     described = time.process_time() - t
     print(f"{args.model}: descriptions of {len(descriptions)} heads on {len(held)} held-out windows "
           f"({sum(len(w) for w in held)} tokens; fit on {n_fit} of {len(seen)} pass windows, exemplars from the "
@@ -253,6 +259,7 @@ def main() -> None:
                     help="each head's share kept: first-order estimates checked exactly on a sample, or all exact")
     ap.add_argument("--subst-exact", type=int, default=None, help="heads run exactly under --subst estimate")
     ap.add_argument("--no-peak", action="store_true", help="skip the two child processes' peak memory")
+    ap.add_argument("--no-key-pref", action="store_true", help="--describe-only: no key weights (as before them)")
     ap.add_argument("--save", default=None, help="pickle the descriptions and the substitution here (to study them)")
     ap.add_argument("--report", default=None, help="print the report of a pickle --save wrote, and nothing else")
     ap.add_argument("--child", choices=("pass", "classify"), default=None, help=argparse.SUPPRESS)
@@ -295,7 +302,7 @@ def main() -> None:
     print(f"substitution: {atlas.substitution.exact_heads if atlas.substitution else 0} heads run exactly "
           f"(--subst {args.subst})")
     print(f"plain forwards {plain:.1f} s ({plain_all:.1f} s with the held-out windows); exemplar pass {passed:.1f} s "
-          f"({passed / plain:.2f}x); descriptions {took.get('describing the heads', 0):.1f} s; substitution "
+          f"({passed / plain:.2f}x); descriptions {took.get('describing the heads', 0):.1f} s; key weights {took.get('weighing the keys', 0):.1f} s; substitution "
           f"{took.get('substituting the descriptions', 0):.1f} s; site {site:.1f} s; end to end {total:.1f} s "
           f"({total / plain_all:.2f}x the plain forwards over every window it reads)")
     if args.save:

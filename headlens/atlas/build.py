@@ -90,8 +90,9 @@ def build_atlas(model: Any, config: AtlasConfig | None = None, windows: list[tor
     Under ``torchrun`` the pass is shared out by rank (:mod:`headlens.atlas.shards`); rank 0 describes the heads
     and returns the atlas, the other ranks return None. ``resume``: a folder where each chunk of the pass is
     saved as it is done; a rerun with the same model, corpus and settings loads those chunks. ``stage(name)``
-    is told when each phase begins (``"reading the corpus"``, ``"describing the heads"``, ``"substituting the
-    descriptions"``); ``progress(done, total)`` counts within each. ``subst_windows``: held-out windows the
+    is told when each phase begins (``"reading the corpus"``, ``"describing the heads"``, ``"weighing the
+    keys"`` (:mod:`headlens.atlas.keypref`), ``"substituting the descriptions"``); ``progress(done, total)``
+    counts within each. ``subst_windows``: held-out windows the
     substitution test runs on (0: none); ``subst``, ``subst_exact``: how each head's share kept is obtained
     (:func:`headlens.atlas.substitute.substitute`'s ``subst`` and ``n_exact``).
 
@@ -109,6 +110,7 @@ def build_atlas(model: Any, config: AtlasConfig | None = None, windows: list[tor
     if windows is None:
         windows = corpus_windows(model, config.corpus, config.n_windows, config.seq_len, config.seed).prompts
     from headlens.atlas.describe import _classes
+    from headlens.atlas.keypref import key_preferences
     from headlens.atlas.rules import candidate_rules
     from headlens.atlas.substitute import substitute
 
@@ -123,6 +125,9 @@ def build_atlas(model: Any, config: AtlasConfig | None = None, windows: list[tor
     fit = [seen[(j * len(seen)) // n_fit] for j in range(n_fit)]
     tell("describing the heads")
     descriptions = describe(model, exemplars, held, config.batch_size, fit, strings, progress)
+    tell("weighing the keys")
+    descriptions = key_preferences(model, descriptions, fit, held, config.batch_size, _classes(model, strings),
+                                   strings, progress)
     substitution = None
     if subst_windows > 0 and getattr(model, "is_causal", True):
         tell("substituting the descriptions")

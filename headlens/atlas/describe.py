@@ -89,7 +89,9 @@ class Description:
     the loss its description keeps) with ``share_ci``, ``ablation_delta`` (the loss change of its mean
     ablation) and ``subst_windows`` (the held-out windows it ran on); None and 0 where it did not run.
     ``sink_bands``: the first token's weight per band of query positions (:mod:`headlens.atlas.sinkbands`;
-    empty where one weight holds in every row), the ``mixture`` then giving each rule's mean over the rows."""
+    empty where one weight holds in every row), the ``mixture`` then giving each rule's mean over the rows.
+    ``key_pref``: a weight per key token on the cells off the first token (:mod:`headlens.atlas.keypref`; empty
+    where none), the ``agreement`` then that of the pattern put back."""
 
     layer: int
     head: int
@@ -108,9 +110,11 @@ class Description:
     ablation_delta: float | None = None
     subst_windows: int = 0
     sink_bands: tuple[float, ...] = ()
+    key_pref: dict[int, float] = field(default_factory=dict)  # key token id -> weight (headlens.atlas.keypref)
 
-    def __post_init__(self) -> None:  # read back from JSON, the intervals are lists
+    def __post_init__(self) -> None:  # read back from JSON, the intervals are lists and the token ids strings
         object.__setattr__(self, "ci", tuple(self.ci))
+        object.__setattr__(self, "key_pref", {int(t): w for t, w in self.key_pref.items()})
         object.__setattr__(self, "sink_bands", tuple(self.sink_bands))
         if self.share_ci is not None:
             object.__setattr__(self, "share_ci", tuple(self.share_ci))

@@ -116,3 +116,18 @@ def banded_pattern(mixture: dict[str, float], shares: tuple[float, ...], targets
     M = sum((w / total * targets[r] for r, w in others.items()), e0 * (total == 0))  # (B, Q, K)
     s = (bands(M.shape[1], len(shares)) @ torch.tensor(shares, dtype=torch.float64)).to(M)  # (Q,): each position's
     return s[:, None] * e0 + (1 - s[:, None]) * M
+
+
+def key_weighted(p: torch.Tensor, tokens: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``(B, Q, K)``: pattern ``p`` with each key's cell off the first token weighted by its token's weight
+    (``tokens`` ``(B, K)``, ``weight`` ``(V,)``; :mod:`headlens.atlas.keypref`), each row renormalised to its mass
+    off the first token as in ``p``: the first token's cell is as it was.
+
+    >>> p = torch.tensor([[[1.0, 0, 0], [0.5, 0.5, 0], [0.2, 0.4, 0.4]]])
+    >>> key_weighted(p, torch.tensor([[0, 1, 2]]), torch.tensor([1.0, 1.0, 3.0]))[0, 2].tolist()
+    [0.20000000298023224, 0.20000000298023224, 0.6000000238418579]
+    """
+    rest = p[..., 1:] * weight.to(p)[tokens[:, None, 1:].clamp(max=weight.shape[0] - 1)]  # (B, Q, K-1)
+    mass = p[..., 1:].sum(-1, keepdim=True)  # (B, Q, 1)
+    rest = rest / rest.sum(-1, keepdim=True).clamp(min=1e-12) * mass
+    return torch.cat([p[..., :1], rest], -1)

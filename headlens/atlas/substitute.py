@@ -75,13 +75,14 @@ class Substitution:
                              for s, la, n, v in rows])
 
 
-def simulated_patterns(descriptions: Sequence[Any], targets: dict[str, torch.Tensor], query_ok: torch.Tensor
-                       ) -> dict[tuple[int, int], torch.Tensor]:
+def simulated_patterns(descriptions: Sequence[Any], targets: dict[str, torch.Tensor], query_ok: torch.Tensor,
+                       tokens: torch.Tensor | None = None) -> dict[tuple[int, int], torch.Tensor]:
     """``(layer, head) -> (B, Q, K)`` float32: each description's mixture of its rules' whole predictions
     (``targets[rule]``: ``(B, Q, K)`` weights, first-token fallback in rows without one), rows summing to 1
-    at the ``query_ok`` rows ``(B, Q)`` (elsewhere zero: the real row stays)."""
+    at the ``query_ok`` rows ``(B, Q)`` (elsewhere zero: the real row stays); with ``tokens`` ``(B, K)``, a
+    description's keys weighted by their token (its ``key_pref``, :mod:`headlens.atlas.keypref`)."""
     from headlens.atlas.rules import SINK
-    from headlens.atlas.sinkbands import banded_pattern
+    from headlens.atlas.sinkbands import banded_pattern, key_weighted
 
     out = {}
     for d in descriptions:
@@ -89,8 +90,17 @@ def simulated_patterns(descriptions: Sequence[Any], targets: dict[str, torch.Ten
             p = banded_pattern(d.mixture, d.sink_bands, targets, SINK)  # (B, Q, K)
         else:
             p = sum(w * targets[r] for r, w in d.mixture.items())  # (B, Q, K)
+        if tokens is not None and getattr(d, "key_pref", None):
+            p = key_weighted(p, tokens, _dense(d.key_pref, int(tokens.max()) + 1))
         out[(d.layer, d.head)] = (p / p.sum(-1, keepdim=True).clamp(min=1e-12) * query_ok[..., None]).float()
     return out
+
+
+def _dense(pref: dict[int, float], V: int) -> torch.Tensor:
+    """``(V',)``: a key weight per token id (1 where ``pref`` names none), long enough for ``V`` ids and ``pref``."""
+    w = torch.ones(max(V, max(pref) + 1), dtype=torch.float64)
+    w[torch.tensor(list(pref))] = torch.tensor(list(pref.values()), dtype=torch.float64)
+    return w
 
 
 def rule_predictions(batch: Any, hits: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -209,7 +219,7 @@ def substitute(model: Any, descriptions: list[Any], windows: list[torch.Tensor],
     if any(r in LATE for r in used):
         hits.update({n: t.double() for n, t in late_rules({r: rules[r] for r in used if r in LATE})(
             clean_logits, batch, cells).items()})
-    patterns = simulated_patterns(described, rule_predictions(batch, hits), batch.query_ok)
+    patterns = simulated_patterns(described, rule_predictions(batch, hits), batch.query_ok, batch.tokens)
     del hits
     valid = batch.valid
     clean_nll = _nll(clean_logits, batch.tokens, valid).cpu()  # (B, T-1)

@@ -21,6 +21,9 @@ win by a wide margin.
 * ``planted_gpt(banded=True)`` adds one more head last: previous token beside the first token, whose share of
   the row is set by the query's position: :data:`BANDED` (position, share) steps, the first token's score
   set ``log(share / (1 - share))`` above the previous token's. It writes the token it attends to, like L1H2.
+* ``planted_gpt(keyed=True)`` adds one more head last: every key so far weighed by its token alone
+  (:data:`KEYED`: a key holding "a" scores 2 above the others, so weighs e^2), what a description's key
+  weights (:mod:`headlens.atlas.keypref`) state. It writes the token it attends to, like L1H2.
 """
 
 from __future__ import annotations
@@ -40,13 +43,15 @@ S = 12.0  # query and key scale: a match scores S * S / sqrt(d_head), about 25
 MIXTURE_WRITE = 4.0  # L1H2's write scale: enough that removing it moves the loss
 REST = 7.0  # the induction head's score scale on the first token: about 9, well under a match
 BANDED = ((0, 0.9), (8, 0.2))  # the banded head's share on the first token from each position on
+KEYED = {"a": 2.0, "b": 1.0, "c": -2.0}  # the keyed head's score for a key holding each letter (others 0)
 
 
-def planted_gpt(mixture: bool = False, splits: tuple[float, ...] = (), banded: bool = False) -> GPT:
+def planted_gpt(mixture: bool = False, splits: tuple[float, ...] = (), banded: bool = False,
+                keyed: bool = False) -> GPT:
     tok = Tokenizer.char_level(ALPHABET)
     V, T = tok.d_vocab, N_CTX  # V includes BOS (the last id)
     D = 2 * V + T
-    cfg = ModelConfig(n_layers=2, n_heads=2 + mixture + len(splits) + banded, d_model=D, n_ctx=T, d_vocab=V, d_head=D_HEAD, attn_only=True,
+    cfg = ModelConfig(n_layers=2, n_heads=2 + mixture + len(splits) + banded + keyed, d_model=D, n_ctx=T, d_vocab=V, d_head=D_HEAD, attn_only=True,
                       normalization="none", positional_embedding="learned")
     model = GPT(cfg, tokenizer=tok)
     prev = V + T  # start of the previous-token subspace
@@ -106,6 +111,16 @@ def planted_gpt(mixture: bool = False, splits: tuple[float, ...] = (), banded: b
                 k[V + i - 1, i - 1] = S
                 q[V + i, T - 1] = S + math.log(share / (1 - share)) * D_HEAD ** 0.5 / S  # first token vs previous
             k[V + 0, T - 1] = S
+            for t in range(V):
+                v[t, t] = 1.0
+                o[t, t] = MIXTURE_WRITE
+        if keyed:  # every key so far, weighed by its token: e^KEYED[t] for a key holding letter t, 1 for the others
+            h = 2 + mixture + len(splits) + banded
+            q, k, v, o = _block(model, 1, 0)[h], _block(model, 1, 1)[h], _block(model, 1, 2)[h], _out(model, 1)[h]
+            for i in range(T):
+                q[V + i, 0] = S
+            for t, score in KEYED.items():
+                k[ALPHABET.index(t), 0] = score * D_HEAD ** 0.5 / S
             for t in range(V):
                 v[t, t] = 1.0
                 o[t, t] = MIXTURE_WRITE

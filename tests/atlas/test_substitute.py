@@ -214,7 +214,7 @@ def test_every_phase_of_an_atlas_reports_its_progress():
 
     build_atlas(headlens.load("induction-2l"), AtlasConfig(corpus="repeats", n_windows=16, seq_len=32, k=2),
                 progress=lambda d, t: heard.append((phase[0], d, t)), stage=stage, subst_windows=2)
-    names = ["reading the corpus", "describing the heads", "substituting the descriptions"]
+    names = ["reading the corpus", "describing the heads", "weighing the keys", "substituting the descriptions"]
     assert [n for n, d, t in heard if d == t == 0] == names
     for name in names:  # each phase counts up to its own total
         counts = [(d, t) for n, d, t in heard if n == name and t]

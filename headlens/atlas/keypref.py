@@ -1,0 +1,165 @@
+"""Which key tokens a head prefers among the keys its description spreads a row over: a weight per key token.
+
+Why it looks like this:
+
+* **Where the rest of a row goes.** A description (:mod:`headlens.atlas.describe`) says how much of a row
+  rests on the first token and spreads the rest by position-led rules (``uniform``, ``decay_8``, ...), but
+  a real head spreads it by what the keys hold: put back with the head's own spread over the other keys,
+  SmolLM2's descriptions would write 5x closer to what the heads write (benchmarks/README.md). The part a
+  reader can state and a simulation can put back from the tokens alone is a weight per key token: "among
+  those keys, ``,`` weighs 3.1x, `` the`` 0.4x". The description's pattern ``p`` becomes, in every row,
+  the first token's cell as it is and the other cells ``p[q, k] * w[x_k]``, renormalised to the row's
+  same mass off the first token (:func:`headlens.atlas.sinkbands.key_weighted`).
+* **Fit, gated and scored on three sets of windows.** The weights are fit by proportional fitting on every
+  other fit window: :data:`ITERS` steps of ``w_v <- w_v (A_v + PRIOR) / (P_v + PRIOR)``, ``A_v`` the head's
+  attention off the first token on keys holding token ``v`` and ``P_v`` its weighted description's
+  (``PRIOR`` shrinks a rare token to 1; the rules read the tokens alone, so the steps need no forward),
+  over the :data:`TOP` tokens with the most attention (every other token weighs 1: a short list to read).
+  They are kept when they cut the squared error left on the other fit windows, over the cells off the first
+  token (the only ones they change: the first token's cell, the largest, would drown what they fix), by
+  :data:`headlens.atlas.mixture.MIN_DROP` or more (as a rule must to join a mixture), and the description
+  put back is then scored on the held-out windows: the same Pearson correlation over every causal cell
+  and bootstrap over windows as a mixture's, which becomes the description's agreement (the mixture's own
+  stays in the evidence as ``mix_r``).
+* **An extra pass.** The patterns are read again (the fit windows and the held-out ones, one forward
+  each); the role is the mixture's (a key weighting names none).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from headlens.atlas.mixture import MIN_DROP, corr
+from headlens.atlas.sinkbands import key_weighted
+
+PRIOR = 1.0  # attention mass (about one row's) that shrinks each key token's weight towards 1
+TOP = 256  # key tokens whose weight a description keeps, by the head's attention on them on the fit windows
+ITERS = 4  # proportional-fitting steps (the weights converge in a few)
+SHOWN = 4  # the tokens a sentence names each way (most and least preferred)
+
+
+def key_preferences(model: Any, descriptions: list[Any], fit: list[torch.Tensor], held: list[torch.Tensor],
+                    batch_size: int, classes: dict[str, torch.Tensor], strings: list[str],
+                    progress: Callable[[int, int], None] | None = None) -> list[Any]:
+    """``descriptions`` with ``key_pref`` (token id -> weight) set where it helps (module docstring), their
+    agreement and CI those of the pattern put back, and a sentence saying it; the others as they are."""
+    from headlens.atlas.describe import _with_ci
+    from headlens.atlas.substitute import simulated_patterns
+
+    heads = [d for d in descriptions if d.mixture]
+    if not heads or len(fit) < 2:
+        return descriptions
+    V = int(model.cfg.d_vocab)
+    n_total = len(fit) + len(held)
+    tick = (lambda off: (lambda d: progress(off + d, n_total))) if progress else (lambda off: (lambda d: None))
+    seen = torch.zeros(len(heads), V, dtype=torch.float64)  # per head: A_v, its attention on keys holding v
+    stored = []
+    for tok, preds, ok, kept in _passes(model, heads, fit[0::2], batch_size, classes, tick(0)):
+        idx = tok[:, None, 1:].expand_as(ok[..., 1:]).reshape(-1)
+        for j, d in enumerate(heads):
+            seen[j].index_add_(0, idx, (kept[d.layer][:, d.head] * ok)[..., 1:].reshape(-1).double())
+        stored.append((tok, preds, ok))
+    top = seen.topk(min(TOP, V), -1).indices  # (N, TOP): the tokens a description may weigh
+    weight = torch.ones(len(heads), V)  # (N, V)
+    for _ in range(ITERS):  # proportional fitting: the rules' predictions read the tokens alone, no forward
+        put = torch.zeros(len(heads), V, dtype=torch.float64)  # P_v: the description's, keys weighted
+        for tok, preds, ok in stored:
+            patterns = simulated_patterns(heads, preds, ok.bool().any(-1))
+            idx = tok[:, None, 1:].expand_as(ok[..., 1:]).reshape(-1)
+            for j, d in enumerate(heads):
+                y = key_weighted(patterns[(d.layer, d.head)] * ok, tok, weight[j])
+                put[j].index_add_(0, idx, y[..., 1:].reshape(-1).double())
+        step = ((seen + PRIOR) / (put + PRIOR)).float().gather(1, top)
+        weight.scatter_(1, top, weight.gather(1, top) * step)
+    sse = torch.zeros(len(heads), 2, dtype=torch.float64)
+    for tok, preds, ok, kept in _passes(model, heads, fit[1::2], batch_size, classes, tick(len(fit[0::2]))):
+        patterns = simulated_patterns(heads, preds, ok.bool().any(-1))
+        for j, d in enumerate(heads):
+            x, p = kept[d.layer][:, d.head] * ok, patterns[(d.layer, d.head)] * ok
+            y = key_weighted(p, tok, weight[j]) * ok  # the cells off the first token: all the weights change
+            sse[j, 0] += float(((x - p)[..., 1:] ** 2).sum())
+            sse[j, 1] += float(((x - y)[..., 1:] ** 2).sum())
+    keep = sse[:, 1] < (1 - MIN_DROP) * sse[:, 0]  # (N,)
+    per_window: list[torch.Tensor] = []  # (B, N, 6) per batch
+    for tok, preds, ok, kept in _passes(model, heads, held, batch_size, classes, tick(len(fit))):
+        patterns = simulated_patterns(heads, preds, ok.bool().any(-1))
+        sums = torch.zeros(tok.shape[0], len(heads), 6, dtype=torch.float64)
+        for j, d in enumerate(heads):
+            x, p = (kept[d.layer][:, d.head] * ok).double(), (patterns[(d.layer, d.head)] * ok).double()
+            y = key_weighted(p, tok, weight[j]) * ok if bool(keep[j]) else p
+            sums[:, j] = torch.stack([ok.sum((1, 2)), x.sum((1, 2)), y.sum((1, 2)), (x * x).sum((1, 2)),
+                                      (y * y).sum((1, 2)), (x * y).sum((1, 2))], -1)
+        per_window.append(sums)
+    r, lo, hi = _with_ci(torch.cat(per_window), corr)  # each (N,)
+    new = {}
+    for j, d in enumerate(heads):
+        if not bool(keep[j]):
+            continue
+        pref = {int(t): round(float(weight[j, t]), 4) for t in top[j]}
+        new[(d.layer, d.head)] = replace(
+            d, key_pref=pref, agreement=float(r[j]), ci=(float(lo[j]), float(hi[j])),
+            evidence={**d.evidence, "mix_r": d.agreement, "mix_lo": d.ci[0], "mix_hi": d.ci[1]},
+            text=_insert(d.text, _sentence(pref, strings, float(r[j]), float(lo[j]), float(hi[j]))))
+    return [new.get((d.layer, d.head), d) for d in descriptions]
+
+
+def _insert(text: str, sentence: str) -> str:
+    """``sentence`` before the paragraph's closing "Role: ..." (the substitution test's gate rewrites that), or last.
+
+    >>> _insert("Attends to x. Role: x.", "It weighs keys."), _insert("No clear role.", "It weighs keys.")
+    ('Attends to x. It weighs keys. Role: x.', 'No clear role. It weighs keys.')
+    """
+    head, sep, role = text.rpartition(" Role: ")
+    return f"{head} {sentence}{sep}{role}" if sep else f"{text} {sentence}"
+
+
+def _sentence(pref: dict[int, float], strings: list[str], r: float, lo: float, hi: float) -> str:
+    """What the key weights say, and the agreement of the description put back with them."""
+    ranked = sorted(pref.items(), key=lambda kv: -kv[1])
+    name = lambda t: repr(strings[t]) if t < len(strings) else str(t)  # noqa: E731
+    most = ", ".join(f"{name(t)} {w:.1f}x" for t, w in ranked[:SHOWN] if w > 1)
+    least = ", ".join(f"{name(t)} {w:.2f}x" for t, w in ranked[::-1][:SHOWN] if w < 1)
+    said = "; ".join(s for s in (f"most {most}" if most else "", f"least {least}" if least else "") if s)
+    return (f"Among the keys its rules spread a row over, it weighs some by their token ({said}; {len(pref)} "
+            f"tokens weighted, fit on the pass's windows): put back so, its predicted attention agrees with the "
+            f"real one at r = {r:.2f} [{lo:.2f}, {hi:.2f}] on held-out text.")
+
+
+def _passes(model: Any, heads: list[Any], windows: list[torch.Tensor], batch_size: int,
+            classes: dict[str, torch.Tensor], tick: Callable[[int], None]) -> Any:
+    """Per batch of ``windows``: the tokens ``(B, K)``, the rules' whole-row predictions the ``heads`` name
+    (:func:`headlens.atlas.substitute.rule_predictions`), ``ok`` ``(B, Q, K)`` float32 (1 on the countable causal
+    cells) and layer -> the real patterns ``(B, H, Q, K)`` float32 of the layers of ``heads``."""
+    from headlens.atlas.heldout import _batch
+    from headlens.atlas.rules import LATE, candidate_rules, late_rules, rule_targets
+    from headlens.atlas.substitute import rule_predictions
+    from headlens.models.vocab import vocab
+
+    rules, special = candidate_rules(), vocab(model).special
+    layers = sorted({d.layer for d in heads})
+    used = sorted({r for d in heads for r in d.mixture})
+    for start in range(0, len(windows), batch_size):
+        batch = _batch(windows[start:start + batch_size], special, classes)
+        T = batch.tokens.shape[1]
+        q, k = torch.arange(T)[:, None], torch.arange(T)[None, :]
+        cells = (k <= q) & batch.valid[:, None, :] & batch.query_ok[:, :, None]  # (B, Q, K)
+        kept: dict[int, torch.Tensor] = {}
+
+        def keep(layer: int, into: dict[int, torch.Tensor] = kept) -> Any:
+            def hook(pattern: torch.Tensor, hook: Any) -> None:  # (B, H, Q, K)
+                into[layer] = pattern.detach().cpu().float()
+            return hook
+
+        with torch.no_grad(), model.hooks([(f"blocks.{la}.attn.hook_pattern", keep(la)) for la in layers]):
+            logits = model(batch.tokens.to(model.device))  # (B, T, V)
+        hits = {r: rule_targets(rules[r], batch, T) * cells for r in used if r not in LATE}
+        if any(r in LATE for r in used):
+            hits.update({n: t.double() for n, t in late_rules({r: rules[r] for r in used if r in LATE})(
+                logits.cpu(), batch, cells).items()})
+        del logits
+        yield batch.tokens, rule_predictions(batch, hits), cells.float(), kept
+        tick(min(start + batch_size, len(windows)))
