@@ -90,7 +90,27 @@ positions, ``(B, C, 2)``, read with a task narrowed to them. At 1 thread on the 
 kept patcher is alive there now), rounds 2.07, faithfulness 1.87 GB.
 Tried and dropped: the last block's MLP at the read rows only (torch hooks on the family's own MLP cutting its
 input to them; IOI's S2 chunks read 1 of 5 rows there): equal to the reference on gemma2, gpt_neox and llama, but
-62-63 s either way, no gain the benchmark could see for a hook on every family's MLP. The first pass with more
+62-63 s either way, no gain the benchmark could see for a hook on every family's MLP (change 11 does it without
+hooks, the whole block).
+
+10. one clean forward in the setup for what three readers ran apart: the senders' clean activations, the first
+    table's resumed patcher (block inputs, keys and values, ``hook_z``, logits) and the roles' attention patterns
+    (``CleanRun(extra=...)``, :func:`headlens.circuits.api._clean_run`; recorded only where one patcher will hold
+    all the prompts). Two forwards over the 32 prompts fewer, and the senders' ``hook_z`` are the run's own tensors.
+11. the last block runs whole only at the rows the metric reads (:func:`headlens.circuits.recorded.last_block_at`):
+    it runs at every resumed position up to its keys and values (input norm, projections, rotary: about a sixth of
+    a block), stops at the seam, then runs at the read rows alone with those keys and values. IOI's S2 chunks
+    read 1 of 3-7 rows there.
+12. the receiver's block runs only at its patched queries and where keys or values are sent from, for key and
+    value edges as for queries (change 8): its output elsewhere is the recorded stream, ``hook_z`` being spliced
+    clean there. IOI's S2 key and value edges ran it at all 3-7 resumed positions.
+13. the first pass, resumed from the recorded run, runs its blocks from the first position an edge reads or
+    patches to the longest prompt's end (:func:`headlens.circuits.attribution._window`): a causal model's earlier
+    positions change none of the gradients read, and past the longest prompt is padding. IOI: 16-19 of 21
+    positions per 8-prompt chunk; the estimates are the same to the bit.
+Changes 10-13 against the code before them, whole discoveries at 1 thread on the machine shared with two other
+jobs (load 4), CPU seconds: 118.2 s -> 109.9 s, the same 182 edges (effects within 2.4e-6), faithfulness 0.859,
+peak 2.07 -> 2.01 GB. QUIET_PLACEHOLDER The first pass with more
 prompts a pass when resumed (up to 16 or all 32, the graph no bigger): its phase peaked at 2.21-2.24 GB against
 2.08 (the read positions' logits and their gradients grow with the prompts), for no time saved either.
 
