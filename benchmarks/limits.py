@@ -110,7 +110,9 @@ hooks, the whole block).
     positions per 8-prompt chunk; the estimates are the same to the bit.
 Changes 10-13 against the code before them, whole discoveries at 1 thread on the machine shared with two other
 jobs (load 4), CPU seconds: 118.2 s -> 109.9 s, the same 182 edges (effects within 2.4e-6), faithfulness 0.859,
-peak 2.07 -> 2.01 GB. This benchmark on a quiet machine (load 0.8-1.1), two runs: 62.8 s wall, 122.9 s CPU, 88x
+peak 2.07 -> 2.01 GB. Apart, in one process each, on and off alternated: change 11 on round 4's 216 patches
+34.4-35.6 s -> 33.8-34.7 s (within the machine's noise); change 13 the four rounds' first passes 10.4-10.7 s ->
+10.0-10.1 s, the estimates identical to the bit; changes 10 and 12 not timed apart. This benchmark on a quiet machine (load 0.8-1.1), two runs: 62.8 s wall, 122.9 s CPU, 88x
 plain forwards -> 54.5 s and 56.9 s wall, 106.6 and 111.2 s CPU, 80x and 82x; ``benchmarks/circuits_smollm2.py``
 right after (its memory sampler running): 59 s wall, 116 s CPU, peak 2.00 GB against 1.46 GB for a classify (1.37x). The first pass with more
 prompts a pass when resumed (up to 16 or all 32, the graph no bigger): its phase peaked at 2.21-2.24 GB against
