@@ -100,10 +100,11 @@ def key_preferences(model: Any, descriptions: list[Any], fit: list[torch.Tensor]
         if not bool(keep[j]):
             continue
         pref = {int(t): round(float(weight[j, t]), 4) for t in top[j]}
+        mass = {int(t): float(seen[j, t]) for t in top[j]}
         new[(d.layer, d.head)] = replace(
             d, key_pref=pref, agreement=float(r[j]), ci=(float(lo[j]), float(hi[j])),
             evidence={**d.evidence, "mix_r": d.agreement, "mix_lo": d.ci[0], "mix_hi": d.ci[1]},
-            text=_insert(d.text, _sentence(pref, strings, float(r[j]), float(lo[j]), float(hi[j]))))
+            text=_insert(d.text, _sentence(pref, strings, float(r[j]), float(lo[j]), float(hi[j]), mass)))
     return [new.get((d.layer, d.head), d) for d in descriptions]
 
 
@@ -117,12 +118,24 @@ def _insert(text: str, sentence: str) -> str:
     return f"{head} {sentence}{sep}{role}" if sep else f"{text} {sentence}"
 
 
-def _sentence(pref: dict[int, float], strings: list[str], r: float, lo: float, hi: float) -> str:
-    """What the key weights say, and the agreement of the description put back with them."""
-    ranked = sorted(pref.items(), key=lambda kv: -kv[1])
+def _sentence(pref: dict[int, float], strings: list[str], r: float, lo: float, hi: float,
+              mass: dict[int, float] | None = None) -> str:
+    """What the key weights say, and the agreement of the description put back with them. The tokens named are
+    those whose weight moves the most attention (``mass``: token -> the head's attention on it off the first token,
+    ``A_v``; a weight ``w`` moves about ``A_v |1 - 1/w|``), not the largest ratios: a token seen twice can weigh 30x
+    and move nothing.
+
+    >>> s = _sentence({1: 30.0, 2: 2.0, 3: 0.5}, ["x", "a", "b", "c"], 0.9, 0.8, 1.0, {1: 0.01, 2: 5.0, 3: 1.0})
+    >>> s[s.index("(most"):s.index(" tokens weighted")]
+    "(most 'b' 2.0x, 'a' 30.0x; least 'c' 0.50x; 3"
+    """
+    mass = mass or {}
+    moved = lambda t: mass.get(t, 1.0) * abs(1 - 1 / max(pref[t], 1e-9))  # noqa: E731
     name = lambda t: repr(strings[t]) if t < len(strings) else str(t)  # noqa: E731
-    most = ", ".join(f"{name(t)} {w:.1f}x" for t, w in ranked[:SHOWN] if w > 1)
-    least = ", ".join(f"{name(t)} {w:.2f}x" for t, w in ranked[::-1][:SHOWN] if w < 1)
+    most = ", ".join(f"{name(t)} {pref[t]:.1f}x" for t in sorted((t for t in pref if pref[t] > 1), key=moved,
+                                                                   reverse=True)[:SHOWN])
+    least = ", ".join(f"{name(t)} {pref[t]:.2f}x" for t in sorted((t for t in pref if pref[t] < 1), key=moved,
+                                                                    reverse=True)[:SHOWN])
     said = "; ".join(s for s in (f"most {most}" if most else "", f"least {least}" if least else "") if s)
     return (f"Among the keys its rules spread a row over, it weighs some by their token ({said}; {len(pref)} "
             f"tokens weighted, fit on the pass's windows): put back so, its predicted attention agrees with the "
