@@ -378,9 +378,10 @@ def _window(task: Task, edges: Sequence[Edge], named: Any, cols: torch.Tensor | 
     model is causal) to the longest prompt's end (past it, padding); ``(0, None)``: all of them."""
     B, T = task.tokens.shape
     names = {e.sender_pos for e in edges} | {e.pos for e in edges if e.receiver.kind == "head"}
-    if record is None or named is None or ALL in names or any(kv is None for kv in record.kv) or cols is None:
+    if (record is None or named is None or cols is None or not names <= set(named.index)
+            or any(kv is None for kv in record.kv)):
         return 0, None
-    idx = torch.cat([named.index[n] for n in names if n in named.index] or [torch.zeros(1, dtype=torch.long)])
+    idx = torch.cat([named.index[n] for n in names])  # -1: a prompt without that position
     p0 = int(idx[idx >= 0].min()) if bool((idx >= 0).any()) else 0
     p1 = T if task.attention_mask is None else int(task.attention_mask.sum(1).max())
     if p0 > int(cols.min()) or int(cols.max()) >= p1 or (p0 == 0 and p1 == T):

@@ -18,17 +18,14 @@ import torch
 
 from headlens.circuits.bridge import forks
 from headlens.circuits.nodes import Edge, kv_head
+from headlens.circuits.recorded import StopBlock
 from headlens.interventions.metrics import Task
-
-
-class _Stop(Exception):
-    """Raised at the receiver layer's pattern: nothing after it is needed."""
 
 
 def _grab(seen: dict[str, torch.Tensor]) -> Any:
     def hook(p: torch.Tensor, hook: Any) -> None:  # (N, H, Q, K)
         seen["p"] = p
-        raise _Stop
+        raise StopBlock  # at the receiver layer's pattern: nothing after it is needed
 
     return hook
 
@@ -39,7 +36,7 @@ def _block_pattern(model: Any, run: Any, layer: int, hooks: list, x: torch.Tenso
     try:
         with model.hooks([*hooks, (f"blocks.{layer}.attn.hook_pattern", _grab(seen))]):
             run.block(model, layer, x, K)
-    except _Stop:
+    except StopBlock:
         pass
     return seen["p"]
 

@@ -152,7 +152,6 @@ class CleanRun:
         self.z = [cache[n] for n in names[:L]]
         self.final = cache[names[-1]]
         self.extra = {n: cache[n] for n in extra}
-        self.task = task
 
     def rows(self, rows: torch.Tensor) -> CleanRun:
         """This run of prompts ``rows`` only: what resuming reads (block calls, keys and values, ``z``), no logits."""
@@ -219,8 +218,9 @@ def fold_kv(kv: tuple[torch.Tensor, torch.Tensor], P: torch.Tensor, K: int, k: t
     return ck.to(k).repeat(K, 1, 1, 1).scatter_(2, idx, k), cv.to(v).repeat(K, 1, 1, 1).scatter_(2, idx, v)
 
 
-class _Stop(Exception):
-    """Raised at the seam to stop a block once its keys and values are known."""
+class StopBlock(Exception):
+    """Raised inside a block (at a hook or the seam) once what the caller needs of it is known: the rest of it, and
+    of the forward, never runs."""
 
 
 def last_block_at(run: CleanRun, model: Any, x: torch.Tensor, K: int, P: torch.Tensor, J: torch.Tensor,
@@ -237,9 +237,9 @@ def last_block_at(run: CleanRun, model: Any, x: torch.Tensor, K: int, P: torch.T
 
     def grab(_layer: int, k: torch.Tensor, v: torch.Tensor) -> Any:
         box.append((k, v))  # (K*B, H_kv, S, d): the new keys and values at P
-        raise _Stop
+        raise StopBlock
 
-    with contextlib.suppress(_Stop), _seam(blocks, grab):
+    with contextlib.suppress(StopBlock), _seam(blocks, grab):
         run.block(model, layer, x, K, P)
     keys, D = fold_kv(kv, P, K, *box[0]), x.shape[-1]
     at = J.repeat(K, 1)[:, :, None].expand(-1, -1, D)  # (K*B, Sr, D)

@@ -189,9 +189,7 @@ class ResumePatcher:
         S = T if P is None else P.shape[1]
         x = x.reshape(K, B, S, D)
         Pf = torch.arange(T, device=x.device).expand(B, T) if P is None else P
-        first = torch.ones_like(Pf, dtype=torch.bool)
-        first[:, 1:] = Pf[:, 1:] != Pf[:, :-1]  # a position repeated past a prompt's end counts once
-        b, j = (first & self.task.positions.gather(1, Pf)).nonzero(as_tuple=True)
+        b, j = self._reads(Pf).nonzero(as_tuple=True)
         t = Pf[b, j]
         buf = self._clean_buffer()  # (B, T, V) or (B, C, n): unread and unchanged positions stay clean
         cols = self.metric_task.cols
@@ -321,14 +319,19 @@ class ResumePatcher:
             new.final = _put(base.final, P, x)
         return x
 
+    def _reads(self, P: torch.Tensor) -> torch.Tensor:
+        """``(B, S)`` bool: which of positions ``P`` ``(B, S)`` the metric reads, a position repeated past a prompt's
+        end counted once."""
+        first = torch.ones_like(P, dtype=torch.bool)
+        first[:, 1:] = P[:, 1:] != P[:, :-1]
+        return first & self.task.positions.gather(1, P)
+
     def _read_columns(self, P: torch.Tensor | None) -> torch.Tensor | None:
         """``(B, Sr)`` the columns of ``P`` ``(B, S)`` the metric reads (:meth:`read`'s rows), when every prompt reads
         as many and fewer than ``S`` (IOI's END: 1 of up to 7); else None."""
         if P is None or P.shape[1] < 2:
             return None
-        first = torch.ones_like(P, dtype=torch.bool)
-        first[:, 1:] = P[:, 1:] != P[:, :-1]  # a position repeated past a prompt's end counts once
-        reads = first & self.task.positions.gather(1, P)  # (B, S)
+        reads = self._reads(P)  # (B, S)
         n = reads.sum(1)
         if not bool((n == n[0]).all()) or not 0 < int(n[0]) < P.shape[1]:
             return None

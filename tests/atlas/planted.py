@@ -29,6 +29,7 @@ win by a wide margin.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -165,3 +166,13 @@ def rare_repeat_windows(model: GPT, n: int, every: int = 3, seed: int = 0) -> li
         seg = torch.randperm(len(ALPHABET), generator=gen)
         out.append(torch.cat([torch.tensor([bos]), seg, seg[:4] if i % every == every - 1 else seg[:0]]))
     return out
+
+
+def planted_atlas(n_windows: int = 32, **planted: Any) -> tuple[GPT, list[torch.Tensor], Any]:
+    """``(model, windows, atlas)``: :func:`planted_gpt` with ``planted``, its repeated windows and the atlas of them."""
+    from headlens.atlas.build import build_atlas
+    from headlens.atlas.exemplars import AtlasConfig
+
+    model = planted_gpt(**planted)
+    windows = repeat_windows(model, n_windows)
+    return model, windows, build_atlas(model, AtlasConfig(k=3, batch_size=8), windows=windows)

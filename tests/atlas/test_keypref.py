@@ -8,20 +8,16 @@ from dataclasses import replace
 
 import pytest
 
-from headlens.atlas.build import build_atlas
 from headlens.atlas.corpus import split
 from headlens.atlas.describe import Description
-from headlens.atlas.exemplars import AtlasConfig
 from headlens.atlas.rules import candidate_rules
 from headlens.atlas.substitute import substitute
-from tests.atlas.planted import ALPHABET, KEYED, planted_gpt, repeat_windows
+from tests.atlas.planted import ALPHABET, KEYED, planted_atlas
 
 
 @pytest.fixture(scope="module")
 def keyed():
-    model = planted_gpt(keyed=True)
-    windows = repeat_windows(model, 32)
-    return model, windows, build_atlas(model, AtlasConfig(k=3, batch_size=8), windows=windows)
+    return planted_atlas(keyed=True)
 
 
 def test_a_head_that_weighs_keys_by_their_token_gets_those_weights(keyed):

@@ -14,14 +14,12 @@ from headlens.atlas.build import build_atlas
 from headlens.atlas.exemplars import AtlasConfig
 from headlens.atlas.rules import candidate_rules, token_classes
 from headlens.atlas.substitute import _loss, substitute
-from tests.atlas.planted import planted_gpt, rare_repeat_windows, repeat_windows
+from tests.atlas.planted import planted_atlas, planted_gpt, rare_repeat_windows, repeat_windows
 
 
 @pytest.fixture(scope="module")
 def mixed():
-    model = planted_gpt(mixture=True)
-    windows = repeat_windows(model, 32)
-    return model, windows, build_atlas(model, AtlasConfig(k=3, batch_size=8), windows=windows)
+    return planted_atlas(mixture=True)
 
 
 def test_planted_mixture_and_conditional_heads_get_their_built_descriptions(mixed):
