@@ -24,7 +24,10 @@ _DROP = ("cache", "past_key_values", "layer_past")  # the family's own cache: th
 
 def resumable(model: Any) -> bool:
     """True when ``model`` is bridged with the blocks, input norms, projections and seam the resumed path needs
-    (and forks, which its reference, one full forward per edge, patches through)."""
+    (and forks, which its reference, one full forward per edge, patches through). Causal only: every resumed path
+    runs a prompt's positions from the first that changes, and an encoder's earlier positions read its later ones."""
+    if not getattr(model, "is_causal", True):
+        return False
     b = getattr(model, "bridge", None)
     if b is None or not hasattr(b, "blocks") or not hasattr(b, "ln_final") or not hasattr(b, "unembed"):
         return False

@@ -47,3 +47,18 @@ def test_setup_records_one_clean_forward_for_senders_patcher_and_roles(model):
         assert recorded[node] == pytest.approx(fresh[node], abs=1e-6)
     s.done_patching()
     assert s.clean_run is None and not s.patchers
+
+
+def test_an_encoder_takes_no_resumed_path(tmp_path):
+    """Every resumed path runs a prompt from its first changed position on, which an encoder's earlier positions
+    (reading its later ones) would not follow: a bidirectional bridge is never resumable, so its setup records no
+    shared run and its edges take one forward each."""
+    from hf_families import build
+
+    import headlens
+    from headlens.circuits.recorded import resumable
+
+    model = headlens.load(f"hf:{build('bert', tmp_path / 'bert')}")
+    assert not model.is_causal and not resumable(model)
+    s = setup(model, "kl", "mean", prompts=["the cat sat on the mat", "a dog ran in the park"], n_prompts=2)
+    assert s.clean_run is None and s.patterns is None
