@@ -289,6 +289,8 @@ class ResumePatcher:
         if not bool((n == n[0]).all()) or not int(n[0]):
             return None
         Q = at.nonzero()[:, 1].view(B, -1)  # (B, Sq): each prompt's patched positions, in order
+        if bool((Q >= self.lengths[:, None]).any()):  # a query in a prompt's padding: outside P, the general path
+            return None
         R = chunk[0].receiver.layer
         sent = torch.zeros_like(at)
         if any(e.input != "q" for e in chunk):

@@ -214,3 +214,25 @@ def test_aligned_mean_over_the_corrupted_distribution():
     assert out[0, 1, 0] == (1 + 11) / 2 and out[1, 1, 0] == (6 + 16) / 2  # same layout, same position
     res = aligned_replaced(torch.zeros_like(ref), ref, "resample", 0, al)
     assert all(res[b, 1, 0] != ref[b, 1, 0] for b in range(4))  # another prompt of the layout
+
+
+def test_a_receiver_position_in_a_prompts_padding_equals_one_forward_per_edge(tmp_path):
+    """Prompts of different lengths whose named receiver position falls in one prompt's padding (past its end, where
+    nothing is read): the resumed patcher takes its general path there, equal to one full forward per edge (the
+    shortcut for chunks patched at queries alone indexed past the resumed positions)."""
+    from hf_families import build
+
+    import headlens
+
+    model = headlens.load(f"hf:{build('llama', tmp_path / 'llama')}")
+    s = setup(model, "lm_loss", "mean", prompts=["the quick brown fox jumps over the lazy dog " * 2, "a b c d e"],
+              n_prompts=2)
+    B, T = s.task.tokens.shape
+    lengths = s.task.attention_mask.sum(1)
+    late = torch.full((B,), T - 2)  # past the short prompt's end
+    assert bool((late >= lengths).any())
+    named = NamedPositions({"A": late, "B": torch.full((B,), 1)}, (B, T))
+    edges = make_edges(model, parse_nodes("L1H0", model), None, "qkv", positions=["A"], sender_positions=["B"])
+    fast = edge_values(model, s.task, ["lm_loss"], edges, s.deltas, True, named=named)
+    naive = edge_values(model, s.task, ["lm_loss"], edges, s.deltas, False, named=named)
+    assert max(float(np.abs(fast[1][k] - naive[1][k]).max()) for k in naive[1]) < TOL
