@@ -137,6 +137,20 @@ candidates clear it. What is left is the exact rounds' suffix (the resumed block
 patches: controls are 8 of every 9), linear layers at full speed (300-350 GFLOP/s on these 2 cores): the
 arithmetic itself, not overhead.
 
+The command against the discovery (quiet machine, other jobs paused, 2 threads, the same code): ``/usr/bin/time
+headlens circuit --model smollm2 --prompts ioi --metric logit_diff --out ioi.csv`` 64.2 s wall (115.7 s user,
+2.18 GB peak RSS); in a fresh process, ``headlens.load("smollm2")`` 3.5 s (2.2-2.9 s of it importing
+TransformerLens and transformers) and then ``headlens.circuit`` twice, 58.4 s and 58.6 s (the first call of a
+process is not slower); the phases of one discovery, wall: exact rounds 42.0 s, first pass 6.7 s, faithfulness
+4.6 s, edge tables 1.8 s, setup 1.6 s. At 1 thread the same discovery is 100.8-104 s CPU, so 2 threads give 1.8x
+(the first pass's backward passes and the edge tables' statistics scale worst, 1.5x). Per exact round at 1 thread
+(CPU s): the 301 edges into the logits 1.1, then 48 candidates each with 167, 194, 205 and 216 patches in all
+(controls included) 4.8, 14.3, 29.1 and 32.3 s: the later rounds' receivers sit in middle layers, so every patch
+resumes about twenty blocks. Tried again: the discovery with ``n_control=4`` takes 44.0 s against 58.4 s, but
+its circuit loses 2 edges and gains 3 (180 in common), as recomputing the tables predicted above; the first pass
+with 16 or 32 prompts a backward pass 5.3 s and 4.8 s against 6.7 s, at 2.38 GB and 2.80 GB peak RSS against
+2.18 GB (over the memory goal's 1.5x a classify).
+
 classify, where the extra time went and what each change saved (profiled at 1 thread, CPU seconds, on the 2-core
 machine shared with other jobs, load 4-8). Per recorded batch, the scan's hooked forwards cost 0.87-0.93x the plain
 forward over the same tokens (they stop at the last layer's pattern: no last MLP, no unembedding), the coreference
