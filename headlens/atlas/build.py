@@ -40,10 +40,8 @@ class Atlas:
     def descriptions_frame(self) -> Any:
         """One row per head (``descriptions.csv``): ``model, layer, head, role, rule, agreement, ci_low, ci_high,
         mixture, coverage, share_kept, share_low, share_high, ablation_delta, share_how, subst_windows,
-        description`` (``share_how``: ``exact`` where the substitution ran the head, ``hybrid`` where it ran the
-        head's layer on exactly to a later block and took the loss's change from there to first order (the first
-        layers', :data:`headlens.atlas.firstorder.EXACT_TO`), ``estimated`` where its share kept and ablation
-        effect are first-order estimates, with no interval; empty where it did not run)."""
+        description`` (``share_how``: ``exact`` where the substitution ran the head, ``estimated`` where its share
+        kept and ablation effect are first-order estimates, with no interval; empty where it did not run)."""
         import pandas as pd
 
         nan = float("nan")

@@ -32,22 +32,18 @@ SUBST_EXACT = 12  # described heads whose share kept is run exactly under subst=
 EXACT_TOP = 2 / 3  # of those, the share picked by the largest estimated effect; the rest at random (seeded)
 ALWAYS_EXACT = ("copy_suppression",)  # roles whose gate needs the exact loss change on chosen positions
 EXACT_LAYERS = 2  # heads of the first layers always run exactly: there the estimate is off by 10x to 1000x
-EXACT_TO = None  # those heads run exactly to this block only, the rest of the model to first order (None: all of it)
 
 
 def first_order(model: Any, tokens: torch.Tensor, loss: Callable[[torch.Tensor], torch.Tensor],
-                patterns: dict[tuple[int, int], torch.Tensor], mean: Any, depth: int | None = None,
-                ) -> tuple[dict[tuple[int, int], torch.Tensor], dict[tuple[int, int], torch.Tensor], Any, Any]:
-    """``(substituted, mean_ablated, mean, stream)``: ``(layer, head) -> (B,)`` float64 estimated change of each window's
+                patterns: dict[tuple[int, int], torch.Tensor], mean: Any) -> tuple[dict[tuple[int, int], torch.Tensor], dict[tuple[int, int], torch.Tensor], Any]:
+    """``(substituted, mean_ablated, mean)``: ``(layer, head) -> (B,)`` float64 estimated change of each window's
     mean next-token loss with that head's ``z`` replaced by ``pattern @ v`` (``patterns[(layer, head)]``
     ``(B, Q, K)``; rows summing to 0 keep the real ``z``) or by its mean over the windows; ``loss(logits)``:
     the windows' losses summed (``(B, T, V)`` -> a scalar); ``mean``: the
     :class:`~headlens.interventions.ablation.Replacement` (``method="mean"``) built from this forward's ``z``
-    when ``mean`` is None; ``stream``: with ``depth``, the clean residual stream entering block ``depth`` (the
-    final norm where it is the last) and the loss's gradient there, ``(B, T, D)`` each (:func:`at_stream`), from
-    the same backward pass, else None."""
+    when ``mean`` is None."""
     from headlens.interventions.ablation import Replacement
-    from headlens.interventions.attribution import hook_gradients
+    from headlens.interventions.attribution import z_gradients
 
     layers = sorted({la for la, _ in patterns})
     kept: dict[int, torch.Tensor] = {}
@@ -60,12 +56,7 @@ def first_order(model: Any, tokens: torch.Tensor, loss: Callable[[torch.Tensor],
     def total() -> torch.Tensor:
         return loss(model(tokens))
 
-    names = [f"blocks.{la}.attn.hook_z" for la in layers]
-    points = names + ([] if depth is None else [stream_hook(model, depth)])
-    clean, grad = hook_gradients(model, total, points, [(f"blocks.{la}.attn.hook_v", keep(la)) for la in layers])
-    z = {la: clean[n] for la, n in zip(layers, names, strict=True)}
-    grads = {la: grad[n] for la, n in zip(layers, names, strict=True)}
-    stream = None if depth is None else (clean[points[-1]], grad[points[-1]])
+    z, grads = z_gradients(model, total, layers, [(f"blocks.{la}.attn.hook_v", keep(la)) for la in layers])
     mean = mean if mean is not None else Replacement("mean", z)
     sub, abl = {}, {}
     for layer in layers:
@@ -81,23 +72,9 @@ def first_order(model: Any, tokens: torch.Tensor, loss: Callable[[torch.Tensor],
             dz = torch.where(real, torch.bmm(p.to(zh), v[:, :, h // group]), zh) - zh  # (B, T, d_head)
             sub[(la, h)] = (g[:, :, h] * dz).sum((1, 2)).double().cpu()  # (B,)
             abl[(la, h)] = (g[:, :, h] * dz_mean[:, :, h]).sum((1, 2)).double().cpu()  # (B,)
-    return sub, abl, mean, stream
+    return sub, abl, mean
 
 
-def stream_hook(model: Any, depth: int) -> str:
-    """The hook point of the residual stream entering block ``depth`` (``n_layers``: the final norm's input)."""
-    L = model.cfg.n_layers
-    return f"blocks.{depth}.hook_resid_pre" if depth < L else f"blocks.{L - 1}.hook_resid_post"
-
-
-def at_stream(x: torch.Tensor, stream: tuple[torch.Tensor, torch.Tensor], K: int) -> torch.Tensor:
-    """``(K, B)`` float64: each window's loss change to first order at the residual stream, ``<dL/dx, x' - x>``,
-    for ``x`` ``(K*B, T, D)``, ``K`` changed copies of the stream at the depth of ``stream`` (its clean value
-    and gradient, :func:`first_order`)."""
-    clean, grad = stream  # (B, T, D) each
-    B = clean.shape[0]
-    dx = x.view(K, B, *clean.shape[1:]).float() - clean.float()  # (K, B, T, D)
-    return (dx * grad.float()).sum((2, 3)).double().cpu()
 def exact_heads(described: Sequence[Any], sub: dict[tuple[int, int], torch.Tensor],
                 abl: dict[tuple[int, int], torch.Tensor], n: int, seed: int = 0) -> dict[tuple[int, int], str]:
     """The heads run exactly: the roles of :data:`ALWAYS_EXACT` and the heads of the first :data:`EXACT_LAYERS`

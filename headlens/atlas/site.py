@@ -79,9 +79,7 @@ def _index(atlas: Any) -> str:
             colour = share_colour(share) if kept else role_colour(d.role)
             tip = html.escape(f"L{layer}H{h}: {d.role} ({d.rule} r = {d.agreement:.2f}"
                               + ("" if share is None else f", share kept {share:.2f}")
-                              + {"estimated": ", not put back", "hybrid": f", run exactly up to block "
-                                 f"{d.evidence.get('exact_to')}, then to first order"}.get(
-                                  d.evidence.get("share_how"), "") + ")",
+                              + (", not put back" if d.evidence.get("share_how") == "estimated" else "") + ")",
                               quote=True)
             cells.append(f"<td style='background:{colour}' title='{tip}'><a href='heads/L{layer}H{h}.html'>"
                          f"{html.escape(_mark(d.role))}</a></td>")

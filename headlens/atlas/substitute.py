@@ -196,7 +196,6 @@ def substitute(model: Any, descriptions: list[Any], windows: list[torch.Tensor],
     ``"estimate"`` estimates every head to first order (:mod:`headlens.atlas.firstorder`) and runs ``n_exact``
     of them exactly (default :data:`~headlens.atlas.firstorder.SUBST_EXACT`; where that is every head, it is
     the exact test). Every head's estimate is in its evidence (``est_subst``, ``est_abl``, ``est_share``)."""
-    from headlens.atlas import firstorder
     from headlens.atlas.describe import gate
     from headlens.atlas.firstorder import SUBST_EXACT, exact_heads, first_order
     from headlens.atlas.heldout import _batch
@@ -227,38 +226,29 @@ def substitute(model: Any, descriptions: list[Any], windows: list[torch.Tensor],
     cs_rows = suppression_rows(clean_logits, batch.tokens, valid)  # (B, T-1)
     del clean_logits
     clean = _mean(clean_nll, valid[:, 1:])  # (B,)
-    depth = firstorder.EXACT_TO  # the first layers' heads: exact to block `depth`, then to first order
-    depth = None if depth is None or run is None or subst == "exact" else min(depth, model.cfg.n_layers)
-    est_sub, est_abl, mean, stream = first_order(
-        model, tokens, lambda lg: _loss(lg, tokens, valid.to(lg.device)).sum(), patterns, None, depth)
+    est_sub, est_abl, mean = first_order(model, tokens, lambda lg: _loss(lg, tokens, valid.to(lg.device)).sum(),
+                                         patterns, None)
     exact = (dict.fromkeys(patterns, "all") if subst == "exact" else
              exact_heads(described, est_sub, est_abl, SUBST_EXACT if n_exact is None else n_exact))
-    hybrid = {at for at, why in exact.items() if why == "layer" and depth is not None and at[0] < depth}
     lines = set(exact) == set(patterns)  # every head exact: each layer's line too
     layers = sorted({d.layer for d in described})
     z_zero = torch.zeros(B, T, 1, 1, device=tokens.device)
     nlls: dict[tuple[int, int], torch.Tensor] = {}  # (layer, head) -> (2, B, T-1): substituted, mean-ablated
-    deltas: dict[tuple[int, int], torch.Tensor] = {}  # the hybrid heads: (2, B) loss changes, the same two
     per_layer, per_layer_mean, done, total = {}, {}, 1, len(exact) + 2
     if progress is not None:
         progress(done, total)
     for layer in layers:
-        mine = [d.head for d in described if d.layer == layer and (d.layer, d.head) in exact]
-        hyb, mine = [h for h in mine if (layer, h) in hybrid], [h for h in mine if (layer, h) not in hybrid]
+        mine = [d for d in described if d.layer == layer and (d.layer, d.head) in exact]
         z_mean = mean.z(layer, z_zero)  # (B, T, H, d_head)
-        pairs = lambda heads, la=layer, zm=z_mean: ([[(h, "pattern", patterns[(la, h)])] for h in heads]  # noqa: E731
-                                                    + [[(h, "z", zm[:, :, h])] for h in heads])
-        if hyb:  # to block `depth` only, the loss change taken to first order at the residual stream there
-            dl = _copies(model, run, tokens, batch, layer, pairs(hyb), max_rows, depth, stream)  # (2n, B)
-            deltas.update({(layer, h): dl[[j, len(hyb) + j]] for j, h in enumerate(hyb)})
         n_h = len(mine)
-        copies = pairs(mine)
+        copies = [[(d.head, "pattern", patterns[(layer, d.head)])] for d in mine]
+        copies += [[(d.head, "z", z_mean[:, :, d.head])] for d in mine]
         if lines:
             copies += [[c[0] for c in copies[:n_h]], [c[0] for c in copies[n_h:]]]  # the layer's heads at once
         if copies:
             nll = _copies(model, run, tokens, batch, layer, copies, max_rows)  # (2n(+2), B, T-1)
-        for j, h in enumerate(mine):
-            nlls[(layer, h)] = nll[[j, n_h + j]]
+        for j, d in enumerate(mine):
+            nlls[(layer, d.head)] = nll[[j, n_h + j]]
         keys = [(d.layer, d.head) for d in described if d.layer == layer]
         if lines:
             per_layer[layer] = (n_h, float(_mean(nll[-2], valid[:, 1:]).mean()))
@@ -266,8 +256,8 @@ def substitute(model: Any, descriptions: list[Any], windows: list[torch.Tensor],
         else:  # to first order the layer's heads at once move the loss by the sum of their estimates
             per_layer[layer] = (len(keys), float(clean.mean() + sum(est_sub[k] for k in keys).mean()))
             per_layer_mean[layer] = float(clean.mean() + sum(est_abl[k] for k in keys).mean())
-        done += n_h + len(hyb)
-        if progress is not None and n_h + len(hyb):
+        done += n_h
+        if progress is not None and n_h:
             progress(done, total)
     out = []
     for d in descriptions:
@@ -278,22 +268,17 @@ def substitute(model: Any, descriptions: list[Any], windows: list[torch.Tensor],
         es, ea = est_sub[at], est_abl[at]
         est = {"est_subst": float(es.mean()), "est_abl": float(ea.mean()),
                "est_share": _share(es, ea)[0] if float(ea.abs().max()) > NO_EFFECT else float("nan")}
-        if at not in nlls and at not in deltas:  # not put back: its share kept is not measured (the estimate stays in the evidence,
+        if at not in nlls:  # not put back: its share kept is not measured (the estimate stays in the evidence,
             # a hint only: a ratio of two first-order changes, within 0.1 of the exact share for few of SmolLM2's heads)
             out.append(replace(d, share_kept=None, share_ci=None, ablation_delta=est["est_abl"], subst_windows=B,
                                evidence={**d.evidence, **est, "share_how": "estimated"}))
             continue
-        if at in nlls:
-            nll = nlls[at]
-            dsub, dmean = _mean(nll, valid[:, 1:]) - clean  # (B,) each
-            how = {**_on_rows(nll[1] - clean_nll, cs_rows), "share_how": "exact"}
-        else:
-            dsub, dmean = deltas[at]  # (B,) each
-            how = {"share_how": "hybrid", "exact_to": depth}
+        nll = nlls[at]
+        dsub, dmean = _mean(nll, valid[:, 1:]) - clean  # (B,) each
         share, ci = _share(dsub, dmean) if float(dmean.abs().max()) > NO_EFFECT else (None, None)
         a_ci = _mean_ci(dmean)
-        ev = {**d.evidence, "abl_lo": a_ci[0], "abl_hi": a_ci[1], "subst_delta": float(dsub.mean()), **est, **how,
-              "exact_pick": exact[at]}
+        ev = {**d.evidence, "abl_lo": a_ci[0], "abl_hi": a_ci[1], "subst_delta": float(dsub.mean()),
+              **_on_rows(nll[1] - clean_nll, cs_rows), **est, "share_how": "exact", "exact_pick": exact[at]}
         out.append(gate(replace(d, share_kept=share, share_ci=ci, ablation_delta=float(dmean.mean()),
                                 subst_windows=B, evidence=ev)))
     heads_all: dict[int, list] = {}
@@ -323,18 +308,16 @@ def _on_rows(delta: torch.Tensor, rows: torch.Tensor, seed: int = 0) -> dict[str
 
 
 def _copies(model: Any, run: Any, tokens: torch.Tensor, batch: Any, layer: int, copies: list[list[tuple]],
-            max_rows: int, stop: int | None = None, stream: Any = None) -> torch.Tensor:
+            max_rows: int) -> torch.Tensor:
     """``(len(copies), B, T-1)`` per-position losses: each copy a list of ``(head, kind, what)`` replacements at ``layer``
-    (:func:`_swap`), as many copies of the batch per resumed run as ``max_rows`` token rows allow; with ``stop``,
-    ``(len(copies), B)``: each window's loss change to first order at the stream entering block ``stop``
-    (:func:`_run`)."""
+    (:func:`_swap`), as many copies of the batch per resumed run as ``max_rows`` token rows allow."""
     B, T = tokens.shape
     per = max(1, max_rows // (B * T))
     out = []
     for i in range(0, len(copies), per):
         chunk = copies[i:i + per]
         heads = {layer: [(h, j, kind, what) for j, copy in enumerate(chunk) for h, kind, what in copy]}
-        out.append(_run(model, run, tokens, batch, heads, len(chunk), layer, stop, stream))
+        out.append(_run(model, run, tokens, batch, heads, len(chunk), layer))
     return torch.cat(out)
 
 
@@ -360,14 +343,10 @@ def _clean(model: Any, tokens: torch.Tensor) -> tuple[Any, torch.Tensor]:
 
 
 def _run(model: Any, run: Any, tokens: torch.Tensor, batch: Any, heads: dict[int, list], K: int,
-         start: int | None, stop: int | None = None, stream: Any = None) -> torch.Tensor:
+         start: int | None) -> torch.Tensor:
     """``(K, B, T-1)`` per-position losses (:func:`_nll`) with ``heads`` replaced (:func:`_swap`), ``K`` copies of
     the batch; from block ``start`` on a bridged model (the clean residual stream entering it, the logits one
-    copy at a time: ``(B, T, V)`` is the largest tensor of a run), else a whole forward. With ``stop`` (bridged
-    only), ``(K, B)``: the blocks before ``stop`` only, then each window's loss change to first order at the
-    stream there (:func:`headlens.atlas.firstorder.at_stream`, ``stream`` its clean value and gradient)."""
-    from headlens.atlas.firstorder import at_stream
-
+    copy at a time: ``(B, T, V)`` is the largest tensor of a run), else a whole forward."""
     B = tokens.shape[0]
     valid = batch.valid.to(tokens.device)
     store: dict[int, torch.Tensor] = {}
@@ -378,10 +357,8 @@ def _run(model: Any, run: Any, tokens: torch.Tensor, batch: Any, heads: dict[int
             return _nll(logits, tokens.repeat(K, 1), valid.repeat(K, 1)).view(K, B, -1).cpu()
         layer0 = min(heads) if start is None else start
         x = run.calls[layer0][0][0].repeat(K, 1, 1)  # (K*B, T, D): the clean stream entering it
-        for layer in range(layer0, len(model.bridge.blocks) if stop is None else stop):
+        for layer in range(layer0, len(model.bridge.blocks)):
             x = run.block(model, layer, x, K)
-        if stop is not None:
-            return at_stream(x, stream, K)
         b = model.bridge
         transform = getattr(getattr(b, "adapter", None), "apply_output_logits_transform", None)
         out = []

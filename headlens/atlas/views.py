@@ -44,11 +44,6 @@ def _num(x: float | None, fmt: str = ".2f") -> str:
     return "n/a" if x is None or x != x else format(x, fmt)
 
 
-def _hybrid(card: Any) -> str:
-    """How a head of the first layers was put back: exactly through some blocks, then to first order."""
-    return f"the model run exactly up to block {card.exact_to}, the loss's change from there on taken to first order"
-
-
 def _ci(ci: tuple[float, float] | None) -> str:
     return "" if ci is None or ci[0] != ci[0] else f" [{ci[0]:.2f}, {ci[1]:.2f}]"
 
@@ -81,15 +76,13 @@ def card_html(card: Any, scores_hint: str = "") -> str:
                          f"{_num(card.share_estimate)})"))
         elif card.share_kept is not None:
             atlas += (f"; put back into the model in place of its real pattern, the description keeps "
-                      f"{_num(card.share_kept)}{_ci(card.share_ci)} of the head's effect on the loss"
-                      + (f" ({_hybrid(card)})" if card.share_how == "hybrid" else ""))
+                      f"{_num(card.share_kept)}{_ci(card.share_ci)} of the head's effect on the loss")
         parts.append(f"<p>{atlas}.</p>")
     effects = []
     if card.ablation is not None:
         effects.append(f"ablating it changes the loss by {card.ablation:+.4f}" +
                        ("" if card.ablation_ci is None else f" [{card.ablation_ci[0]:+.4f}, {card.ablation_ci[1]:+.4f}]")
-                       + ("" if not card.ablation_estimated else f" ({_hybrid(card)})" if card.share_how == "hybrid"
-                          else " (a first-order estimate)"))
+                       + (" (a first-order estimate)" if card.ablation_estimated else ""))
     if card.dla is not None:
         effects.append(f"its direct logit attribution is {card.dla:+.3f}")
     if effects:

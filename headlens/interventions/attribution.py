@@ -73,36 +73,25 @@ def _estimates(model: Any, task: Task, value: Any, replacement: Replacement) -> 
 def z_gradients(model: Any, total: Callable[[], torch.Tensor], layers: Iterable[int],
                 hooks: Sequence[tuple[str, Any]] = ()) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
     """Each of ``layers``' clean ``hook_z`` ``(B, T, H, d_head)`` (detached) and the gradient of ``total()`` (a
-    scalar from a forward of ``model`` it runs) with respect to it, from one backward pass
-    (:func:`hook_gradients`). ``hooks``: more forward hooks, installed first."""
-    layers = list(layers)
-    clean, grads = hook_gradients(model, total, [f"blocks.{layer}.attn.hook_z" for layer in layers], hooks)
-    return ({la: clean[f"blocks.{la}.attn.hook_z"] for la in layers},
-            {la: grads[f"blocks.{la}.attn.hook_z"] for la in layers})
-
-
-def hook_gradients(model: Any, total: Callable[[], torch.Tensor], names: Iterable[str],
-                   hooks: Sequence[tuple[str, Any]] = ()) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Each hook point of ``names``: its clean activation (detached) and the gradient of ``total()`` (a scalar
-    from a forward of ``model`` it runs) with respect to it, from one backward pass: the total derivative,
-    through later layers too (a zero tensor added at each hook point, so the model's own ``.grad`` fields are
+    scalar from a forward of ``model`` it runs) with respect to it, from one backward pass: the total derivative,
+    through later layers too (a zero tensor added at each ``hook_z``, so the model's own ``.grad`` fields are
     never touched and frozen weights are fine). ``hooks``: more forward hooks, installed first."""
-    names = list(names)
-    leaves: dict[str, torch.Tensor] = {}
-    clean: dict[str, torch.Tensor] = {}
+    layers = list(layers)
+    leaves: dict[int, torch.Tensor] = {}
+    clean_z: dict[int, torch.Tensor] = {}
 
-    def make(name: str) -> Any:
-        def hook(x: torch.Tensor, hook: Any) -> torch.Tensor:
-            clean[name] = x.detach()
-            leaves[name] = torch.zeros_like(x, requires_grad=True)
-            return x + leaves[name]
+    def make(layer: int) -> Any:
+        def hook(z: torch.Tensor, hook: Any) -> torch.Tensor:  # z: (B, T, H, d_head)
+            clean_z[layer] = z.detach()
+            leaves[layer] = torch.zeros_like(z, requires_grad=True)
+            return z + leaves[layer]
 
         return hook
 
-    fwd = list(hooks) + [(name, make(name)) for name in names]
+    fwd = list(hooks) + [(f"blocks.{layer}.attn.hook_z", make(layer)) for layer in layers]
     with torch.enable_grad(), model.hooks(fwd):
-        grads = torch.autograd.grad(total(), [leaves[name] for name in names])
-    return clean, dict(zip(names, grads, strict=True))
+        grads = torch.autograd.grad(total(), [leaves[layer] for layer in layers])
+    return clean_z, dict(zip(layers, grads, strict=True))
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:

@@ -58,9 +58,7 @@ class HeadCard:
     mixture: dict[str, float] = field(default_factory=dict)
     share_kept: float | None = None
     share_ci: tuple[float, float] | None = None
-    share_how: str | None = None  # "exact" (the substitution ran it), "hybrid" (exactly to block exact_to, then to
-    # first order at the residual stream there) or "estimated" (first order, no interval)
-    exact_to: int | None = None
+    share_how: str | None = None  # "exact" (the substitution ran it) or "estimated" (first order, no interval)
     share_estimate: float | None = None  # the first-order estimate of the share kept (a rough hint, never a share)
     first: float | None = None
     off_rest: float | None = None
@@ -160,9 +158,9 @@ def head_card(layer: int, head: int, scores: Any = None, description: Any = None
         agreement_ci=tuple(d.ci), candidates=dict(getattr(d, "candidates", {}) or {}),
         coverage=getattr(d, "coverage", None), mixture=dict(getattr(d, "mixture", {}) or {}),
         share_kept=getattr(d, "share_kept", None), share_ci=tuple(share_ci) if share_ci is not None else None,
-        share_how=ev.get("share_how"), exact_to=ev.get("exact_to"),
+        share_how=ev.get("share_how"),
         share_estimate=None if ev.get("est_share") != ev.get("est_share") else ev.get("est_share"),
         first=ev.get("first"), off_rest=ev.get("off_rest"), dla=dla,
         ablation=ablation if ablation is not None else getattr(d, "ablation_delta", None), ablation_ci=ablation_ci,
-        ablation_estimated=ablation is None and ev.get("share_how") in ("estimated", "hybrid"),
+        ablation_estimated=ablation is None and ev.get("share_how") == "estimated",
         corpus=corpus, windows=windows)

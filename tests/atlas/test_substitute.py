@@ -237,21 +237,75 @@ def test_the_resumed_batched_substitution_equals_whole_hooked_forwards(family, t
     """A bridged model (grouped-query Qwen2; Gemma 3's post-attention norms) runs every head of a layer as copies
     of the batch from its layer on; the reference is one whole forward per head and variant, the head's ``z``
     replaced by ``pattern @ v`` (or its mean over the windows) in a hook, no resumption, no copies."""
-    from headlens.atlas.describe import _classes
-    from headlens.circuits.recorded import resumable
-    from tests.atlas.bridged import bridged_described, reference_patterns, swapped
+    import transformers
+    from hf_families import FAMILIES, JOINING, build, plant_offset_heads, save_tokenizer
 
-    model, described = bridged_described(family, tmp_path / family, plant=family == "qwen2")
+    import headlens
+    from headlens.atlas.describe import _classes
+    from headlens.atlas.heldout import _batch
+    from headlens.atlas.rules import rule_targets
+    from headlens.atlas.substitute import rule_predictions, simulated_patterns
+    from headlens.models.vocab import vocab
+
+    path = build(family, tmp_path / family, tokenizer=False)
+    hf = getattr(transformers, {**FAMILIES, **JOINING}[family].model).from_pretrained(path).eval()
+    if family == "qwen2":
+        plant_offset_heads(hf, {(0, 0): 1})
+    hf.save_pretrained(path)
+    save_tokenizer(path)
+    model = headlens.load(f"hf:{path}")
+    from headlens.circuits.recorded import resumable
+
     assert resumable(model)
     windows = [torch.randint(3, 60, (24,)) for _ in range(6)]
-    H = model.cfg.n_heads
+    rules = candidate_rules()
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    from headlens.atlas.describe import Description
+
+    mixes = [{"previous_token": 1.0}, {"first_token": 0.5, "recent_4": 0.5}, {"uniform": 1.0}]
+    described = [Description(la, h, "previous_token", "previous_token", 0.9, (0.8, 1.0), "",
+                             mixture=mixes[(la * H + h) % 3]) for la in range(L) for h in range(H)]
     classes = _classes(model, None)
-    out, sub = substitute(model, described, windows, candidate_rules(), classes, 4, max_rows=3 * 4 * 24,
-                          subst="exact")  # chunks of 3 copies
-    batch, pats = reference_patterns(model, described, [windows[(j * 6) // 4] for j in range(4)], classes)
+    out, sub = substitute(model, described, windows, rules, classes, 4, max_rows=3 * 4 * 24,  # chunks of 3 copies
+                          subst="exact")
+    held = [windows[(j * 6) // 4] for j in range(4)]
+    batch = _batch(held, vocab(model).special, classes)
+    T = batch.tokens.shape[1]
+    q, k = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    cells = (k <= q) & batch.valid[:, None, :] & batch.query_ok[:, :, None]
+    hits = {r: rule_targets(rules[r], batch, T) * cells for r in ("previous_token", "first_token", "recent_4",
+                                                                   "uniform")}
+    pats = simulated_patterns(described, rule_predictions(batch, hits), batch.query_ok)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(batch.tokens)
+    z_mean = {la: cache[f"blocks.{la}.attn.hook_z"].mean(0, keepdim=True) for la in range(L)}  # (1, T, H, d)
 
     def forward(replace_: dict[tuple[int, int], str]) -> torch.Tensor:
-        return swapped(model, batch, pats, replace_)[0]
+        kept = {}
+
+        def keep(la):
+            def hook(v, hook):
+                kept[la] = v
+            return hook
+
+        def swap(la):
+            def hook(z, hook):  # (B, T, H, d_head)
+                z = z.clone()
+                for (layer, h), how in replace_.items():
+                    if layer != la:
+                        continue
+                    if how == "mean":
+                        z[:, :, h] = z_mean[la][:, :, h].expand_as(z[:, :, h])
+                        continue
+                    v = kept[la][:, :, h // (H // kept[la].shape[2])]  # (B, T, d_head)
+                    p = pats[(la, h)]
+                    z[:, :, h] = torch.where(p.sum(-1, keepdim=True) > 0, p @ v, z[:, :, h])
+                return z
+            return hook
+        hooks = [(f"blocks.{la}.attn.hook_v", keep(la)) for la in range(L)]
+        hooks += [(f"blocks.{la}.attn.hook_z", swap(la)) for la in range(L)]
+        with torch.no_grad(), model.hooks(hooks):
+            return _loss(model(batch.tokens), batch.tokens, batch.valid)
 
     clean = forward({})
     assert sub.clean == pytest.approx(float(clean.mean()), abs=1e-5)
