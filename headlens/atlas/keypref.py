@@ -21,6 +21,12 @@ Why it looks like this:
   put back is then scored on the held-out windows: the same Pearson correlation over every causal cell
   and bootstrap over windows as a mixture's, which becomes the description's agreement (the mixture's own
   stays in the evidence as ``mix_r``).
+* **Where it rests, by the query's token, first.** Before the key weights, each head's share on the first token
+  gets an odds factor per query token (:mod:`headlens.atlas.querysink`), fit on the same windows, and the key
+  weights are fit on top of it. Each is gated on its own on the other fit windows: the query factors where they
+  cut the squared error over whole rows (they move the first token's cell and scale the others) by
+  :data:`~headlens.atlas.mixture.MIN_DROP`, the key weights as above, on top of the query factors where those
+  are kept. The agreement on held-out text is that of everything kept, put back together.
 * **An extra pass.** The patterns are read again (the fit windows and the held-out ones, one forward
   each); the role is the mixture's (a key weighting names none).
 """
@@ -34,7 +40,8 @@ from typing import Any
 import torch
 
 from headlens.atlas.mixture import MIN_DROP, corr
-from headlens.atlas.sinkbands import key_weighted
+from headlens.atlas.querysink import clause as query_clause
+from headlens.atlas.sinkbands import key_weighted, query_rested, rested
 
 PRIOR = 1.0  # attention mass (about one row's) that shrinks each key token's weight towards 1
 TOP = 256  # key tokens whose weight a description keeps, by the head's attention on them on the fit windows
@@ -44,10 +51,13 @@ SHOWN = 4  # the tokens a sentence names each way (most and least preferred)
 
 def key_preferences(model: Any, descriptions: list[Any], fit: list[torch.Tensor], held: list[torch.Tensor],
                     batch_size: int, classes: dict[str, torch.Tensor], strings: list[str],
-                    progress: Callable[[int, int], None] | None = None) -> list[Any]:
-    """``descriptions`` with ``key_pref`` (token id -> weight) set where it helps (module docstring), their
-    agreement and CI those of the pattern put back, and a sentence saying it; the others as they are."""
+                    progress: Callable[[int, int], None] | None = None, query: bool = True) -> list[Any]:
+    """``descriptions`` with ``query_sink`` (query token id -> odds factor on the first token's share,
+    :mod:`headlens.atlas.querysink`) and ``key_pref`` (token id -> weight) set where each helps (module docstring),
+    their agreement and CI those of the pattern put back, and a sentence saying it; the others as they are.
+    ``query``: False fits no query factors (the key weights alone, as before them)."""
     from headlens.atlas.describe import _with_ci
+    from headlens.atlas.querysink import fit_odds
     from headlens.atlas.substitute import simulated_patterns
 
     heads = [d for d in descriptions if d.mixture]
@@ -57,12 +67,21 @@ def key_preferences(model: Any, descriptions: list[Any], fit: list[torch.Tensor]
     n_total = len(fit) + len(held)
     tick = (lambda off: (lambda d: progress(off + d, n_total))) if progress else (lambda off: (lambda d: None))
     seen = torch.zeros(len(heads), V, dtype=torch.float64)  # per head: A_v, its attention on keys holding v
-    stored = []
+    stored, rows = [], []
     for tok, preds, ok, kept in _passes(model, heads, fit[0::2], batch_size, classes, tick(0)):
         idx = tok[:, None, 1:].expand_as(ok[..., 1:]).reshape(-1)
+        patterns = simulated_patterns(heads, preds, ok.bool().any(-1))
+        at = ok.bool().any(-1)  # (B, Q): the countable rows
+        rows.append((tok[at], torch.stack([patterns[(d.layer, d.head)][..., 0][at] for d in heads]).double(),
+                     torch.stack([(kept[d.layer][:, d.head] * ok)[..., 0][at] for d in heads]).double()))
         for j, d in enumerate(heads):
             seen[j].index_add_(0, idx, (kept[d.layer][:, d.head] * ok)[..., 1:].reshape(-1).double())
         stored.append((tok, preds, ok))
+    if query:
+        odds, q_top, q_moved = fit_odds(torch.cat([r[1] for r in rows], 1), torch.cat([r[2] for r in rows], 1),
+                                        torch.cat([r[0] for r in rows]), V)  # (N, V), (n,), (N, n)
+    else:
+        odds, q_top, q_moved = torch.ones(len(heads), V), torch.zeros(0, dtype=torch.long), torch.zeros(len(heads), 0)
     top = seen.topk(min(TOP, V), -1).indices  # (N, TOP): the tokens a description may weigh
     weight = torch.ones(len(heads), V)  # (N, V)
     for _ in range(ITERS):  # proportional fitting: the rules' predictions read the tokens alone, no forward
@@ -71,41 +90,74 @@ def key_preferences(model: Any, descriptions: list[Any], fit: list[torch.Tensor]
             patterns = simulated_patterns(heads, preds, ok.bool().any(-1))
             idx = tok[:, None, 1:].expand_as(ok[..., 1:]).reshape(-1)
             for j, d in enumerate(heads):
-                y = key_weighted(patterns[(d.layer, d.head)] * ok, tok, weight[j])
+                y = key_weighted(query_rested(patterns[(d.layer, d.head)] * ok, tok, odds[j]), tok, weight[j])
                 put[j].index_add_(0, idx, y[..., 1:].reshape(-1).double())
         step = ((seen + PRIOR) / (put + PRIOR)).float().gather(1, top)
         weight.scatter_(1, top, weight.gather(1, top) * step)
-    sse = torch.zeros(len(heads), 2, dtype=torch.float64)
+    sse = torch.zeros(len(heads), 6, dtype=torch.float64)  # whole rows without, with the query factors; off the
     for tok, preds, ok, kept in _passes(model, heads, fit[1::2], batch_size, classes, tick(len(fit[0::2]))):
-        patterns = simulated_patterns(heads, preds, ok.bool().any(-1))
+        patterns = simulated_patterns(heads, preds, ok.bool().any(-1))  # first token: the same, then keys weighted
         for j, d in enumerate(heads):
-            x, p = kept[d.layer][:, d.head] * ok, patterns[(d.layer, d.head)] * ok
-            y = key_weighted(p, tok, weight[j]) * ok  # the cells off the first token: all the weights change
-            sse[j, 0] += float(((x - p)[..., 1:] ** 2).sum())
-            sse[j, 1] += float(((x - y)[..., 1:] ** 2).sum())
-    keep = sse[:, 1] < (1 - MIN_DROP) * sse[:, 0]  # (N,)
+            sse[j] += _errors(kept[d.layer][:, d.head] * ok, patterns[(d.layer, d.head)] * ok, tok, odds[j], weight[j])
+    by_query = sse[:, 1] < (1 - MIN_DROP) * sse[:, 0]  # (N,)
+    base, keyed = torch.where(by_query, sse[:, 3], sse[:, 2]), torch.where(by_query, sse[:, 5], sse[:, 4])
+    keep = keyed < (1 - MIN_DROP) * base  # (N,)
+    look = torch.full((V,), len(q_top), dtype=torch.long)
+    look[q_top] = torch.arange(len(q_top))
+    q_held = torch.zeros(len(heads), len(q_top) + 1, dtype=torch.float64)  # the head's first-token mass after each
+    q_rows = torch.zeros(len(q_top) + 1, dtype=torch.float64)  # top query token, held out; and its rows
     per_window: list[torch.Tensor] = []  # (B, N, 6) per batch
     for tok, preds, ok, kept in _passes(model, heads, held, batch_size, classes, tick(len(fit))):
         patterns = simulated_patterns(heads, preds, ok.bool().any(-1))
+        at = ok.bool().any(-1)  # (B, Q)
+        q_idx = look[tok[at]]
+        q_rows.index_add_(0, q_idx, torch.ones(len(q_idx), dtype=torch.float64))
         sums = torch.zeros(tok.shape[0], len(heads), 6, dtype=torch.float64)
         for j, d in enumerate(heads):
-            x, p = (kept[d.layer][:, d.head] * ok).double(), (patterns[(d.layer, d.head)] * ok).double()
-            y = key_weighted(p, tok, weight[j]) * ok if bool(keep[j]) else p
+            x, y = (kept[d.layer][:, d.head] * ok).double(), (patterns[(d.layer, d.head)] * ok).double()
+            q_held[j].index_add_(0, q_idx, x[..., 0][at])
+            y = query_rested(y, tok, odds[j]) if bool(by_query[j]) else y
+            y = key_weighted(y, tok, weight[j]) * ok if bool(keep[j]) else y
             sums[:, j] = torch.stack([ok.sum((1, 2)), x.sum((1, 2)), y.sum((1, 2)), (x * x).sum((1, 2)),
                                       (y * y).sum((1, 2)), (x * y).sum((1, 2))], -1)
         per_window.append(sums)
     r, lo, hi = _with_ci(torch.cat(per_window), corr)  # each (N,)
     new = {}
     for j, d in enumerate(heads):
-        if not bool(keep[j]):
+        if not (bool(keep[j]) or bool(by_query[j])):
             continue
-        pref = {int(t): round(float(weight[j, t]), 4) for t in top[j]}
-        mass = {int(t): float(seen[j, t]) for t in top[j]}
+        said, change = [], {}
+        if bool(by_query[j]):
+            change["query_sink"] = {int(t): round(float(odds[j, t]), 4) for t in q_top}
+            held_at = {int(t): (float(q_held[j, i] / q_rows[i].clamp(min=1)), int(q_rows[i]))
+                       for i, t in enumerate(q_top)}
+            said.append(query_clause(change["query_sink"], strings, {int(t): float(q_moved[j, i]) for i, t in
+                                                                     enumerate(q_top)}, held_at,
+                                     float(q_held[j].sum() / q_rows.sum().clamp(min=1))))
+        if bool(keep[j]):
+            change["key_pref"] = {int(t): round(float(weight[j, t]), 4) for t in top[j]}
+            said.append(_clause(change["key_pref"], strings, {int(t): float(seen[j, t]) for t in top[j]}))
         new[(d.layer, d.head)] = replace(
-            d, key_pref=pref, agreement=float(r[j]), ci=(float(lo[j]), float(hi[j])),
+            d, **change, agreement=float(r[j]), ci=(float(lo[j]), float(hi[j])),
             evidence={**d.evidence, "mix_r": d.agreement, "mix_lo": d.ci[0], "mix_hi": d.ci[1]},
-            text=_insert(d.text, _sentence(pref, strings, float(r[j]), float(lo[j]), float(hi[j]), mass)))
+            text=_insert(d.text, _sentence(said, float(r[j]), float(lo[j]), float(hi[j]))))
     return [new.get((d.layer, d.head), d) for d in descriptions]
+
+
+def _errors(x: torch.Tensor, p: torch.Tensor, tokens: torch.Tensor, odds: torch.Tensor, weight: torch.Tensor
+            ) -> torch.Tensor:
+    """``(6,)``: the squared errors of pattern ``p`` against ``x`` (each ``(B, Q, K)``): over whole rows, without and
+    with the query factors ``odds``; off the first token, without and with them; and the same with the keys weighted
+    by ``weight``. The query factors scale a row's cells off the first token by one number (:func:`headlens.atlas.
+    sinkbands.rested`), so each follows from per-row sums, one key weighting for both."""
+    x, p = x.double(), p.double()
+    y = key_weighted(p, tokens, weight)  # (B, Q, K)
+    first, c = rested(p, tokens, odds)  # each (B, Q)
+    xr, pr, yr = x[..., 1:], p[..., 1:], y[..., 1:]
+    xx, xp, pp, xy, yy = ((a * b).sum(-1) for a, b in ((xr, xr), (xr, pr), (pr, pr), (xr, yr), (yr, yr)))
+    off = torch.stack([xx - 2 * xp + pp, xx - 2 * c * xp + c * c * pp, xx - 2 * xy + yy, xx - 2 * c * xy + c * c * yy])
+    whole = torch.stack([(x[..., 0] - p[..., 0]) ** 2, (x[..., 0] - first) ** 2])  # (2, B, Q)
+    return torch.cat([whole + off[:2], off]).sum((1, 2))
 
 
 def _insert(text: str, sentence: str) -> str:
@@ -118,14 +170,23 @@ def _insert(text: str, sentence: str) -> str:
     return f"{head} {sentence}{sep}{role}" if sep else f"{text} {sentence}"
 
 
-def _sentence(pref: dict[int, float], strings: list[str], r: float, lo: float, hi: float,
-              mass: dict[int, float] | None = None) -> str:
-    """What the key weights say, and the agreement of the description put back with them. The tokens named are
-    those whose weight moves the most attention (``mass``: token -> the head's attention on it off the first token,
-    ``A_v``; a weight ``w`` moves about ``A_v |1 - 1/w|``), not the largest ratios: a token seen twice can weigh 30x
-    and move nothing.
+def _sentence(said: list[str], r: float, lo: float, hi: float) -> str:
+    """The clauses ``said`` (:func:`_clause`, :func:`headlens.atlas.querysink.clause`) and the agreement of the
+    description put back with what they say.
 
-    >>> s = _sentence({1: 30.0, 2: 2.0, 3: 0.5}, ["x", "a", "b", "c"], 0.9, 0.8, 1.0, {1: 0.01, 2: 5.0, 3: 1.0})
+    >>> _sentence(["It weighs keys", "It rests more after ','"], 0.9, 0.8, 1.0)
+    "It weighs keys. It rests more after ',': put back so, its predicted attention agrees with the real one at r = 0.90 [0.80, 1.00] on held-out text."
+    """
+    return (f"{'. '.join(said)}: put back so, its predicted attention agrees with the real one at r = {r:.2f} "
+            f"[{lo:.2f}, {hi:.2f}] on held-out text.")
+
+
+def _clause(pref: dict[int, float], strings: list[str], mass: dict[int, float] | None = None) -> str:
+    """What the key weights say. The tokens named are those whose weight moves the most attention (``mass``: token
+    -> the head's attention on it off the first token, ``A_v``; a weight ``w`` moves about ``A_v |1 - 1/w|``), not
+    the largest ratios: a token seen twice can weigh 30x and move nothing.
+
+    >>> s = _clause({1: 30.0, 2: 2.0, 3: 0.5}, ["x", "a", "b", "c"], {1: 0.01, 2: 5.0, 3: 1.0})
     >>> s[s.index("(most"):s.index(" tokens weighted")]
     "(most 'b' 2.0x, 'a' 30.0x; least 'c' 0.50x; 3"
     """
@@ -138,8 +199,7 @@ def _sentence(pref: dict[int, float], strings: list[str], r: float, lo: float, h
                                                                     reverse=True)[:SHOWN])
     said = "; ".join(s for s in (f"most {most}" if most else "", f"least {least}" if least else "") if s)
     return (f"Among the keys its rules spread a row over, it weighs some by their token ({said}; {len(pref)} "
-            f"tokens weighted, fit on the pass's windows): put back so, its predicted attention agrees with the "
-            f"real one at r = {r:.2f} [{lo:.2f}, {hi:.2f}] on held-out text.")
+            f"tokens weighted, fit on the pass's windows)")
 
 
 def _passes(model: Any, heads: list[Any], windows: list[torch.Tensor], batch_size: int,
