@@ -173,25 +173,18 @@ def _write_errors(model, descriptions: list, windows: list, batch_size: int, cla
     path = write_path(model)
     w_o = {la: path.w_o(la).float().cpu() for la in sorted({d.layer for d in heads})}  # (H, d_head, D)
     values: dict[int, torch.Tensor] = {}
-
-    def keep(layer: int):
-        def hook(v: torch.Tensor, hook) -> None:  # (B, T, H_kv, d_head)
-            values[layer] = v.detach().cpu().float()
-        return hook
-
     sums = torch.zeros(len(heads), 2, dtype=torch.float64)
-    with torch.no_grad(), model.hooks([(f"blocks.{la}.attn.hook_v", keep(la)) for la in w_o]):
-        for tok, preds, ok, kept in _passes(model, heads, windows, batch_size, classes, lambda n: None):
-            rows = ok.bool().any(-1)  # (B, Q)
-            sim = simulated_patterns(heads, preds, rows, tok)
-            for j, d in enumerate(heads):
-                v = values[d.layer]
-                vh = v[:, :, d.head // (kept[d.layer].shape[1] // v.shape[2])]  # (B, T, d_head)
-                z = kept[d.layer][:, d.head] @ vh  # (B, Q, d_head)
-                dz = sim[(d.layer, d.head)] @ vh - z
-                w = w_o[d.layer][d.head]  # (d_head, D)
-                sums[j, 0] += float(((dz @ w)[rows] ** 2).sum())
-                sums[j, 1] += float(((z @ w)[rows] ** 2).sum())
+    for tok, preds, ok, kept in _passes(model, heads, windows, batch_size, classes, lambda n: None, values):
+        rows = ok.bool().any(-1)  # (B, Q)
+        sim = simulated_patterns(heads, preds, rows, tok)
+        for j, d in enumerate(heads):
+            v = values[d.layer]
+            vh = v[:, :, d.head // (kept[d.layer].shape[1] // v.shape[2])]  # (B, T, d_head)
+            z = kept[d.layer][:, d.head] @ vh  # (B, Q, d_head)
+            dz = sim[(d.layer, d.head)] @ vh - z
+            w = w_o[d.layer][d.head]  # (d_head, D)
+            sums[j, 0] += float(((dz @ w)[rows] ** 2).sum())
+            sums[j, 1] += float(((z @ w)[rows] ** 2).sum())
     return sums[:, 0] / sums[:, 1].clamp(min=1e-300)
 
 

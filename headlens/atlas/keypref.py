@@ -10,23 +10,25 @@ Why it looks like this:
   those keys, ``,`` weighs 3.1x, `` the`` 0.4x". The description's pattern ``p`` becomes, in every row,
   the first token's cell as it is and the other cells ``p[q, k] * w[x_k]``, renormalised to the row's
   same mass off the first token (:func:`headlens.atlas.sinkbands.key_weighted`).
-* **Fit, gated and scored on three sets of windows.** The weights are fit by proportional fitting on every
-  other fit window: :data:`ITERS` steps of ``w_v <- w_v (A_v + PRIOR) / (P_v + PRIOR)``, ``A_v`` the head's
-  attention off the first token on keys holding token ``v`` and ``P_v`` its weighted description's
-  (``PRIOR`` shrinks a rare token to 1; the rules read the tokens alone, so the steps need no forward),
-  over the :data:`TOP` tokens with the most attention (every other token weighs 1: a short list to read).
-  They are kept when they cut the squared error left on the other fit windows, over the cells off the first
-  token (the only ones they change: the first token's cell, the largest, would drown what they fix), by
-  :data:`headlens.atlas.mixture.MIN_DROP` or more (as a rule must to join a mixture), and the description
-  put back is then scored on the held-out windows: the same Pearson correlation over every causal cell
-  and bootstrap over windows as a mixture's, which becomes the description's agreement (the mixture's own
-  stays in the evidence as ``mix_r``).
-* **Where it rests, by the query's token, first.** Before the key weights, each head's share on the first token
-  gets an odds factor per query token (:mod:`headlens.atlas.querysink`), fit on the same windows, and the key
-  weights are fit on top of it. Each is gated on its own on the other fit windows: the query factors where they
-  cut the squared error over whole rows (they move the first token's cell and scale the others) by
-  :data:`~headlens.atlas.mixture.MIN_DROP`, the key weights as above, on top of the query factors where those
-  are kept. The agreement on held-out text is that of everything kept, put back together.
+* **Fit, gated and scored on three sets of windows.** Each head's share on the first token first gets an odds
+  factor per query token (:mod:`headlens.atlas.querysink`), then the key weights are fit on top of it by
+  proportional fitting, both on every other fit window: :data:`ITERS` steps of ``w_v <- w_v (A_v + PRIOR) /
+  (P_v + PRIOR)``, ``A_v`` the head's attention off the first token on keys holding token ``v`` and ``P_v`` its
+  weighted description's (``PRIOR`` shrinks a rare token to 1; the rules read the tokens alone, so the steps
+  need no forward), over the :data:`TOP` tokens with the most attention (every other token weighs 1: a short
+  list to read). On the other fit windows, each is kept where it cuts an error by
+  :data:`headlens.atlas.mixture.MIN_DROP` or more (as a rule must to join a mixture): the query factors the
+  squared error of whole rows (they move the first token's cell and scale the others); the key weights, on top
+  of the query factors where those are kept, the squared error over the cells off the first token (the only
+  ones they change: the first token's cell, the largest, would drown what they fix) or the error of what the
+  head writes, ``|W_O (z' - z)|^2`` with ``z`` the pattern times the head's values (weights that bring the
+  write closer are what the substitution test puts back, though the pattern may gain less than a tenth;
+  measured on SmolLM2 in benchmarks/README.md). The description put back is then scored on the held-out
+  windows: the same Pearson correlation over every causal cell and bootstrap over windows as a mixture's,
+  which becomes the description's agreement (the mixture's own stays in the evidence as ``mix_r``). Key
+  weights that would bring that agreement under :data:`headlens.atlas.describe.AGREEMENT`, where the
+  description without them reaches it, are left out: a page would name a role at an agreement that argues
+  against it.
 * **An extra pass.** The patterns are read again (the fit windows and the held-out ones, one forward
   each); the role is the mixture's (a key weighting names none).
 """
@@ -41,7 +43,7 @@ import torch
 
 from headlens.atlas.mixture import MIN_DROP, corr
 from headlens.atlas.querysink import clause as query_clause
-from headlens.atlas.sinkbands import key_weighted, query_rested, rested
+from headlens.atlas.sinkbands import key_weighted, query_rested
 
 PRIOR = 1.0  # attention mass (about one row's) that shrinks each key token's weight towards 1
 TOP = 256  # key tokens whose weight a description keeps, by the head's attention on them on the fit windows
@@ -56,7 +58,7 @@ def key_preferences(model: Any, descriptions: list[Any], fit: list[torch.Tensor]
     :mod:`headlens.atlas.querysink`) and ``key_pref`` (token id -> weight) set where each helps (module docstring),
     their agreement and CI those of the pattern put back, and a sentence saying it; the others as they are.
     ``query``: False fits no query factors (the key weights alone, as before them)."""
-    from headlens.atlas.describe import _with_ci
+    from headlens.atlas.describe import AGREEMENT, _with_ci
     from headlens.atlas.querysink import fit_odds
     from headlens.atlas.substitute import simulated_patterns
 
@@ -94,34 +96,44 @@ def key_preferences(model: Any, descriptions: list[Any], fit: list[torch.Tensor]
                 put[j].index_add_(0, idx, y[..., 1:].reshape(-1).double())
         step = ((seen + PRIOR) / (put + PRIOR)).float().gather(1, top)
         weight.scatter_(1, top, weight.gather(1, top) * step)
-    sse = torch.zeros(len(heads), 6, dtype=torch.float64)  # whole rows without, with the query factors; off the
-    for tok, preds, ok, kept in _passes(model, heads, fit[1::2], batch_size, classes, tick(len(fit[0::2]))):
-        patterns = simulated_patterns(heads, preds, ok.bool().any(-1))  # first token: the same, then keys weighted
+    gram = _grams(model, heads)  # (N, d_head, d_head): W_O W_O^T per head, what its z is read by
+    err = torch.zeros(len(heads), 3, 4, dtype=torch.float64)  # attention (rows, off the first token), write; p,
+    # query factors, keys, both
+    values: dict[int, torch.Tensor] = {}
+    for tok, preds, ok, kept in _passes(model, heads, fit[1::2], batch_size, classes, tick(len(fit[0::2])), values):
+        patterns = simulated_patterns(heads, preds, ok.bool().any(-1))
         for j, d in enumerate(heads):
-            sse[j] += _errors(kept[d.layer][:, d.head] * ok, patterns[(d.layer, d.head)] * ok, tok, odds[j], weight[j])
-    by_query = sse[:, 1] < (1 - MIN_DROP) * sse[:, 0]  # (N,)
-    base, keyed = torch.where(by_query, sse[:, 3], sse[:, 2]), torch.where(by_query, sse[:, 5], sse[:, 4])
-    keep = keyed < (1 - MIN_DROP) * base  # (N,)
+            x, p = kept[d.layer][:, d.head] * ok, patterns[(d.layer, d.head)] * ok
+            v = values[d.layer][:, :, d.head // (kept[d.layer].shape[1] // values[d.layer].shape[2])]  # (B, T, d_head)
+            err[j] += _errors(x, p, tok, odds[j], weight[j], v, gram[j])
+    by_query = err[:, 0, 1] < (1 - MIN_DROP) * err[:, 0, 0]  # (N,): whole rows' attention
+    base = torch.where(by_query[:, None], err[..., 1], err[..., 0])  # (N, 3): no key weights
+    keyed = torch.where(by_query[:, None], err[..., 3], err[..., 2])  # (N, 3): with them
+    keep = ((keyed[:, 1:] < (1 - MIN_DROP) * base[:, 1:]).any(-1))  # (N,): the attention off the first token or
+    # the write, cut by a tenth
     look = torch.full((V,), len(q_top), dtype=torch.long)
     look[q_top] = torch.arange(len(q_top))
     q_held = torch.zeros(len(heads), len(q_top) + 1, dtype=torch.float64)  # the head's first-token mass after each
     q_rows = torch.zeros(len(q_top) + 1, dtype=torch.float64)  # top query token, held out; and its rows
-    per_window: list[torch.Tensor] = []  # (B, N, 6) per batch
+    per_window: list[torch.Tensor] = []  # (B, N, 2, 6) per batch: as kept; without the key weights
     for tok, preds, ok, kept in _passes(model, heads, held, batch_size, classes, tick(len(fit))):
         patterns = simulated_patterns(heads, preds, ok.bool().any(-1))
         at = ok.bool().any(-1)  # (B, Q)
         q_idx = look[tok[at]]
         q_rows.index_add_(0, q_idx, torch.ones(len(q_idx), dtype=torch.float64))
-        sums = torch.zeros(tok.shape[0], len(heads), 6, dtype=torch.float64)
+        sums = torch.zeros(tok.shape[0], len(heads), 2, 6, dtype=torch.float64)
         for j, d in enumerate(heads):
             x, y = (kept[d.layer][:, d.head] * ok).double(), (patterns[(d.layer, d.head)] * ok).double()
             q_held[j].index_add_(0, q_idx, x[..., 0][at])
             y = query_rested(y, tok, odds[j]) if bool(by_query[j]) else y
-            y = key_weighted(y, tok, weight[j]) * ok if bool(keep[j]) else y
-            sums[:, j] = torch.stack([ok.sum((1, 2)), x.sum((1, 2)), y.sum((1, 2)), (x * x).sum((1, 2)),
-                                      (y * y).sum((1, 2)), (x * y).sum((1, 2))], -1)
+            for i, w in enumerate((key_weighted(y, tok, weight[j]) * ok, y) if bool(keep[j]) else (y, y)):
+                sums[:, j, i] = torch.stack([ok.sum((1, 2)), x.sum((1, 2)), w.sum((1, 2)), (x * x).sum((1, 2)),
+                                             (w * w).sum((1, 2)), (x * w).sum((1, 2))], -1)
         per_window.append(sums)
-    r, lo, hi = _with_ci(torch.cat(per_window), corr)  # each (N,)
+    r, lo, hi = _with_ci(torch.cat(per_window), corr)  # each (N, 2)
+    drop = keep & (r[:, 0] < AGREEMENT) & (r[:, 1] >= AGREEMENT)  # (N,): weights that would name a role under the
+    keep &= ~drop  # agreement a role needs, where the description without them has it: left out
+    r, lo, hi = (torch.where(keep, v[:, 0], v[:, 1]) for v in (r, lo, hi))  # each (N,)
     new = {}
     for j, d in enumerate(heads):
         if not (bool(keep[j]) or bool(by_query[j])):
@@ -144,20 +156,32 @@ def key_preferences(model: Any, descriptions: list[Any], fit: list[torch.Tensor]
     return [new.get((d.layer, d.head), d) for d in descriptions]
 
 
-def _errors(x: torch.Tensor, p: torch.Tensor, tokens: torch.Tensor, odds: torch.Tensor, weight: torch.Tensor
-            ) -> torch.Tensor:
-    """``(6,)``: the squared errors of pattern ``p`` against ``x`` (each ``(B, Q, K)``): over whole rows, without and
-    with the query factors ``odds``; off the first token, without and with them; and the same with the keys weighted
-    by ``weight``. The query factors scale a row's cells off the first token by one number (:func:`headlens.atlas.
-    sinkbands.rested`), so each follows from per-row sums, one key weighting for both."""
-    x, p = x.double(), p.double()
-    y = key_weighted(p, tokens, weight)  # (B, Q, K)
-    first, c = rested(p, tokens, odds)  # each (B, Q)
-    xr, pr, yr = x[..., 1:], p[..., 1:], y[..., 1:]
-    xx, xp, pp, xy, yy = ((a * b).sum(-1) for a, b in ((xr, xr), (xr, pr), (pr, pr), (xr, yr), (yr, yr)))
-    off = torch.stack([xx - 2 * xp + pp, xx - 2 * c * xp + c * c * pp, xx - 2 * xy + yy, xx - 2 * c * xy + c * c * yy])
-    whole = torch.stack([(x[..., 0] - p[..., 0]) ** 2, (x[..., 0] - first) ** 2])  # (2, B, Q)
-    return torch.cat([whole + off[:2], off]).sum((1, 2))
+def _errors(x: torch.Tensor, p: torch.Tensor, tokens: torch.Tensor, odds: torch.Tensor, weight: torch.Tensor,
+            v: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
+    """``(3, 4)``: the squared error of the attention (every cell of ``x`` ``(B, Q, K)``, the head's pattern; the
+    cells off the first token) and of the write (``|W_O (z' - z)|^2`` over the rows, ``z = x @ v``, ``v`` ``(B, K, d_head)``, ``gram`` ``W_O W_O^T``
+    ``(d_head, d_head)``) of four patterns put back: ``p``, ``p`` with the query factors ``odds``, with its keys
+    weighted by ``weight``, and with both."""
+    x = x.double()
+    pu = query_rested(p, tokens, odds)
+    z = x @ v.double()  # (B, Q, d_head)
+    out = []
+    for y in (p, pu, key_weighted(p, tokens, weight), key_weighted(pu, tokens, weight)):  # zero rows stay zero
+        y = y.double()
+        dz = y @ v.double() - z  # (B, Q, d_head)
+        sq = (x - y) ** 2
+        out.append(torch.stack([sq.sum(), sq[..., 1:].sum(), ((dz @ gram) * dz).sum()]))
+    return torch.stack(out, -1)
+
+
+def _grams(model: Any, heads: list[Any]) -> torch.Tensor:
+    """``(N, d_head, d_head)``: each head's ``W_O W_O^T`` (:meth:`headlens.readout.write.WritePath.w_o`; the linear
+    write, also where a post-attention norm rescales it)."""
+    from headlens.readout.write import write_path
+
+    path = write_path(model)
+    w_o = {la: path.w_o(la).detach().cpu().double() for la in sorted({d.layer for d in heads})}  # (H, d_head, D)
+    return torch.stack([w_o[d.layer][d.head] @ w_o[d.layer][d.head].T for d in heads])
 
 
 def _insert(text: str, sentence: str) -> str:
@@ -203,10 +227,12 @@ def _clause(pref: dict[int, float], strings: list[str], mass: dict[int, float] |
 
 
 def _passes(model: Any, heads: list[Any], windows: list[torch.Tensor], batch_size: int,
-            classes: dict[str, torch.Tensor], tick: Callable[[int], None]) -> Any:
+            classes: dict[str, torch.Tensor], tick: Callable[[int], None],
+            values: dict[int, torch.Tensor] | None = None) -> Any:
     """Per batch of ``windows``: the tokens ``(B, K)``, the rules' whole-row predictions the ``heads`` name
     (:func:`headlens.atlas.substitute.rule_predictions`), ``ok`` ``(B, Q, K)`` float32 (1 on the countable causal
-    cells) and layer -> the real patterns ``(B, H, Q, K)`` float32 of the layers of ``heads``."""
+    cells) and layer -> the real patterns ``(B, H, Q, K)`` float32 of the layers of ``heads``; ``values``, when
+    given, is filled with layer -> that batch's values ``(B, T, H_kv, d_head)`` float32."""
     from headlens.atlas.heldout import _batch
     from headlens.atlas.rules import LATE, candidate_rules, late_rules, rule_targets
     from headlens.atlas.substitute import rule_predictions
@@ -227,7 +253,14 @@ def _passes(model: Any, heads: list[Any], windows: list[torch.Tensor], batch_siz
                 into[layer] = pattern.detach().cpu().float()
             return hook
 
-        with torch.no_grad(), model.hooks([(f"blocks.{la}.attn.hook_pattern", keep(la)) for la in layers]):
+        def keep_v(layer: int) -> Any:
+            def hook(v: torch.Tensor, hook: Any) -> None:  # (B, T, H_kv, d_head)
+                values[layer] = v.detach().cpu().float()  # type: ignore[index]
+            return hook
+
+        hooks = [(f"blocks.{la}.attn.hook_pattern", keep(la)) for la in layers]
+        hooks += [(f"blocks.{la}.attn.hook_v", keep_v(la)) for la in layers] if values is not None else []
+        with torch.no_grad(), model.hooks(hooks):
             logits = model(batch.tokens.to(model.device))  # (B, T, V)
         hits = {r: rule_targets(rules[r], batch, T) * cells for r in used if r not in LATE}
         if any(r in LATE for r in used):

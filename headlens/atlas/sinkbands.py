@@ -143,15 +143,9 @@ def query_rested(p: torch.Tensor, tokens: torch.Tensor, odds: torch.Tensor) -> t
     >>> query_rested(p, torch.tensor([[0, 1, 2]]), torch.tensor([1.0, 1.0, 3.0]))[0, 2].tolist()
     [0.75, 0.125, 0.125]
     """
-    first, scale = rested(p, tokens, odds)  # each (B, Q)
-    return torch.cat([first[..., None], p[..., 1:] * scale[..., None]], -1)
-
-
-def rested(p: torch.Tensor, tokens: torch.Tensor, odds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`query_rested` by rows: ``(B, Q)`` the first token's new cell and ``(B, Q)`` the factor on the others."""
     total = p.sum(-1)  # (B, Q)
     s = p[..., 0] / total.clamp(min=1e-12)  # (B, Q): each row's share on the first token
     su = s * odds.to(p)[tokens.clamp(max=odds.shape[0] - 1)]
     new = su / (su + 1 - s).clamp(min=1e-12)  # (B, Q)
     scale = torch.where(s < 1, (1 - new) / (1 - s).clamp(min=1e-12), torch.zeros_like(s))  # (B, Q)
-    return new * total, scale
+    return torch.cat([(new * total)[..., None], p[..., 1:] * scale[..., None]], -1)
