@@ -27,8 +27,8 @@ Why it looks like this:
   windows: the same Pearson correlation over every causal cell and bootstrap over windows as a mixture's,
   which becomes the description's agreement (the mixture's own stays in the evidence as ``mix_r``). Key
   weights that would bring that agreement under :data:`headlens.atlas.describe.AGREEMENT`, where the
-  description without them reaches it, are left out: a page would name a role at an agreement that argues
-  against it.
+  description without them reaches it, are left out, and then the query factors alike: a page would name a
+  role at an agreement that argues against it.
 * **An extra pass.** The patterns are read again (the fit windows and the held-out ones, one forward
   each); the role is the mixture's (a key weighting names none).
 """
@@ -134,6 +134,9 @@ def key_preferences(model: Any, descriptions: list[Any], fit: list[torch.Tensor]
     drop = keep & (r[:, 0] < AGREEMENT) & (r[:, 1] >= AGREEMENT)  # (N,): weights that would name a role under the
     keep &= ~drop  # agreement a role needs, where the description without them has it: left out
     r, lo, hi = (torch.where(keep, v[:, 0], v[:, 1]) for v in (r, lo, hi))  # each (N,)
+    back = (r < AGREEMENT) & (torch.tensor([d.agreement for d in heads], dtype=torch.float64) >= AGREEMENT)
+    keep &= ~back  # (N,): still under it where the description as it came reaches it: the query factors too,
+    by_query &= ~back  # and the description stays as it came
     new = {}
     for j, d in enumerate(heads):
         if not (bool(keep[j]) or bool(by_query[j])):
@@ -159,9 +162,9 @@ def key_preferences(model: Any, descriptions: list[Any], fit: list[torch.Tensor]
 def _errors(x: torch.Tensor, p: torch.Tensor, tokens: torch.Tensor, odds: torch.Tensor, weight: torch.Tensor,
             v: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
     """``(3, 4)``: the squared error of the attention (every cell of ``x`` ``(B, Q, K)``, the head's pattern; the
-    cells off the first token) and of the write (``|W_O (z' - z)|^2`` over the rows, ``z = x @ v``, ``v`` ``(B, K, d_head)``, ``gram`` ``W_O W_O^T``
-    ``(d_head, d_head)``) of four patterns put back: ``p``, ``p`` with the query factors ``odds``, with its keys
-    weighted by ``weight``, and with both."""
+    cells off the first token) and of the write (``|W_O (z' - z)|^2`` over the rows, ``z = x @ v``; ``v``
+    ``(B, K, d_head)``, ``gram`` ``W_O W_O^T`` ``(d_head, d_head)``) of four patterns put back: ``p``, ``p`` with the
+    query factors ``odds``, with its keys weighted by ``weight``, and with both."""
     x = x.double()
     pu = query_rested(p, tokens, odds)
     z = x @ v.double()  # (B, Q, d_head)
