@@ -28,7 +28,10 @@ OV readout reads come from a pass over the first ``--pass-windows`` pass windows
 per head, not per window), then prints each named head's agreement and CI width. ``--heldout N``: score the
 first N held-out windows only (to time the same windows on two versions of the code); ``--max-heldout N``:
 hold out up to N windows (the atlas holds out at most :data:`headlens.atlas.corpus.MAX_HELDOUT`).
-``--no-key-pref``: the descriptions without key weights (:mod:`headlens.atlas.keypref`), as before them.
+``--no-key-pref``: the descriptions without key weights (:mod:`headlens.atlas.keypref`), as before them;
+``--no-query-sink``: without the query factors (:mod:`headlens.atlas.querysink`). With ``--subst-windows``, the
+write error of each description put back on those windows (``|W_O (z_subst - z)|^2 / |W_O z|^2``), its medians;
+``--report FILE --write-error`` measures it for a saved run.
 
 ``--subst estimate|exact`` and ``--subst-exact N``: how each head's share kept is obtained (as ``headlens atlas``);
 the report then sets the first-order estimates against the exact values over the heads run exactly (all of them
@@ -117,12 +120,14 @@ def _describe_only(args: argparse.Namespace) -> None:
     fit = [seen[(j * len(seen)) // n_fit] for j in range(n_fit)]
     t = time.process_time()
     descriptions = describe(model, ex, held, config.batch_size, fit, strings)
+    mixtures = time.process_time() - t
     if not args.no_key_pref:
         from headlens.atlas.keypref import key_preferences
 
         descriptions = key_preferences(model, descriptions, fit, held, config.batch_size, _classes(model, strings),
-                                       strings)
+                                       strings, query=not args.no_query_sink)
     described = time.process_time() - t
+    print(f"mixtures {mixtures:.1f} s, key weights and query factors {described - mixtures:.1f} s (CPU)")
     print(f"{args.model}: descriptions of {len(descriptions)} heads on {len(held)} held-out windows "
           f"({sum(len(w) for w in held)} tokens; fit on {n_fit} of {len(seen)} pass windows, exemplars from the "
           f"first {args.pass_windows}), 1 thread: {described:.1f} s ({described / (len(held) + n_fit):.3f} s a window)")
@@ -138,6 +143,49 @@ def _describe_only(args: argparse.Namespace) -> None:
         with open(args.save, "wb") as f:
             pickle.dump({"descriptions": descriptions, "substitution": sub}, f)
     _report(args.model, descriptions, sub)
+    if args.subst_windows:
+        _write_report(model, descriptions, held[: args.subst_windows], config.batch_size, _classes(model, strings))
+
+
+def _write_report(model, descriptions: list, windows: list, batch_size: int, classes: dict) -> None:
+    """The write error of each description put back, ``|W_O (z_subst - z)|^2 / |W_O z|^2`` over the rows it
+    predicts on ``windows`` (the substitution's), its median over every head with a mixture and over the described
+    ones, and by what each carries (key weights, query factors)."""
+    err = _write_errors(model, descriptions, windows, batch_size, classes)
+    heads = [d for d in descriptions if d.mixture]
+    med = lambda xs: float(torch.tensor(xs, dtype=torch.float64).median()) if xs else float("nan")  # noqa: E731
+    e = {(d.layer, d.head): float(v) for d, v in zip(heads, err, strict=True)}
+    groups = [("every head with a mixture", heads), ("described", [d for d in heads if d.described]),
+              ("with query factors", [d for d in heads if getattr(d, "query_sink", None)]),
+              ("with key weights", [d for d in heads if d.key_pref])]
+    print(f"write error put back on {len(windows)} held-out windows, median: " + "; ".join(
+        f"{name} {med([e[(d.layer, d.head)] for d in group]):.3f} ({len(group)})" for name, group in groups))
+
+
+def _write_errors(model, descriptions: list, windows: list, batch_size: int, classes: dict) -> torch.Tensor:
+    """``(N,)`` per head with a mixture: ``|W_O (z_subst - z)|^2 / |W_O z|^2`` summed over the rows its description
+    predicts (``z = pattern @ v``, the real pattern or the one put back, values as they are)."""
+    from headlens.atlas.keypref import _passes
+    from headlens.atlas.substitute import simulated_patterns
+    from headlens.readout.write import write_path
+
+    heads = [d for d in descriptions if d.mixture]
+    path = write_path(model)
+    w_o = {la: path.w_o(la).float().cpu() for la in sorted({d.layer for d in heads})}  # (H, d_head, D)
+    values: dict[int, torch.Tensor] = {}
+    sums = torch.zeros(len(heads), 2, dtype=torch.float64)
+    for tok, preds, ok, kept in _passes(model, heads, windows, batch_size, classes, lambda n: None, values):
+        rows = ok.bool().any(-1)  # (B, Q)
+        sim = simulated_patterns(heads, preds, rows, tok)
+        for j, d in enumerate(heads):
+            v = values[d.layer]
+            vh = v[:, :, d.head // (kept[d.layer].shape[1] // v.shape[2])]  # (B, T, d_head)
+            z = kept[d.layer][:, d.head] @ vh  # (B, Q, d_head)
+            dz = sim[(d.layer, d.head)] @ vh - z
+            w = w_o[d.layer][d.head]  # (d_head, D)
+            sums[j, 0] += float(((dz @ w)[rows] ** 2).sum())
+            sums[j, 1] += float(((z @ w)[rows] ** 2).sum())
+    return sums[:, 0] / sums[:, 1].clamp(min=1e-300)
 
 
 def _report(name: str, descriptions: list, sub=None) -> None:
@@ -260,6 +308,8 @@ def main() -> None:
     ap.add_argument("--subst-exact", type=int, default=None, help="heads run exactly under --subst estimate")
     ap.add_argument("--no-peak", action="store_true", help="skip the two child processes' peak memory")
     ap.add_argument("--no-key-pref", action="store_true", help="--describe-only: no key weights (as before them)")
+    ap.add_argument("--no-query-sink", action="store_true", help="--describe-only: no query factors (as before them)")
+    ap.add_argument("--write-error", action="store_true", help="with --report: the write errors too (loads the model)")
     ap.add_argument("--save", default=None, help="pickle the descriptions and the substitution here (to study them)")
     ap.add_argument("--report", default=None, help="print the report of a pickle --save wrote, and nothing else")
     ap.add_argument("--child", choices=("pass", "classify"), default=None, help=argparse.SUPPRESS)
@@ -271,7 +321,17 @@ def main() -> None:
 
         with open(args.report, "rb") as f:
             saved = pickle.load(f)
-        return _report(args.model, saved["descriptions"], saved["substitution"])
+        _report(args.model, saved["descriptions"], saved["substitution"])
+        if args.write_error:  # on the substitution's windows, as --describe-only picks them
+            from headlens.atlas.describe import _classes
+
+            torch.set_num_threads(1)
+            model = headlens.load(args.model)
+            windows = corpus_windows(model, args.corpus, args.n_windows, args.seq_len, 0).prompts
+            held = split(windows, max_heldout=args.max_heldout)[1][: args.subst_windows]
+            strings = readable_tokens(model, torch.arange(int(model.cfg.d_vocab)))
+            _write_report(model, saved["descriptions"], held, args.batch_size, _classes(model, strings))
+        return None
     if args.describe_only:
         return _describe_only(args)
     torch.set_num_threads(1)

@@ -91,7 +91,8 @@ class Description:
     ``sink_bands``: the first token's weight per band of query positions (:mod:`headlens.atlas.sinkbands`;
     empty where one weight holds in every row), the ``mixture`` then giving each rule's mean over the rows.
     ``key_pref``: a weight per key token on the cells off the first token (:mod:`headlens.atlas.keypref`; empty
-    where none), the ``agreement`` then that of the pattern put back."""
+    where none), the ``agreement`` then that of the pattern put back. ``query_sink``: an odds factor on the first
+    token's share per query token (:mod:`headlens.atlas.keypref`; empty where none)."""
 
     layer: int
     head: int
@@ -111,10 +112,12 @@ class Description:
     subst_windows: int = 0
     sink_bands: tuple[float, ...] = ()
     key_pref: dict[int, float] = field(default_factory=dict)  # key token id -> weight (headlens.atlas.keypref)
+    query_sink: dict[int, float] = field(default_factory=dict)  # query token id -> odds factor on the first token
 
     def __post_init__(self) -> None:  # read back from JSON, the intervals are lists and the token ids strings
         object.__setattr__(self, "ci", tuple(self.ci))
         object.__setattr__(self, "key_pref", {int(t): w for t, w in self.key_pref.items()})
+        object.__setattr__(self, "query_sink", {int(t): w for t, w in self.query_sink.items()})
         object.__setattr__(self, "sink_bands", tuple(self.sink_bands))
         if self.share_ci is not None:
             object.__setattr__(self, "share_ci", tuple(self.share_ci))

@@ -131,3 +131,21 @@ def key_weighted(p: torch.Tensor, tokens: torch.Tensor, weight: torch.Tensor) ->
     mass = p[..., 1:].sum(-1, keepdim=True)  # (B, Q, 1)
     rest = rest / rest.sum(-1, keepdim=True).clamp(min=1e-12) * mass
     return torch.cat([p[..., :1], rest], -1)
+
+
+def query_rested(p: torch.Tensor, tokens: torch.Tensor, odds: torch.Tensor) -> torch.Tensor:
+    """``(B, Q, K)``: pattern ``p`` with each row's share on the first token moved by its query's token: a row whose
+    share is ``s`` gets ``s u / (s u + 1 - s)``, ``u = odds[token at the query]`` (``tokens`` ``(B, Q)``, ``odds``
+    ``(V,)``; :mod:`headlens.atlas.keypref`), the other cells scaled to the rest of the row: where the description
+    spreads the rest is as it was. A row with no share on the first token (or all of it) keeps it.
+
+    >>> p = torch.tensor([[[1.0, 0, 0], [0.5, 0.5, 0], [0.5, 0.25, 0.25]]])
+    >>> query_rested(p, torch.tensor([[0, 1, 2]]), torch.tensor([1.0, 1.0, 3.0]))[0, 2].tolist()
+    [0.75, 0.125, 0.125]
+    """
+    total = p.sum(-1)  # (B, Q)
+    s = p[..., 0] / total.clamp(min=1e-12)  # (B, Q): each row's share on the first token
+    su = s * odds.to(p)[tokens.clamp(max=odds.shape[0] - 1)]
+    new = su / (su + 1 - s).clamp(min=1e-12)  # (B, Q)
+    scale = torch.where(s < 1, (1 - new) / (1 - s).clamp(min=1e-12), torch.zeros_like(s))  # (B, Q)
+    return torch.cat([(new * total)[..., None], p[..., 1:] * scale[..., None]], -1)

@@ -80,9 +80,10 @@ def simulated_patterns(descriptions: Sequence[Any], targets: dict[str, torch.Ten
     """``(layer, head) -> (B, Q, K)`` float32: each description's mixture of its rules' whole predictions
     (``targets[rule]``: ``(B, Q, K)`` weights, first-token fallback in rows without one), rows summing to 1
     at the ``query_ok`` rows ``(B, Q)`` (elsewhere zero: the real row stays); with ``tokens`` ``(B, K)``, a
-    description's keys weighted by their token (its ``key_pref``, :mod:`headlens.atlas.keypref`)."""
+    description's first-token share moved by the query's token (its ``query_sink``) and its keys weighted by their
+    token (its ``key_pref``; both :mod:`headlens.atlas.keypref`)."""
     from headlens.atlas.rules import SINK
-    from headlens.atlas.sinkbands import banded_pattern, key_weighted
+    from headlens.atlas.sinkbands import banded_pattern, key_weighted, query_rested
 
     out = {}
     for d in descriptions:
@@ -90,6 +91,8 @@ def simulated_patterns(descriptions: Sequence[Any], targets: dict[str, torch.Ten
             p = banded_pattern(d.mixture, d.sink_bands, targets, SINK)  # (B, Q, K)
         else:
             p = sum(w * targets[r] for r, w in d.mixture.items())  # (B, Q, K)
+        if tokens is not None and getattr(d, "query_sink", None):
+            p = query_rested(p, tokens, _dense(d.query_sink, int(tokens.max()) + 1))
         if tokens is not None and getattr(d, "key_pref", None):
             p = key_weighted(p, tokens, _dense(d.key_pref, int(tokens.max()) + 1))
         out[(d.layer, d.head)] = (p / p.sum(-1, keepdim=True).clamp(min=1e-12) * query_ok[..., None]).float()
@@ -97,7 +100,7 @@ def simulated_patterns(descriptions: Sequence[Any], targets: dict[str, torch.Ten
 
 
 def _dense(pref: dict[int, float], V: int) -> torch.Tensor:
-    """``(V',)``: a key weight per token id (1 where ``pref`` names none), long enough for ``V`` ids and ``pref``."""
+    """``(V',)``: a weight per token id (1 where ``pref`` names none), long enough for ``V`` ids and ``pref``."""
     w = torch.ones(max(V, max(pref) + 1), dtype=torch.float64)
     w[torch.tensor(list(pref))] = torch.tensor(list(pref.values()), dtype=torch.float64)
     return w

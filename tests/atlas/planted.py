@@ -24,6 +24,11 @@ win by a wide margin.
 * ``planted_gpt(keyed=True)`` adds one more head last: every key so far weighed by its token alone
   (:data:`KEYED`: a key holding "a" scores 2 above the others, so weighs e^2), what a description's key
   weights (:mod:`headlens.atlas.keypref`) state. It writes the token it attends to, like L1H2.
+* ``planted_gpt(queried=True)`` adds one more head last: previous token beside the first token, whose share of
+  the row is set by the query's token: :data:`QUERIED` (letter -> share; every other query token
+  :data:`QUERIED_ELSE`), the first token's score set ``log(share / (1 - share))`` above the previous token's,
+  what a description's query factors (:mod:`headlens.atlas.querysink`) state. It writes the token it attends
+  to, like L1H2.
 """
 
 from __future__ import annotations
@@ -45,14 +50,16 @@ MIXTURE_WRITE = 4.0  # L1H2's write scale: enough that removing it moves the los
 REST = 7.0  # the induction head's score scale on the first token: about 9, well under a match
 BANDED = ((0, 0.9), (8, 0.2))  # the banded head's share on the first token from each position on
 KEYED = {"a": 2.0, "b": 1.0, "c": -2.0}  # the keyed head's score for a key holding each letter (others 0)
+QUERIED = {"a": 0.9, "b": 0.7, "c": 0.1}  # the queried head's share on the first token after each query letter
+QUERIED_ELSE = 0.4  # ... and after every other query token
 
 
 def planted_gpt(mixture: bool = False, splits: tuple[float, ...] = (), banded: bool = False,
-                keyed: bool = False) -> GPT:
+                keyed: bool = False, queried: bool = False) -> GPT:
     tok = Tokenizer.char_level(ALPHABET)
     V, T = tok.d_vocab, N_CTX  # V includes BOS (the last id)
     D = 2 * V + T
-    cfg = ModelConfig(n_layers=2, n_heads=2 + mixture + len(splits) + banded + keyed, d_model=D, n_ctx=T, d_vocab=V, d_head=D_HEAD, attn_only=True,
+    cfg = ModelConfig(n_layers=2, n_heads=2 + mixture + len(splits) + banded + keyed + queried, d_model=D, n_ctx=T, d_vocab=V, d_head=D_HEAD, attn_only=True,
                       normalization="none", positional_embedding="learned")
     model = GPT(cfg, tokenizer=tok)
     prev = V + T  # start of the previous-token subspace
@@ -122,6 +129,20 @@ def planted_gpt(mixture: bool = False, splits: tuple[float, ...] = (), banded: b
                 q[V + i, 0] = S
             for t, score in KEYED.items():
                 k[ALPHABET.index(t), 0] = score * D_HEAD ** 0.5 / S
+            for t in range(V):
+                v[t, t] = 1.0
+                o[t, t] = MIXTURE_WRITE
+        if queried:  # previous token, and the first token with a share set by the query's token
+            h = 2 + mixture + len(splits) + banded + keyed
+            q, k, v, o = _block(model, 1, 0)[h], _block(model, 1, 1)[h], _block(model, 1, 2)[h], _out(model, 1)[h]
+            logit = lambda p: math.log(p / (1 - p)) * D_HEAD ** 0.5 / S  # noqa: E731  (a score gap, as a q entry)
+            for i in range(1, T):
+                q[V + i, i - 1] = S
+                k[V + i - 1, i - 1] = S
+                q[V + i, T - 1] = S + logit(QUERIED_ELSE)  # first token vs previous, for any query token
+            for t, share in QUERIED.items():  # ... moved by the query's own letter
+                q[ALPHABET.index(t), T - 1] = logit(share) - logit(QUERIED_ELSE)
+            k[V + 0, T - 1] = S
             for t in range(V):
                 v[t, t] = 1.0
                 o[t, t] = MIXTURE_WRITE

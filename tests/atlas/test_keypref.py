@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import replace
 
 import pytest
+import torch
 
 from headlens.atlas.corpus import split
 from headlens.atlas.describe import Description
@@ -47,3 +48,32 @@ def test_heads_the_weights_do_not_help_keep_their_mixture_and_json_keeps_the_wei
     back = Description(**{**{k: v for k, v in dataclasses.asdict(d).items()},
                           "key_pref": {str(t): w for t, w in d.key_pref.items()}})
     assert back.key_pref == d.key_pref
+
+
+def test_the_gate_errors_match_a_brute_force_of_the_patterns_and_the_writes():
+    """The gate's squared errors (attention over whole rows and off the first token; what the head writes, through
+    ``W_O W_O^T``) against the same four patterns built and written out one by one through ``W_O`` itself."""
+    from headlens.atlas.keypref import _errors, _grams
+    from headlens.atlas.sinkbands import key_weighted, query_rested
+    from tests.atlas.planted import planted_gpt
+
+    gen = torch.Generator().manual_seed(0)
+    B, T, d_head, V = 2, 6, 4, 5
+    x = torch.rand(B, T, T, generator=gen).tril()
+    x = x / x.sum(-1, keepdim=True)
+    p = torch.rand(B, T, T, generator=gen).tril()
+    p = p / p.sum(-1, keepdim=True)
+    tokens = torch.randint(0, V, (B, T), generator=gen)
+    odds, weight = torch.rand(V, generator=gen) * 3, torch.rand(V, generator=gen) * 3
+    v = torch.randn(B, T, d_head, generator=gen)
+    w_o = torch.randn(d_head, 7, generator=gen, dtype=torch.float64)
+    got = _errors(x, p, tokens, odds, weight, v, w_o @ w_o.T)  # (3, 4)
+    pu = query_rested(p, tokens, odds)
+    for i, y in enumerate((p, pu, key_weighted(p, tokens, weight), key_weighted(pu, tokens, weight))):
+        write = ((y.double() @ v.double()) @ w_o) - ((x.double() @ v.double()) @ w_o)  # (B, T, D)
+        want = [((x - y).double() ** 2).sum(), ((x - y).double()[..., 1:] ** 2).sum(), (write ** 2).sum()]
+        assert got[:, i].tolist() == pytest.approx([float(w) for w in want], rel=1e-6)  # the patterns are float32
+    model = planted_gpt()
+    d = Description(1, 0, "induction", "induction", 0.9, (0.8, 1.0), "")
+    w = model.transformer.h[1].attn.c_proj.weight.detach().T[:32].double()  # (d_head, D): L1H0's W_O
+    assert torch.allclose(_grams(model, [d])[0], w @ w.T)
