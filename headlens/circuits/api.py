@@ -259,10 +259,13 @@ def circuit(
         n_boot: bootstrap resamples for the CIs.
         seed: seeds the probe, the controls, resampling, the null and the bootstrap.
         fast: the cached / batched path (same numbers as ``fast=False``, one forward per edge).
-        progress: called with the number of edges just finished.
+        progress: called with the number of steps just finished in the current stage (edges patched; in
+            discovery also the first pass's prompts, the faithfulness runs' circuits and the run-time check's
+            edges).
         stage: called as ``stage(what, total, done)`` when a stage starts (``"patching edges"`` with its
-            number of edges, each discovery round, discovery's sweep of single heads as it goes), so a
-            progress display can show a fraction and a time left.
+            number of edges; in discovery each round's first pass and patching, the faithfulness runs, the
+            run-time check, and the sweep of single heads as it goes), so a progress display can show a
+            fraction and a time left.
         device: where a model reference is loaded.
         first_pass: discovery only: rank each round's candidate edges by edge attribution patching (one
             forward and backward) and patch the top ``first_pass`` exactly; the rest are not measured.

@@ -86,6 +86,7 @@ def run_check(s: Any, df: Any, edges: list[Edge] | None = None, n_prompts: int =
     atol = ATOL * (max(1.0, abs(clean)) if clean == clean else 1.0)
     n = min(n_prompts, len(s.task.tokens))
     out: dict[str, Any] = {"reference": "path patching by freezing", "atol": atol, "rtol": RTOL, "edges": []}
+    s.begin(f"run-time check: {len(picked)} edges measured again by path patching by freezing", len(picked))
     sub = _freezer(s, [e for _, e in picked], n) if picked else None
     for i, edge in picked:
         if edge in s.measured:  # prompt by prompt, on the first n
@@ -96,6 +97,8 @@ def run_check(s: Any, df: Any, edges: list[Edge] | None = None, n_prompts: int =
         ok = bool(np.all(np.abs(fast - ref) <= atol + RTOL * np.abs(ref)))
         out["edges"].append({"edge": edge.name, "effect": float(fast.mean()), "reference": float(ref.mean()),
                              "prompts": len(fast), "ok": ok})
+        if s.progress is not None:
+            s.progress(1)
         if not ok:
             df.attrs["check"] = {**out, "passed": False}
             worst = int(np.argmax(np.abs(fast - ref)))

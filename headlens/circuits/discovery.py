@@ -72,8 +72,9 @@ def discover(s: Any, inputs: Sequence[str] = ("q", "k", "v"), senders: Sequence[
     for depth in range(MAX_DEPTH):
         if not frontier:
             break
-        edges = ranked.keep(make_edges(s.model, sorted(frontier), senders, inputs, strict=False))
-        df = s.table(edges, what=f"discovery round {depth + 1}: patching edges")
+        what = f"discovery round {depth + 1} (at most {MAX_DEPTH}): "
+        edges = ranked.keep(make_edges(s.model, sorted(frontier), senders, inputs, strict=False), what)
+        df = s.table(edges, what=f"{what}patching {len(edges)} edges and their controls")
         ranked.compare(df)
         ranked.measured.append(df)
         keep = df[significant_mask(df)]

@@ -81,8 +81,9 @@ class Ablator:
         keys = [frozenset(n) for n in sets]
         todo = [n for n in dict.fromkeys(keys) if n not in self._cache]
         if todo:
+            B = self.s.task.tokens.shape[0]
+            self.s.begin(f"faithfulness: the model run with only each of {len(todo)} circuits' heads ({B} prompts each)", len(todo) * B)
             if self.resume:
-                B = self.s.task.tokens.shape[0]
                 per = max(1, LOGIT_BUDGET // (4 * self.s.task.tokens.shape[1] * self.s.model.cfg.d_vocab))
                 parts = [self._resumed(todo, slice(i, i + per)) for i in range(0, B, per)]  # [set][prompt]
                 found = [torch.cat([p[k] for p in parts]) for k in range(len(todo))]
@@ -118,7 +119,14 @@ class Ablator:
             clean = task_logits(s.model, s.task, cols=self.at.cols) if self.metric.needs_clean else None  # (B, C, V)
             with s.model.hooks(hooks):
                 logits = task_logits(s.model, s.task, cols=self.at.cols)  # (B, C, V)
+        self._done(s.task.tokens.shape[0])
         return self.metric(logits, self.at, clean)
+
+    def _done(self, prompts: int) -> None:
+        """One node set run on ``prompts`` prompts: the progress display's step (counted in prompts, since the
+        resumed sets run a block of prompts at a time)."""
+        if self.s.progress is not None:
+            self.s.progress(prompts)
 
     def _resumed(self, todo: Sequence[frozenset], rows: slice) -> list[torch.Tensor]:
         """``(b,)`` per-prompt metric of each node set on prompts ``rows``: the every-head-ablated forward recorded
@@ -145,6 +153,7 @@ class Ablator:
                 logits = next(run.read(rec.final, None, 1))  # (b, T, V), or (b, C, 2) logit_diff's answers
                 out[n] = (self.metric(logits, run.metric_task, clean) if answers is not None
                           else self.metric(logits if at.cols is None else logits[:, at.cols], at, clean))
+                self._done(task.tokens.shape[0])
                 left[parent] -= 1
                 if not left[parent]:
                     runs.pop(parent)

@@ -23,7 +23,9 @@ class FirstPass:
         self.pairs: list[tuple[float, float]] = []
         self.measured: list[Any] = []  # every candidate edge table measured exactly (for the MIB curve)
 
-    def keep(self, edges: list[Any]) -> list[Any]:
+    def keep(self, edges: list[Any], what: str = "") -> list[Any]:
+        """The candidates ``edges`` to patch exactly: the top ones by their estimate (all where the first pass is
+        off or cannot run). ``what``: the stage's name before the first pass's own, for the progress display."""
         self.candidates += len(edges)
         if self.why is not None or len(edges) <= self.top:
             self.kept += len(edges)
@@ -31,8 +33,10 @@ class FirstPass:
         from headlens.circuits.attribution import edge_attribution
 
         s = self.s
+        s.begin(f"{what}ranking {len(edges):,} candidate edges by gradient (first pass; prompts done)", s.task.n_prompts)
         est = {e: float(v.mean()) for e, v in edge_attribution(s.model, s.task, s.metric, edges, s.deltas,
-                                                                named=s.named, record=s.recorded_run()).items()}
+                                                                named=s.named, record=s.recorded_run(),
+                                                                progress=s.progress).items()}
         release_freed()  # the backward passes' freed heap (0.7 GB on SmolLM2's IOI), before the exact rounds
         if not any(est.values()):  # an estimate of zero everywhere ranks nothing: patch them all, and say so
             self.why = "every estimate is zero (the metric's gradient vanishes at the clean run)"

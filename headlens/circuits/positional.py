@@ -71,7 +71,7 @@ def discover_positions(s: Any, inputs: Sequence[str] = ("q", "k", "v"), senders:
     read = read_position(s)
     ranked = FirstPass(s, FIRST_PASS if first_pass is None else first_pass)
     logits = s.table([e for e in make_edges(s.model, [LOGITS], senders, ("resid",), strict=False)
-                      for e in at_positions(e, [read], None)])
+                      for e in at_positions(e, [read], None)], what=f"discovery: patching the edges into the logits at {read}")
     logits.attrs["two_sided"] = True
     ranked.measured.append(logits)
     hit = logits[significant_mask(logits)]
@@ -81,11 +81,13 @@ def discover_positions(s: Any, inputs: Sequence[str] = ("q", "k", "v"), senders:
     tables = [hit]
     roots = [(_node(n), read) for n in hit.sender if n.startswith("L")]
     frontier, seen = list(roots), set(roots)
-    for _ in range(MAX_DEPTH):
+    for depth in range(MAX_DEPTH):
         if not frontier:
             break
-        edges = ranked.keep([e for node, pos in sorted(frontier) for e in candidates(s, node, pos, senders, inputs)])
-        df = s.table(edges)
+        what = f"discovery round {depth + 1} (at most {MAX_DEPTH}): "
+        edges = ranked.keep([e for node, pos in sorted(frontier) for e in candidates(s, node, pos, senders, inputs)],
+                            what)
+        df = s.table(edges, what=f"{what}patching {len(edges)} edges and their controls")
         df.attrs["two_sided"] = True
         ranked.compare(df)
         ranked.measured.append(df)

@@ -67,3 +67,26 @@ def test_a_random_model_shows_no_ioi_circuit(tmp_path):
     df = headlens.circuit(model, prompts="ioi", metric="logit_diff", n_prompts=16, n_control=3)
     assert len(df) == 0 and df.attrs["verdict"] == "inconclusive" and "logits at END" in df.attrs["why"]
     assert math.isnan(df.attrs["faithfulness"])
+
+
+def test_every_phase_of_a_discovery_says_what_it_does_and_counts_to_its_total(planted):
+    """The progress display's contract: each stage names itself and its steps add up to its total, so the bar
+    never sits at a finished round's 100 % while the first pass, faithfulness or the check run."""
+    events: list[tuple] = []
+    probe = ioi_probe(planted, 16, templates=[0], orders=["ABBA"])
+    headlens.circuit(planted, prompts=probe, metric="logit_diff", method="mean", n_prompts=16, n_control=3,
+                     first_pass=4, stage=lambda what, total, done: events.append(("stage", what, total, done)),
+                     progress=lambda n: events.append(("step", n)))
+    stages: list[list] = []
+    for e in events:
+        if e[0] == "stage":
+            stages.append([e[1], e[2], e[3]])
+        else:
+            stages[-1][2] += e[1]
+    names = [what for what, _, _ in stages]
+    assert names[0] == "discovery: patching the edges into the logits at END"
+    assert any(n.startswith("discovery round 1 (at most") and "ranking" in n and "first pass" in n for n in names)
+    assert any(n.startswith("discovery round 1 (at most") and n.endswith("edges and their controls") for n in names)
+    assert names[-2].startswith("faithfulness: the model run with only each of") and names[-1].startswith("run-time check: 2 edges")
+    for what, total, done in stages:
+        assert done == total, (what, done, total)  # every step counted once, none past the end
