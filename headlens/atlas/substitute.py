@@ -187,6 +187,31 @@ def _share(dl_sub: torch.Tensor, dl_mean: torch.Tensor, seed: int = 0) -> tuple[
     return float(share(dl_sub.sum(), dl_mean.sum())), (float(boot.quantile(0.025)), float(boot.quantile(0.975)))
 
 
+def put_back(model: Any, described: list[Any], windows: list[torch.Tensor], rules: dict[str, Any],
+             classes: dict[str, torch.Tensor] | None, n_windows: int) -> tuple[Any, Any, torch.Tensor, dict]:
+    """What the substitution test puts back, on ``n_windows`` of ``windows`` (evenly spread): ``(batch, run,
+    clean_logits, patterns)``: the windows' batch (right-padded: pads are never read), the clean run
+    (:func:`_clean`), its logits ``(B, T, V)`` and each described head's simulated pattern
+    (:func:`simulated_patterns`)."""
+    from headlens.atlas.heldout import _batch
+    from headlens.atlas.rules import LATE, late_rules, rule_targets
+    from headlens.models.vocab import vocab
+
+    n = min(n_windows, len(windows))
+    batch = _batch([windows[(j * len(windows)) // n] for j in range(n)], vocab(model).special, classes)
+    T = batch.tokens.shape[1]
+    q, k = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    cells = (k <= q) & batch.valid[:, None, :] & batch.query_ok[:, :, None]
+    used = sorted({r for d in described for r in d.mixture})
+    hits = {r: rule_targets(rules[r], batch, T) * cells for r in used if r not in LATE}
+    run, clean_logits = _clean(model, batch.tokens.to(model.device))
+    if any(r in LATE for r in used):
+        hits.update({name: t.double() for name, t in late_rules({r: rules[r] for r in used if r in LATE})(
+            clean_logits, batch, cells).items()})
+    return batch, run, clean_logits, simulated_patterns(described, rule_predictions(batch, hits), batch.query_ok,
+                                                        batch.tokens)
+
+
 def substitute(model: Any, descriptions: list[Any], windows: list[torch.Tensor], rules: dict[str, Any],
                classes: dict[str, torch.Tensor] | None = None, n_windows: int = SUBST_WINDOWS,
                progress: Callable[[int, int], None] | None = None, max_rows: int = MAX_ROWS,
@@ -201,29 +226,15 @@ def substitute(model: Any, descriptions: list[Any], windows: list[torch.Tensor],
     the exact test). Every head's estimate is in its evidence (``est_subst``, ``est_abl``, ``est_share``)."""
     from headlens.atlas.describe import gate
     from headlens.atlas.firstorder import SUBST_EXACT, exact_heads, first_order
-    from headlens.atlas.heldout import _batch
-    from headlens.atlas.rules import LATE, late_rules, rule_targets
     from headlens.errors import ConfigError
-    from headlens.models.vocab import vocab
 
     if subst not in SUBST_MODES:
         raise ConfigError(f"subst={subst!r} is not a substitution mode; expected one of {', '.join(SUBST_MODES)}")
     described = [d for d in descriptions if d.described and d.mixture]
     if not described or not windows or n_windows < 1:
         return descriptions, None
-    n = min(n_windows, len(windows))
-    batch = _batch([windows[(j * len(windows)) // n] for j in range(n)], vocab(model).special, classes)
-    tokens, B, T = batch.tokens.to(model.device), n, batch.tokens.shape[1]  # right-padded: pads are never read
-    q, k = torch.arange(T)[:, None], torch.arange(T)[None, :]
-    cells = (k <= q) & batch.valid[:, None, :] & batch.query_ok[:, :, None]
-    used = sorted({r for d in described for r in d.mixture})
-    hits = {r: rule_targets(rules[r], batch, T) * cells for r in used if r not in LATE}
-    run, clean_logits = _clean(model, tokens)
-    if any(r in LATE for r in used):
-        hits.update({n: t.double() for n, t in late_rules({r: rules[r] for r in used if r in LATE})(
-            clean_logits, batch, cells).items()})
-    patterns = simulated_patterns(described, rule_predictions(batch, hits), batch.query_ok, batch.tokens)
-    del hits
+    batch, run, clean_logits, patterns = put_back(model, described, windows, rules, classes, n_windows)
+    tokens, B, T = batch.tokens.to(model.device), batch.tokens.shape[0], batch.tokens.shape[1]
     valid = batch.valid
     clean_nll = _nll(clean_logits, batch.tokens, valid).cpu()  # (B, T-1)
     cs_rows = suppression_rows(clean_logits, batch.tokens, valid)  # (B, T-1)
