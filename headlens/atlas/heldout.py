@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from headlens.atlas.rules import CLASSES, SINK_BANDS, annotate, rule_targets
+from headlens.atlas.rules import CLASSES, SINK_BANDS, annotate, causal_cells, rule_targets
 from headlens.detectors.base import Detector
 from headlens.probes.base import ProbeBatch
 
@@ -86,8 +86,7 @@ def _batch_sums(model: Any, batch: ProbeBatch, rules: dict[str, Detector], late:
                 ) -> tuple[dict[str, torch.Tensor], list[str]]:
     """One batch's sums: the early rules summed in each layer's hook, the late ones after."""
     T = batch.tokens.shape[1]
-    q, k = torch.arange(T)[:, None], torch.arange(T)[None, :]
-    cells = (k <= q) & batch.valid[:, None, :] & batch.query_ok[:, :, None]  # (B, Q, K): whole causal rows
+    cells = causal_cells(batch)  # (B, Q, K): whole causal rows
     early = {name: rule_targets(rule, batch, T) * cells for name, rule in rules.items()}  # (B, Q, K) weights
     targets = _targets(early).float()  # (B, Q, K, 2R): float32 products, summed per window in float64
     per_layer: list[dict[str, torch.Tensor]] = [{} for _ in range(L)]

@@ -237,7 +237,7 @@ def _passes(model: Any, heads: list[Any], windows: list[torch.Tensor], batch_siz
     cells) and layer -> the real patterns ``(B, H, Q, K)`` float32 of the layers of ``heads``; ``values``, when
     given, is filled with layer -> that batch's values ``(B, T, H_kv, d_head)`` float32."""
     from headlens.atlas.heldout import _batch
-    from headlens.atlas.rules import LATE, candidate_rules, late_rules, rule_targets
+    from headlens.atlas.rules import candidate_rules, causal_cells, used_targets
     from headlens.atlas.substitute import rule_predictions
     from headlens.models.vocab import vocab
 
@@ -246,9 +246,7 @@ def _passes(model: Any, heads: list[Any], windows: list[torch.Tensor], batch_siz
     used = sorted({r for d in heads for r in d.mixture})
     for start in range(0, len(windows), batch_size):
         batch = _batch(windows[start:start + batch_size], special, classes)
-        T = batch.tokens.shape[1]
-        q, k = torch.arange(T)[:, None], torch.arange(T)[None, :]
-        cells = (k <= q) & batch.valid[:, None, :] & batch.query_ok[:, :, None]  # (B, Q, K)
+        cells = causal_cells(batch)  # (B, Q, K)
         kept: dict[int, torch.Tensor] = {}
 
         def keep(layer: int, into: dict[int, torch.Tensor] = kept) -> Any:
@@ -265,10 +263,7 @@ def _passes(model: Any, heads: list[Any], windows: list[torch.Tensor], batch_siz
         hooks += [(f"blocks.{la}.attn.hook_v", keep_v(la)) for la in layers] if values is not None else []
         with torch.no_grad(), model.hooks(hooks):
             logits = model(batch.tokens.to(model.device))  # (B, T, V)
-        hits = {r: rule_targets(rules[r], batch, T) * cells for r in used if r not in LATE}
-        if any(r in LATE for r in used):
-            hits.update({n: t.double() for n, t in late_rules({r: rules[r] for r in used if r in LATE})(
-                logits.cpu(), batch, cells).items()})
+        hits = used_targets(rules, used, batch, cells, logits.cpu())
         del logits
         yield batch.tokens, rule_predictions(batch, hits), cells.float(), kept
         tick(min(start + batch_size, len(windows)))

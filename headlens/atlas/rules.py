@@ -225,3 +225,21 @@ def late_rules(rules: dict[str, Detector]) -> Any:
         T = cells.shape[-1]
         return {name: predicate_mask(rule.predicate, batch, 0, T, 0, T) & cells for name, rule in late.items()}
     return targets
+
+
+def causal_cells(batch: ProbeBatch) -> torch.Tensor:
+    """``(B, Q, K)`` bool: the cells of whole causal rows (a real key at or before a countable query)."""
+    T = batch.tokens.shape[1]
+    q, k = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    return (k <= q) & batch.valid[:, None, :] & batch.query_ok[:, :, None]
+
+
+def used_targets(rules: dict[str, Detector], used: list[str], batch: ProbeBatch, cells: torch.Tensor,
+                 logits: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``name -> (B, Q, K)`` float64: the targets at ``cells`` of the rules ``used`` (names in ``rules``), those
+    that read the model's next-token predictions (:data:`LATE`) from its ``logits`` ``(B, T, V)``."""
+    hits = {r: rule_targets(rules[r], batch, cells.shape[-1]) * cells for r in used if r not in LATE}
+    late = {r: rules[r] for r in used if r in LATE}
+    if late:
+        hits.update({name: t.double() for name, t in late_rules(late)(logits, batch, cells).items()})
+    return hits

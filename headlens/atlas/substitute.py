@@ -194,20 +194,14 @@ def put_back(model: Any, described: list[Any], windows: list[torch.Tensor], rule
     (:func:`_clean`), its logits ``(B, T, V)`` and each described head's simulated pattern
     (:func:`simulated_patterns`)."""
     from headlens.atlas.heldout import _batch
-    from headlens.atlas.rules import LATE, late_rules, rule_targets
+    from headlens.atlas.rules import causal_cells, used_targets
     from headlens.models.vocab import vocab
 
     n = min(n_windows, len(windows))
     batch = _batch([windows[(j * len(windows)) // n] for j in range(n)], vocab(model).special, classes)
-    T = batch.tokens.shape[1]
-    q, k = torch.arange(T)[:, None], torch.arange(T)[None, :]
-    cells = (k <= q) & batch.valid[:, None, :] & batch.query_ok[:, :, None]
-    used = sorted({r for d in described for r in d.mixture})
-    hits = {r: rule_targets(rules[r], batch, T) * cells for r in used if r not in LATE}
     run, clean_logits = _clean(model, batch.tokens.to(model.device))
-    if any(r in LATE for r in used):
-        hits.update({name: t.double() for name, t in late_rules({r: rules[r] for r in used if r in LATE})(
-            clean_logits, batch, cells).items()})
+    hits = used_targets(rules, sorted({r for d in described for r in d.mixture}), batch, causal_cells(batch),
+                        clean_logits)
     return batch, run, clean_logits, simulated_patterns(described, rule_predictions(batch, hits), batch.query_ok,
                                                         batch.tokens)
 
