@@ -86,7 +86,8 @@ def run_check(s: Any, df: Any, edges: list[Edge] | None = None, n_prompts: int =
     atol = ATOL * (max(1.0, abs(clean)) if clean == clean else 1.0)
     n = min(n_prompts, len(s.task.tokens))
     out: dict[str, Any] = {"reference": "path patching by freezing", "atol": atol, "rtol": RTOL, "edges": []}
-    s.begin(f"run-time check: {len(picked)} edges measured again by path patching by freezing", len(picked))
+    if picked:  # an empty table (inconclusive) has nothing to check: no stage to show
+        s.begin(f"run-time check: {len(picked)} edges measured again by path patching by freezing", len(picked))
     sub = _freezer(s, [e for _, e in picked], n) if picked else None
     for i, edge in picked:
         if edge in s.measured:  # prompt by prompt, on the first n

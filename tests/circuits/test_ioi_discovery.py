@@ -90,3 +90,17 @@ def test_every_phase_of_a_discovery_says_what_it_does_and_counts_to_its_total(pl
     assert names[-2].startswith("faithfulness: the model run with only each of") and names[-1].startswith("run-time check: 2 edges")
     for what, total, done in stages:
         assert done == total, (what, done, total)  # every step counted once, none past the end
+
+
+def test_an_inconclusive_discovery_shows_no_empty_stage(tmp_path):
+    """A random-weight model has no circuit: discovery says inconclusive, and its progress shows no stage with
+    nothing to do (no run-time check of 0 edges)."""
+    from tests.ioi_models import save_ioi_llama
+
+    model = load_quietly(save_ioi_llama(tmp_path / "m", num_key_value_heads=1))  # MQA: one key/value head
+    stages: list[tuple] = []
+    df = headlens.circuit(model, prompts=ioi_probe(model, 12), metric="logit_diff", n_prompts=12, n_control=2,
+                          stage=lambda what, total, done: stages.append((what, total)))
+    assert df.attrs["verdict"] == "inconclusive" and df.attrs["why"]
+    assert stages and all(total > 0 for _, total in stages), stages
+    assert not any(what.startswith("run-time check") for what, _ in stages)
