@@ -220,12 +220,13 @@ def _report(name: str, descriptions: list, sub=None) -> None:
         print(f"all {sub.n_heads} described heads substituted at once, {sub.windows} held-out windows: loss "
               f"{sub.all_heads:.4f} [{sub.all_ci[0]:.4f}, {sub.all_ci[1]:.4f}] against {sub.clean:.4f} clean "
               f"({100 * (sub.all_heads - sub.clean) / sub.clean:+.1f} %)")
-        how = ("exact" if sub.how == "exact" else
-               "ESTIMATED to first order: the sum of the heads' estimates, far off in the first layers")
-        print(f"per layer ({how}; heads, change % substituted / mean-ablated at once): " + " ".join(
-            f"L{la}({n}, {100 * (v - sub.clean) / sub.clean:+.1f} / "
-            f"{100 * (sub.per_layer_mean.get(la, float('nan')) - sub.clean) / sub.clean:+.1f})"
-            for la, (n, v) in sorted(sub.per_layer.items())))
+        print(sub.sentence())
+        print("per layer (heads, change % substituted / mean-ablated at once; ~ marks a line ESTIMATED to first "
+              "order, the sum of the heads' estimates): " + " ".join(
+                  f"{'~' if getattr(sub, 'layer_how', {}).get(la, sub.how) != 'exact' else ''}L{la}({n}, "
+                  f"{100 * (v - sub.clean) / sub.clean:+.1f} / "
+                  f"{100 * (sub.per_layer_mean.get(la, float('nan')) - sub.clean) / sub.clean:+.1f})"
+                  for la, (n, v) in sorted(sub.per_layer.items())))
         withheld = [d for d in descriptions if d.evidence.get("withheld")]
         print(f"roles withheld by the substitution test: {len(withheld)}: " + " ".join(
             f"L{d.layer}H{d.head}({d.evidence['withheld']})" for d in withheld))

@@ -100,11 +100,27 @@ def _index(atlas: Any) -> str:
         f"<h1>Atlas of {html.escape(atlas.model)}</h1><p class='meta'>{ex.n_tokens} tokens of the "
         f"{html.escape(str(c.corpus))} corpus; top {c.k} exemplars per head and ranking; roles tested on held-out "
         f"windows. Click a head. {colours}</p><p>{legend}</p><table class='grid'><tr><th></th>{head_row}</tr>"
-        f"{''.join(rows)}</table><h2>Every head at a glance</h2><p class='meta'>Each point is a head: how well "
+        f"{''.join(rows)}</table>{_put_back(atlas.substitution)}<h2>Every head at a glance</h2><p class='meta'>Each point is a head: how well "
         f"its best rule predicts its attention on held-out text (right: well), against how much of its attention "
         f"goes to keys other than the first token and itself (top: most). Resting heads sit at the bottom; "
         f"heads no rule explains, top left. Click a point to open its page.</p>{scatter_svg(atlas.descriptions)}"
         f"<p class='meta'>Exemplars: exemplars.parquet; descriptions: descriptions.csv</p>"))
+
+
+def _put_back(sub: Any) -> str:
+    """The whole-model line and each layer's, as a paragraph and a table (empty without a substitution test)."""
+    if sub is None:
+        return ""
+    pct = lambda v: f"{100 * (v - sub.clean) / sub.clean:+.1f} %"  # noqa: E731
+    rows = "".join(f"<tr><th>L{la}</th><td>{n}</td><td>{pct(v)}</td><td>{pct(sub.per_layer_mean[la])}</td>"
+                   f"<td>{html.escape(sub.layer_how.get(la, sub.how))}</td></tr>"
+                   for la, (n, v) in sorted(sub.per_layer.items()) if la in sub.per_layer_mean)
+    return (f"<h2>The descriptions put back together</h2><p>{html.escape(sub.sentence()[0].upper() + sub.sentence()[1:])}"
+            ".</p><p class='meta'>Each layer's described heads substituted at once, beside the same heads "
+            "mean-ablated at once (change of the next-token loss; <i>estimated</i>: the sum of the heads' "
+            "first-order estimates, which misses how a layer's heads compound; substitution.csv)</p>"
+            f"<table class='pairs'><tr><th>layer</th><th>heads</th><th>substituted</th><th>mean-ablated</th>"
+            f"<th>how</th></tr>{rows}</table>")
 
 
 def _mark(role: str) -> str:

@@ -24,8 +24,11 @@ Why it looks like this:
   backward pass estimate every head (:mod:`headlens.atlas.firstorder`) and only a sample runs as above;
   each head's ``share_how`` says which it got. ``subst="exact"`` runs every head.
 * **Also together.** Every described head substituted at once (the whole-model line: the loss of the model
-  whose described heads all run on their descriptions) and each layer's described heads at once (a copy in
-  that layer's run).
+  whose described heads all run on their descriptions), the best-described quarter, half and three quarters
+  at once (:data:`BEST`, by held-out agreement: a scale to read the whole line against, since heads a
+  description fixes to the tokens can no longer correct earlier heads' errors as the real ones do), and each
+  layer's described heads at once (a copy in that layer's run; to first order, the sum of its heads'
+  estimates, where not all of them run exactly).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ SUBST_WINDOWS = 8  # held-out windows the substitution runs on (a subsample, eve
 MAX_ROWS = 16384  # token rows (copies x windows x positions) one resumed run carries: bounds its memory
 NO_EFFECT = 1e-6  # a mean ablation that moves no window's loss by more than this has no share to keep
 SUBST_MODES = ("estimate", "exact")  # every head estimated, a sample run exactly; or every head run exactly
+BEST = (0.25, 0.5, 0.75)  # fractions of the described heads, best described first, also substituted at once
 
 
 @dataclass
@@ -47,7 +51,10 @@ class Substitution:
     """The whole-model line: clean loss, the loss with every described head substituted (``all_heads``, with
     its bootstrap interval ``all_ci``) and per layer (layer -> (heads substituted, loss)), on ``windows``;
     ``per_layer_mean``: layer -> the loss with the same heads mean-ablated at once instead (what the layer's
-    substitution is measured against)."""
+    substitution is measured against); ``layer_how``: layer -> ``"exact"`` or ``"estimated"`` (the sum of its
+    heads' first-order estimates; ``how`` is ``"exact"`` when every layer's line is); ``best``: ``(fraction,
+    heads, loss)``, the best-described ``fraction`` of the described heads (by held-out agreement) substituted
+    at once (:data:`BEST`), to set the whole-model line beside tests that replace a part of a model's heads."""
 
     clean: float
     all_heads: float
@@ -56,23 +63,53 @@ class Substitution:
     windows: int
     per_layer: dict[int, tuple[int, float]] = field(default_factory=dict)
     per_layer_mean: dict[int, float] = field(default_factory=dict)
-    how: str = "exact"  # the per-layer lines: "exact", or "estimated" (each the sum of its heads' estimates)
+    how: str = "exact"  # the per-layer lines: "exact" when all are, else "estimated" (some or all: layer_how)
     exact_heads: int = 0  # heads whose share kept was run exactly
+    layer_how: dict[int, str] = field(default_factory=dict)  # layer -> "exact" or "estimated" (default: how)
+    best: list[tuple[float, int, float]] = field(default_factory=list)  # (fraction, heads, loss), best first
+
+    def layers_alone(self) -> float | None:
+        """The per-layer lines' changes summed (each layer's described heads substituted with every other head
+        real), when every line is exact; against :attr:`all_heads` it shows how much of the whole is the
+        layers' errors compounding through later heads rather than their own. None where a line is estimated."""
+        if not self.per_layer or any(self.layer_how.get(la, self.how) != "exact" for la in self.per_layer):
+            return None
+        return sum(v - self.clean for _, v in self.per_layer.values())
+
+    def sentence(self) -> str:
+        """The whole-model line in words, with the best-described fractions and, when every layer's line is exact,
+        what the layers cost alone (the CLI's summary and the atlas index say it)."""
+        pct = lambda v: f"{100 * (v - self.clean) / self.clean:+.1f} %"  # noqa: E731
+        words = {0.25: "quarter", 0.5: "half", 0.75: "three quarters"}
+        out = (f"all {self.n_heads} described heads substituted at once: loss {self.all_heads:.3f} against "
+               f"{self.clean:.3f} clean ({pct(self.all_heads)}, {self.windows} held-out windows)")
+        if self.best:
+            out += "; the best-described " + ", ".join(f"{words.get(f, f'{f:.0%}')} ({n} heads) {pct(v)}"
+                                                      for f, n, v in self.best)
+        alone = self.layers_alone()
+        if alone is not None:
+            out += (f"; each layer's heads put back alone add up to {100 * alone / self.clean:+.1f} %: the rest is "
+                    "their errors compounding through later heads, which no longer adapt their attention")
+        return out
 
     def frame(self, model: str) -> Any:
-        """One row for the whole model, then one per layer: ``model, scope, layer, heads, clean_loss, loss,
-        change, change_pct, mean_ablated_loss, windows, how`` (``mean_ablated_loss``: the same heads mean-ablated
-        at once; per layer only; ``how``: ``exact``, or ``estimated`` for layer lines from first-order
-        estimates)."""
+        """One row for the whole model, one per best-described fraction (``scope`` ``best``), then one per
+        layer: ``model, scope, layer, heads, fraction, clean_loss, loss, change, change_pct, mean_ablated_loss,
+        windows, how`` (``fraction``: of the described heads, 1 for ``all``, empty per layer;
+        ``mean_ablated_loss``: the same heads mean-ablated at once, per layer only; ``how``: ``exact``, or
+        ``estimated`` for layer lines from first-order estimates)."""
         import pandas as pd
 
-        rows = [("all", -1, self.n_heads, self.all_heads)] + [("layer", la, n, v) for la, (n, v) in
-                                                             sorted(self.per_layer.items())]
-        return pd.DataFrame([{"model": model, "scope": s, "layer": la, "heads": n, "clean_loss": self.clean,
-                              "loss": v, "change": v - self.clean, "change_pct": 100 * (v - self.clean) / self.clean,
-                              "mean_ablated_loss": self.per_layer_mean.get(la, float("nan")),
-                              "windows": self.windows, "how": "exact" if s == "all" else self.how}
-                             for s, la, n, v in rows])
+        nan = float("nan")
+        rows = ([("all", -1, self.n_heads, 1.0, self.all_heads)] + [("best", -1, n, f, v) for f, n, v in self.best]
+                + [("layer", la, n, nan, v) for la, (n, v) in sorted(self.per_layer.items())])
+        return pd.DataFrame([{"model": model, "scope": s, "layer": la, "heads": n, "fraction": f,
+                              "clean_loss": self.clean, "loss": v, "change": v - self.clean,
+                              "change_pct": 100 * (v - self.clean) / self.clean,
+                              "mean_ablated_loss": self.per_layer_mean.get(la, nan) if s == "layer" else nan,
+                              "windows": self.windows,
+                              "how": self.layer_how.get(la, self.how) if s == "layer" else "exact"}
+                             for s, la, n, f, v in rows])
 
 
 def simulated_patterns(descriptions: Sequence[Any], targets: dict[str, torch.Tensor], query_ok: torch.Tensor,
@@ -238,17 +275,19 @@ def substitute(model: Any, descriptions: list[Any], windows: list[torch.Tensor],
                                          patterns, None)
     exact = (dict.fromkeys(patterns, "all") if subst == "exact" else
              exact_heads(described, est_sub, est_abl, SUBST_EXACT if n_exact is None else n_exact))
-    lines = set(exact) == set(patterns)  # every head exact: each layer's line too
     layers = sorted({d.layer for d in described})
+    # a layer whose described heads all run exactly runs its line exactly too (two more copies in the same run):
+    # the first layers' always, where first-order sums are furthest off; every layer under subst="exact"
+    whole = {la for la in layers if all((d.layer, d.head) in exact for d in described if d.layer == la)}
     z_zero = torch.zeros(B, T, 1, 1, device=tokens.device)
     nlls: dict[tuple[int, int], torch.Tensor] = {}  # (layer, head) -> (2, B, T-1): substituted, mean-ablated
-    per_layer, per_layer_mean, done, total = {}, {}, 1, len(exact) + 2
+    per_layer, per_layer_mean, layer_how, done, total = {}, {}, {}, 1, len(exact) + 2
     if progress is not None:
         progress(done, total)
     for layer in layers:
         mine = [d for d in described if d.layer == layer and (d.layer, d.head) in exact]
         z_mean = mean.z(layer, z_zero)  # (B, T, H, d_head)
-        n_h = len(mine)
+        n_h, lines = len(mine), layer in whole
         copies = [[(d.head, "pattern", patterns[(layer, d.head)])] for d in mine]
         copies += [[(d.head, "z", z_mean[:, :, d.head])] for d in mine]
         if lines:
@@ -258,6 +297,7 @@ def substitute(model: Any, descriptions: list[Any], windows: list[torch.Tensor],
         for j, d in enumerate(mine):
             nlls[(layer, d.head)] = nll[[j, n_h + j]]
         keys = [(d.layer, d.head) for d in described if d.layer == layer]
+        layer_how[layer] = "exact" if lines else "estimated"
         if lines:
             per_layer[layer] = (n_h, float(_mean(nll[-2], valid[:, 1:]).mean()))
             per_layer_mean[layer] = float(_mean(nll[-1], valid[:, 1:]).mean())
@@ -289,15 +329,21 @@ def substitute(model: Any, descriptions: list[Any], windows: list[torch.Tensor],
               **_on_rows(nll[1] - clean_nll, cs_rows), **est, "share_how": "exact", "exact_pick": exact[at]}
         out.append(gate(replace(d, share_kept=share, share_ci=ci, ablation_delta=float(dmean.mean()),
                                 subst_windows=B, evidence=ev)))
+    # every described head at once (copy 0), and the best-described fractions (by held-out agreement) at once
+    ranked = sorted(described, key=lambda d: (-d.agreement, d.layer, d.head))
+    sizes = [max(1, round(f * len(ranked))) for f in BEST]
     heads_all: dict[int, list] = {}
-    for d in described:
-        heads_all.setdefault(d.layer, []).append((d.head, 0, "pattern", patterns[(d.layer, d.head)]))
-    every = _mean(_run(model, run, tokens, batch, heads_all, 1, None)[0], valid[:, 1:])
+    for copy, n in enumerate([len(ranked), *sizes]):
+        for d in ranked[:n]:
+            heads_all.setdefault(d.layer, []).append((d.head, copy, "pattern", patterns[(d.layer, d.head)]))
+    at_once = _mean(_run(model, run, tokens, batch, heads_all, 1 + len(sizes), None), valid[:, 1:])  # (1+F, B)
+    every = at_once[0]
     lo, hi = _mean_ci(every)
     if progress is not None:
         progress(total, total)
     return out, Substitution(float(clean.mean()), float(every.mean()), (lo, hi), len(described), B, per_layer,
-                             per_layer_mean, "exact" if lines else "estimated", len(exact))
+                             per_layer_mean, "exact" if whole == set(layers) else "estimated", len(exact), layer_how,
+                             [(f, n, float(v.mean())) for f, n, v in zip(BEST, sizes, at_once[1:], strict=True)])
 
 
 def _on_rows(delta: torch.Tensor, rows: torch.Tensor, seed: int = 0) -> dict[str, float]:

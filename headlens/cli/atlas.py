@@ -114,8 +114,7 @@ def run_atlas(model: list[str], out: Path, corpus: str, n_windows: int, seq_len:
             sub = atlas.substitution
             line = f"{atlas.model}: {described} of {len(atlas.descriptions)} heads carry a tested description"
             if sub is not None:
-                line += (f"; all {sub.n_heads} substituted at once: loss {sub.all_heads:.3f} against {sub.clean:.3f} "
-                         f"clean ({100 * (sub.all_heads - sub.clean) / sub.clean:+.1f} %, {sub.windows} held-out windows)")
+                line += f"; {sub.sentence()}"
             Console(stderr=True).print(line)
         Console(stderr=True).print(f"wrote {index} (open it from disk)")
 

@@ -118,7 +118,8 @@ def test_cli_writes_the_site_the_parquet_and_the_descriptions(monkeypatch, capsy
                                    "share_how", "subst_windows", "description"]
     assert (table.subst_windows[table.role != "no clear role"] > 0).all()
     line = pd.read_csv(out / "substitution.csv")
-    assert list(line.scope) == ["all"] + ["layer"] * (len(line) - 1) and line.windows.iloc[0] > 0
+    assert list(line.scope) == ["all", "best", "best", "best"] + ["layer"] * (len(line) - 4)
+    assert line.windows.iloc[0] > 0
     index = (out / "index.html").read_text()
     assert all(f"heads/L{layer}H{h}.html" in index for layer in range(2) for h in range(4))
     assert (out / "heads" / "L1H3.html").read_text().count("class='ex'") == 15  # 4 rankings and the sample x 3

@@ -114,3 +114,17 @@ def test_cli_shows_the_classify_table_on_each_page_and_refuses_a_bad_one_in_one_
     code, _, err = run_cli(monkeypatch, capsys, "atlas", "--model", "induction-2l", "--out", str(tmp_path / "b"),
                            "--scores", str(tmp_path / "missing.json"))
     assert code != 0 and err.count("\n") == 1 and "missing.json" in err
+
+
+def test_the_index_says_what_the_descriptions_cost_put_back_together_and_by_layer(site):
+    atlas, out, _ = site
+    sub = atlas.substitution
+    index = (out / "index.html").read_text()
+    pct = f"{100 * (sub.all_heads - sub.clean) / sub.clean:+.1f} %"
+    assert "The descriptions put back together" in index and f"({pct}, {sub.windows} held-out windows)" in index
+    assert "the best-described quarter (" in index and "three quarters" in index
+    for la, (n, v) in sub.per_layer.items():  # one row per layer, its two changes and how they were obtained
+        row = (f"<tr><th>L{la}</th><td>{n}</td><td>{100 * (v - sub.clean) / sub.clean:+.1f} %</td>"
+               f"<td>{100 * (sub.per_layer_mean[la] - sub.clean) / sub.clean:+.1f} %</td>"
+               f"<td>{sub.layer_how.get(la, sub.how)}</td></tr>")
+        assert row in index

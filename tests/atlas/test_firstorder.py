@@ -136,6 +136,12 @@ def test_the_first_layers_always_run_exactly(mixed, monkeypatch):
     picks = {(d.layer, d.head): (d.evidence["share_how"], d.evidence.get("exact_pick")) for d in out}
     assert picks == {at: ("exact", "layer") if at[0] == 0 else ("estimated", None) for at in picks}
     assert line.exact_heads == sum(at[0] == 0 for at in picks)
+    _, exact_line = substitute(model, atlas.descriptions, windows[3::4], candidate_rules(), None, 8, subst="exact")
+    assert line.layer_how == {0: "exact", 1: "estimated"} and line.how == "estimated"  # the first layer's line runs
+    assert line.per_layer[0] == exact_line.per_layer[0] and line.per_layer_mean[0] == exact_line.per_layer_mean[0]
+    assert list(line.frame("m").how) == ["exact"] * 4 + ["exact", "estimated"]  # all, the 3 best, layer 0, 1
+    assert line.layers_alone() is None and exact_line.layers_alone() == pytest.approx(
+        sum(v - exact_line.clean for _, v in exact_line.per_layer.values()))
 
 
 def test_estimated_shares_are_labelled_on_the_page_and_in_the_table(mixed, tmp_path, monkeypatch):

@@ -73,8 +73,11 @@ def test_shares_kept_are_near_one_for_built_heads_and_the_whole_model_line(mixed
     sub = atlas.substitution
     assert sub.n_heads == 6 and sub.windows == 8 and abs(sub.all_heads - sub.clean) / sub.clean < 0.02
     assert set(sub.per_layer) == {0, 1}
-    assert list(atlas.substitution_frame().columns) == ["model", "scope", "layer", "heads", "clean_loss", "loss",
-                                                        "change", "change_pct", "mean_ablated_loss", "windows", "how"]
+    frame = atlas.substitution_frame()
+    assert list(frame.columns) == ["model", "scope", "layer", "heads", "fraction", "clean_loss", "loss", "change",
+                                   "change_pct", "mean_ablated_loss", "windows", "how"]
+    assert list(frame.scope) == ["all", "best", "best", "best", "layer", "layer"]
+    assert list(frame.heads[:4]) == [6, 2, 3, 4] and list(frame.fraction[:4]) == [1.0, 0.25, 0.5, 0.75]
 
 
 def test_a_wrong_description_keeps_little_of_the_head(mixed):
@@ -124,6 +127,10 @@ def test_the_substituted_loss_equals_the_models_forward_with_its_pattern_replace
     clean = hooked(set())
     assert sub.clean == pytest.approx(float(clean.mean()), abs=1e-6)
     assert sub.all_heads == pytest.approx(float(hooked(set(pats)).mean()), abs=1e-5)
+    ranked = [(d.layer, d.head) for d in sorted(described, key=lambda d: -d.agreement)]
+    for f, n, loss in sub.best:  # the best-described fraction at once
+        assert n == max(1, round(f * len(ranked))) and loss == pytest.approx(float(hooked(set(ranked[:n])).mean()),
+                                                                             abs=1e-5)
     for d in out:
         if d.share_kept is not None:
             assert d.evidence["subst_delta"] == pytest.approx(float((hooked({(d.layer, d.head)}) - clean).mean()),
