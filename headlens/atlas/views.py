@@ -87,6 +87,9 @@ def card_html(card: Any, scores_hint: str = "") -> str:
         effects.append(f"its direct logit attribution is {card.dla:+.3f}")
     if effects:
         parts.append(f"<p><b>Measured:</b> {'; '.join(effects)}.</p>")
+    why = card.share_reading()
+    if why:
+        parts.append(f"<p>{e(why)}</p>")
     said = card.disagreement()
     if said:
         parts.append(f"<p class='disagree'>{e(said)}</p>")

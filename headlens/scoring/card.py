@@ -66,6 +66,7 @@ class HeadCard:
     ablation: float | None = None
     ablation_ci: tuple[float, float] | None = None
     ablation_estimated: bool = False  # the ablation effect is the atlas's first-order estimate, not run
+    subst_delta: float | None = None  # the loss change with its description put back (the substitution test)
     corpus: str = "prose"
     windows: str = ""
 
@@ -78,6 +79,31 @@ class HeadCard:
         its weights, unless it names an atlas role), or None."""
         return next((v for v in self.labels if not is_resting(v.detector)
                      and (not v.weights or v.detector in WEIGHT_ROLES)), None)
+
+    def share_reading(self) -> str | None:
+        """Why a description keeps little of its head's effect, where the numbers say it: a head that rests on the
+        first token (half of its attention or more) whose removal moves the loss beyond its interval and whose
+        description, put back, keeps less than half of that. Such a head's write comes from the rest of its
+        attention (the first token's value adds about the same to every row), so a description that matches
+        where it rests can still miss what it reads; None elsewhere.
+
+        >>> card = HeadCard(23, 6, role="decay_8", share_kept=-0.05, share_ci=(-0.26, 0.11), share_how="exact",
+        ...                 first=0.70, ablation=0.0253, ablation_ci=(0.0108, 0.0427), subst_delta=0.0267)
+        >>> print(card.share_reading())
+        Why it keeps little: 70 % of its attention rests on the first token, and its description matches that, but what the head writes comes from the other 30 %, where the description does not follow it: put back, it raises the loss by +0.0267, about what removing it does (+0.0253).
+        """
+        if (self.share_how != "exact" or self.share_kept is None or self.share_kept >= 0.5 or self.first is None
+                or self.first < 0.5 or self.ablation is None or self.ablation_ci is None or self.subst_delta is None
+                or self.ablation_ci[0] <= 0 <= self.ablation_ci[1]):
+            return None
+        than = ("about what removing it does" if abs(self.subst_delta - self.ablation) <= 0.5 * abs(self.ablation)
+                else "more than removing it does" if self.subst_delta - self.ablation > 0 else
+                "less than removing it does")
+        moves = "raises" if self.subst_delta >= 0 else "lowers"
+        return (f"Why it keeps little: {100 * self.first:.0f} % of its attention rests on the first token, and its "
+                f"description matches that, but what the head writes comes from the other "
+                f"{100 * (1 - self.first):.0f} %, where the description does not follow it: put back, it {moves} "
+                f"the loss by {self.subst_delta:+.4f}, {than} ({self.ablation:+.4f}).")
 
     def disagreement(self) -> str | None:
         """One sentence with both numbers where the probes and the corpus name different roles, else None.
@@ -153,6 +179,8 @@ def head_card(layer: int, head: int, scores: Any = None, description: Any = None
                         corpus=corpus, windows=windows)
     ev = getattr(d, "evidence", {}) or {}
     share_ci = getattr(d, "share_ci", None)
+    if ablation is None and ablation_ci is None and "abl_lo" in ev:  # the substitution test's own interval
+        ablation_ci = (float(ev["abl_lo"]), float(ev["abl_hi"]))
     return HeadCard(
         layer, head, labels, probes, role=d.role, rule=d.rule, agreement=float(d.agreement),
         agreement_ci=tuple(d.ci), candidates=dict(getattr(d, "candidates", {}) or {}),
@@ -163,4 +191,4 @@ def head_card(layer: int, head: int, scores: Any = None, description: Any = None
         first=ev.get("first"), off_rest=ev.get("off_rest"), dla=dla,
         ablation=ablation if ablation is not None else getattr(d, "ablation_delta", None), ablation_ci=ablation_ci,
         ablation_estimated=ablation is None and ev.get("share_how") == "estimated",
-        corpus=corpus, windows=windows)
+        subst_delta=ev.get("subst_delta"), corpus=corpus, windows=windows)

@@ -4,6 +4,7 @@ exemplars across deciles, the pairs grouped by class, the readable tokens and th
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -128,3 +129,23 @@ def test_the_index_says_what_the_descriptions_cost_put_back_together_and_by_laye
                f"<td>{100 * (sub.per_layer_mean[la] - sub.clean) / sub.clean:+.1f} %</td>"
                f"<td>{sub.layer_how.get(la, sub.how)}</td></tr>")
         assert row in index
+
+
+def test_a_resting_head_whose_description_keeps_little_says_why_on_its_page():
+    """SmolLM2's L23H6, as measured: 0.70 on the first token, described, and put back it costs about what its mean
+    ablation does. The page says where the description falls short; a head whose share is high, or whose removal
+    does not move the loss, gets no such sentence."""
+    from headlens.atlas.describe import Description
+    from headlens.atlas.views import card_html
+
+    ev = {"first": 0.70, "off_rest": 0.27, "share_how": "exact", "abl_lo": 0.0108, "abl_hi": 0.0427,
+          "subst_delta": 0.0267}
+    d = Description(23, 6, "decay_8", "decay_8", 0.91, (0.89, 0.93), "...", mixture={"first_token": 0.7, "decay_8": 0.3},
+                    evidence=ev, share_kept=-0.05, share_ci=(-0.26, 0.11), ablation_delta=0.0253)
+    page = card_html(head_card(23, 6, None, d))
+    assert "Why it keeps little: 70 % of its attention rests on the first token" in page
+    assert "it raises the loss by +0.0267, about what removing it does (+0.0253)" in page
+    assert "ablating it changes the loss by +0.0253 [+0.0108, +0.0427]" in page  # the test's own interval
+    for other in ({"share_kept": 0.9, "share_ci": (0.8, 1.0)}, {"evidence": {**ev, "abl_lo": -0.001}},
+                  {"evidence": {**ev, "first": 0.2}}):
+        assert "Why it keeps little" not in card_html(head_card(23, 6, None, replace(d, **other)))
