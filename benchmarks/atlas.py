@@ -227,6 +227,9 @@ def _report(name: str, descriptions: list, sub=None) -> None:
                   f"{100 * (v - sub.clean) / sub.clean:+.1f} / "
                   f"{100 * (sub.per_layer_mean.get(la, float('nan')) - sub.clean) / sub.clean:+.1f})"
                   for la, (n, v) in sorted(sub.per_layer.items())))
+        none = [d for d in descriptions if d.evidence.get("share_how") == "no_effect"]
+        print(f"heads run exactly whose mean ablation moves the loss by no more than its interval (not put back): "
+              f"{len(none)}: " + " ".join(f"L{d.layer}H{d.head}" for d in none))
         withheld = [d for d in descriptions if d.evidence.get("withheld")]
         print(f"roles withheld by the substitution test: {len(withheld)}: " + " ".join(
             f"L{d.layer}H{d.head}({d.evidence['withheld']})" for d in withheld))

@@ -41,7 +41,9 @@ class Atlas:
         """One row per head (``descriptions.csv``): ``model, layer, head, role, rule, agreement, ci_low, ci_high,
         mixture, coverage, share_kept, share_low, share_high, ablation_delta, share_how, subst_windows,
         description`` (``share_how``: ``exact`` where the substitution ran the head, ``estimated`` where its share
-        kept and ablation effect are first-order estimates, with no interval; empty where it did not run)."""
+        kept and ablation effect are first-order estimates, with no interval; ``no_effect`` where it ran and its
+        mean ablation moved the loss by no more than its interval, so it was not put back; empty where it did not
+        run)."""
         import pandas as pd
 
         nan = float("nan")

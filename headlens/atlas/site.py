@@ -79,7 +79,8 @@ def _index(atlas: Any) -> str:
             colour = share_colour(share) if kept else role_colour(d.role)
             tip = html.escape(f"L{layer}H{h}: {d.role} ({d.rule} r = {d.agreement:.2f}"
                               + ("" if share is None else f", share kept {share:.2f}")
-                              + (", not put back" if d.evidence.get("share_how") == "estimated" else "") + ")",
+                              + {"estimated": ", not put back", "no_effect": ", no effect to keep: not put back"}.get(
+                                  d.evidence.get("share_how"), "") + ")",
                               quote=True)
             cells.append(f"<td style='background:{colour}' title='{tip}'><a href='heads/L{layer}H{h}.html'>"
                          f"{html.escape(_mark(d.role))}</a></td>")
@@ -90,8 +91,11 @@ def _index(atlas: Any) -> str:
     legend = " ".join(f"<span style='background:{role_colour(r)};padding:2px 6px;border:1px solid #999'>"
                       f"{html.escape(_mark(r))} {html.escape(r)}: {n}</span>" for r, n in sorted(counts.items()))
     n_est = sum(d.evidence.get("share_how") == "estimated" for d in atlas.descriptions)
+    n_none = sum(d.evidence.get("share_how") == "no_effect" for d in atlas.descriptions)
     unrun = (f"; {n_est} heads were not put back (the test runs a sample exactly, --subst exact runs every head; "
              "descriptions.csv: share_how)" if n_est else "")
+    unrun += (f"; {n_none} heads whose mean ablation moves the loss by no more than its interval have no effect "
+              "to keep and were not put back" if n_none else "")
     colours = ("Cells are coloured by the share of each head's effect its description keeps when put back into "
                "the model (red 0, green 1)" + unrun + "; letters give the role." if kept
                else "Cells are coloured by role" + unrun + ".")

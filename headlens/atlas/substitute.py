@@ -23,6 +23,10 @@ Why it looks like this:
 * **Cheaper still: most heads to first order.** Under ``subst="estimate"`` (the default) one forward and one
   backward pass estimate every head (:mod:`headlens.atlas.firstorder`) and only a sample runs as above;
   each head's ``share_how`` says which it got. ``subst="exact"`` runs every head.
+* **Mean-ablated first.** A head's mean-ablated copy runs first; its substituted copy only where that moves
+  the loss beyond its interval: elsewhere there is no effect for a description to keep, and a share of two
+  changes lost in noise (intervals of -5 to +5 on SmolLM2's first layers) says nothing. Most of the first
+  layers' heads, which always run exactly and cost the most (each runs through every later block), are such.
 * **Also together.** Every described head substituted at once (the whole-model line: the loss of the model
   whose described heads all run on their descriptions), the best-described quarter, half and three quarters
   at once (:data:`BEST`, by held-out agreement: a scale to read the whole line against, since heads a
@@ -246,10 +250,13 @@ def put_back(model: Any, described: list[Any], windows: list[torch.Tensor], rule
 def substitute(model: Any, descriptions: list[Any], windows: list[torch.Tensor], rules: dict[str, Any],
                classes: dict[str, torch.Tensor] | None = None, n_windows: int = SUBST_WINDOWS,
                progress: Callable[[int, int], None] | None = None, max_rows: int = MAX_ROWS,
-               subst: str = "estimate", n_exact: int | None = None) -> tuple[list[Any], Substitution | None]:
+               subst: str = "estimate", n_exact: int | None = None,
+               every_share: bool = False) -> tuple[list[Any], Substitution | None]:
     """Every described head's share kept (on :class:`~headlens.atlas.describe.Description`: ``share_kept``,
     ``share_ci``, ``ablation_delta``, ``subst_windows``; the mean ablation's interval in its evidence as
-    ``abl_lo``, ``abl_hi``; ``share_how``: ``"exact"`` or ``"estimated"``), and the whole-model
+    ``abl_lo``, ``abl_hi``; ``share_how``: ``"exact"``, ``"estimated"``, or ``"no_effect"`` for a head run
+    exactly whose mean ablation does not move the loss beyond its interval: no effect for a description to
+    keep, so it is not put back, unless ``every_share``), and the whole-model
     :class:`Substitution`, on ``n_windows`` of ``windows`` (evenly spread). ``rules``: name -> detector, the
     rules the mixtures name. ``subst``: ``"exact"`` runs every head (and each layer's line) exactly;
     ``"estimate"`` estimates every head to first order (:mod:`headlens.atlas.firstorder`) and runs ``n_exact``
@@ -280,7 +287,8 @@ def substitute(model: Any, descriptions: list[Any], windows: list[torch.Tensor],
     # the first layers' always, where first-order sums are furthest off; every layer under subst="exact"
     whole = {la for la in layers if all((d.layer, d.head) in exact for d in described if d.layer == la)}
     z_zero = torch.zeros(B, T, 1, 1, device=tokens.device)
-    nlls: dict[tuple[int, int], torch.Tensor] = {}  # (layer, head) -> (2, B, T-1): substituted, mean-ablated
+    # (layer, head) -> (substituted or None, mean-ablated): (B, T-1) losses each
+    nlls: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
     per_layer, per_layer_mean, layer_how, done, total = {}, {}, {}, 1, len(exact) + 2
     if progress is not None:
         progress(done, total)
@@ -288,19 +296,21 @@ def substitute(model: Any, descriptions: list[Any], windows: list[torch.Tensor],
         mine = [d for d in described if d.layer == layer and (d.layer, d.head) in exact]
         z_mean = mean.z(layer, z_zero)  # (B, T, H, d_head)
         n_h, lines = len(mine), layer in whole
-        copies = [[(d.head, "pattern", patterns[(layer, d.head)])] for d in mine]
-        copies += [[(d.head, "z", z_mean[:, :, d.head])] for d in mine]
+        put = [[(d.head, "pattern", patterns[(layer, d.head)])] for d in mine]
+        copies = [[(d.head, "z", z_mean[:, :, d.head])] for d in mine]  # mean-ablated first
         if lines:
-            copies += [[c[0] for c in copies[:n_h]], [c[0] for c in copies[n_h:]]]  # the layer's heads at once
-        if copies:
-            nll = _copies(model, run, tokens, batch, layer, copies, max_rows)  # (2n(+2), B, T-1)
+            copies += [[c[0] for c in put], [c[0] for c in copies]]  # the layer's heads at once
+        nll = _copies(model, run, tokens, batch, layer, copies, max_rows) if copies else None  # (n(+2), B, T-1)
+        # put back where the mean ablation leaves an effect to keep (its interval clear of 0), or every head
+        back = [j for j in range(n_h) if every_share or _moves(_mean(nll[j], valid[:, 1:]) - clean)]
+        sub = _copies(model, run, tokens, batch, layer, [put[j] for j in back], max_rows) if back else None
         for j, d in enumerate(mine):
-            nlls[(layer, d.head)] = nll[[j, n_h + j]]
+            nlls[(layer, d.head)] = (sub[back.index(j)] if j in back else None, nll[j])
         keys = [(d.layer, d.head) for d in described if d.layer == layer]
         layer_how[layer] = "exact" if lines else "estimated"
         if lines:
-            per_layer[layer] = (n_h, float(_mean(nll[-2], valid[:, 1:]).mean()))
-            per_layer_mean[layer] = float(_mean(nll[-1], valid[:, 1:]).mean())
+            per_layer[layer] = (n_h, float(_mean(nll[n_h], valid[:, 1:]).mean()))
+            per_layer_mean[layer] = float(_mean(nll[n_h + 1], valid[:, 1:]).mean())
         else:  # to first order the layer's heads at once move the loss by the sum of their estimates
             per_layer[layer] = (len(keys), float(clean.mean() + sum(est_sub[k] for k in keys).mean()))
             per_layer_mean[layer] = float(clean.mean() + sum(est_abl[k] for k in keys).mean())
@@ -321,12 +331,19 @@ def substitute(model: Any, descriptions: list[Any], windows: list[torch.Tensor],
             out.append(replace(d, share_kept=None, share_ci=None, ablation_delta=est["est_abl"], subst_windows=B,
                                evidence={**d.evidence, **est, "share_how": "estimated"}))
             continue
-        nll = nlls[at]
-        dsub, dmean = _mean(nll, valid[:, 1:]) - clean  # (B,) each
-        share, ci = _share(dsub, dmean) if float(dmean.abs().max()) > NO_EFFECT else (None, None)
+        nsub, nmean = nlls[at]
+        dmean = _mean(nmean, valid[:, 1:]) - clean  # (B,)
         a_ci = _mean_ci(dmean)
-        ev = {**d.evidence, "abl_lo": a_ci[0], "abl_hi": a_ci[1], "subst_delta": float(dsub.mean()),
-              **_on_rows(nll[1] - clean_nll, cs_rows), **est, "share_how": "exact", "exact_pick": exact[at]}
+        ev = {**d.evidence, "abl_lo": a_ci[0], "abl_hi": a_ci[1], **_on_rows(nmean - clean_nll, cs_rows), **est,
+              "exact_pick": exact[at]}
+        if nsub is None:  # no effect to keep: not put back
+            ev.pop("subst_delta", None)  # (from an earlier test of the same description)
+            out.append(gate(replace(d, share_kept=None, share_ci=None, ablation_delta=float(dmean.mean()),
+                                    subst_windows=B, evidence={**ev, "share_how": "no_effect"})))
+            continue
+        dsub = _mean(nsub, valid[:, 1:]) - clean  # (B,)
+        share, ci = _share(dsub, dmean) if float(dmean.abs().max()) > NO_EFFECT else (None, None)
+        ev = {**ev, "subst_delta": float(dsub.mean()), "share_how": "exact"}
         out.append(gate(replace(d, share_kept=share, share_ci=ci, ablation_delta=float(dmean.mean()),
                                 subst_windows=B, evidence=ev)))
     # every described head at once (copy 0), and the best-described fractions (by held-out agreement) at once
@@ -344,6 +361,14 @@ def substitute(model: Any, descriptions: list[Any], windows: list[torch.Tensor],
     return out, Substitution(float(clean.mean()), float(every.mean()), (lo, hi), len(described), B, per_layer,
                              per_layer_mean, "exact" if whole == set(layers) else "estimated", len(exact), layer_how,
                              [(f, n, float(v.mean())) for f, n, v in zip(BEST, sizes, at_once[1:], strict=True)])
+
+
+def _moves(dmean: torch.Tensor) -> bool:
+    """Whether a mean ablation's per-window loss changes ``(B,)`` move the loss beyond their bootstrap interval."""
+    if float(dmean.abs().max()) <= NO_EFFECT:
+        return False
+    lo, hi = _mean_ci(dmean)
+    return lo > 0 or hi < 0
 
 
 def _on_rows(delta: torch.Tensor, rows: torch.Tensor, seed: int = 0) -> dict[str, float]:

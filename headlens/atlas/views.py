@@ -74,6 +74,9 @@ def card_html(card: Any, scores_hint: str = "") -> str:
                       + ("" if card.share_estimate is None else
                          f" (a first-order estimate from the loss's gradient, a rough hint only: about "
                          f"{_num(card.share_estimate)})"))
+        elif card.share_how == "no_effect":
+            atlas += ("; its mean ablation does not move the loss beyond its interval on the substitution test's "
+                      "windows, so there is no effect for its description to keep, and it was not put back")
         elif card.share_kept is not None:
             atlas += (f"; put back into the model in place of its real pattern, the description keeps "
                       f"{_num(card.share_kept)}{_ci(card.share_ci)} of the head's effect on the loss")

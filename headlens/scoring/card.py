@@ -58,7 +58,8 @@ class HeadCard:
     mixture: dict[str, float] = field(default_factory=dict)
     share_kept: float | None = None
     share_ci: tuple[float, float] | None = None
-    share_how: str | None = None  # "exact" (the substitution ran it) or "estimated" (first order, no interval)
+    share_how: str | None = None  # "exact" (the substitution ran it), "estimated" (first order, no interval) or
+    # "no_effect" (its mean ablation moves no loss beyond its interval: not put back)
     share_estimate: float | None = None  # the first-order estimate of the share kept (a rough hint, never a share)
     first: float | None = None
     off_rest: float | None = None

@@ -117,7 +117,7 @@ def test_estimate_runs_a_sample_exactly_and_labels_the_rest(mixed, monkeypatch):
         elif how[at] == "estimated":
             assert d.share_ci is None and d.ablation_delta == d.evidence["est_abl"] == by_full[at].evidence["est_abl"]
             assert d.share_kept is None  # not put back: no share kept, the estimate a hint in the evidence
-    assert all(d.evidence["share_how"] == "exact" for d in full if d.evidence.get("share_how"))
+    assert all(d.evidence["share_how"] in ("exact", "no_effect") for d in full if d.evidence.get("share_how"))
     assert line.how == "exact" and est_line.how == "estimated" and est_line.all_heads == pytest.approx(line.all_heads)
     assert est_line.exact_heads == 1 and line.exact_heads == len(size)
     for la, (n, loss) in est_line.per_layer.items():  # the layer's heads at once, to first order: the sum
@@ -134,7 +134,8 @@ def test_the_first_layers_always_run_exactly(mixed, monkeypatch):
     model, windows, atlas = mixed
     out, line = substitute(model, atlas.descriptions, windows[3::4], candidate_rules(), None, 8, n_exact=0)
     picks = {(d.layer, d.head): (d.evidence["share_how"], d.evidence.get("exact_pick")) for d in out}
-    assert picks == {at: ("exact", "layer") if at[0] == 0 else ("estimated", None) for at in picks}
+    assert picks == {at: (picks[at][0] if at[0] == 0 else "estimated", "layer" if at[0] == 0 else None) for at in picks}
+    assert {picks[at][0] for at in picks if at[0] == 0} == {"exact", "no_effect"}  # run: a share, or no effect
     assert line.exact_heads == sum(at[0] == 0 for at in picks)
     _, exact_line = substitute(model, atlas.descriptions, windows[3::4], candidate_rules(), None, 8, subst="exact")
     assert line.layer_how == {0: "exact", 1: "estimated"} and line.how == "estimated"  # the first layer's line runs

@@ -34,10 +34,12 @@ def test_a_head_that_weighs_keys_by_their_token_gets_those_weights(keyed):
     assert w["a"] / ref > 2 and w["a"] > w["b"] and w["b"] / ref > 1.5 and w["c"] / ref < 0.3, w
     assert d.agreement > d.evidence["mix_r"] + 0.05 and d.agreement > 0.9
     assert "weighs some by their token (most 'a' " in d.text
-    assert d.share_kept is not None and d.share_kept > 0.9
     held = split(windows)[1]
-    (without,), _ = substitute(model, [replace(d, key_pref={})], held, candidate_rules())
-    assert without.share_kept < d.share_kept - 0.1  # the key weights are what keeps it
+    # its mean ablation, -0.03 [-0.09, +0.01] on the 8 held-out windows, leaves the atlas no effect to keep
+    # (share_how "no_effect"); put back all the same, the description keeps it, and without its weights it does not
+    (kept,), _ = substitute(model, [d], held, candidate_rules(), every_share=True)
+    (without,), _ = substitute(model, [replace(d, key_pref={})], held, candidate_rules(), every_share=True)
+    assert kept.share_kept > 0.9 and without.share_kept < kept.share_kept - 0.1  # the key weights keep it
 
 
 def test_heads_the_weights_do_not_help_keep_their_mixture_and_json_keeps_the_weights(keyed):

@@ -274,7 +274,7 @@ def test_the_resumed_batched_substitution_equals_whole_hooked_forwards(family, t
                              mixture=mixes[(la * H + h) % 3]) for la in range(L) for h in range(H)]
     classes = _classes(model, None)
     out, sub = substitute(model, described, windows, rules, classes, 4, max_rows=3 * 4 * 24,  # chunks of 3 copies
-                          subst="exact")
+                          subst="exact", every_share=True)
     held = [windows[(j * 6) // 4] for j in range(4)]
     batch = _batch(held, vocab(model).special, classes)
     T = batch.tokens.shape[1]
@@ -367,3 +367,30 @@ def test_a_head_whose_rest_changes_along_the_window_gets_its_share_on_the_first_
     (got,), _ = substitute(model, [d], held, rules)
     (without,), _ = substitute(model, [flat], held, rules)
     assert got.share_kept > 0.95 and without.share_kept < got.share_kept - 0.1
+
+
+def test_a_head_whose_ablation_moves_no_loss_is_not_put_back_and_the_others_are_unchanged(mixed):
+    """Mean-ablated first: a head whose mean ablation stays within its interval has no effect for its description
+    to keep (share None, ``no_effect``, its ablation and interval exact); every other head gets the same numbers
+    as when every head is put back; the page says why the head has no share."""
+    from headlens.atlas.views import card_html
+    from headlens.scoring.card import head_card
+
+    model, windows, atlas = mixed
+    held = windows[3::4]
+    quiet = replace(next(d for d in atlas.descriptions if (d.layer, d.head) == (1, 2)), layer=1, head=1)  # writes 0
+    descs = [d for d in atlas.descriptions if (d.layer, d.head) != (1, 1)] + [quiet]
+    out, line = substitute(model, descs, held, candidate_rules(), None, 8, subst="exact")
+    full, full_line = substitute(model, descs, held, candidate_rules(), None, 8, subst="exact", every_share=True)
+    by, by_full = {(d.layer, d.head): d for d in out}, {(d.layer, d.head): d for d in full}
+    none = by[(1, 1)]  # the planted head that writes nothing, given a description
+    assert none.share_kept is None and none.evidence["share_how"] == "no_effect" and "subst_delta" not in none.evidence
+    assert none.ablation_delta == by_full[(1, 1)].ablation_delta
+    assert none.evidence["abl_lo"] <= 0 <= none.evidence["abl_hi"]
+    for at, d in by.items():
+        if at != (1, 1) and d.share_kept is not None:
+            assert (d.share_kept, d.share_ci, d.evidence["subst_delta"]) == (
+                by_full[at].share_kept, by_full[at].share_ci, by_full[at].evidence["subst_delta"])
+    assert sum(d.share_kept is not None for d in out) >= 3
+    assert (line.all_heads, line.per_layer) == (full_line.all_heads, full_line.per_layer)
+    assert "there is no effect for its description to keep" in card_html(head_card(1, 1, None, none))
