@@ -213,8 +213,8 @@ def substitute(model: Any, descriptions: list[Any], windows: list[torch.Tensor],
     cs_rows = suppression_rows(clean_logits, batch.tokens, valid)  # (B, T-1)
     del clean_logits
     clean = _mean(clean_nll, valid[:, 1:])  # (B,)
-    est_sub, est_abl, mean = first_order(model, tokens, lambda lg: _loss(lg, tokens, valid.to(lg.device)).sum(),
-                                         patterns, None)
+    est_sub, est_abl, mean = first_order(
+        model, tokens, lambda lg, rows: _loss(lg, tokens[rows], valid[rows].to(lg.device)).sum(), patterns, None)
     exact = (dict.fromkeys(patterns, "all") if subst == "exact" else
              exact_heads(described, est_sub, est_abl, SUBST_EXACT if n_exact is None else n_exact))
     layers = sorted({d.layer for d in described})

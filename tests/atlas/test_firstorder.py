@@ -73,7 +73,10 @@ def test_first_order_estimates_equal_small_exact_changes(mixed):
     ref = {la: cache[f"blocks.{la}.attn.hook_z"] + EPS / 4 * torch.randn(cache[f"blocks.{la}.attn.hook_z"].shape,
                                                                     generator=gen) for la in range(L)}
     valid = torch.ones_like(tokens, dtype=torch.bool)
-    sub, _, _ = first_order(model, tokens, lambda lg: _loss(lg, tokens, valid).sum(), patterns, None)
+    sub, _, _ = first_order(model, tokens, lambda lg, rows: _loss(lg, tokens[rows], valid[rows]).sum(), patterns, None)
+    whole, _, _ = first_order(model, tokens, lambda lg, rows: _loss(lg, tokens[rows], valid[rows]).sum(), patterns,
+                              None, chunk=B)  # one backward pass for every window: the same gradients
+    assert all(torch.allclose(sub[at], whole[at], atol=1e-7) for at in patterns)
     clean = _forward(model, tokens)
     moved = 0
     for at, p in patterns.items():
@@ -84,7 +87,7 @@ def test_first_order_estimates_equal_small_exact_changes(mixed):
     for b in range(B):  # the mean ablation: one window, a reference a small step from its own z
         one = tokens[b:b + 1]
         mean = Replacement("mean", {la: ref[la][b:b + 1] for la in range(L)})
-        loss = lambda lg, one=one: _loss(lg, one, torch.ones_like(one, dtype=torch.bool)).sum()  # noqa: E731
+        loss = lambda lg, rows, one=one: _loss(lg, one[rows], torch.ones_like(one[rows], dtype=torch.bool)).sum()  # noqa: E731
         _, abl, _ = first_order(model, one, loss, {k: p[b:b + 1] for k, p in patterns.items()}, mean)
         for (la, h) in patterns:  # the central difference: the second-order term cancels, not the first
             z = cache[f"blocks.{la}.attn.hook_z"][b:b + 1, :, h]  # (1, T, d_head)
@@ -193,7 +196,7 @@ def test_first_order_on_a_bridged_grouped_query_model(tmp_path):
     patterns = {(la, h): (1 - EPS) * cache[f"blocks.{la}.attn.hook_pattern"][:, h].float() + EPS * even
                 for la in range(L) for h in range(H)}  # (B, Q, K)
     valid = torch.ones_like(tokens, dtype=torch.bool)
-    sub, _, _ = first_order(model, tokens, lambda lg: _loss(lg, tokens, valid).sum(), patterns, None)
+    sub, _, _ = first_order(model, tokens, lambda lg, rows: _loss(lg, tokens[rows], valid[rows]).sum(), patterns, None)
 
     def forward(la, h, step):
         def hook(z, hook):  # (B, T, H, d_head)
