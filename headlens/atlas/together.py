@@ -36,6 +36,9 @@ class Substitution:
     layer_how: dict[int, str] = field(default_factory=dict)  # layer -> "exact" or "estimated" (default: how)
     best: list[tuple[float, int, float]] = field(default_factory=list)  # (fraction, heads, loss), best first
 
+    def __setstate__(self, state: dict[str, Any]) -> None:  # a pickle from before ``layer_how`` and ``best``
+        self.__dict__.update({"layer_how": {}, "best": [], **state})
+
     def layers_alone(self) -> float | None:
         """The per-layer lines' changes summed (each layer's described heads substituted with every other head
         real), when every line is exact; against :attr:`all_heads` it shows how much of the whole is the

@@ -256,3 +256,15 @@ def test_z_gradients_equal_plain_autograd_layer_by_layer(family, tmp_path):
     assert all(p.grad is None for p in model.parameters())
     for la in range(L):
         torch.testing.assert_close(grads[la], _autograd_z(model, tokens, valid, la), rtol=1e-5, atol=1e-7)
+
+
+def test_a_substitution_saved_before_its_newer_fields_still_reads():
+    """``benchmarks/atlas.py --report`` reads pickles of earlier runs: a Substitution saved without
+    ``layer_how`` and ``best`` unpickles with them empty and says its line."""
+    import pickle
+
+    from headlens.atlas.together import Substitution
+
+    sub = Substitution(3.0, 3.3, (3.2, 3.4), 5, 8, {0: (5, 3.1)}, {0: 3.05})
+    old = pickle.loads(pickle.dumps(sub).replace(b"layer_how", b"layer_old").replace(b"best", b"rest"))
+    assert old.best == [] and old.layer_how == {} and old.sentence().startswith("all 5 described heads")
