@@ -50,8 +50,9 @@ def first_order(model: Any, tokens: torch.Tensor, loss: Callable[[torch.Tensor, 
 
     layers = sorted({la for la, _ in patterns})
     parts: list[tuple[dict, dict, dict]] = []  # per chunk of windows: z, its gradient, the values
-    for start in range(0, tokens.shape[0], max(1, chunk)):
-        rows = slice(start, start + max(1, chunk))
+    step = max(1, chunk)
+    for start in range(0, tokens.shape[0], step):
+        rows = slice(start, start + step)
         kept: dict[int, torch.Tensor] = {}
 
         def keep(layer: int, into: dict[int, torch.Tensor] = kept) -> Any:

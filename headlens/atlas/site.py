@@ -119,7 +119,8 @@ def _put_back(sub: Any) -> str:
     rows = "".join(f"<tr><th>L{la}</th><td>{n}</td><td>{pct(v)}</td><td>{pct(sub.per_layer_mean[la])}</td>"
                    f"<td>{html.escape(sub.layer_how.get(la, sub.how))}</td></tr>"
                    for la, (n, v) in sorted(sub.per_layer.items()) if la in sub.per_layer_mean)
-    return (f"<h2>The descriptions put back together</h2><p>{html.escape(sub.sentence()[0].upper() + sub.sentence()[1:])}"
+    said = sub.sentence()
+    return (f"<h2>The descriptions put back together</h2><p>{html.escape(said[:1].upper() + said[1:])}"
             ".</p><p class='meta'>Each layer's described heads substituted at once, beside the same heads "
             "mean-ablated at once (change of the next-token loss; <i>estimated</i>: the sum of the heads' "
             "first-order estimates, which misses how a layer's heads compound; substitution.csv)</p>"

@@ -222,8 +222,8 @@ def substitute(model: Any, descriptions: list[Any], windows: list[torch.Tensor],
     # the first layers' always, where first-order sums are furthest off; every layer under subst="exact"
     whole = {la for la in layers if all((d.layer, d.head) in exact for d in described if d.layer == la)}
     z_zero = torch.zeros(B, T, 1, 1, device=tokens.device)
-    # (layer, head) -> (substituted or None, mean-ablated): (B, T-1) losses each
-    nlls: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
+    # (layer, head) -> (substituted (B, T-1) or None, mean-ablated (B, T-1), its loss changes (B,), their interval)
+    nlls: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, tuple[float, float]]] = {}
     per_layer, per_layer_mean, layer_how, done, total = {}, {}, {}, 1, len(exact) + 2
     if progress is not None:
         progress(done, total)
@@ -236,11 +236,15 @@ def substitute(model: Any, descriptions: list[Any], windows: list[torch.Tensor],
         if lines:
             copies += [[c[0] for c in put], [c[0] for c in copies]]  # the layer's heads at once
         nll = _copies(model, run, tokens, batch, layer, copies, max_rows) if copies else None  # (n(+2), B, T-1)
+        dmeans = [_mean(nll[j], valid[:, 1:]) - clean for j in range(n_h)]  # (B,) each
+        cis = [_mean_ci(dm) for dm in dmeans]
         # put back where the mean ablation leaves an effect to keep (its interval clear of 0), or every head
-        back = [j for j in range(n_h) if every_share or _moves(_mean(nll[j], valid[:, 1:]) - clean)]
-        sub = _copies(model, run, tokens, batch, layer, [put[j] for j in back], max_rows) if back else None
+        back = [j for j in range(n_h) if every_share or (float(dmeans[j].abs().max()) > NO_EFFECT
+                                                         and (cis[j][0] > 0 or cis[j][1] < 0))]
+        sub = dict(zip(back, _copies(model, run, tokens, batch, layer, [put[j] for j in back], max_rows),
+                       strict=True)) if back else {}
         for j, d in enumerate(mine):
-            nlls[(layer, d.head)] = (sub[back.index(j)] if j in back else None, nll[j])
+            nlls[(layer, d.head)] = (sub.get(j), nll[j], dmeans[j], cis[j])
         keys = [(d.layer, d.head) for d in described if d.layer == layer]
         layer_how[layer] = "exact" if lines else "estimated"
         if lines:
@@ -266,9 +270,7 @@ def substitute(model: Any, descriptions: list[Any], windows: list[torch.Tensor],
             out.append(replace(d, share_kept=None, share_ci=None, ablation_delta=est["est_abl"], subst_windows=B,
                                evidence={**d.evidence, **est, "share_how": "estimated"}))
             continue
-        nsub, nmean = nlls[at]
-        dmean = _mean(nmean, valid[:, 1:]) - clean  # (B,)
-        a_ci = _mean_ci(dmean)
+        nsub, nmean, dmean, a_ci = nlls[at]
         ev = {**d.evidence, "abl_lo": a_ci[0], "abl_hi": a_ci[1], **_on_rows(nmean - clean_nll, cs_rows), **est,
               "exact_pick": exact[at]}
         if nsub is None:  # no effect to keep: not put back
@@ -296,14 +298,6 @@ def substitute(model: Any, descriptions: list[Any], windows: list[torch.Tensor],
     return out, Substitution(float(clean.mean()), float(every.mean()), (lo, hi), len(described), B, per_layer,
                              per_layer_mean, "exact" if whole == set(layers) else "estimated", len(exact), layer_how,
                              [(f, n, float(v.mean())) for f, n, v in zip(BEST, sizes, at_once[1:], strict=True)])
-
-
-def _moves(dmean: torch.Tensor) -> bool:
-    """Whether a mean ablation's per-window loss changes ``(B,)`` move the loss beyond their bootstrap interval."""
-    if float(dmean.abs().max()) <= NO_EFFECT:
-        return False
-    lo, hi = _mean_ci(dmean)
-    return lo > 0 or hi < 0
 
 
 def _on_rows(delta: torch.Tensor, rows: torch.Tensor, seed: int = 0) -> dict[str, float]:
